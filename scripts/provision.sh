@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Provision a fresh Debian 12 machine (as root) for .ci/run and the demo.
+#
+# Idempotent: installs only what is missing, runs `apt-get update` only when a package to install
+# has no candidate, and builds the Tansu broker only when `tansu` 0.6.0 is not already installed.
+#
+# What the tests need:
+#   - mariadb-server / mariadb-client: the binaries only (mariadb-install-db, mariadbd, mariadb,
+#     mariadb-binlog). Tests start private servers on free ports in temp dirs; the package's own
+#     system service is not used (if the package started one on 3306, it is left alone).
+#   - pkg-config, libssl-dev, make, gcc, g++: librdkafka's bundled C build (rdkafka crate, features
+#     ssl + zstd).
+#   - docker-compose: the demo's docker-compose.yml (official Apache Kafka image) for users.
+#   - tansu 0.6.0 with the dynostore (memory) and libsql (SQLite) storage engines: the Kafka-protocol
+#     broker of the integration tests.
+set -euo pipefail
+
+TANSU_VERSION=0.6.0
+PACKAGES=(mariadb-server mariadb-client pkg-config libssl-dev make gcc g++ docker-compose)
+
+log() { printf 'provision: %s\n' "$*"; }
+die() { printf 'provision: ERROR: %s\n' "$*" >&2; exit 1; }
+
+[[ $(id -u) -eq 0 ]] || die "run as root (apt-get install needs it)"
+
+# --- Debian packages ---------------------------------------------------------------------------
+is_installed() {
+    [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]
+}
+has_candidate() {
+    local candidate
+    candidate=$(apt-cache policy "$1" 2>/dev/null | awk '/Candidate:/ { print $2 }')
+    [[ -n $candidate && $candidate != "(none)" ]]
+}
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+    is_installed "$pkg" || missing+=("$pkg")
+done
+
+if ((${#missing[@]} == 0)); then
+    log "Debian packages already installed: ${PACKAGES[*]}"
+else
+    log "missing Debian packages: ${missing[*]}"
+    need_update=0
+    for pkg in "${missing[@]}"; do
+        has_candidate "$pkg" || need_update=1
+    done
+    export DEBIAN_FRONTEND=noninteractive
+    # Wait for another apt/dpkg run instead of failing on its lock.
+    apt_opts=(-o DPkg::Lock::Timeout=900)
+    if ((need_update)); then
+        log "package lists lack some of them: apt-get update"
+        apt-get "${apt_opts[@]}" update
+    fi
+    # --no-install-recommends: docker-compose would otherwise pull in the docker.io engine.
+    log "apt-get install ${missing[*]}"
+    apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}"
+fi
+
+# mariadbd lives in /usr/sbin, which may not be on a non-login PATH; the test harness looks there too.
+for bin in mariadb-install-db mariadb mariadb-binlog; do
+    command -v "$bin" >/dev/null || die "$bin not found after installing mariadb-server/mariadb-client"
+done
+[[ -x /usr/sbin/mariadbd ]] || command -v mariadbd >/dev/null || die "mariadbd not found"
+log "MariaDB: $(/usr/sbin/mariadbd --version 2>/dev/null || mariadbd --version)"
+
+# --- Rust toolchain ----------------------------------------------------------------------------
+if ! command -v cargo >/dev/null; then
+    if [[ -x ${CARGO_HOME:-$HOME/.cargo}/bin/cargo ]]; then
+        export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+    else
+        die "cargo not found: install a Rust toolchain (https://rustup.rs) and re-run"
+    fi
+fi
+CARGO_BIN="${CARGO_HOME:-$HOME/.cargo}/bin"
+
+# --- Tansu broker ------------------------------------------------------------------------------
+tansu_version() { # prints the version of the tansu binary given as $1, or nothing
+    "$1" --version 2>/dev/null | awk '{ print $NF }' | sed 's/^v//' || true
+}
+
+tansu_bin=$(command -v tansu || true)
+if [[ -z $tansu_bin && -x $CARGO_BIN/tansu ]]; then
+    tansu_bin=$CARGO_BIN/tansu
+fi
+if [[ -n $tansu_bin && $(tansu_version "$tansu_bin") == "$TANSU_VERSION" ]]; then
+    log "tansu $TANSU_VERSION already installed: $tansu_bin"
+else
+    if [[ -n $tansu_bin ]]; then
+        log "found $tansu_bin at version '$(tansu_version "$tansu_bin")', want $TANSU_VERSION"
+    fi
+    log "building tansu $TANSU_VERSION with cargo install (features dynostore,libsql)"
+    log "this takes 15-30 min on a fresh 2-core machine; later runs are a no-op"
+    # No `postgres` feature: with it, the build fails on a newer deadpool-postgres.
+    cargo install tansu --version "$TANSU_VERSION" --locked --features dynostore,libsql
+    tansu_bin=$CARGO_BIN/tansu
+    [[ $(tansu_version "$tansu_bin") == "$TANSU_VERSION" ]] ||
+        die "tansu built but '$tansu_bin --version' does not report $TANSU_VERSION"
+    log "tansu $TANSU_VERSION installed: $tansu_bin"
+fi
+case ":$PATH:" in
+    *":$(dirname "$tansu_bin"):"*) ;;
+    *) log "note: $(dirname "$tansu_bin") is not on PATH; the tests find tansu there anyway (or set TANSU=$tansu_bin)" ;;
+esac
+
+log "done"

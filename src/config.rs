@@ -1,0 +1,542 @@
+//! `connector.toml`: the one configuration file.
+//!
+//! The serde structs below are the user-facing reference (their `///` comments are the docs); unknown keys
+//! are rejected. [`Config::load`] parses and validates, so the rest of the program only sees settings that
+//! make sense together. Secrets can come from the environment (`password_env`) and are never logged:
+//! [`Secret`] redacts itself in `Debug`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The MySQL/MariaDB server to replicate from.
+    pub source: SourceConfig,
+    /// Which table(s) hold the outbox and how its columns are named.
+    pub outbox: OutboxConfig,
+    /// Where events go.
+    pub kafka: KafkaConfig,
+    /// Where the checkpoint lives.
+    #[serde(default)]
+    pub state: StateConfig,
+}
+
+/// `[source]`: the database server, ideally a replica.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// Host name or IP address of the server.
+    pub host: String,
+    /// TCP port. Default 3306.
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// User with REPLICATION SLAVE, REPLICATION CLIENT (MariaDB: BINLOG MONITOR) and SELECT on the outbox.
+    pub user: String,
+    /// Password in clear. Prefer `password_env`.
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// Name of an environment variable holding the password. Takes precedence over `password`; it is an
+    /// error if the variable is named but not set.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// Replication client id; must be unique among all replicas and CDC clients of the server
+    /// (a duplicate makes the server disconnect the older client).
+    pub server_id: u32,
+    /// TLS to the server: "disabled", "required" (encrypt, do not verify) or "verify_identity".
+    #[serde(default)]
+    pub tls: TlsMode,
+    /// PEM file with the CA that signed the server's certificate (for "verify_identity").
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// How the stream resumes: "gtid" (default; requires GTIDs on MySQL) or "file" (binlog file + position,
+    /// for MySQL servers with gtid_mode=OFF; positions are then only valid on this one server, so a
+    /// failover needs a new snapshot).
+    #[serde(default)]
+    pub resume_by: ResumeBy,
+    /// Where to start when there is no checkpoint: "current" (events committed from now on) or "earliest"
+    /// (the oldest binlog the server still has).
+    #[serde(default)]
+    pub start_from: StartFrom,
+    /// Heartbeat period the server is asked to keep on an idle replication connection. A connection that
+    /// stays silent for three periods is considered dead and is reconnected.
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_interval_ms: u64,
+    /// Timeout for establishing a connection.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// First delay before reconnecting after a transient failure; doubles up to `reconnect_max_backoff_ms`.
+    #[serde(default = "default_backoff_initial_ms")]
+    pub reconnect_initial_backoff_ms: u64,
+    /// Upper bound of the reconnect delay.
+    #[serde(default = "default_backoff_max_ms")]
+    pub reconnect_max_backoff_ms: u64,
+}
+
+/// TLS mode of the database connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TlsMode {
+    /// Plain TCP.
+    #[default]
+    Disabled,
+    /// Encrypted, server certificate not verified.
+    Required,
+    /// Encrypted, certificate and host name verified.
+    VerifyIdentity,
+}
+
+/// How positions are stored and streams resumed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumeBy {
+    /// GTID set (MySQL) or GTID position (MariaDB): survives failover to another server of the topology.
+    #[default]
+    Gtid,
+    /// Binlog file name and byte offset: explicit opt-in for MySQL with gtid_mode=OFF.
+    File,
+}
+
+/// Start point when no checkpoint exists.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartFrom {
+    /// The server's current position: only transactions committed after start-up.
+    #[default]
+    Current,
+    /// The oldest binlog the server still holds.
+    Earliest,
+}
+
+/// `[outbox]`: the outbox table(s).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// One outbox table as `database.table`.
+    #[serde(default)]
+    pub table: Option<String>,
+    /// Several outbox tables (same column layout), as `database.table`.
+    #[serde(default)]
+    pub tables: Vec<String>,
+    /// What an UPDATE or DELETE on an outbox table does: "ignore" (default), "warn" or "fail".
+    /// (Debezium: `table.op.invalid.behavior`.) Outbox rows are immutable facts; relays that mark rows as
+    /// published update them, which is harmless.
+    #[serde(default)]
+    pub on_update: OnUpdate,
+    /// Column names, if they differ from the default schema.
+    #[serde(default)]
+    pub columns: ColumnNames,
+}
+
+/// Behaviour on UPDATE/DELETE of outbox rows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUpdate {
+    /// Skip silently (they are not events).
+    #[default]
+    Ignore,
+    /// Skip with a warning.
+    Warn,
+    /// Stop with a definite error.
+    Fail,
+}
+
+/// `[outbox.columns]`: column names (Debezium: `table.field.event.*`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ColumnNames {
+    /// Stable event id, sent as the `id` header and `event_id` field.
+    pub id: String,
+    /// Aggregate type: routes to the topic.
+    pub aggregate_type: String,
+    /// Aggregate id: the Kafka key.
+    pub aggregate_id: String,
+    /// Event type.
+    pub event_type: String,
+    /// Schema version of the payload.
+    pub schema_version: String,
+    /// JSON payload.
+    pub payload: String,
+    /// Optional JSON object whose top-level string entries become Kafka headers.
+    pub headers: String,
+    /// When the event occurred (DATETIME(6)).
+    pub occurred_at: String,
+}
+
+impl Default for ColumnNames {
+    fn default() -> Self {
+        ColumnNames {
+            id: "id".into(),
+            aggregate_type: "aggregate_type".into(),
+            aggregate_id: "aggregate_id".into(),
+            event_type: "event_type".into(),
+            schema_version: "schema_version".into(),
+            payload: "payload".into(),
+            headers: "headers".into(),
+            occurred_at: "occurred_at".into(),
+        }
+    }
+}
+
+impl ColumnNames {
+    /// The columns the connector needs, with whether each may be absent from the table (`headers` may).
+    pub fn required(&self) -> [(&str, bool); 8] {
+        [
+            (&self.id, true),
+            (&self.aggregate_type, true),
+            (&self.aggregate_id, true),
+            (&self.event_type, true),
+            (&self.schema_version, true),
+            (&self.payload, true),
+            (&self.headers, false),
+            (&self.occurred_at, true),
+        ]
+    }
+}
+
+/// `[kafka]`: the destination cluster.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Comma-separated `host:port` list.
+    pub bootstrap_servers: String,
+    /// Topic template. Placeholders: `${aggregate_type}`, `${event_type}`, `${database}`, `${table}`.
+    #[serde(default = "default_topic")]
+    pub topic: String,
+    /// "envelope" (default: event metadata + `data`) or "payload" (the payload JSON only).
+    #[serde(default)]
+    pub value_format: ValueFormat,
+    /// Compression codec: "none", "gzip", "snappy", "lz4" (default) or "zstd".
+    #[serde(default = "default_compression")]
+    pub compression: String,
+    /// Create routed topics that do not exist yet through the Admin API. When false, a missing topic is a
+    /// definite error naming it.
+    #[serde(default = "default_true")]
+    pub create_topics: bool,
+    /// Partitions of created topics.
+    #[serde(default = "default_partitions")]
+    pub topic_partitions: i32,
+    /// Replication factor of created topics; -1 lets the broker decide (`default.replication.factor`).
+    #[serde(default = "default_replication_factor")]
+    pub topic_replication_factor: i32,
+    /// Topic-level configs for created topics, e.g. `{ "min.insync.replicas" = "2" }`.
+    #[serde(default)]
+    pub topic_config: BTreeMap<String, String>,
+    /// Upper bound, in bytes, of records handed to the producer and not yet acknowledged. When reached, the
+    /// binlog reader waits: a slow broker slows the reader instead of growing memory.
+    #[serde(default = "default_max_in_flight_bytes")]
+    pub max_in_flight_bytes: usize,
+    /// librdkafka properties passed through (TLS, SASL, linger.ms, ...). `enable.idempotence` and `acks` are
+    /// always `true`/`all`; setting them otherwise is rejected.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Shape of the Kafka record value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ValueFormat {
+    /// `{"event_id","type","version","occurred_at","aggregate_type","aggregate_id","data"}`.
+    #[default]
+    Envelope,
+    /// The payload JSON only (Debezium's expanded payload).
+    Payload,
+}
+
+/// `[state]`: the checkpoint store.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateConfig {
+    /// Directory of the embedded checkpoint store (created if missing).
+    #[serde(default = "default_state_dir")]
+    pub dir: PathBuf,
+    /// The acknowledged watermark is written at most this often (and on graceful shutdown). Lower means a
+    /// smaller duplicate window after a crash, at one fsync per write.
+    #[serde(default = "default_checkpoint_interval_ms")]
+    pub checkpoint_interval_ms: u64,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig { dir: default_state_dir(), checkpoint_interval_ms: default_checkpoint_interval_ms() }
+    }
+}
+
+/// A string that never appears in logs.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The secret itself: only for handing to a client library.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+/// A table as `database.table`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TableName {
+    /// Database (schema) name.
+    pub database: String,
+    /// Table name.
+    pub table: String,
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.database, self.table)
+    }
+}
+
+impl TableName {
+    fn parse(s: &str) -> Result<Self> {
+        match s.split_once('.') {
+            Some((db, t)) if !db.is_empty() && !t.is_empty() && !t.contains('.') => {
+                Ok(TableName { database: db.to_string(), table: t.to_string() })
+            }
+            _ => Err(Error::definite(format!("outbox table {s:?} must be written as \"database.table\""))),
+        }
+    }
+}
+
+fn default_port() -> u16 {
+    3306
+}
+fn default_heartbeat_ms() -> u64 {
+    5_000
+}
+fn default_connect_timeout_ms() -> u64 {
+    10_000
+}
+fn default_backoff_initial_ms() -> u64 {
+    250
+}
+fn default_backoff_max_ms() -> u64 {
+    30_000
+}
+fn default_topic() -> String {
+    "outbox.event.${aggregate_type}".into()
+}
+fn default_compression() -> String {
+    "lz4".into()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_partitions() -> i32 {
+    12
+}
+fn default_replication_factor() -> i32 {
+    -1
+}
+fn default_max_in_flight_bytes() -> usize {
+    16 * 1024 * 1024
+}
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("state")
+}
+fn default_checkpoint_interval_ms() -> u64 {
+    1_000
+}
+
+/// librdkafka properties the connector owns: the delivery guarantee depends on them.
+const PINNED_PROPERTIES: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    ///
+    /// # Errors
+    /// Definite errors for an unreadable file, unknown keys, or inconsistent settings.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::definite(format!("cannot read config file {}: {e}", path.display())))?;
+        Self::parse(&text).map_err(|e| e.context(format_args!("config file {}", path.display())))
+    }
+
+    /// Parses and validates config text.
+    ///
+    /// # Errors
+    /// Definite errors for unknown keys or inconsistent settings.
+    pub fn parse(text: &str) -> Result<Config> {
+        let config: Config = toml::from_str(text).map_err(|e| Error::definite(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<()> {
+        self.outbox_tables()?;
+        if self.source.password.is_some() && self.source.password_env.is_some() {
+            return Err(Error::definite("set either source.password or source.password_env, not both"));
+        }
+        if self.source.server_id == 0 {
+            return Err(Error::definite("source.server_id must be a non-zero id unique among the server's replicas"));
+        }
+        if self.source.tls != TlsMode::VerifyIdentity && self.source.tls_ca_file.is_some() {
+            return Err(Error::definite("source.tls_ca_file only applies with source.tls = \"verify_identity\""));
+        }
+        crate::router::TopicTemplate::parse(&self.kafka.topic)?;
+        for (key, pinned) in PINNED_PROPERTIES {
+            if let Some(value) = self.kafka.properties.get(*key) {
+                if !value.eq_ignore_ascii_case(pinned) && !(*key == "acks" && value == "-1") {
+                    return Err(Error::definite(format!(
+                        "kafka.properties.{key} = {value:?} would weaken the delivery guarantee; \
+                         outbox-cdc always uses {key}={pinned}"
+                    )));
+                }
+            }
+        }
+        for key in ["bootstrap.servers", "compression.type", "compression.codec"] {
+            if self.kafka.properties.contains_key(key) {
+                return Err(Error::definite(format!(
+                    "kafka.properties.{key}: use the dedicated [kafka] setting instead"
+                )));
+            }
+        }
+        if self.kafka.topic_partitions < 1 {
+            return Err(Error::definite("kafka.topic_partitions must be at least 1"));
+        }
+        if self.kafka.max_in_flight_bytes < 1024 * 1024 {
+            return Err(Error::definite("kafka.max_in_flight_bytes must be at least 1 MiB"));
+        }
+        if !["none", "gzip", "snappy", "lz4", "zstd"].contains(&self.kafka.compression.as_str()) {
+            return Err(Error::definite(format!(
+                "kafka.compression = {:?}: expected none, gzip, snappy, lz4 or zstd",
+                self.kafka.compression
+            )));
+        }
+        if self.source.heartbeat_interval_ms == 0 || self.source.heartbeat_interval_ms > 4_294_967 {
+            return Err(Error::definite("source.heartbeat_interval_ms must be between 1 and 4294967"));
+        }
+        Ok(())
+    }
+
+    /// The configured outbox tables, parsed.
+    ///
+    /// # Errors
+    /// A definite error when none (or a malformed one) is configured.
+    pub fn outbox_tables(&self) -> Result<Vec<TableName>> {
+        let mut names: Vec<TableName> = self
+            .outbox
+            .table
+            .iter()
+            .chain(self.outbox.tables.iter())
+            .map(|s| TableName::parse(s))
+            .collect::<Result<_>>()?;
+        names.sort();
+        names.dedup();
+        if names.is_empty() {
+            return Err(Error::definite("configure the outbox table: [outbox] table = \"database.table\""));
+        }
+        Ok(names)
+    }
+
+    /// The database password, resolved from the environment if configured so.
+    ///
+    /// # Errors
+    /// A definite error when `password_env` names a variable that is not set.
+    pub fn source_password(&self) -> Result<Option<Secret>> {
+        match &self.source.password_env {
+            Some(var) => std::env::var(var).map(|v| Some(Secret(v))).map_err(|_| {
+                Error::definite(format!("source.password_env names {var}, but that environment variable is not set"))
+            }),
+            None => Ok(self.source.password.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [source]
+        host = "127.0.0.1"
+        user = "cdc"
+        password = "pw"
+        server_id = 5401
+        [outbox]
+        table = "shop.outbox_events"
+        [kafka]
+        bootstrap_servers = "127.0.0.1:9092"
+    "#;
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!(c.source.port, 3306);
+        assert_eq!(c.kafka.topic, "outbox.event.${aggregate_type}");
+        assert_eq!(c.kafka.value_format, ValueFormat::Envelope);
+        assert_eq!(c.state.dir, PathBuf::from("state"));
+        assert_eq!(c.outbox.on_update, OnUpdate::Ignore);
+        assert_eq!(c.outbox_tables().unwrap(), vec![TableName { database: "shop".into(), table: "outbox_events".into() }]);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let text = MINIMAL.replace("server_id = 5401", "server_id = 5401\nserverid = 1");
+        let err = Config::parse(&text).unwrap_err();
+        assert!(err.to_string().contains("serverid"), "{err}");
+    }
+
+    #[test]
+    fn weakened_delivery_settings_are_rejected() {
+        for prop in ["\"enable.idempotence\" = \"false\"", "acks = \"1\""] {
+            let text = format!("{MINIMAL}\n[kafka.properties]\n{prop}\n");
+            assert!(Config::parse(&text).unwrap_err().to_string().contains("weaken"), "{prop}");
+        }
+        let ok = format!("{MINIMAL}\n[kafka.properties]\nacks = \"all\"\n\"linger.ms\" = \"5\"\n");
+        Config::parse(&ok).unwrap();
+    }
+
+    #[test]
+    fn malformed_table_names_are_rejected() {
+        for bad in ["outbox", ".t", "db.", "a.b.c"] {
+            let text = MINIMAL.replace("shop.outbox_events", bad);
+            assert!(Config::parse(&text).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn password_env_must_exist() {
+        let text = MINIMAL.replace("password = \"pw\"", "password_env = \"OUTBOX_CDC_TEST_UNSET_VAR\"");
+        let c = Config::parse(&text).unwrap();
+        assert!(c.source_password().unwrap_err().to_string().contains("OUTBOX_CDC_TEST_UNSET_VAR"));
+    }
+
+    #[test]
+    fn secrets_are_redacted_in_debug() {
+        let c = Config::parse(MINIMAL).unwrap();
+        let dbg = format!("{c:?}");
+        assert!(!dbg.contains("\"pw\""), "{dbg}");
+    }
+
+    #[test]
+    fn bad_topic_template_is_rejected() {
+        let text = format!("{}\ntopic = \"x.${{nope}}\"\n", MINIMAL.trim_end());
+        assert!(Config::parse(&text).unwrap_err().to_string().contains("nope"));
+    }
+
+    #[test]
+    fn example_config_in_repo_is_valid() {
+        let text = include_str!("../connector.toml");
+        Config::parse(text).unwrap();
+    }
+}

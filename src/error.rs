@@ -1,0 +1,176 @@
+//! The error model: every failure is either *transient* or *definite*.
+//!
+//! - **Transient**: the world may heal by itself (connection refused or cut, server restarting, broker
+//!   unreachable, delivery timed out). The pipeline is torn down and restarted, with capped exponential
+//!   back-off, from the last position whose events Kafka acknowledged. Nothing is lost because nothing past
+//!   the acknowledged watermark is ever checkpointed.
+//! - **Definite**: retrying cannot help (bad server setting, purged binlog, missing privilege, undecodable
+//!   row, different server than the checkpoint's). The connector stops, and the message says what is wrong,
+//!   where, and what the operator should do.
+//!
+//! Each upstream client's errors are classified exactly once, here: [`classify_mysql`] and
+//! [`classify_kafka`]. Everything else constructs [`Error::definite`] or [`Error::transient`] itself with a
+//! message written for the operator.
+
+use std::fmt;
+
+/// Result alias for the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Whether retrying can help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Retry from the last acknowledged position.
+    Transient,
+    /// Stop and tell the operator.
+    Definite,
+}
+
+/// An error with its class and an operator-facing message.
+#[derive(Debug, thiserror::Error)]
+pub struct Error {
+    class: Class,
+    message: String,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl Error {
+    /// An error that retrying from the last acknowledged position may cure.
+    pub fn transient(message: impl Into<String>) -> Self {
+        Error { class: Class::Transient, message: message.into() }
+    }
+
+    /// An error that needs an operator: the message must say what to do.
+    pub fn definite(message: impl Into<String>) -> Self {
+        Error { class: Class::Definite, message: message.into() }
+    }
+
+    /// The class of this error.
+    pub fn class(&self) -> Class {
+        self.class
+    }
+
+    /// True when retrying cannot help.
+    pub fn is_definite(&self) -> bool {
+        self.class == Class::Definite
+    }
+
+    /// Prefixes the message with what was being done, keeping the class.
+    pub fn context(self, what: impl fmt::Display) -> Self {
+        Error { class: self.class, message: format!("{what}: {}", self.message) }
+    }
+
+    /// Process exit code for this error: 2 for definite (configuration or server problem), 3 for transient.
+    pub fn exit_code(&self) -> i32 {
+        match self.class {
+            Class::Definite => EXIT_DEFINITE,
+            Class::Transient => EXIT_TRANSIENT,
+        }
+    }
+}
+
+/// Exit code: a configuration or server problem that an operator must fix.
+pub const EXIT_DEFINITE: i32 = 2;
+/// Exit code: a transient failure (e.g. `check` could not reach the server).
+pub const EXIT_TRANSIENT: i32 = 3;
+
+/// MySQL/MariaDB server error codes that need an operator.
+pub mod mysql_codes {
+    /// ER_DBACCESS_DENIED_ERROR
+    pub const DB_ACCESS_DENIED: u16 = 1044;
+    /// ER_ACCESS_DENIED_ERROR (bad user or password)
+    pub const ACCESS_DENIED: u16 = 1045;
+    /// ER_BAD_DB_ERROR
+    pub const BAD_DB: u16 = 1049;
+    /// ER_TABLEACCESS_DENIED_ERROR
+    pub const TABLE_ACCESS_DENIED: u16 = 1142;
+    /// ER_NO_SUCH_TABLE
+    pub const NO_SUCH_TABLE: u16 = 1146;
+    /// ER_SPECIFIC_ACCESS_DENIED_ERROR (missing global privilege such as REPLICATION SLAVE)
+    pub const SPECIFIC_ACCESS_DENIED: u16 = 1227;
+    /// ER_MASTER_FATAL_ERROR_READING_BINLOG: the requested position/GTID is not in the server's binlogs
+    /// (purged, never existed, or diverged history).
+    pub const FATAL_READING_BINLOG: u16 = 1236;
+    /// ER_UNKNOWN_SYSTEM_VARIABLE
+    pub const UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
+    /// ER_MASTER_HAS_PURGED_REQUIRED_GTIDS (MySQL)
+    pub const PURGED_REQUIRED_GTIDS: u16 = 1789;
+    /// ER_SLAVE_SAME_ID / duplicate server_id of a replica (MySQL reports it through 1236 too).
+    pub const DUPLICATE_SERVER_ID: u16 = 4017;
+}
+
+/// Classifies a `mysql_async` error once, for every caller.
+pub fn classify_mysql(err: &mysql_async::Error) -> Error {
+    use mysql_async::Error as E;
+    match err {
+        E::Server(server) => {
+            use mysql_codes::*;
+            let text = format!("server error {} ({}): {}", server.code, server.state, server.message);
+            match server.code {
+                FATAL_READING_BINLOG | PURGED_REQUIRED_GTIDS => Error::definite(format!(
+                    "{text}. The binlog no longer holds the position this connector needs (purged, or the \
+                     server's history diverged). Events written since the checkpoint may be gone from the \
+                     binlog: re-snapshot the outbox table (delete the state directory, or use \
+                     snapshot.mode = \"when_needed\" once available) and raise the server's binlog retention \
+                     (binlog_expire_logs_seconds / expire_logs_days)"
+                )),
+                ACCESS_DENIED => Error::definite(format!("{text}. Check source.user and the password")),
+                DB_ACCESS_DENIED | TABLE_ACCESS_DENIED | SPECIFIC_ACCESS_DENIED => Error::definite(format!(
+                    "{text}. Grant the connector's user REPLICATION SLAVE, REPLICATION CLIENT (MariaDB: also \
+                     BINLOG MONITOR) on *.* and SELECT on the outbox table; see `outbox-cdc check`"
+                )),
+                BAD_DB | NO_SUCH_TABLE | UNKNOWN_SYSTEM_VARIABLE | DUPLICATE_SERVER_ID => Error::definite(text),
+                _ => Error::transient(text),
+            }
+        }
+        E::Io(io) => Error::transient(format!("connection to the database failed: {io}")),
+        E::Driver(driver) => Error::transient(format!("database driver error: {driver}")),
+        E::Url(url) => Error::definite(format!("invalid database connection settings: {url}")),
+        E::Other(other) => Error::transient(format!("database error: {other}")),
+    }
+}
+
+/// Classifies an `rdkafka` error once, for every caller.
+pub fn classify_kafka(err: &rdkafka::error::KafkaError) -> Error {
+    use rdkafka::error::KafkaError as K;
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let definite_code = |code: C| {
+        matches!(
+            code,
+            C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::SaslAuthenticationFailed
+                | C::Authentication
+                | C::MessageSizeTooLarge
+                | C::InvalidTopic
+                | C::UnknownTopic
+                | C::UnknownTopicOrPartition
+                | C::InvalidConfig
+                | C::InvalidArgument
+                | C::UnsupportedVersion
+                | C::Fatal
+                | C::ProducerFenced
+                | C::InvalidRecord
+        )
+    };
+    let text = err.to_string();
+    match err {
+        K::ClientCreation(_) | K::ClientConfig(..) => Error::definite(format!("Kafka client configuration: {text}")),
+        K::MessageProduction(code) if definite_code(*code) => Error::definite(format!("Kafka rejected a record: {text}")),
+        _ => match err.rdkafka_error_code() {
+            Some(code) if definite_code(code) => Error::definite(format!("Kafka: {text}")),
+            _ => Error::transient(format!("Kafka: {text}")),
+        },
+    }
+}
+
+impl From<redb::Error> for Error {
+    fn from(err: redb::Error) -> Self {
+        Error::definite(format!("checkpoint store: {err}"))
+    }
+}

@@ -1,0 +1,31 @@
+//! # outbox-cdc
+//!
+//! Turns a MySQL/MariaDB transactional outbox into Kafka events. Services write a business row and an
+//! outbox row in one local transaction; outbox-cdc tails the server's ROW binlog as a replication client,
+//! decodes the inserts into the outbox table, routes each to a Kafka topic keyed by aggregate id, and
+//! stores its binlog position only after Kafka has acknowledged every event up to it.
+//!
+//! See [`pipeline`] for the data flow.
+//!
+//! # Delivery guarantee
+//! - **No loss**: the checkpoint ([`checkpoint`]) is the end of the newest source transaction that Kafka
+//!   acknowledged together with every earlier one. Whatever happens (kill -9, broker outage, database
+//!   restart, network cut), the connector resumes from there.
+//! - **At-least-once, bounded duplicates**: after a crash, only events after the last checkpoint can be
+//!   published again. Each carries its stable event id in the `id` header for consumers to deduplicate.
+//! - **Per-aggregate order**: events of one aggregate go to one partition (key = aggregate id, murmur2), in
+//!   commit order, kept across retries by the idempotent producer. There is no order across aggregates.
+//!
+//! # Error model
+//! Every failure is transient (retry from the checkpoint) or definite (stop and tell the operator what to
+//! fix); see [`error`].
+
+pub mod app;
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod pipeline;
+pub mod position;
+pub mod router;
+pub mod sink;
+pub mod source;

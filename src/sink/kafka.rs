@@ -1,0 +1,270 @@
+//! The Kafka producer: idempotent, `acks=all`, murmur2 partitioning, bounded in bytes.
+//!
+//! # Invariants
+//! - Every record handed to librdkafka was first registered with the [`Watermark`]; its delivery callback
+//!   either settles it with a [`Delivered`] proof or records a failure that freezes the watermark. A record
+//!   that librdkafka refuses to enqueue is a failure too: nothing is ever counted as delivered without an
+//!   acknowledgement.
+//! - At most `max_in_flight_bytes` of records are unacknowledged at any time: [`KafkaSink::send`] waits for
+//!   budget, so a slow or absent broker stops the binlog reader instead of growing memory.
+//! - Per-aggregate order: records are enqueued in binlog order, keyed by aggregate id, partitioned with
+//!   murmur2 (the Java client's default, so other clients agree on placement), and the idempotent producer
+//!   keeps per-partition order across retries and reconnects.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig, ThreadedProducer};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientContext;
+use tokio::sync::Semaphore;
+
+use super::Delivered;
+use crate::checkpoint::{TxId, Watermark};
+use crate::config::KafkaConfig;
+use crate::error::{classify_kafka, Error, Result};
+use crate::router::KafkaRecord;
+
+/// What travels with each record through librdkafka and back to the delivery callback.
+struct InFlight {
+    tx: TxId,
+    permits: u32,
+}
+
+/// Delivery callbacks: the only place where [`Delivered`] proofs are made.
+struct SinkContext {
+    watermark: Arc<Watermark>,
+    budget: Arc<Semaphore>,
+}
+
+impl ClientContext for SinkContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error => tracing::error!(target: "librdkafka", fac, "{log_message}"),
+            L::Warning => tracing::warn!(target: "librdkafka", fac, "{log_message}"),
+            L::Notice | L::Info => tracing::info!(target: "librdkafka", fac, "{log_message}"),
+            L::Debug => tracing::debug!(target: "librdkafka", fac, "{log_message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        // Broker-down and similar conditions arrive here while librdkafka keeps retrying: informational
+        // unless fatal, which the delivery callbacks will report as failures.
+        tracing::warn!(target: "librdkafka", %error, "{reason}");
+    }
+}
+
+impl ProducerContext for SinkContext {
+    type DeliveryOpaque = Box<InFlight>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
+        match result {
+            Ok(_) => self.watermark.settle(Delivered::new(in_flight.tx)),
+            Err((error, message)) => {
+                let error = classify_kafka(error).context(format_args!(
+                    "delivery to topic {} failed (the watermark stops before this record)",
+                    message.topic()
+                ));
+                self.watermark.fail(error);
+            }
+        }
+        self.budget.add_permits(in_flight.permits as usize);
+    }
+}
+
+/// Settings for topics the sink creates.
+#[derive(Debug, Clone)]
+struct TopicSettings {
+    create: bool,
+    partitions: i32,
+    replication_factor: i32,
+    config: BTreeMap<String, String>,
+}
+
+/// The Kafka side of the pipeline.
+pub struct KafkaSink {
+    producer: Arc<ThreadedProducer<SinkContext>>,
+    admin: AdminClient<DefaultClientContext>,
+    watermark: Arc<Watermark>,
+    budget: Arc<Semaphore>,
+    max_in_flight_bytes: usize,
+    known_topics: HashSet<String>,
+    topics: TopicSettings,
+}
+
+/// Builds the librdkafka configuration shared by the producer and the admin client.
+pub fn client_config(config: &KafkaConfig) -> ClientConfig {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &config.bootstrap_servers).set("client.id", "outbox-cdc");
+    for (k, v) in &config.properties {
+        cc.set(k, v);
+    }
+    cc
+}
+
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl KafkaSink {
+    /// Creates the producer.
+    ///
+    /// # Errors
+    /// A definite error for an invalid librdkafka configuration.
+    pub fn new(config: &KafkaConfig, watermark: Arc<Watermark>) -> Result<Self> {
+        let budget = Arc::new(Semaphore::new(config.max_in_flight_bytes));
+        let mut cc = client_config(config);
+        cc.set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("partitioner", "murmur2_random")
+            .set("compression.type", &config.compression)
+            .set("allow.auto.create.topics", "false")
+            .set("queue.buffering.max.messages", "2000000")
+            .set("queue.buffering.max.kbytes", "2097151");
+        if !config.properties.contains_key("linger.ms") {
+            cc.set("linger.ms", "5");
+        }
+        let context = SinkContext { watermark: watermark.clone(), budget: budget.clone() };
+        let producer: ThreadedProducer<SinkContext> =
+            cc.create_with_context(context).map_err(|e| classify_kafka(&e))?;
+        let admin: AdminClient<DefaultClientContext> =
+            client_config(config).create().map_err(|e| classify_kafka(&e))?;
+        Ok(KafkaSink {
+            producer: Arc::new(producer),
+            admin,
+            watermark,
+            budget,
+            max_in_flight_bytes: config.max_in_flight_bytes,
+            known_topics: HashSet::new(),
+            topics: TopicSettings {
+                create: config.create_topics,
+                partitions: config.topic_partitions,
+                replication_factor: config.topic_replication_factor,
+                config: config.topic_config.clone(),
+            },
+        })
+    }
+
+    /// Hands one record of transaction `tx` to the producer, waiting for in-flight budget first.
+    ///
+    /// # Errors
+    /// Definite when the topic is missing and may not be created, or the record is refused for good;
+    /// transient for broker unavailability during topic checks.
+    pub async fn send(&mut self, tx: TxId, record: &KafkaRecord) -> Result<()> {
+        if !self.known_topics.contains(&record.topic) {
+            self.ensure_topic(&record.topic).await?;
+            self.known_topics.insert(record.topic.clone());
+        }
+        let permits = record.size_bytes().clamp(1, self.max_in_flight_bytes) as u32;
+        self.budget.acquire_many(permits).await.expect("the budget semaphore is never closed").forget();
+        self.watermark.add_record(tx);
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
+        for (key, value) in &record.headers {
+            headers = headers.insert(Header { key, value: Some(value) });
+        }
+        let mut pending = BaseRecord::with_opaque_to(&record.topic, Box::new(InFlight { tx, permits }))
+            .key(&record.key)
+            .payload(&record.value)
+            .headers(headers);
+        loop {
+            match self.producer.send(pending) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    pending = back;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err((error, _)) => {
+                    let error = classify_kafka(&error)
+                        .context(format_args!("producing to {} (key {})", record.topic, record.key));
+                    self.budget.add_permits(permits as usize);
+                    self.watermark.fail(Error::transient(error.to_string()));
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    /// Waits until every record handed to the producer is acknowledged (or failed), up to `timeout`.
+    /// Returns whether everything settled.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.watermark.unsettled() == 0 {
+                return true;
+            }
+            if self.watermark.failed() || Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Drops every queued and in-flight record without waiting (after a failure): they were never
+    /// acknowledged, so the watermark never counts them, and they are produced again after the restart.
+    pub fn abort(&self) {
+        self.producer.purge(PurgeConfig::default().queue().inflight());
+    }
+
+    /// Makes sure `topic` exists: creates it through the Admin API when allowed.
+    async fn ensure_topic(&self, topic: &str) -> Result<()> {
+        if self.topic_partitions(topic).await? > 0 {
+            return Ok(());
+        }
+        if !self.topics.create {
+            return Err(Error::definite(format!(
+                "Kafka topic {topic:?} does not exist and kafka.create_topics = false: create it, or allow \
+                 the connector to create it"
+            )));
+        }
+        let replication = TopicReplication::Fixed(self.topics.replication_factor);
+        let mut new_topic = NewTopic::new(topic, self.topics.partitions, replication);
+        for (k, v) in &self.topics.config {
+            new_topic = new_topic.set(k, v);
+        }
+        let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
+        let results = self.admin.create_topics([&new_topic], &options).await.map_err(|e| classify_kafka(&e))?;
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, code)) => {
+                    let err = classify_kafka(&KafkaError::AdminOp(code));
+                    return Err(err.context(format_args!("creating Kafka topic {name:?}")));
+                }
+            }
+        }
+        tracing::info!(topic, partitions = self.topics.partitions, "created Kafka topic");
+        let deadline = Instant::now() + METADATA_TIMEOUT;
+        while self.topic_partitions(topic).await? == 0 {
+            if Instant::now() >= deadline {
+                return Err(Error::transient(format!("Kafka topic {topic:?} was created but has no partitions yet")));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Partition count of `topic`, 0 when it does not exist.
+    async fn topic_partitions(&self, topic: &str) -> Result<usize> {
+        let producer = self.producer.clone();
+        let name = topic.to_string();
+        let metadata = tokio::task::spawn_blocking(move || {
+            producer.client().fetch_metadata(Some(&name), METADATA_TIMEOUT)
+        })
+        .await
+        .map_err(|e| Error::transient(format!("metadata task failed: {e}")))?
+        .map_err(|e| classify_kafka(&e).context(format_args!("fetching metadata of topic {topic:?}")))?;
+        let partitions = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .filter(|t| t.error().is_none())
+            .map(|t| t.partitions().len())
+            .unwrap_or(0);
+        Ok(partitions)
+    }
+}

@@ -1,0 +1,432 @@
+//! The binlog reader: a replication connection that turns binlog events into [`Change`]s grouped by source
+//! transaction.
+//!
+//! # Transaction boundaries
+//! A transaction starts at its GTID event (MySQL GTID/ANONYMOUS_GTID, MariaDB GTID) and ends at XID, at a
+//! `COMMIT` query (non-transactional engines), or — for DDL and other single-statement groups — at the one
+//! query that follows the GTID (MariaDB flags these "standalone"; MySQL sends no `BEGIN` for them).
+//! [`Change::Commit`] carries the position right *after* the transaction: the only kind of position the
+//! connector ever stores, so a resume never starts in the middle of a transaction.
+//!
+//! # MariaDB
+//! MariaDB needs what mysql_async does not do for it: announce capability 4 (else GTID events are replaced
+//! by `BEGIN` queries), resume with `@slave_connect_state` and a plain COM_BINLOG_DUMP, and parse GTID events
+//! from their raw body. ANNOTATE_ROWS events (the SQL text) are not requested: they are half of the bytes.
+//!
+//! # Liveness
+//! The server is asked for heartbeats; a connection silent for three heartbeat periods is dead, which is a
+//! transient error (the pipeline reconnects from the acknowledged watermark).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use mysql_async::prelude::Queryable;
+use mysql_async::{BinlogStream, BinlogStreamRequest};
+use mysql_common::binlog::events::{Event, EventData, RowsEventData};
+use mysql_common::packets::{GnoInterval, Sid};
+
+use super::{OutboxRow, OutboxTable, ServerInfo, SourceConn};
+use crate::config::{ColumnNames, OnUpdate, TableName};
+use crate::error::{classify_mysql, Error, Result};
+use crate::position::mariadb::MariaGtid;
+use crate::position::mysql::{Gtid, Tag, Uuid};
+use crate::position::{BinlogCoord, Flavor, Gtids, Position};
+
+/// What the reader yields, in binlog order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// A source transaction began.
+    Begin,
+    /// An outbox row inserted by the current transaction.
+    Row(OutboxRow),
+    /// The current transaction committed; `position` is right after it.
+    Commit {
+        /// Resume point after this transaction.
+        position: Position,
+        /// Commit time (server clock, seconds since the epoch).
+        timestamp: u32,
+    },
+}
+
+/// Reader settings that do not change across reconnects.
+#[derive(Debug, Clone)]
+pub struct ReaderSettings {
+    /// Replication client id.
+    pub server_id: u32,
+    /// Outbox tables to decode.
+    pub tables: Vec<TableName>,
+    /// Column names of the outbox tables.
+    pub columns: ColumnNames,
+    /// UPDATE/DELETE behaviour on outbox tables.
+    pub on_update: OnUpdate,
+    /// Heartbeat period asked of the server.
+    pub heartbeat: Duration,
+}
+
+/// Event type codes that mysql_common does not parse (MariaDB) or that we treat specially.
+mod event_type {
+    pub const XA_PREPARE: u8 = 38;
+    pub const MARIADB_ANNOTATE_ROWS: u8 = 160;
+    pub const MARIADB_GTID: u8 = 162;
+    pub const MARIADB_GTID_LIST: u8 = 163;
+    /// MariaDB's compressed query/rows events (`log_bin_compress=ON`): 165..=171.
+    pub const MARIADB_COMPRESSED_FIRST: u8 = 165;
+    pub const MARIADB_COMPRESSED_LAST: u8 = 171;
+}
+
+/// MariaDB GTID event flags (`FL_*` in MariaDB's log_event.h).
+mod mariadb_flags {
+    pub const STANDALONE: u8 = 1;
+}
+
+/// Where the reader is relative to transaction boundaries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TxState {
+    /// Between transactions.
+    Idle,
+    /// MySQL: after a GTID event; the next query is `BEGIN` or a single DDL statement.
+    AfterGtid,
+    /// MariaDB: a standalone group; the next query ends it.
+    Standalone,
+    /// Inside `BEGIN … COMMIT/XID`.
+    Open,
+}
+
+/// The GTID of the transaction being read, applied to the position at commit.
+#[derive(Debug, Clone)]
+enum TxGtid {
+    MySql(Gtid),
+    MariaDb(MariaGtid),
+}
+
+/// A replication connection decoding outbox rows.
+pub struct BinlogReader {
+    stream: BinlogStream,
+    settings: Arc<ReaderSettings>,
+    flavor: Flavor,
+    /// Strip the CRC32 trailer from the fake ROTATE that precedes FORMAT_DESCRIPTION.
+    checksum: bool,
+    seen_format_description: bool,
+    /// Position after the last committed transaction read.
+    position: Position,
+    state: TxState,
+    tx_gtid: Option<TxGtid>,
+    tx_touches_outbox: bool,
+    /// table_id -> decoder for outbox tables, `None` for other tables.
+    tables: HashMap<u64, Option<Arc<OutboxTable>>>,
+    outbox_names: HashSet<TableName>,
+    pending: VecDeque<Change>,
+    idle_timeout: Duration,
+}
+
+impl BinlogReader {
+    /// Opens a replication stream that resumes right after `position`.
+    ///
+    /// # Errors
+    /// Classified connection errors; 1236 (position not in the binlogs) is definite.
+    pub async fn start(
+        conn: &SourceConn,
+        info: &ServerInfo,
+        settings: Arc<ReaderSettings>,
+        position: Position,
+    ) -> Result<Self> {
+        let mut c = conn.connect().await?;
+        let heartbeat_ns = settings.heartbeat.as_nanos() as u64;
+        let mut setup = vec![format!("SET @master_heartbeat_period = {heartbeat_ns}")];
+        if info.identity.flavor == Flavor::MariaDb {
+            // Capability 4 (MARIA_SLAVE_CAPABILITY_GTID): real GTID events instead of BEGIN queries.
+            setup.push("SET @mariadb_slave_capability = 4".into());
+            if let Gtids::MariaDb(pos) = &position.gtids {
+                setup.push(format!("SET @slave_connect_state = '{pos}'"));
+                setup.push("SET @slave_gtid_strict_mode = 1".into());
+                setup.push("SET @slave_gtid_ignore_duplicates = 0".into());
+            }
+        }
+        for sql in &setup {
+            c.query_drop(sql).await.map_err(|e| classify_mysql(&e).context(format_args!("`{sql}`")))?;
+        }
+        let mut request = BinlogStreamRequest::new(settings.server_id);
+        let sids: Vec<Sid<'static>>;
+        match (&position.gtids, info.identity.flavor) {
+            (Gtids::MySql(set), _) => {
+                sids = mysql_sids(set)?;
+                request = request.with_gtid().with_gtid_set(sids.iter().cloned());
+            }
+            (Gtids::MariaDb(_), _) => {
+                // MariaDB resumes from @slave_connect_state with an empty file name.
+            }
+            (Gtids::None, _) => {
+                request = request.with_filename(position.coord.file.as_bytes()).with_pos(position.coord.pos);
+            }
+        }
+        let stream = c.get_binlog_stream(request).await.map_err(|e| {
+            classify_mysql(&e).context(format_args!("starting the binlog stream at {position}"))
+        })?;
+        Ok(BinlogReader {
+            stream,
+            outbox_names: settings.tables.iter().cloned().collect(),
+            idle_timeout: settings.heartbeat * 3 + Duration::from_secs(1),
+            settings,
+            flavor: info.identity.flavor,
+            checksum: info.checksum,
+            seen_format_description: false,
+            position,
+            state: TxState::Idle,
+            tx_gtid: None,
+            tx_touches_outbox: false,
+            tables: HashMap::new(),
+            pending: VecDeque::new(),
+        })
+    }
+
+    /// True while the reader is inside a source transaction.
+    pub fn in_transaction(&self) -> bool {
+        self.state != TxState::Idle
+    }
+
+    /// Position after the last transaction read.
+    pub fn position(&self) -> &Position {
+        &self.position
+    }
+
+    /// The next change.
+    ///
+    /// # Errors
+    /// Transient for connection problems (including a missing heartbeat); definite for undecodable outbox
+    /// rows and unsupported constructs on the outbox table.
+    pub async fn next(&mut self) -> Result<Change> {
+        loop {
+            if let Some(change) = self.pending.pop_front() {
+                return Ok(change);
+            }
+            let event = match tokio::time::timeout(self.idle_timeout, self.stream.next()).await {
+                Ok(Some(Ok(event))) => event,
+                Ok(Some(Err(e))) => {
+                    return Err(classify_mysql(&e).context(format_args!("reading the binlog after {}", self.position)))
+                }
+                Ok(None) => return Err(Error::transient("the server closed the replication stream")),
+                Err(_) => {
+                    return Err(Error::transient(format!(
+                        "no binlog event or heartbeat for {:?}: the replication connection is dead",
+                        self.idle_timeout
+                    )))
+                }
+            };
+            self.handle(event)
+                .map_err(|e| e.context(format_args!("binlog {}:{}", self.position.coord.file, self.position.coord.pos)))?;
+        }
+    }
+
+    fn handle(&mut self, event: Event) -> Result<()> {
+        let header = event.header();
+        let type_code = header.event_type_raw();
+        match type_code {
+            event_type::MARIADB_GTID => return self.on_mariadb_gtid(&event),
+            event_type::MARIADB_GTID_LIST | event_type::MARIADB_ANNOTATE_ROWS => return Ok(()),
+            event_type::MARIADB_COMPRESSED_FIRST..=event_type::MARIADB_COMPRESSED_LAST => {
+                return Err(Error::definite(
+                    "the server writes compressed binlog events (log_bin_compress=ON), which outbox-cdc \
+                     cannot decode; set log_bin_compress=OFF",
+                ))
+            }
+            event_type::XA_PREPARE => {
+                if self.tx_touches_outbox {
+                    return Err(Error::definite(
+                        "an XA transaction wrote to the outbox table; XA transactions are not supported on \
+                         outbox tables (their rows become visible only at XA COMMIT, in another event group)",
+                    ));
+                }
+                self.end_group();
+                return Ok(());
+            }
+            _ => {}
+        }
+        let data = event
+            .read_data()
+            .map_err(|e| Error::definite(format!("cannot parse binlog event of type {type_code}: {e}")))?;
+        let Some(data) = data else { return Ok(()) };
+        match data {
+            EventData::FormatDescriptionEvent(_) => self.seen_format_description = true,
+            EventData::RotateEvent(rotate) => {
+                let mut name = rotate.name_raw().to_vec();
+                if !self.seen_format_description && self.checksum && name.len() > 4 {
+                    // NOTE: the first (fake) ROTATE arrives before FORMAT_DESCRIPTION, so the parser cannot
+                    // know that the last 4 bytes are the CRC32 trailer, not part of the name.
+                    name.truncate(name.len() - 4);
+                }
+                let name = String::from_utf8_lossy(&name).into_owned();
+                if header.log_pos() == 0 || self.state == TxState::Idle {
+                    self.position.coord = BinlogCoord { file: name, pos: rotate.position() };
+                } else {
+                    self.position.coord.file = name;
+                }
+            }
+            EventData::GtidEvent(gtid) => {
+                let uuid = Uuid::from_bytes(gtid.sid());
+                let tag = match gtid.tag() {
+                    Some(t) => Some(Tag::from_str(t).map_err(|e| Error::definite(format!("GTID tag {t:?}: {e}")))?),
+                    None => None,
+                };
+                self.begin(TxState::AfterGtid, Some(TxGtid::MySql(Gtid { uuid, tag, gno: gtid.gno() })));
+            }
+            EventData::AnonymousGtidEvent(_) => self.begin(TxState::AfterGtid, None),
+            EventData::QueryEvent(query) => {
+                let sql = query.query_raw();
+                match self.state {
+                    _ if sql.eq_ignore_ascii_case(b"BEGIN") => {
+                        if self.state == TxState::Idle {
+                            self.begin(TxState::Open, None);
+                        } else {
+                            self.state = TxState::Open;
+                        }
+                    }
+                    TxState::Open if sql.eq_ignore_ascii_case(b"COMMIT") || sql.eq_ignore_ascii_case(b"ROLLBACK") => {
+                        self.commit(header.log_pos(), header.timestamp())
+                    }
+                    TxState::AfterGtid | TxState::Standalone => self.commit(header.log_pos(), header.timestamp()),
+                    TxState::Idle | TxState::Open => {}
+                }
+            }
+            EventData::XidEvent(_) => self.commit(header.log_pos(), header.timestamp()),
+            EventData::TableMapEvent(tme) => {
+                let table_id = tme.table_id();
+                let name = TableName { database: tme.database_name().into_owned(), table: tme.table_name().into_owned() };
+                if self.outbox_names.contains(&name) {
+                    let decoder = OutboxTable::from_table_map(Arc::new(name), &tme, &self.settings.columns)?;
+                    self.tables.insert(table_id, Some(Arc::new(decoder)));
+                } else {
+                    self.tables.insert(table_id, None);
+                }
+            }
+            EventData::RowsEvent(rows) => self.on_rows(rows)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn on_mariadb_gtid(&mut self, event: &Event) -> Result<()> {
+        let body = event.data();
+        if body.len() < 13 {
+            return Err(Error::definite(format!("MariaDB GTID event too short ({} bytes)", body.len())));
+        }
+        let seq_no = u64::from_le_bytes(body[0..8].try_into().expect("8 bytes"));
+        let domain_id = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
+        let flags = body[12];
+        let gtid = MariaGtid { domain_id, server_id: event.header().server_id(), seq_no };
+        let state = if flags & mariadb_flags::STANDALONE != 0 { TxState::Standalone } else { TxState::Open };
+        self.begin(state, Some(TxGtid::MariaDb(gtid)));
+        Ok(())
+    }
+
+    fn begin(&mut self, state: TxState, gtid: Option<TxGtid>) {
+        if self.state != TxState::Idle {
+            // A new group without the previous one's end: only happens for groups that end without a
+            // commit event we recognise (e.g. an XA prepare). Close the previous one first.
+            self.end_group();
+        }
+        self.state = state;
+        self.tx_gtid = gtid;
+        self.tx_touches_outbox = false;
+        self.pending.push_back(Change::Begin);
+    }
+
+    fn commit(&mut self, log_pos: u32, timestamp: u32) {
+        if let Some(gtid) = self.tx_gtid.take() {
+            match (&mut self.position.gtids, gtid) {
+                (Gtids::MySql(set), TxGtid::MySql(g)) => {
+                    set.insert(&g);
+                }
+                (Gtids::MariaDb(pos), TxGtid::MariaDb(g)) => pos.advance(g),
+                _ => {}
+            }
+        }
+        if log_pos != 0 {
+            self.position.coord.pos = u64::from(log_pos);
+        }
+        self.state = TxState::Idle;
+        self.tx_touches_outbox = false;
+        self.pending.push_back(Change::Commit { position: self.position.clone(), timestamp });
+    }
+
+    /// Ends a group that has no commit of its own (XA prepare): it produced nothing and moves nothing.
+    fn end_group(&mut self) {
+        self.state = TxState::Idle;
+        self.tx_gtid = None;
+        self.tx_touches_outbox = false;
+        self.pending.push_back(Change::Commit { position: self.position.clone(), timestamp: 0 });
+    }
+
+    fn on_rows(&mut self, rows: RowsEventData<'_>) -> Result<()> {
+        let table_id = rows.table_id();
+        let Some(Some(decoder)) = self.tables.get(&table_id).cloned() else { return Ok(()) };
+        if self.state == TxState::Idle {
+            // Rows outside any group (very old servers without GTID or BEGIN): treat as an implicit group.
+            self.begin(TxState::Open, None);
+        }
+        self.tx_touches_outbox = true;
+        let op = match &rows {
+            RowsEventData::WriteRowsEvent(_) | RowsEventData::WriteRowsEventV1(_) => None,
+            RowsEventData::UpdateRowsEvent(_) | RowsEventData::UpdateRowsEventV1(_) => Some("UPDATE"),
+            RowsEventData::DeleteRowsEvent(_) | RowsEventData::DeleteRowsEventV1(_) => Some("DELETE"),
+            RowsEventData::PartialUpdateRowsEvent(_) => {
+                return Err(Error::definite(format!(
+                    "a partial JSON update (PARTIAL_UPDATE_ROWS) changed outbox table {}; outbox rows must \
+                     not be updated in place, and the server must not use binlog_row_value_options=PARTIAL_JSON",
+                    decoder.name
+                )))
+            }
+        };
+        if let Some(op) = op {
+            return match self.settings.on_update {
+                OnUpdate::Ignore => Ok(()),
+                OnUpdate::Warn => {
+                    tracing::warn!(table = %decoder.name, op, "ignoring {op} on outbox table (outbox.on_update = \"warn\")");
+                    Ok(())
+                }
+                OnUpdate::Fail => Err(Error::definite(format!(
+                    "{op} on outbox table {} (outbox.on_update = \"fail\"); outbox rows are insert-only",
+                    decoder.name
+                ))),
+            };
+        }
+        let tme = self
+            .stream
+            .get_tme(table_id)
+            .ok_or_else(|| Error::definite(format!("rows event for table id {table_id} without its TABLE_MAP")))?;
+        for row in rows.rows(tme) {
+            let (_, after) = row.map_err(|e| {
+                Error::definite(format!("cannot decode a row of outbox table {}: {e}", decoder.name))
+            })?;
+            let after = after.ok_or_else(|| Error::definite("insert without an after-image"))?;
+            self.pending.push_back(Change::Row(decoder.decode_row(after)?));
+        }
+        Ok(())
+    }
+
+    /// Which flavor this reader speaks.
+    pub fn flavor(&self) -> Flavor {
+        self.flavor
+    }
+}
+
+/// A MySQL GTID set as COM_BINLOG_DUMP_GTID wants it.
+fn mysql_sids(set: &crate::position::mysql::GtidSet) -> Result<Vec<Sid<'static>>> {
+    let mut sids = Vec::new();
+    for (uuid, tag, intervals) in set.iter() {
+        let mut sid = Sid::new(*uuid.as_bytes());
+        if let Some(tag) = tag {
+            let tag = mysql_common::packets::Tag::new(tag.as_str().to_string())
+                .map_err(|e| Error::definite(format!("GTID tag {tag}: {e:?}")))?;
+            sid = sid.with_tag(tag);
+        }
+        for range in intervals {
+            // Both sides use half-open [start, end) intervals.
+            sid = sid.with_interval(GnoInterval::new(range.start, range.end));
+        }
+        sids.push(sid);
+    }
+    Ok(sids)
+}

@@ -1,0 +1,289 @@
+//! The source side: connecting to MySQL/MariaDB, learning who the server is and where its binlog stands,
+//! preflight checks, and the binlog reader.
+
+pub mod binlog;
+pub mod decode;
+pub mod preflight;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, OptsBuilder, SslOpts};
+use serde::{Deserialize, Serialize};
+
+pub use decode::{OutboxRow, OutboxTable};
+
+use crate::config::{Config, ResumeBy, StartFrom, TlsMode};
+use crate::error::{classify_mysql, Error, Result};
+use crate::position::{mariadb::GtidPos, mysql::GtidSet, BinlogCoord, Flavor, Gtids, Position};
+
+/// How to reach the server, built once from the config.
+#[derive(Debug, Clone)]
+pub struct SourceConn {
+    opts: Opts,
+    connect_timeout: Duration,
+}
+
+impl SourceConn {
+    /// Connection settings from the config (resolves the password).
+    ///
+    /// # Errors
+    /// A definite error when the password variable is missing or the TLS CA file cannot be used.
+    pub fn from_config(config: &Config) -> Result<Self> {
+        let source = &config.source;
+        let password = config.source_password()?;
+        let mut builder = OptsBuilder::default()
+            .ip_or_hostname(source.host.clone())
+            .tcp_port(source.port)
+            .user(Some(source.user.clone()))
+            .pass(password.map(|p| p.expose().to_string()))
+            .prefer_socket(false)
+            .stmt_cache_size(0)
+            .max_allowed_packet(Some(1024 * 1024 * 1024));
+        builder = match source.tls {
+            TlsMode::Disabled => builder,
+            TlsMode::Required => builder.ssl_opts(
+                SslOpts::default().with_danger_accept_invalid_certs(true).with_danger_skip_domain_validation(true),
+            ),
+            TlsMode::VerifyIdentity => {
+                let mut ssl = SslOpts::default();
+                if let Some(ca) = &source.tls_ca_file {
+                    ssl = ssl.with_root_certs(vec![ca.clone().into()]);
+                }
+                builder.ssl_opts(ssl)
+            }
+        };
+        Ok(SourceConn { opts: builder.into(), connect_timeout: Duration::from_millis(source.connect_timeout_ms) })
+    }
+
+    /// Opens a connection, bounded by the configured timeout.
+    ///
+    /// # Errors
+    /// Classified connection errors; a timeout is transient.
+    pub async fn connect(&self) -> Result<Conn> {
+        match tokio::time::timeout(self.connect_timeout, Conn::new(self.opts.clone())).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(e)) => Err(classify_mysql(&e).context(format_args!("connecting to {}", self.describe()))),
+            Err(_) => Err(Error::transient(format!(
+                "connecting to {} timed out after {:?}",
+                self.describe(),
+                self.connect_timeout
+            ))),
+        }
+    }
+
+    /// `host:port` for messages.
+    pub fn describe(&self) -> String {
+        format!("{}:{}", self.opts.ip_or_hostname(), self.opts.tcp_port())
+    }
+}
+
+/// Who the server is: stored with the checkpoint so that the connector never resumes a position against
+/// a different server by accident.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerIdentity {
+    /// MySQL or MariaDB.
+    pub flavor: Flavor,
+    /// `@@server_id`.
+    pub server_id: u32,
+    /// `@@server_uuid` (MySQL only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_uuid: Option<String>,
+}
+
+/// What the connector learns about the server when it connects.
+#[derive(Debug, Clone)]
+pub struct ServerInfo {
+    /// Identity (flavor, ids).
+    pub identity: ServerIdentity,
+    /// `@@version`.
+    pub version: String,
+    /// `@@binlog_checksum` is not NONE: events carry a 4-byte CRC32 trailer.
+    pub checksum: bool,
+}
+
+/// Asks the server who it is.
+///
+/// # Errors
+/// Classified query errors.
+pub async fn server_info(conn: &mut Conn) -> Result<ServerInfo> {
+    let (version, server_id, checksum): (String, u32, String) = conn
+        .query_first("SELECT @@version, @@server_id, @@global.binlog_checksum")
+        .await
+        .map_err(|e| classify_mysql(&e))?
+        .ok_or_else(|| Error::transient("server returned no version"))?;
+    let flavor = if version.to_ascii_lowercase().contains("mariadb") { Flavor::MariaDb } else { Flavor::MySql };
+    let server_uuid = match flavor {
+        Flavor::MySql => conn.query_first::<String, _>("SELECT @@server_uuid").await.map_err(|e| classify_mysql(&e))?,
+        Flavor::MariaDb => None,
+    };
+    Ok(ServerInfo {
+        identity: ServerIdentity { flavor, server_id, server_uuid },
+        version,
+        checksum: !checksum.eq_ignore_ascii_case("NONE"),
+    })
+}
+
+/// Statement that reports the current binlog file, position and (MySQL) executed GTIDs.
+fn binlog_status_sql(info: &ServerInfo) -> &'static str {
+    let modern_mysql = info.identity.flavor == Flavor::MySql
+        && version_at_least(&info.version, 8, 4);
+    if modern_mysql {
+        "SHOW BINARY LOG STATUS"
+    } else {
+        "SHOW MASTER STATUS"
+    }
+}
+
+/// `major.minor` comparison of a server version string such as `8.4.2` or `10.11.6-MariaDB-log`.
+pub fn version_at_least(version: &str, major: u32, minor: u32) -> bool {
+    let mut parts = version.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty());
+    let ma: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let mi: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (ma, mi) >= (major, minor)
+}
+
+/// The server's current end of binlog, as a position of the requested kind.
+///
+/// # Errors
+/// A definite error when binary logging is off; classified query errors otherwise.
+pub async fn current_position(conn: &mut Conn, info: &ServerInfo, resume_by: ResumeBy) -> Result<Position> {
+    let row: mysql_async::Row = conn
+        .query_first(binlog_status_sql(info))
+        .await
+        .map_err(|e| classify_mysql(&e))?
+        .ok_or_else(|| Error::definite("the server reports no binlog status: binary logging (log_bin) is OFF"))?;
+    let file: String = row.get(0).ok_or_else(|| Error::transient("binlog status without a file"))?;
+    let pos: u64 = row.get(1).ok_or_else(|| Error::transient("binlog status without a position"))?;
+    let coord = BinlogCoord { file, pos };
+    let gtids = match (info.identity.flavor, resume_by) {
+        (_, ResumeBy::File) => Gtids::None,
+        (Flavor::MySql, ResumeBy::Gtid) => {
+            // Executed_Gtid_Set is the fifth column, read atomically with file/position.
+            let executed: String = row.get(4).unwrap_or_default();
+            Gtids::MySql(parse_gtid_set(&executed)?)
+        }
+        (Flavor::MariaDb, ResumeBy::Gtid) => Gtids::MariaDb(mariadb_gtid_at(conn, &coord).await?),
+    };
+    Ok(Position { gtids, coord })
+}
+
+/// The oldest position the server's binlogs still hold.
+///
+/// # Errors
+/// Classified query errors.
+pub async fn earliest_position(conn: &mut Conn, info: &ServerInfo, resume_by: ResumeBy) -> Result<Position> {
+    let files: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.map_err(|e| classify_mysql(&e))?;
+    let first: String = files
+        .first()
+        .and_then(|r| r.get(0))
+        .ok_or_else(|| Error::definite("the server has no binary logs: binary logging (log_bin) is OFF"))?;
+    let coord = BinlogCoord { file: first, pos: 4 };
+    let gtids = match (info.identity.flavor, resume_by) {
+        (_, ResumeBy::File) => Gtids::None,
+        (Flavor::MySql, ResumeBy::Gtid) => {
+            let purged: String = conn
+                .query_first("SELECT @@global.gtid_purged")
+                .await
+                .map_err(|e| classify_mysql(&e))?
+                .unwrap_or_default();
+            Gtids::MySql(parse_gtid_set(&purged)?)
+        }
+        (Flavor::MariaDb, ResumeBy::Gtid) => Gtids::MariaDb(mariadb_gtid_at(conn, &coord).await?),
+    };
+    Ok(Position { gtids, coord })
+}
+
+/// The start position for a connector without checkpoint.
+///
+/// # Errors
+/// Classified query errors.
+pub async fn start_position(conn: &mut Conn, info: &ServerInfo, config: &Config) -> Result<Position> {
+    match config.source.start_from {
+        StartFrom::Current => current_position(conn, info, config.source.resume_by).await,
+        StartFrom::Earliest => earliest_position(conn, info, config.source.resume_by).await,
+    }
+}
+
+/// MariaDB's GTID position at a binlog coordinate (`BINLOG_GTID_POS`), exact even under concurrent commits.
+async fn mariadb_gtid_at(conn: &mut Conn, coord: &BinlogCoord) -> Result<GtidPos> {
+    let text: Option<String> = conn
+        .exec_first("SELECT BINLOG_GTID_POS(?, ?)", (coord.file.as_str(), coord.pos))
+        .await
+        .map_err(|e| classify_mysql(&e))?
+        .flatten();
+    let text = text.ok_or_else(|| {
+        Error::definite(format!("the server cannot map binlog coordinate {coord} to a GTID position"))
+    })?;
+    GtidPos::from_str(&text).map_err(|e| Error::definite(format!("server returned GTID position {text:?}: {e}")))
+}
+
+fn parse_gtid_set(text: &str) -> Result<GtidSet> {
+    GtidSet::from_str(text).map_err(|e| Error::definite(format!("server returned GTID set {text:?}: {e}")))
+}
+
+/// The binlog files the server still has, oldest first, with their sizes in bytes.
+///
+/// # Errors
+/// Classified query errors.
+pub async fn binary_logs(conn: &mut Conn) -> Result<Vec<(String, u64)>> {
+    let rows: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.map_err(|e| classify_mysql(&e))?;
+    Ok(rows.into_iter().filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?))).collect())
+}
+
+/// Checks that the server's binlogs still hold `position`, so that resuming from it cannot silently skip
+/// transactions. Purged is a definite error that names the way out.
+///
+/// # Errors
+/// A definite error when the position is gone; classified query errors otherwise.
+pub async fn ensure_position_available(conn: &mut Conn, position: &Position) -> Result<()> {
+    let purged_error = |detail: String| {
+        Error::definite(format!(
+            "the checkpointed position {position} is no longer in the server's binlogs ({detail}). Events \
+             committed after the checkpoint may be lost from the binlog. Way out: re-snapshot the outbox \
+             table into Kafka (stop the connector, move the state directory away, start with \
+             start_from = \"earliest\" or a snapshot), and raise binlog retention \
+             (binlog_expire_logs_seconds / expire_logs_days) so the connector's downtime fits in it"
+        ))
+    };
+    match &position.gtids {
+        Gtids::MySql(set) => {
+            let purged: String = conn
+                .query_first("SELECT @@global.gtid_purged")
+                .await
+                .map_err(|e| classify_mysql(&e))?
+                .unwrap_or_default();
+            let purged = parse_gtid_set(&purged)?;
+            if !purged.is_subset(set) {
+                return Err(purged_error(format!("the server purged GTIDs {purged}")));
+            }
+        }
+        Gtids::MariaDb(pos) => {
+            let logs = binary_logs(conn).await?;
+            let first = logs.first().ok_or_else(|| Error::definite("the server has no binary logs"))?;
+            let oldest = mariadb_gtid_at(conn, &BinlogCoord { file: first.0.clone(), pos: 4 }).await?;
+            // Every domain the oldest binlog starts after must be covered by our position: otherwise the
+            // transactions between our position and the oldest binlog's start are gone.
+            for gtid in oldest.iter() {
+                if !pos.contains(&gtid) {
+                    return Err(purged_error(format!(
+                        "the oldest binlog {} starts after GTID {gtid}",
+                        first.0
+                    )));
+                }
+            }
+        }
+        Gtids::None => {
+            let logs = binary_logs(conn).await?;
+            if !logs.iter().any(|(name, _)| *name == position.coord.file) {
+                let oldest = logs.first().map(|l| l.0.as_str()).unwrap_or("none");
+                return Err(purged_error(format!(
+                    "binlog file {} is gone; the oldest is {oldest}",
+                    position.coord.file
+                )));
+            }
+        }
+    }
+    Ok(())
+}

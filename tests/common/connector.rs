@@ -1,0 +1,240 @@
+//! The `outbox-cdc` binary as a child process, with a temp work dir for its config, `state/` and
+//! logs that survives restarts of the process.
+
+use super::broker::Broker;
+use super::mariadb::{MariaDb, CDC_PASSWORD};
+use super::process;
+use rand::Rng;
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+use tempfile::TempDir;
+
+/// How long a graceful shutdown may take before [`Connector::terminate`] fails the test.
+const TERMINATE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Writes `<dir>/connector.toml` for `db` and `broker` (user `cdc`, a random replica `server_id` in
+/// `1000..60000`, topic `outbox.event.${aggregate_type}`, state in `<dir>/state`), with
+/// `extra_toml` appended verbatim. Returns the file's path.
+pub fn write_config(dir: &Path, db: &MariaDb, broker: &Broker, extra_toml: &str) -> PathBuf {
+    let server_id: u32 = rand::rng().random_range(1000..60000);
+    let text = format!(
+        "[source]\n\
+         host = \"127.0.0.1\"\n\
+         port = {port}\n\
+         user = \"cdc\"\n\
+         password = {password}\n\
+         server_id = {server_id}\n\
+         \n\
+         [outbox]\n\
+         table = \"shop.outbox_events\"\n\
+         \n\
+         [kafka]\n\
+         bootstrap_servers = {bootstrap}\n\
+         topic = \"outbox.event.${{aggregate_type}}\"\n\
+         \n\
+         [state]\n\
+         dir = {state}\n\
+         {extra_toml}\n",
+        port = db.port(),
+        password = toml_str(CDC_PASSWORD),
+        bootstrap = toml_str(&broker.bootstrap()),
+        state = toml_str(&dir.join("state").to_string_lossy()),
+    );
+    let path = dir.join("connector.toml");
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    path
+}
+
+/// A TOML basic string literal.
+pub fn toml_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The connector process. Its work dir (config, `state/`, `stdout.log`, `stderr.log`) lives until
+/// the `Connector` is dropped, across any number of process restarts; the process is killed on drop.
+#[derive(Debug)]
+pub struct Connector {
+    /// The running process; `None` before the first start and after it exited and was reaped.
+    child: Option<Child>,
+    /// Arguments of the last start, reused by [`Connector::restart`].
+    args: Vec<OsString>,
+    /// Extra environment variables for the process.
+    envs: Vec<(OsString, OsString)>,
+    /// Number of starts so far (marks in the logs).
+    starts: usize,
+    /// Work dir; declared last so the process is gone before it is deleted.
+    dir: TempDir,
+}
+
+impl Connector {
+    /// A work dir and no process yet.
+    pub fn new() -> Connector {
+        let dir = tempfile::Builder::new().prefix("outbox-cdc-").tempdir().expect("create connector temp dir");
+        Connector { child: None, args: Vec::new(), envs: Vec::new(), starts: 0, dir }
+    }
+
+    /// Writes the config for `db` and `broker` (see [`write_config`]) and runs `run --config` on it.
+    pub fn start(db: &MariaDb, broker: &Broker, extra_toml: &str) -> Connector {
+        let mut c = Connector::new();
+        let config = c.write_config(db, broker, extra_toml);
+        c.run(&config);
+        c
+    }
+
+    /// The work dir.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `<dir>/state`, the connector's checkpoint dir in configs written by [`write_config`].
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// `<dir>/connector.toml` written by [`write_config`].
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("connector.toml")
+    }
+
+    /// [`write_config`] into this connector's work dir.
+    pub fn write_config(&self, db: &MariaDb, broker: &Broker, extra_toml: &str) -> PathBuf {
+        write_config(self.dir.path(), db, broker, extra_toml)
+    }
+
+    /// Sets an environment variable for the next starts (e.g. `RUST_LOG`).
+    pub fn env(&mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> &mut Self {
+        self.envs.push((key.into(), value.into()));
+        self
+    }
+
+    /// Starts `outbox-cdc run --config <config>`.
+    pub fn run(&mut self, config: &Path) {
+        self.spawn(["run".into(), "--config".into(), config.as_os_str().to_owned()]);
+    }
+
+    /// Starts `outbox-cdc` with arbitrary arguments (cwd = work dir), e.g. for `check` or bad flags.
+    ///
+    /// # Panics
+    /// When a previous process is still running, or the binary cannot be started.
+    pub fn spawn<I: IntoIterator<Item = OsString>>(&mut self, args: I) {
+        if let Some(child) = self.child.as_mut() {
+            assert!(
+                !matches!(child.try_wait(), Ok(None)),
+                "connector is already running (pid {})",
+                child.id()
+            );
+        }
+        self.args = args.into_iter().collect();
+        self.starts += 1;
+        let (out, err) = (self.dir.path().join("stdout.log"), self.dir.path().join("stderr.log"));
+        for path in [&out, &err] {
+            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("open log");
+            writeln!(f, "=== harness: start #{} {:?} ===", self.starts, self.args).expect("write log");
+        }
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-cdc"));
+        cmd.args(&self.args)
+            .current_dir(self.dir.path())
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null())
+            .stdout(process::append_log(&out))
+            .stderr(process::append_log(&err));
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info,outbox_cdc=debug");
+        }
+        cmd.envs(self.envs.iter().map(|(k, v)| (k, v)));
+        self.child = Some(process::spawn(cmd).expect("start outbox-cdc binary"));
+    }
+
+    /// Starts the process again with the arguments of the last start (after `kill`, `terminate` or
+    /// an exit).
+    pub fn restart(&mut self) {
+        assert!(self.starts > 0, "restart() before the first start");
+        self.spawn(self.args.clone());
+    }
+
+    /// Whether the process is running.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Process id of the running (or last) process.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL (a crash) and reap.
+    pub fn kill(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            process::kill_now(child);
+        }
+    }
+
+    /// SIGTERM and wait for the exit; returns the exit status.
+    ///
+    /// # Panics
+    /// When no process was started, or it does not exit within 60 s (it is then killed; the message
+    /// carries the logs).
+    pub fn terminate(&mut self) -> ExitStatus {
+        let child = self.child.as_mut().expect("terminate() before start");
+        let (status, graceful) = process::terminate(child, TERMINATE_TIMEOUT);
+        assert!(graceful, "outbox-cdc ignored SIGTERM for {TERMINATE_TIMEOUT:?}; logs:\n{}", self.logs());
+        status
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself; `None` if it still runs.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut().expect("wait_exit() before start");
+        process::wait_timeout(child, timeout)
+    }
+
+    /// Everything the process(es) wrote so far: stdout then stderr, with start markers.
+    pub fn logs(&self) -> String {
+        format!("--- stdout ---\n{}\n--- stderr ---\n{}", self.stdout(), self.stderr())
+    }
+
+    /// stdout of all runs.
+    pub fn stdout(&self) -> String {
+        read_lossy(&self.dir.path().join("stdout.log"))
+    }
+
+    /// stderr of all runs (tracing logs go here by default).
+    pub fn stderr(&self) -> String {
+        read_lossy(&self.dir.path().join("stderr.log"))
+    }
+}
+
+impl Default for Connector {
+    fn default() -> Self {
+        Connector::new()
+    }
+}
+
+impl Drop for Connector {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            process::kill_now(child);
+        }
+    }
+}
+
+fn read_lossy(path: &Path) -> String {
+    std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+}

@@ -1,0 +1,103 @@
+//! Integration-test harness: real services as child processes on free loopback ports, in temp dirs.
+//!
+//! - [`MariaDb`]: a private MariaDB server (ROW binlog, GTID strict mode, full row metadata) with the
+//!   `shop` schema, the outbox table and a `cdc` replication user.
+//! - [`Broker`]: a Tansu Kafka-protocol broker (SQLite engine = durable, memory engine = fast) and a
+//!   group-less reader ([`Broker::read_all`]).
+//! - [`workload`]: outbox rows, business transactions and a concurrent [`Writer`] that records the
+//!   per-aggregate commit order.
+//! - [`audit()`]: checks a topic against what was committed: nothing lost, per-aggregate order kept,
+//!   duplicates counted.
+//! - [`Connector`]: the `outbox-cdc` binary as a child process, with [`write_config`].
+//!
+//! # Invariants
+//! - Every child process is killed when its owner is dropped, also while a test panics, and is spawned
+//!   with `PR_SET_PDEATHSIG = SIGKILL` from a thread that lives as long as the test binary, so it also
+//!   dies when the test binary itself is killed (CI timeout).
+//! - No fixed ports or paths: tests may run in parallel.
+//!
+//! The API is synchronous where it drives processes (std::process) and async where it speaks SQL or
+//! Kafka admin. Blocking calls (`MariaDb::start`, `Broker::read_all`, …) are fine on the test thread of
+//! a `#[tokio::test(flavor = "multi_thread")]`, which is not a runtime worker.
+// Each test binary uses a subset of the harness.
+#![allow(dead_code)]
+
+pub mod audit;
+pub mod broker;
+pub mod connector;
+pub mod mariadb;
+pub mod process;
+pub mod workload;
+
+#[allow(unused_imports)]
+pub use audit::{audit, AuditReport, Expected};
+#[allow(unused_imports)]
+pub use broker::{Broker, Engine, Received};
+#[allow(unused_imports)]
+pub use connector::{write_config, Connector};
+#[allow(unused_imports)]
+pub use mariadb::{MariaDb, MariaDbBuilder};
+#[allow(unused_imports)]
+pub use workload::{business_tx, insert_event, new_event_id, OutboxRow, Writer, WriterConfig, Written};
+
+use std::collections::HashSet;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Ports handed out by [`free_port`] in this test binary, so that two parallel tests never get the
+/// same one even if the kernel hands a just-released port out again.
+static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+
+/// A TCP port on 127.0.0.1 that is free right now (bind to port 0, read the port, release it).
+///
+/// Never returns the same port twice within one test binary. Another process may still grab it
+/// before the service binds it; that race is accepted (it shows as a clear start-up failure).
+pub fn free_port() -> u16 {
+    let mut guard = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let seen = guard.get_or_insert_with(HashSet::new);
+    loop {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().expect("local_addr").port();
+        if seen.insert(port) {
+            return port;
+        }
+    }
+}
+
+/// True when something accepts TCP connections on 127.0.0.1:`port`.
+pub fn port_accepts(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+}
+
+/// True when 127.0.0.1:`port` can be bound (nobody listens on it any more).
+pub fn port_is_free(port: u16) -> bool {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+}
+
+/// Polls `cond` every 50 ms until it is true or `timeout` passes; returns whether it became true.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The last `max_lines` lines of a text file, or a note that it can't be read (for panic messages).
+pub fn tail_file(path: &std::path::Path, max_lines: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(max_lines)..].join("\n")
+        }
+        Err(e) => format!("<cannot read {}: {e}>", path.display()),
+    }
+}
