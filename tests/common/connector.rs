@@ -84,8 +84,17 @@ pub struct Connector {
 impl Connector {
     /// A work dir and no process yet.
     pub fn new() -> Connector {
-        let dir = tempfile::Builder::new().prefix("outbox-cdc-").tempdir().expect("create connector temp dir");
-        Connector { child: None, args: Vec::new(), envs: Vec::new(), starts: 0, dir }
+        let dir = tempfile::Builder::new()
+            .prefix("outbox-cdc-")
+            .tempdir()
+            .expect("create connector temp dir");
+        Connector {
+            child: None,
+            args: Vec::new(),
+            envs: Vec::new(),
+            starts: 0,
+            dir,
+        }
     }
 
     /// Writes the config for `db` and `broker` (see [`write_config`]) and runs `run --config` on it.
@@ -124,7 +133,11 @@ impl Connector {
 
     /// Starts `outbox-cdc run --config <config>`.
     pub fn run(&mut self, config: &Path) {
-        self.spawn(["run".into(), "--config".into(), config.as_os_str().to_owned()]);
+        self.spawn([
+            "run".into(),
+            "--config".into(),
+            config.as_os_str().to_owned(),
+        ]);
     }
 
     /// Starts `outbox-cdc` with arbitrary arguments (cwd = work dir), e.g. for `check` or bad flags.
@@ -141,10 +154,18 @@ impl Connector {
         }
         self.args = args.into_iter().collect();
         self.starts += 1;
-        let (out, err) = (self.dir.path().join("stdout.log"), self.dir.path().join("stderr.log"));
+        let (out, err) = (
+            self.dir.path().join("stdout.log"),
+            self.dir.path().join("stderr.log"),
+        );
         for path in [&out, &err] {
-            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("open log");
-            writeln!(f, "=== harness: start #{} {:?} ===", self.starts, self.args).expect("write log");
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .expect("open log");
+            writeln!(f, "=== harness: start #{} {:?} ===", self.starts, self.args)
+                .expect("write log");
         }
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-cdc"));
         cmd.args(&self.args)
@@ -195,7 +216,11 @@ impl Connector {
     pub fn terminate(&mut self) -> ExitStatus {
         let child = self.child.as_mut().expect("terminate() before start");
         let (status, graceful) = process::terminate(child, TERMINATE_TIMEOUT);
-        assert!(graceful, "outbox-cdc ignored SIGTERM for {TERMINATE_TIMEOUT:?}; logs:\n{}", self.logs());
+        assert!(
+            graceful,
+            "outbox-cdc ignored SIGTERM for {TERMINATE_TIMEOUT:?}; logs:\n{}",
+            self.logs()
+        );
         status
     }
 
@@ -207,7 +232,11 @@ impl Connector {
 
     /// Everything the process(es) wrote so far: stdout then stderr, with start markers.
     pub fn logs(&self) -> String {
-        format!("--- stdout ---\n{}\n--- stderr ---\n{}", self.stdout(), self.stderr())
+        format!(
+            "--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.stdout(),
+            self.stderr()
+        )
     }
 
     /// stdout of all runs.
@@ -236,5 +265,7 @@ impl Drop for Connector {
 }
 
 fn read_lossy(path: &Path) -> String {
-    std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+    std::fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
 }

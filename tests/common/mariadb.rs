@@ -4,8 +4,8 @@ use super::process;
 use super::{free_port, port_accepts, tail_file};
 use rand::Rng;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
@@ -192,12 +192,18 @@ impl MariaDb {
     /// socket, bypassing anything a test puts in front of the port).
     pub fn url_root(&self) -> String {
         let db = if self.has_schema { "shop" } else { "" };
-        format!("mysql://root@127.0.0.1:{}/{db}?prefer_socket=false", self.port)
+        format!(
+            "mysql://root@127.0.0.1:{}/{db}?prefer_socket=false",
+            self.port
+        )
     }
 
     /// mysql_async URL for the `cdc` user over TCP, no default database.
     pub fn url_cdc(&self) -> String {
-        format!("mysql://cdc:{CDC_PASSWORD}@127.0.0.1:{}?prefer_socket=false", self.port)
+        format!(
+            "mysql://cdc:{CDC_PASSWORD}@127.0.0.1:{}?prefer_socket=false",
+            self.port
+        )
     }
 
     /// mysql_async options for root (see [`MariaDb::url_root`]).
@@ -239,7 +245,12 @@ impl MariaDb {
             .arg("--no-defaults")
             .arg("--user=root")
             .arg(format!("--socket={}", self.socket().display()))
-            .args(["--batch", "--skip-column-names", "--default-character-set=utf8mb4", "-e"])
+            .args([
+                "--batch",
+                "--skip-column-names",
+                "--default-character-set=utf8mb4",
+                "-e",
+            ])
             .arg(sql)
             .stdin(Stdio::null())
             .output()
@@ -247,13 +258,19 @@ impl MariaDb {
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
-            Err(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()))
+            Err(format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
         }
     }
 
     /// `@@gtid_binlog_pos`, e.g. `0-17-42` (empty on a fresh server before any transaction).
     pub fn gtid_binlog_pos(&self) -> String {
-        self.sql("SELECT @@GLOBAL.gtid_binlog_pos").trim().to_owned()
+        self.sql("SELECT @@GLOBAL.gtid_binlog_pos")
+            .trim()
+            .to_owned()
     }
 
     /// SIGKILL (a crash: no shutdown, InnoDB and binlog crash recovery on the next start).
@@ -299,15 +316,23 @@ impl MariaDb {
 
     /// Starts the server again after `kill`/`stop` (same as `restart` when it is already stopped).
     pub fn start_again(&mut self) {
-        assert!(self.child.is_none(), "MariaDB on port {} is already running", self.port);
+        assert!(
+            self.child.is_none(),
+            "MariaDB on port {} is already running",
+            self.port
+        );
         self.spawn_and_wait();
     }
 
     /// Copies the per-binary template datadir into this server's dir.
     fn install(&self) {
         std::fs::create_dir_all(self.dir.path().join("tmp")).expect("create tmp dir");
-        copy_dir(template_datadir(), &self.datadir())
-            .unwrap_or_else(|e| panic!("copy the template datadir to {}: {e}", self.datadir().display()));
+        copy_dir(template_datadir(), &self.datadir()).unwrap_or_else(|e| {
+            panic!(
+                "copy the template datadir to {}: {e}",
+                self.datadir().display()
+            )
+        });
     }
 
     /// The full server command line (defaults, then `extra_args`).
@@ -348,7 +373,11 @@ impl MariaDb {
     }
 
     fn spawn_and_wait(&mut self) {
-        assert!(self.child.is_none(), "MariaDB on port {} is already running", self.port);
+        assert!(
+            self.child.is_none(),
+            "MariaDB on port {} is already running",
+            self.port
+        );
         let log = self.dir.path().join("mariadbd.out");
         let mut cmd = Command::new(mariadbd_path());
         cmd.args(self.server_args())
@@ -364,7 +393,11 @@ impl MariaDb {
     fn wait_ready(&mut self) {
         let started = Instant::now();
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 self.child = None;
                 panic!(
                     "mariadbd on port {} exited during start-up ({status}); args: {:?}\nerror log:\n{}\nstdout/stderr:\n{}",
@@ -439,10 +472,14 @@ fn template_datadir() -> &'static Path {
         if process::is_root() {
             cmd.arg("--user=root");
         }
-        let status = cmd
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run mariadb-install-db (is mariadb-server installed?): {e}"));
-        assert!(status.success(), "mariadb-install-db failed ({status}):\n{}", tail_file(&log, 40));
+        let status = cmd.status().unwrap_or_else(|e| {
+            panic!("cannot run mariadb-install-db (is mariadb-server installed?): {e}")
+        });
+        assert!(
+            status.success(),
+            "mariadb-install-db failed ({status}):\n{}",
+            tail_file(&log, 40)
+        );
         datadir
     })
 }

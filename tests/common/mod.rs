@@ -38,7 +38,9 @@ pub use connector::{write_config, Connector};
 #[allow(unused_imports)]
 pub use mariadb::{MariaDb, MariaDbBuilder};
 #[allow(unused_imports)]
-pub use workload::{business_tx, insert_event, new_event_id, OutboxRow, Writer, WriterConfig, Written};
+pub use workload::{
+    business_tx, insert_event, new_event_id, OutboxRow, Writer, WriterConfig, Written,
+};
 
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};

@@ -1,0 +1,22 @@
+# Builds the outbox-cdc binary and ships it in a slim Debian image.
+FROM rust:1-bookworm AS build
+RUN apt-get update && apt-get install -y --no-install-recommends cmake pkg-config libssl-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY examples ./examples
+COPY connector.toml ./
+RUN cargo build --release --locked --bin outbox-cdc
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --home /var/lib/outbox-cdc outbox-cdc \
+    && mkdir -p /var/lib/outbox-cdc/state && chown -R outbox-cdc /var/lib/outbox-cdc
+COPY --from=build /src/target/release/outbox-cdc /usr/local/bin/outbox-cdc
+USER outbox-cdc
+WORKDIR /var/lib/outbox-cdc
+VOLUME ["/var/lib/outbox-cdc/state"]
+ENTRYPOINT ["outbox-cdc"]
+CMD ["run", "--config", "/etc/outbox-cdc/connector.toml"]
