@@ -27,6 +27,7 @@ pub fn write_config(dir: &Path, db: &MariaDb, broker: &Broker, extra_toml: &str)
          user = \"cdc\"\n\
          password = {password}\n\
          server_id = {server_id}\n\
+         start_from = \"earliest\"\n\
          \n\
          [outbox]\n\
          table = \"shop.outbox_events\"\n\

@@ -16,9 +16,11 @@
 //!   dies when the test binary itself is killed (CI timeout).
 //! - No fixed ports or paths: tests may run in parallel.
 //!
-//! The API is synchronous where it drives processes (std::process) and async where it speaks SQL or
-//! Kafka admin. Blocking calls (`MariaDb::start`, `Broker::read_all`, …) are fine on the test thread of
-//! a `#[tokio::test(flavor = "multi_thread")]`, which is not a runtime worker.
+//! The API is synchronous where it drives processes or Kafka (std::process, rdkafka's blocking
+//! consumer; `Broker::create_topic` runs its admin future on a private thread) and async where it
+//! speaks SQL (`MariaDb::pool`, [`workload`]; [`Writer::start`] needs a tokio runtime). Blocking calls
+//! (`MariaDb::start`, `Broker::read_all`, …) are fine on the test thread of a
+//! `#[tokio::test(flavor = "multi_thread")]`, which is not a runtime worker.
 // Each test binary uses a subset of the harness.
 #![allow(dead_code)]
 
