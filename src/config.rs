@@ -232,6 +232,11 @@ pub struct KafkaConfig {
     /// binlog reader waits: a slow broker slows the reader instead of growing memory.
     #[serde(default = "default_max_in_flight_bytes")]
     pub max_in_flight_bytes: usize,
+    /// Largest record the connector produces, in bytes (librdkafka `message.max.bytes`); also set as
+    /// `max.message.bytes` on topics it creates. Outbox payloads of several MB need more than Kafka's
+    /// 1 MB default. A larger record is refused by the producer with a definite error naming it.
+    #[serde(default = "default_max_record_bytes")]
+    pub max_record_bytes: usize,
     /// librdkafka properties passed through (TLS, SASL, linger.ms, ...). `enable.idempotence` and `acks` are
     /// always `true`/`all`; setting them otherwise is rejected.
     #[serde(default)]
@@ -350,6 +355,9 @@ fn default_replication_factor() -> i32 {
 fn default_max_in_flight_bytes() -> usize {
     16 * 1024 * 1024
 }
+fn default_max_record_bytes() -> usize {
+    16 * 1024 * 1024
+}
 fn default_state_dir() -> PathBuf {
     PathBuf::from("state")
 }
@@ -403,7 +411,7 @@ impl Config {
                 }
             }
         }
-        for key in ["bootstrap.servers", "compression.type", "compression.codec"] {
+        for key in ["bootstrap.servers", "compression.type", "compression.codec", "message.max.bytes"] {
             if self.kafka.properties.contains_key(key) {
                 return Err(Error::definite(format!(
                     "kafka.properties.{key}: use the dedicated [kafka] setting instead"
@@ -415,6 +423,9 @@ impl Config {
         }
         if self.kafka.max_in_flight_bytes < 1024 * 1024 {
             return Err(Error::definite("kafka.max_in_flight_bytes must be at least 1 MiB"));
+        }
+        if !(1024..=1_000_000_000).contains(&self.kafka.max_record_bytes) {
+            return Err(Error::definite("kafka.max_record_bytes must be between 1024 and 1000000000"));
         }
         if !["none", "gzip", "snappy", "lz4", "zstd"].contains(&self.kafka.compression.as_str()) {
             return Err(Error::definite(format!(

@@ -124,6 +124,7 @@ impl KafkaSink {
             .set("partitioner", "murmur2_random")
             .set("compression.type", &config.compression)
             .set("allow.auto.create.topics", "false")
+            .set("message.max.bytes", config.max_record_bytes.to_string())
             .set("queue.buffering.max.messages", "2000000")
             .set("queue.buffering.max.kbytes", "2097151");
         if !config.properties.contains_key("linger.ms") {
@@ -145,7 +146,13 @@ impl KafkaSink {
                 create: config.create_topics,
                 partitions: config.topic_partitions,
                 replication_factor: config.topic_replication_factor,
-                config: config.topic_config.clone(),
+                config: {
+                    let mut topic_config = config.topic_config.clone();
+                    topic_config
+                        .entry("max.message.bytes".to_string())
+                        .or_insert_with(|| config.max_record_bytes.to_string());
+                    topic_config
+                },
             },
         })
     }

@@ -14,6 +14,8 @@ use tempfile::TempDir;
 
 /// How long a graceful shutdown may take before [`Connector::terminate`] fails the test.
 const TERMINATE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `outbox-cdc status` may take.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Writes `<dir>/connector.toml` for `db` and `broker` (user `cdc`, a random replica `server_id` in
 /// `1000..60000`, topic `outbox.event.${aggregate_type}`, state in `<dir>/state`), with
@@ -229,6 +231,58 @@ impl Connector {
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let child = self.child.as_mut().expect("wait_exit() before start");
         process::wait_timeout(child, timeout)
+    }
+
+    /// The stored checkpoint record as printed by `outbox-cdc status --json --config <config_path>`,
+    /// run as a separate short-lived process (the connector process, running or not, is not touched);
+    /// `None` when no checkpoint has been stored yet.
+    ///
+    /// # Panics
+    /// When [`Connector::try_status_json`] fails; the message carries the command's output.
+    pub fn status_json(&self) -> Option<serde_json::Value> {
+        self.try_status_json().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Like [`Connector::status_json`], returning what went wrong instead of panicking.
+    ///
+    /// # Errors
+    /// When `status` exits unsuccessfully, prints something that is neither JSON nor "no checkpoint",
+    /// or takes longer than 30 s (it is then killed).
+    pub fn try_status_json(&self) -> Result<Option<serde_json::Value>, String> {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-cdc"));
+        cmd.arg("status")
+            .arg("--json")
+            .arg("--config")
+            .arg(self.config_path())
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = process::spawn(cmd).expect("start outbox-cdc status");
+        let Some(status) = process::wait_timeout(&mut child, STATUS_TIMEOUT) else {
+            process::kill_now(&mut child);
+            return Err(format!("outbox-cdc status did not finish within {STATUS_TIMEOUT:?}"));
+        };
+        // The output is a few hundred bytes: it fits the pipe buffers, so waiting first cannot block.
+        let mut out = String::new();
+        let mut err = String::new();
+        if let Some(p) = child.stdout.as_mut() {
+            let _ = std::io::Read::read_to_string(p, &mut out);
+        }
+        if let Some(p) = child.stderr.as_mut() {
+            let _ = std::io::Read::read_to_string(p, &mut err);
+        }
+        if !status.success() {
+            return Err(format!(
+                "outbox-cdc status --json failed ({status}):\nstdout: {out}\nstderr: {err}"
+            ));
+        }
+        if out.trim_start().starts_with("no checkpoint") {
+            return Ok(None);
+        }
+        serde_json::from_str(&out).map(Some).map_err(|e| {
+            format!("outbox-cdc status --json printed no JSON ({e}):\nstdout: {out}\nstderr: {err}")
+        })
     }
 
     /// Everything the process(es) wrote so far: stdout then stderr, with start markers.

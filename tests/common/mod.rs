@@ -9,6 +9,7 @@
 //! - [`audit()`]: checks a topic against what was committed: nothing lost, per-aggregate order kept,
 //!   duplicates counted.
 //! - [`Connector`]: the `outbox-cdc` binary as a child process, with [`write_config`].
+//! - [`Proxy`]: a loopback TCP proxy that can cut or silently blackhole the connections through it.
 //!
 //! # Invariants
 //! - Every child process is killed when its owner is dropped, also while a test panics, and is spawned
@@ -29,6 +30,7 @@ pub mod broker;
 pub mod connector;
 pub mod mariadb;
 pub mod process;
+pub mod proxy;
 pub mod workload;
 
 #[allow(unused_imports)]
@@ -39,6 +41,8 @@ pub use broker::{Broker, Engine, Received};
 pub use connector::{write_config, Connector};
 #[allow(unused_imports)]
 pub use mariadb::{MariaDb, MariaDbBuilder};
+#[allow(unused_imports)]
+pub use proxy::Proxy;
 #[allow(unused_imports)]
 pub use workload::{
     business_tx, insert_event, new_event_id, OutboxRow, Writer, WriterConfig, Written,

@@ -13,7 +13,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, TxOpts};
 use rand::Rng;
 use serde_json::{json, Value};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -258,6 +258,9 @@ pub struct WriterConfig {
     pub pause: Duration,
     /// A task gives up (recording an error) when it cannot reconnect for this long. Default 120 s.
     pub reconnect_timeout: Duration,
+    /// After each successful `COMMIT`, read `@@last_gtid` on the same connection and record it in
+    /// [`Written::gtids`] (one extra round trip per transaction). Default false.
+    pub record_gtids: bool,
 }
 
 impl Default for WriterConfig {
@@ -269,6 +272,7 @@ impl Default for WriterConfig {
             aggregate_type: "order".to_owned(),
             pause: Duration::ZERO,
             reconnect_timeout: Duration::from_secs(120),
+            record_gtids: false,
         }
     }
 }
@@ -280,6 +284,10 @@ pub struct Written {
     pub expected: Expected,
     /// Errors seen (reconnects, rolled-back transactions, giving up), for diagnosis.
     pub errors: Vec<String>,
+    /// Event id -> MariaDB GTID of its transaction (`domain-server-seq`, from `@@last_gtid`), only with
+    /// [`WriterConfig::record_gtids`]. An id is absent when its commit was uncertain or the connection
+    /// failed between `COMMIT` and the `SELECT`.
+    pub gtids: HashMap<String, String>,
 }
 
 impl Written {
@@ -408,6 +416,7 @@ impl Writer {
             all.expected.per_aggregate.extend(w.expected.per_aggregate);
             all.expected.uncertain.extend(w.expected.uncertain);
             all.errors.extend(w.errors);
+            all.gtids.extend(w.gtids);
         }
         all
     }
@@ -465,6 +474,19 @@ impl WriterTask {
                 OutboxRow::new(aggregate.as_str()).aggregate_type(self.cfg.aggregate_type.as_str());
             match business_tx_row(c, row).await {
                 Ok(id) => {
+                    if self.cfg.record_gtids {
+                        // A session variable: the GTID of this connection's last transaction.
+                        match c.query_first::<String, _>("SELECT @@last_gtid").await {
+                            Ok(Some(gtid)) => {
+                                out.gtids.insert(id.clone(), gtid);
+                            }
+                            Ok(None) => out.errors.push(format!("no @@last_gtid after {id}")),
+                            Err(e) => {
+                                out.errors.push(format!("reading @@last_gtid after {id}: {e}"));
+                                conn = None;
+                            }
+                        }
+                    }
                     out.expected
                         .per_aggregate
                         .get_mut(aggregate)

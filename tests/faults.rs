@@ -1,0 +1,411 @@
+//! Fault injection under a continuous business workload: the connector is killed, the broker goes away,
+//! the database restarts, the network cuts or goes silent — each while a [`Writer`] keeps committing
+//! business transactions (one `orders` row + one outbox row each). Every scenario ends by auditing the
+//! topic against what was committed: nothing lost, per-aggregate order kept, no aggregate split across
+//! partitions, and duplicates only where the README's guarantee allows them.
+//!
+//! Run one at a time (`--test-threads=1`): each starts a MariaDB, a broker and the connector, and the
+//! faults are timing-sensitive on a 2-core machine.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use common::{
+    audit, AuditReport, Broker, Connector, Engine, Expected, MariaDb, Proxy, Received, Writer,
+    WriterConfig, Written,
+};
+use rand::Rng;
+
+const TOPIC: &str = "outbox.event.order";
+/// How long the connector may take to deliver everything once the workload stopped.
+const CATCH_UP: Duration = Duration::from_secs(120);
+/// How long any single "wait for progress" may take.
+const PROGRESS_TIMEOUT: Duration = Duration::from_secs(120);
+/// Lines of connector log in assertion messages.
+const LOG_LINES: usize = 150;
+
+/// The workload of every scenario: 4 writers over 64 aggregates, paced so that each fault lands in the
+/// middle of a steady stream. `max_events` only bounds a run whose `finish` never comes.
+fn workload() -> WriterConfig {
+    WriterConfig {
+        tasks: 4,
+        aggregates_per_task: 16,
+        max_events: 200_000,
+        pause: Duration::from_millis(3),
+        ..WriterConfig::default()
+    }
+}
+
+/// The last [`LOG_LINES`] lines of the connector's logs, for assertion messages.
+fn log_tail(connector: &Connector) -> String {
+    let logs = connector.logs();
+    let lines: Vec<&str> = logs.lines().collect();
+    lines[lines.len().saturating_sub(LOG_LINES)..].join("\n")
+}
+
+/// How often the connector started streaming (once per pipeline run: start, or reconnect).
+fn streaming_runs(connector: &Connector) -> usize {
+    connector.stderr().lines().filter(|l| l.contains("outbox_cdc::pipeline: streaming")).count()
+}
+
+/// Waits until the workload committed `more` transactions beyond what it has now.
+async fn wait_commits(writer: &Writer, more: usize, what: &str) {
+    let target = writer.committed() + more;
+    assert!(
+        writer.wait_committed(target, PROGRESS_TIMEOUT).await,
+        "the workload stalled {what}: {} commits, wanted {target}",
+        writer.committed()
+    );
+}
+
+/// Sleeps for `duration`, asserting every 100 ms that the connector process is still running.
+async fn hold_running(connector: &mut Connector, duration: Duration, what: &str) {
+    let deadline = Instant::now() + duration;
+    while Instant::now() < deadline {
+        assert!(connector.is_running(), "the connector exited {what}:\n{}", log_tail(connector));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(connector.is_running(), "the connector exited {what}:\n{}", log_tail(connector));
+}
+
+/// Waits until `cond(connector)` holds, asserting that the connector keeps running.
+async fn wait_for(connector: &mut Connector, timeout: Duration, what: &str, mut cond: impl FnMut(&Connector) -> bool) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        assert!(connector.is_running(), "the connector exited while waiting for {what}:\n{}", log_tail(connector));
+        if cond(connector) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no {what} within {timeout:?}:\n{}", log_tail(connector));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// True once the topic holds at least `n` records. Under a steady load `read_all` never sees a quiet
+/// second, so each read is cut short and repeated.
+fn delivered_at_least(broker: &Broker, n: usize, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if broker.read_all(TOPIC, n, Duration::from_secs(3)).len() >= n {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+    }
+}
+
+/// Reads the topic until every certain id of `expected` is there (plus one quiet second), or `timeout`.
+/// Returns the last read; the audit then says what is missing.
+fn collect(broker: &Broker, expected: &Expected, timeout: Duration) -> Vec<Received> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(2));
+        let records = broker.read_all(TOPIC, expected.len(), left);
+        let seen: HashSet<&str> = records.iter().filter_map(|r| r.header_str("id")).collect();
+        let complete = expected
+            .per_aggregate
+            .values()
+            .flatten()
+            .all(|id| seen.contains(id.as_str()) || expected.uncertain.contains(id));
+        if complete || Instant::now() >= deadline {
+            return records;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Collects the topic and asserts a clean audit: 0 missing, 0 order violations, nothing unexpected,
+/// no split aggregates. Duplicates are returned for the caller to judge.
+fn audit_clean(name: &str, broker: &Broker, written: &Written, connector: &Connector) -> (AuditReport, Vec<Received>) {
+    assert!(!written.is_empty(), "{name}: the workload wrote nothing");
+    let records = collect(broker, &written.expected, CATCH_UP);
+    let report = audit(&written.expected, &records);
+    eprintln!(
+        "[{name}] committed={} uncertain_left={} records={} duplicates={} transient_failures={}",
+        written.len(),
+        written.expected.uncertain.len(),
+        report.records,
+        report.duplicates,
+        connector.stderr().matches("transient failure").count()
+    );
+    assert!(report.is_clean(), "{name}: {}\nconnector logs:\n{}", report.summary(), log_tail(connector));
+    (report, records)
+}
+
+/// The sequence number of `domain` in a MariaDB GTID position such as `0-1-42` or `0-1-42,1-2-7`;
+/// `None` when the domain is absent (an empty position holds no transaction).
+fn mariadb_seq(position: &str, domain: u32) -> Option<u64> {
+    position.split(',').map(str::trim).filter(|g| !g.is_empty()).find_map(|g| {
+        let mut parts = g.split('-');
+        let (d, _server, seq) = (parts.next()?, parts.next()?, parts.next()?);
+        (d.parse::<u32>().ok()? == domain).then(|| seq.parse().expect("numeric GTID sequence"))
+    })
+}
+
+/// The domain-0 sequence number in a checkpoint record (as `status --json` prints it); 0 when there is
+/// no record yet or it holds no transaction of domain 0: resuming from it repeats everything.
+fn checkpoint_seq(record: Option<&serde_json::Value>) -> u64 {
+    let Some(cp) = record else { return 0 };
+    let position = &cp["position"];
+    assert_eq!(position["flavor"], "mariadb", "unexpected checkpoint record: {cp}");
+    let gtids = position["gtids"].as_str().unwrap_or_else(|| panic!("checkpoint without gtids: {cp}"));
+    mariadb_seq(gtids, 0).unwrap_or(0)
+}
+
+/// The stored checkpoint read the way the next `run` reads it: `Store::open` (which repairs a store left
+/// by a crash) on a copy of the state dir, so the connector's own files stay untouched. Used only when
+/// `status --json` cannot read the checkpoint, so that the remaining checks still run; the test
+/// fails on that separately.
+fn checkpoint_via_store_copy(connector: &Connector) -> Option<serde_json::Value> {
+    let copy = tempfile::tempdir().expect("temp dir for the state copy");
+    for entry in std::fs::read_dir(connector.state_dir()).expect("read the state dir") {
+        let entry = entry.expect("state dir entry");
+        std::fs::copy(entry.path(), copy.path().join(entry.file_name())).expect("copy the state dir");
+    }
+    let store = outbox_cdc::checkpoint::Store::open(copy.path()).expect("open the copied store");
+    let record = store.load().expect("load the copied checkpoint");
+    record.map(|cp| serde_json::to_value(cp).expect("checkpoint serializes"))
+}
+
+/// kill -9 at random moments under load, ten times. Guards against: losing events that were read but
+/// not yet acknowledged at the crash (checkpoint ahead of acknowledgements), reordering an aggregate when
+/// a restart repeats a tail, a checkpoint that moves backwards, and duplicates outside the promised
+/// window — an event may reappear once per restart only if it lies after the checkpoint that restart
+/// resumed from.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill9_at_random_moments_10_cycles() {
+    const CYCLES: usize = 10;
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut connector = Connector::start(&db, &broker, "");
+    let writer = Writer::start(db.opts_root(), WriterConfig { record_gtids: true, ..workload() });
+    wait_commits(&writer, 200, "before the first kill").await;
+
+    let pauses_ms: Vec<u64> = {
+        let mut rng = rand::rng();
+        (0..CYCLES).map(|_| rng.random_range(300..=3000)).collect()
+    };
+    eprintln!("[kill9] pauses before each kill (ms): {pauses_ms:?}");
+    // Checkpoint (domain-0 sequence number) each restart resumed from.
+    let mut resumed_from: Vec<u64> = Vec::with_capacity(CYCLES);
+    // Kills after which `status --json` could not read the checkpoint.
+    let mut status_failures: Vec<String> = Vec::new();
+    for (cycle, pause) in pauses_ms.iter().enumerate() {
+        hold_running(&mut connector, Duration::from_millis(*pause), &format!("before kill #{}", cycle + 1)).await;
+        connector.kill();
+        let record = match connector.try_status_json() {
+            Ok(record) => record,
+            Err(e) => {
+                status_failures.push(format!("after kill #{}: {e}", cycle + 1));
+                checkpoint_via_store_copy(&connector)
+            }
+        };
+        let seq = checkpoint_seq(record.as_ref());
+        if let Some(&previous) = resumed_from.last() {
+            assert!(seq >= previous, "the checkpoint moved backwards: {previous} -> {seq}\n{}", log_tail(&connector));
+        }
+        resumed_from.push(seq);
+        connector.restart();
+    }
+    eprintln!("[kill9] checkpoints resumed from (domain-0 seq): {resumed_from:?}");
+    hold_running(&mut connector, Duration::from_secs(1), "after the last restart").await;
+    wait_commits(&writer, 200, "after the last restart").await;
+    let written = writer.finish().await;
+    assert!(written.errors.is_empty(), "the workload saw errors: {:?}", written.errors);
+
+    let (report, records) = audit_clean("kill9", &broker, &written, &connector);
+
+    // Duplicate window: occurrences(id) <= 1 + #{restarts k : seq(id) > checkpoint_k}.
+    let mut occurrences: HashMap<&str, usize> = HashMap::new();
+    for id in records.iter().filter_map(|r| r.header_str("id")) {
+        *occurrences.entry(id).or_default() += 1;
+    }
+    let mut outside_window = Vec::new();
+    let mut in_some_window = 0;
+    for (id, &count) in &occurrences {
+        let gtid = written.gtids.get(*id).unwrap_or_else(|| panic!("no GTID recorded for {id}"));
+        let seq = mariadb_seq(gtid, 0).unwrap_or_else(|| panic!("GTID {gtid} of {id} is not in domain 0"));
+        let windows = resumed_from.iter().filter(|&&cp| seq > cp).count();
+        in_some_window += usize::from(windows > 0);
+        if count > 1 + windows {
+            outside_window.push(format!("{id} (GTID {gtid}) delivered {count} times, allowed {}", 1 + windows));
+        }
+    }
+    outside_window.sort();
+    eprintln!(
+        "[kill9] duplicates={} ids_after_some_resume_point={in_some_window} violations={}",
+        report.duplicates,
+        outside_window.len()
+    );
+    assert!(
+        outside_window.is_empty(),
+        "{} ids duplicated outside the window after their resume checkpoints {resumed_from:?}: {:?}\n{}",
+        outside_window.len(),
+        &outside_window[..outside_window.len().min(10)],
+        log_tail(&connector)
+    );
+    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", log_tail(&connector));
+    // Last, so that it does not hide the checks above: the operator's view of the checkpoint after a
+    // crash, which is when it is needed most.
+    assert!(
+        status_failures.is_empty(),
+        "`outbox-cdc status --json` could not read the checkpoint after {} of {CYCLES} kills (the restarted \
+         connector could): {}",
+        status_failures.len(),
+        status_failures[0]
+    );
+}
+
+/// How the broker goes away.
+#[derive(Debug, Clone, Copy)]
+enum BrokerFault {
+    /// SIGTERM, a clean shutdown.
+    Stop,
+    /// SIGKILL, a crash.
+    Kill,
+}
+
+/// The broker goes away for `outage` under load and comes back on the same port and data; the
+/// connector must ride it out in-process and deliver everything afterwards.
+async fn broker_outage(name: &str, fault: BrokerFault, outage: Duration) {
+    let db = MariaDb::start();
+    let mut broker = Broker::start(Engine::Sqlite);
+    let mut connector = Connector::start(&db, &broker, "");
+    let writer = Writer::start(db.opts_root(), workload());
+    wait_commits(&writer, 300, "before the outage").await;
+    assert!(
+        delivered_at_least(&broker, 100, PROGRESS_TIMEOUT),
+        "nothing delivered before the outage:\n{}",
+        log_tail(&connector)
+    );
+
+    match fault {
+        BrokerFault::Stop => broker.stop(),
+        BrokerFault::Kill => broker.kill(),
+    }
+    let at_outage = writer.committed();
+    hold_running(&mut connector, outage, "while the broker was down").await;
+    assert!(
+        writer.committed() >= at_outage + 100,
+        "the workload must keep committing during the outage ({} -> {})",
+        at_outage,
+        writer.committed()
+    );
+    broker.start_again();
+    hold_running(&mut connector, Duration::from_secs(2), "after the broker came back").await;
+    wait_commits(&writer, 300, "after the broker came back").await;
+    let written = writer.finish().await;
+    assert!(written.errors.is_empty(), "the workload saw errors: {:?}", written.errors);
+
+    audit_clean(name, &broker, &written, &connector);
+    assert!(connector.is_running(), "the connector exited:\n{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", log_tail(&connector));
+}
+
+/// Broker shut down cleanly for 20 s under load, then back (durable SQLite engine). Guards against: the
+/// connector giving up (exiting) on a broker outage instead of waiting, records timed out or dropped
+/// while the broker is away being counted as delivered (loss), and per-aggregate reordering when the
+/// idempotent producer retries after the broker returns.
+#[tokio::test(flavor = "multi_thread")]
+async fn broker_down_20s_under_load_no_restart_needed() {
+    broker_outage("broker_down_20s", BrokerFault::Stop, Duration::from_secs(20)).await;
+}
+
+/// Broker SIGKILLed under load (requests in flight, no clean close), back after 5 s. Guards against:
+/// in-flight records whose acknowledgement never came being treated as delivered, and the producer
+/// failing fatally (or reordering) when its in-flight batches are answered by a restarted broker.
+#[tokio::test(flavor = "multi_thread")]
+async fn broker_killed_and_restarted() {
+    broker_outage("broker_killed", BrokerFault::Kill, Duration::from_secs(5)).await;
+}
+
+/// MariaDB restarted gracefully, then crashed (SIGKILL) and started again, both under load. Guards
+/// against: the connector exiting on a lost source connection instead of reconnecting, resuming from a
+/// wrong position after the server's restart (skipping or repeating transactions around the cut), and
+/// losing the transaction that was being read when the connection died.
+#[tokio::test(flavor = "multi_thread")]
+async fn mariadb_restarted_under_load() {
+    let mut db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut connector = Connector::start(&db, &broker, "");
+    let writer = Writer::start(db.opts_root(), workload());
+    wait_commits(&writer, 300, "before the first restart").await;
+    assert!(delivered_at_least(&broker, 100, PROGRESS_TIMEOUT), "nothing delivered:\n{}", log_tail(&connector));
+
+    let runs = streaming_runs(&connector);
+    db.restart(); // SIGTERM, clean shutdown, start on the same datadir and port
+    wait_commits(&writer, 300, "after the graceful restart").await;
+    wait_for(&mut connector, PROGRESS_TIMEOUT, "reconnect after the graceful restart", |c| streaming_runs(c) > runs).await;
+
+    let runs = streaming_runs(&connector);
+    db.kill(); // crash: InnoDB and binlog recovery on the next start
+    db.start_again();
+    wait_commits(&writer, 300, "after the crash").await;
+    wait_for(&mut connector, PROGRESS_TIMEOUT, "reconnect after the crash", |c| streaming_runs(c) > runs).await;
+    let mut written = writer.finish().await;
+    let mut conn = db.conn().await;
+    written.resolve_uncertain(&mut conn).await.expect("resolve uncertain commits");
+    drop(conn);
+
+    audit_clean("mariadb_restart", &broker, &written, &connector);
+    assert!(connector.is_running(), "the connector exited:\n{}", log_tail(&connector));
+    assert!(connector.stderr().contains("transient failure"), "no reconnect logged:\n{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", log_tail(&connector));
+}
+
+/// The replication connection is reset twice, then silently blackholed for 8 s (> 3 heartbeats of 1 s)
+/// while both MariaDB and the connector stay up. Guards against: a connector that hangs forever on a
+/// silent connection (no heartbeat timeout), that exits on a reset instead of reconnecting, or that
+/// loses or reorders events around a reconnect.
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_connection_cut_without_either_side_dying() {
+    const BLACKHOLE: Duration = Duration::from_secs(8);
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let proxy = Proxy::start(db.port());
+    let mut connector = Connector::new();
+    let config = connector.write_config(&db, &broker, "");
+    let text = std::fs::read_to_string(&config).expect("read config");
+    let direct = format!("port = {}\n", db.port());
+    assert!(text.contains(&direct), "write_config's [source] port line changed:\n{text}");
+    // [source] comes first in write_config's output: its keys are added in place, not in a second table.
+    let text = text.replacen(&direct, &format!("port = {}\nheartbeat_interval_ms = 1000\n", proxy.port()), 1);
+    std::fs::write(&config, text).expect("write config");
+    connector.run(&config);
+
+    // The workload writes to MariaDB directly; only the connector goes through the proxy.
+    let writer = Writer::start(db.opts_root(), workload());
+    wait_commits(&writer, 300, "before the first cut").await;
+    assert!(delivered_at_least(&broker, 100, PROGRESS_TIMEOUT), "nothing delivered:\n{}", log_tail(&connector));
+    assert!(proxy.accepted() >= 1, "the connector does not go through the proxy");
+
+    for cut in 1..=2 {
+        let runs = streaming_runs(&connector);
+        let open = proxy.cut();
+        assert!(open >= 1, "cut #{cut}: no connection was open through the proxy");
+        wait_for(&mut connector, PROGRESS_TIMEOUT, &format!("reconnect after cut #{cut}"), |c| streaming_runs(c) > runs)
+            .await;
+        wait_commits(&writer, 200, &format!("after cut #{cut}")).await;
+    }
+
+    let runs = streaming_runs(&connector);
+    proxy.blackhole(BLACKHOLE);
+    hold_running(&mut connector, BLACKHOLE, "during the blackhole").await;
+    wait_for(&mut connector, PROGRESS_TIMEOUT, "detection of the silent connection", |c| {
+        c.stderr().contains("the replication connection is dead")
+    })
+    .await;
+    wait_for(&mut connector, PROGRESS_TIMEOUT, "reconnect after the blackhole", |c| streaming_runs(c) > runs).await;
+    wait_commits(&writer, 300, "after the blackhole").await;
+    let written = writer.finish().await;
+    assert!(written.errors.is_empty(), "the workload saw errors: {:?}", written.errors);
+
+    audit_clean("connection_cut", &broker, &written, &connector);
+    assert!(connector.is_running(), "the connector exited:\n{}", log_tail(&connector));
+    let transient = connector.stderr().matches("transient failure").count();
+    assert!(transient >= 3, "expected a logged transient failure per fault (2 cuts + blackhole), saw {transient}:\n{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", log_tail(&connector));
+}
