@@ -269,7 +269,10 @@ pub struct StateConfig {
 
 impl Default for StateConfig {
     fn default() -> Self {
-        StateConfig { dir: default_state_dir(), checkpoint_interval_ms: default_checkpoint_interval_ms() }
+        StateConfig {
+            dir: default_state_dir(),
+            checkpoint_interval_ms: default_checkpoint_interval_ms(),
+        }
     }
 }
 
@@ -314,10 +317,13 @@ impl fmt::Display for TableName {
 impl TableName {
     fn parse(s: &str) -> Result<Self> {
         match s.split_once('.') {
-            Some((db, t)) if !db.is_empty() && !t.is_empty() && !t.contains('.') => {
-                Ok(TableName { database: db.to_string(), table: t.to_string() })
-            }
-            _ => Err(Error::definite(format!("outbox table {s:?} must be written as \"database.table\""))),
+            Some((db, t)) if !db.is_empty() && !t.is_empty() && !t.contains('.') => Ok(TableName {
+                database: db.to_string(),
+                table: t.to_string(),
+            }),
+            _ => Err(Error::definite(format!(
+                "outbox table {s:?} must be written as \"database.table\""
+            ))),
         }
     }
 }
@@ -374,8 +380,9 @@ impl Config {
     /// # Errors
     /// Definite errors for an unreadable file, unknown keys, or inconsistent settings.
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::definite(format!("cannot read config file {}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::definite(format!("cannot read config file {}: {e}", path.display()))
+        })?;
         Self::parse(&text).map_err(|e| e.context(format_args!("config file {}", path.display())))
     }
 
@@ -392,18 +399,26 @@ impl Config {
     fn validate(&self) -> Result<()> {
         self.outbox_tables()?;
         if self.source.password.is_some() && self.source.password_env.is_some() {
-            return Err(Error::definite("set either source.password or source.password_env, not both"));
+            return Err(Error::definite(
+                "set either source.password or source.password_env, not both",
+            ));
         }
         if self.source.server_id == 0 {
-            return Err(Error::definite("source.server_id must be a non-zero id unique among the server's replicas"));
+            return Err(Error::definite(
+                "source.server_id must be a non-zero id unique among the server's replicas",
+            ));
         }
         if self.source.tls != TlsMode::VerifyIdentity && self.source.tls_ca_file.is_some() {
-            return Err(Error::definite("source.tls_ca_file only applies with source.tls = \"verify_identity\""));
+            return Err(Error::definite(
+                "source.tls_ca_file only applies with source.tls = \"verify_identity\"",
+            ));
         }
         crate::router::TopicTemplate::parse(&self.kafka.topic)?;
         for (key, pinned) in PINNED_PROPERTIES {
             if let Some(value) = self.kafka.properties.get(*key) {
-                if !value.eq_ignore_ascii_case(pinned) && !(*key == "acks" && value == "-1") {
+                let equivalent =
+                    value.eq_ignore_ascii_case(pinned) || (*key == "acks" && value == "-1");
+                if !equivalent {
                     return Err(Error::definite(format!(
                         "kafka.properties.{key} = {value:?} would weaken the delivery guarantee; \
                          outbox-cdc always uses {key}={pinned}"
@@ -411,7 +426,12 @@ impl Config {
                 }
             }
         }
-        for key in ["bootstrap.servers", "compression.type", "compression.codec", "message.max.bytes"] {
+        for key in [
+            "bootstrap.servers",
+            "compression.type",
+            "compression.codec",
+            "message.max.bytes",
+        ] {
             if self.kafka.properties.contains_key(key) {
                 return Err(Error::definite(format!(
                     "kafka.properties.{key}: use the dedicated [kafka] setting instead"
@@ -422,10 +442,14 @@ impl Config {
             return Err(Error::definite("kafka.topic_partitions must be at least 1"));
         }
         if self.kafka.max_in_flight_bytes < 1024 * 1024 {
-            return Err(Error::definite("kafka.max_in_flight_bytes must be at least 1 MiB"));
+            return Err(Error::definite(
+                "kafka.max_in_flight_bytes must be at least 1 MiB",
+            ));
         }
         if !(1024..=1_000_000_000).contains(&self.kafka.max_record_bytes) {
-            return Err(Error::definite("kafka.max_record_bytes must be between 1024 and 1000000000"));
+            return Err(Error::definite(
+                "kafka.max_record_bytes must be between 1024 and 1000000000",
+            ));
         }
         if !["none", "gzip", "snappy", "lz4", "zstd"].contains(&self.kafka.compression.as_str()) {
             return Err(Error::definite(format!(
@@ -434,7 +458,9 @@ impl Config {
             )));
         }
         if self.source.heartbeat_interval_ms == 0 || self.source.heartbeat_interval_ms > 4_294_967 {
-            return Err(Error::definite("source.heartbeat_interval_ms must be between 1 and 4294967"));
+            return Err(Error::definite(
+                "source.heartbeat_interval_ms must be between 1 and 4294967",
+            ));
         }
         Ok(())
     }
@@ -454,7 +480,9 @@ impl Config {
         names.sort();
         names.dedup();
         if names.is_empty() {
-            return Err(Error::definite("configure the outbox table: [outbox] table = \"database.table\""));
+            return Err(Error::definite(
+                "configure the outbox table: [outbox] table = \"database.table\"",
+            ));
         }
         Ok(names)
     }
@@ -466,7 +494,9 @@ impl Config {
     pub fn source_password(&self) -> Result<Option<Secret>> {
         match &self.source.password_env {
             Some(var) => std::env::var(var).map(|v| Some(Secret(v))).map_err(|_| {
-                Error::definite(format!("source.password_env names {var}, but that environment variable is not set"))
+                Error::definite(format!(
+                    "source.password_env names {var}, but that environment variable is not set"
+                ))
             }),
             None => Ok(self.source.password.clone()),
         }
@@ -497,7 +527,13 @@ mod tests {
         assert_eq!(c.kafka.value_format, ValueFormat::Envelope);
         assert_eq!(c.state.dir, PathBuf::from("state"));
         assert_eq!(c.outbox.on_update, OnUpdate::Ignore);
-        assert_eq!(c.outbox_tables().unwrap(), vec![TableName { database: "shop".into(), table: "outbox_events".into() }]);
+        assert_eq!(
+            c.outbox_tables().unwrap(),
+            vec![TableName {
+                database: "shop".into(),
+                table: "outbox_events".into()
+            }]
+        );
     }
 
     #[test]
@@ -511,7 +547,13 @@ mod tests {
     fn weakened_delivery_settings_are_rejected() {
         for prop in ["\"enable.idempotence\" = \"false\"", "acks = \"1\""] {
             let text = format!("{MINIMAL}\n[kafka.properties]\n{prop}\n");
-            assert!(Config::parse(&text).unwrap_err().to_string().contains("weaken"), "{prop}");
+            assert!(
+                Config::parse(&text)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("weaken"),
+                "{prop}"
+            );
         }
         let ok = format!("{MINIMAL}\n[kafka.properties]\nacks = \"all\"\n\"linger.ms\" = \"5\"\n");
         Config::parse(&ok).unwrap();
@@ -527,9 +569,16 @@ mod tests {
 
     #[test]
     fn password_env_must_exist() {
-        let text = MINIMAL.replace("password = \"pw\"", "password_env = \"OUTBOX_CDC_TEST_UNSET_VAR\"");
+        let text = MINIMAL.replace(
+            "password = \"pw\"",
+            "password_env = \"OUTBOX_CDC_TEST_UNSET_VAR\"",
+        );
         let c = Config::parse(&text).unwrap();
-        assert!(c.source_password().unwrap_err().to_string().contains("OUTBOX_CDC_TEST_UNSET_VAR"));
+        assert!(c
+            .source_password()
+            .unwrap_err()
+            .to_string()
+            .contains("OUTBOX_CDC_TEST_UNSET_VAR"));
     }
 
     #[test]
@@ -542,7 +591,10 @@ mod tests {
     #[test]
     fn bad_topic_template_is_rejected() {
         let text = format!("{}\ntopic = \"x.${{nope}}\"\n", MINIMAL.trim_end());
-        assert!(Config::parse(&text).unwrap_err().to_string().contains("nope"));
+        assert!(Config::parse(&text)
+            .unwrap_err()
+            .to_string()
+            .contains("nope"));
     }
 
     #[test]

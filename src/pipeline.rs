@@ -121,7 +121,9 @@ struct Checkpointer {
 impl Checkpointer {
     /// Writes the watermark if it moved.
     fn flush(&mut self) -> Result<()> {
-        let Some(mark) = self.watermark.mark() else { return Ok(()) };
+        let Some(mark) = self.watermark.mark() else {
+            return Ok(());
+        };
         if self.saved.as_ref() == Some(&mark) {
             return Ok(());
         }
@@ -164,9 +166,21 @@ impl Pipeline {
                 cp.server.clone()
             }
         };
-        let checked = stored.as_ref().map(|cp| (identity_for_check(cp), cp.position.clone()));
-        let report = preflight::check(&mut conn, &info, config, checked.as_ref().map(|(s, p)| (s, p))).await?;
-        for finding in report.findings.iter().filter(|f| f.status == preflight::Status::Warn) {
+        let checked = stored
+            .as_ref()
+            .map(|cp| (identity_for_check(cp), cp.position.clone()));
+        let report = preflight::check(
+            &mut conn,
+            &info,
+            config,
+            checked.as_ref().map(|(s, p)| (s, p)),
+        )
+        .await?;
+        for finding in report
+            .findings
+            .iter()
+            .filter(|f| f.status == preflight::Status::Warn)
+        {
             tracing::warn!(setting = %finding.setting, actual = %finding.actual, fix = %finding.fix, "preflight warning");
         }
         report.into_result()?;
@@ -178,13 +192,19 @@ impl Pipeline {
             saved: None,
         };
         let start = match stored {
-            Some(cp) => Mark { position: cp.position, timestamp: cp.source_timestamp },
+            Some(cp) => Mark {
+                position: cp.position,
+                timestamp: cp.source_timestamp,
+            },
             None => {
                 let position = start_position(&mut conn, &info, config).await?;
                 tracing::info!(%position, start_from = ?config.source.start_from, "no checkpoint: starting fresh");
                 // Store the start point at once: a crash before the first acknowledgement must resume
                 // here, not at a later "current" position that would skip what was committed meanwhile.
-                checkpointer.watermark = Arc::new(Watermark::new(Some(Mark { position, timestamp: None })));
+                checkpointer.watermark = Arc::new(Watermark::new(Some(Mark {
+                    position,
+                    timestamp: None,
+                })));
                 checkpointer.flush()?;
                 checkpointer.saved.clone().expect("just saved")
             }
@@ -195,7 +215,13 @@ impl Pipeline {
         checkpointer.watermark = watermark.clone();
         checkpointer.saved = Some(start.clone());
         let mut sink = KafkaSink::new(&config.kafka, watermark.clone())?;
-        let mut reader = BinlogReader::start(&self.source, &info, self.reader.clone(), start.position.clone()).await?;
+        let mut reader = BinlogReader::start(
+            &self.source,
+            &info,
+            self.reader.clone(),
+            start.position.clone(),
+        )
+        .await?;
         tracing::info!(
             position = %start.position,
             server = %preflight::describe_identity(&info.identity),
@@ -204,14 +230,30 @@ impl Pipeline {
         );
 
         let mut current: Option<TxId> = None;
-        let result = self.stream(&mut reader, &mut sink, &watermark, &mut checkpointer, &mut current, shutdown).await;
+        let result = self
+            .stream(
+                &mut reader,
+                &mut sink,
+                &watermark,
+                &mut checkpointer,
+                &mut current,
+                shutdown,
+            )
+            .await;
 
         if let Some(tx) = current.take() {
             watermark.abandon(tx);
         }
-        let drain = if result.is_ok() { SHUTDOWN_GRACE } else { FAILURE_DRAIN };
+        let drain = if result.is_ok() {
+            SHUTDOWN_GRACE
+        } else {
+            FAILURE_DRAIN
+        };
         if !sink.drain(drain).await {
-            tracing::warn!(unsettled = watermark.unsettled(), "records not acknowledged in time; they will be produced again after restart");
+            tracing::warn!(
+                unsettled = watermark.unsettled(),
+                "records not acknowledged in time; they will be produced again after restart"
+            );
             sink.abort();
         }
         let flushed = checkpointer.flush();
@@ -230,7 +272,9 @@ impl Pipeline {
         current: &mut Option<TxId>,
         shutdown: &Shutdown,
     ) -> Result<()> {
-        let mut tick = tokio::time::interval(Duration::from_millis(self.config.state.checkpoint_interval_ms));
+        let mut tick = tokio::time::interval(Duration::from_millis(
+            self.config.state.checkpoint_interval_ms,
+        ));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if let Some(error) = watermark.take_failure() {
@@ -291,7 +335,11 @@ pub struct Backoff {
 impl Backoff {
     /// A back-off starting at `initial` and doubling up to `max`.
     pub fn new(initial: Duration, max: Duration) -> Self {
-        Backoff { initial, max, current: initial }
+        Backoff {
+            initial,
+            max,
+            current: initial,
+        }
     }
 
     /// The next delay.

@@ -34,7 +34,11 @@ impl KafkaRecord {
         self.topic.len()
             + self.key.len()
             + self.value.len()
-            + self.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
     }
 }
 
@@ -68,7 +72,9 @@ impl TopicTemplate {
             }
             let after = &rest[start + 2..];
             let end = after.find('}').ok_or_else(|| {
-                Error::definite(format!("kafka.topic {template:?}: unterminated placeholder"))
+                Error::definite(format!(
+                    "kafka.topic {template:?}: unterminated placeholder"
+                ))
             })?;
             segments.push(match &after[..end] {
                 "aggregate_type" => Segment::AggregateType,
@@ -123,7 +129,9 @@ pub fn is_legal_topic(name: &str) -> bool {
         && name.len() <= 249
         && name != "."
         && name != ".."
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
 }
 
 /// Turns outbox rows into Kafka records.
@@ -148,7 +156,10 @@ struct Envelope<'a> {
 impl Router {
     /// A router for a topic template and value format.
     pub fn new(template: TopicTemplate, value_format: ValueFormat) -> Self {
-        Router { template, value_format }
+        Router {
+            template,
+            value_format,
+        }
     }
 
     /// Routes one row.
@@ -190,23 +201,39 @@ impl Router {
         let mut headers = vec![
             ("id".to_string(), row.id.as_bytes().to_vec()),
             ("event_type".to_string(), row.event_type.as_bytes().to_vec()),
-            ("aggregate_type".to_string(), row.aggregate_type.as_bytes().to_vec()),
-            ("schema_version".to_string(), row.schema_version.to_string().into_bytes()),
+            (
+                "aggregate_type".to_string(),
+                row.aggregate_type.as_bytes().to_vec(),
+            ),
+            (
+                "schema_version".to_string(),
+                row.schema_version.to_string().into_bytes(),
+            ),
         ];
         if let Some(extra) = &row.headers {
-            let object: serde_json::Map<String, serde_json::Value> = match serde_json::from_str(extra) {
-                Ok(serde_json::Value::Object(map)) => map,
-                Ok(serde_json::Value::Null) => serde_json::Map::new(),
-                Ok(other) => return Err(poison(format!("headers must be a JSON object, found {other}"))),
-                Err(e) => return Err(poison(format!("headers is not valid JSON: {e}"))),
-            };
+            let object: serde_json::Map<String, serde_json::Value> =
+                match serde_json::from_str(extra) {
+                    Ok(serde_json::Value::Object(map)) => map,
+                    Ok(serde_json::Value::Null) => serde_json::Map::new(),
+                    Ok(other) => {
+                        return Err(poison(format!(
+                            "headers must be a JSON object, found {other}"
+                        )))
+                    }
+                    Err(e) => return Err(poison(format!("headers is not valid JSON: {e}"))),
+                };
             for (name, value) in object {
                 if let serde_json::Value::String(s) = value {
                     headers.push((name, s.into_bytes()));
                 }
             }
         }
-        Ok(KafkaRecord { topic, key: row.aggregate_id.clone(), value, headers })
+        Ok(KafkaRecord {
+            topic,
+            key: row.aggregate_id.clone(),
+            value,
+            headers,
+        })
     }
 }
 
@@ -219,7 +246,10 @@ mod tests {
 
     fn row() -> OutboxRow {
         OutboxRow {
-            table: Arc::new(TableName { database: "shop".into(), table: "outbox_events".into() }),
+            table: Arc::new(TableName {
+                database: "shop".into(),
+                table: "outbox_events".into(),
+            }),
             id: "0b0e1c9e-8d2f-4f7e-9c1a-2a2b3c4d5e6f".into(),
             aggregate_type: "order".into(),
             aggregate_id: "A-1".into(),
@@ -237,7 +267,9 @@ mod tests {
 
     #[test]
     fn envelope_embeds_payload_as_json() {
-        let rec = router("outbox.event.${aggregate_type}", ValueFormat::Envelope).route(&row()).unwrap();
+        let rec = router("outbox.event.${aggregate_type}", ValueFormat::Envelope)
+            .route(&row())
+            .unwrap();
         assert_eq!(rec.topic, "outbox.event.order");
         assert_eq!(rec.key, "A-1");
         let v: serde_json::Value = serde_json::from_slice(&rec.value).unwrap();
@@ -265,7 +297,16 @@ mod tests {
     fn headers_carry_metadata_and_string_entries_only() {
         let rec = router("t", ValueFormat::Envelope).route(&row()).unwrap();
         let names: Vec<&str> = rec.headers.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, ["id", "event_type", "aggregate_type", "schema_version", "traceparent"]);
+        assert_eq!(
+            names,
+            [
+                "id",
+                "event_type",
+                "aggregate_type",
+                "schema_version",
+                "traceparent"
+            ]
+        );
         assert_eq!(rec.headers[3].1, b"3");
         assert_eq!(rec.headers[4].1, b"00-abc-01");
     }
@@ -274,21 +315,34 @@ mod tests {
     fn null_headers_column_adds_nothing() {
         let mut r = row();
         r.headers = None;
-        assert_eq!(router("t", ValueFormat::Envelope).route(&r).unwrap().headers.len(), 4);
+        assert_eq!(
+            router("t", ValueFormat::Envelope)
+                .route(&r)
+                .unwrap()
+                .headers
+                .len(),
+            4
+        );
     }
 
     #[test]
     fn template_placeholders_render() {
-        let rec = router("${database}.${table}.${aggregate_type}.${event_type}", ValueFormat::Envelope)
-            .route(&row())
-            .unwrap();
+        let rec = router(
+            "${database}.${table}.${aggregate_type}.${event_type}",
+            ValueFormat::Envelope,
+        )
+        .route(&row())
+        .unwrap();
         assert_eq!(rec.topic, "shop.outbox_events.order.OrderCreated");
     }
 
     #[test]
     fn template_errors_are_definite() {
         for bad in ["x.${nope}", "x.${aggregate_type", ""] {
-            assert!(TopicTemplate::parse(bad).unwrap_err().is_definite(), "{bad}");
+            assert!(
+                TopicTemplate::parse(bad).unwrap_err().is_definite(),
+                "{bad}"
+            );
         }
     }
 
@@ -296,7 +350,9 @@ mod tests {
     fn illegal_topic_names_the_row() {
         let mut r = row();
         r.aggregate_type = "bad type/with slash".into();
-        let err = router("outbox.${aggregate_type}", ValueFormat::Envelope).route(&r).unwrap_err();
+        let err = router("outbox.${aggregate_type}", ValueFormat::Envelope)
+            .route(&r)
+            .unwrap_err();
         assert!(err.to_string().contains(&r.id), "{err}");
     }
 

@@ -72,7 +72,12 @@ pub struct Watermark {
 impl Watermark {
     /// A watermark starting at `position` (the resume point: everything before it is already in Kafka).
     pub fn new(start: Option<Mark>) -> Self {
-        Watermark { inner: Mutex::new(Inner { watermark: start, ..Inner::default() }) }
+        Watermark {
+            inner: Mutex::new(Inner {
+                watermark: start,
+                ..Inner::default()
+            }),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -89,7 +94,10 @@ impl Watermark {
         if inner.slots.is_empty() {
             inner.first = id;
         }
-        inner.slots.push_back(Slot { unsettled: 0, end: End::Open });
+        inner.slots.push_back(Slot {
+            unsettled: 0,
+            end: End::Open,
+        });
         TxId(id)
     }
 
@@ -160,7 +168,9 @@ impl Watermark {
 
 impl Inner {
     fn slot_mut(&mut self, tx: TxId) -> &mut Slot {
-        let index = tx.0.checked_sub(self.first).expect("transaction already passed by the watermark") as usize;
+        let index =
+            tx.0.checked_sub(self.first)
+                .expect("transaction already passed by the watermark") as usize;
         &mut self.slots[index]
     }
 
@@ -194,7 +204,13 @@ mod tests {
 
     fn pos(n: u64) -> Mark {
         Mark {
-            position: Position { gtids: Gtids::None, coord: BinlogCoord { file: "bin.000001".into(), pos: n } },
+            position: Position {
+                gtids: Gtids::None,
+                coord: BinlogCoord {
+                    file: "bin.000001".into(),
+                    pos: n,
+                },
+            },
             timestamp: None,
         }
     }
