@@ -29,10 +29,7 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
     let config = Arc::new(config);
     let pipeline = Pipeline {
         source: SourceConn::from_config(&config)?,
-        router: Router::new(
-            TopicTemplate::parse(&config.kafka.topic)?,
-            config.kafka.value_format,
-        ),
+        router: Router::new(TopicTemplate::parse(&config.kafka.topic)?, config.kafka.value_format),
         reader: Arc::new(ReaderSettings {
             server_id: config.source.server_id,
             tables: config.outbox_tables()?,

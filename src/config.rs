@@ -26,6 +26,69 @@ pub struct Config {
     /// Where the checkpoint lives.
     #[serde(default)]
     pub state: StateConfig,
+    /// The initial snapshot of rows already in the outbox.
+    #[serde(default)]
+    pub snapshot: SnapshotConfig,
+}
+
+/// `[snapshot]`: rows that exist before the connector's first start.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotConfig {
+    /// "initial" (default: snapshot when there is no checkpoint, then stream), "never" (stream only, from
+    /// `source.start_from`), "initial_only" (snapshot, checkpoint, exit 0) or "when_needed" (like initial,
+    /// and also re-snapshot when the checkpoint's position was purged from the server's binlogs).
+    #[serde(default)]
+    pub mode: SnapshotMode,
+    /// Optional SQL condition restricting the snapshot, e.g. `published_at IS NULL`.
+    #[serde(default)]
+    pub r#where: Option<String>,
+    /// Rows per keyset chunk.
+    #[serde(default = "default_chunk_rows")]
+    pub chunk_rows: usize,
+    /// MySQL only: the brief lock that makes the snapshot's GTID read exact. "tables" (default,
+    /// `LOCK TABLES … READ` on the outbox tables; needs the LOCK TABLES privilege) or "global"
+    /// (`FLUSH TABLES WITH READ LOCK`; needs RELOAD, not allowed on most managed services). MariaDB needs
+    /// no lock.
+    #[serde(default)]
+    pub lock: SnapshotLock,
+}
+
+impl Default for SnapshotConfig {
+    fn default() -> Self {
+        SnapshotConfig {
+            mode: SnapshotMode::default(),
+            r#where: None,
+            chunk_rows: default_chunk_rows(),
+            lock: SnapshotLock::default(),
+        }
+    }
+}
+
+/// When to snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotMode {
+    /// Snapshot when there is no checkpoint, then stream.
+    #[default]
+    Initial,
+    /// Never snapshot.
+    Never,
+    /// Snapshot, checkpoint, exit.
+    InitialOnly,
+    /// Like `initial`, and re-snapshot when the checkpoint's position was purged.
+    WhenNeeded,
+}
+
+/// MySQL snapshot lock.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotLock {
+    /// `LOCK TABLES … READ` on the outbox tables.
+    #[default]
+    Tables,
+    /// `FLUSH TABLES WITH READ LOCK`.
+    Global,
 }
 
 /// `[source]`: the database server, ideally a replica.
@@ -269,10 +332,7 @@ pub struct StateConfig {
 
 impl Default for StateConfig {
     fn default() -> Self {
-        StateConfig {
-            dir: default_state_dir(),
-            checkpoint_interval_ms: default_checkpoint_interval_ms(),
-        }
+        StateConfig { dir: default_state_dir(), checkpoint_interval_ms: default_checkpoint_interval_ms() }
     }
 }
 
@@ -317,13 +377,10 @@ impl fmt::Display for TableName {
 impl TableName {
     fn parse(s: &str) -> Result<Self> {
         match s.split_once('.') {
-            Some((db, t)) if !db.is_empty() && !t.is_empty() && !t.contains('.') => Ok(TableName {
-                database: db.to_string(),
-                table: t.to_string(),
-            }),
-            _ => Err(Error::definite(format!(
-                "outbox table {s:?} must be written as \"database.table\""
-            ))),
+            Some((db, t)) if !db.is_empty() && !t.is_empty() && !t.contains('.') => {
+                Ok(TableName { database: db.to_string(), table: t.to_string() })
+            }
+            _ => Err(Error::definite(format!("outbox table {s:?} must be written as \"database.table\""))),
         }
     }
 }
@@ -361,6 +418,9 @@ fn default_replication_factor() -> i32 {
 fn default_max_in_flight_bytes() -> usize {
     16 * 1024 * 1024
 }
+fn default_chunk_rows() -> usize {
+    10_000
+}
 fn default_max_record_bytes() -> usize {
     16 * 1024 * 1024
 }
@@ -380,9 +440,8 @@ impl Config {
     /// # Errors
     /// Definite errors for an unreadable file, unknown keys, or inconsistent settings.
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::definite(format!("cannot read config file {}: {e}", path.display()))
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::definite(format!("cannot read config file {}: {e}", path.display())))?;
         Self::parse(&text).map_err(|e| e.context(format_args!("config file {}", path.display())))
     }
 
@@ -399,25 +458,18 @@ impl Config {
     fn validate(&self) -> Result<()> {
         self.outbox_tables()?;
         if self.source.password.is_some() && self.source.password_env.is_some() {
-            return Err(Error::definite(
-                "set either source.password or source.password_env, not both",
-            ));
+            return Err(Error::definite("set either source.password or source.password_env, not both"));
         }
         if self.source.server_id == 0 {
-            return Err(Error::definite(
-                "source.server_id must be a non-zero id unique among the server's replicas",
-            ));
+            return Err(Error::definite("source.server_id must be a non-zero id unique among the server's replicas"));
         }
         if self.source.tls != TlsMode::VerifyIdentity && self.source.tls_ca_file.is_some() {
-            return Err(Error::definite(
-                "source.tls_ca_file only applies with source.tls = \"verify_identity\"",
-            ));
+            return Err(Error::definite("source.tls_ca_file only applies with source.tls = \"verify_identity\""));
         }
         crate::router::TopicTemplate::parse(&self.kafka.topic)?;
         for (key, pinned) in PINNED_PROPERTIES {
             if let Some(value) = self.kafka.properties.get(*key) {
-                let equivalent =
-                    value.eq_ignore_ascii_case(pinned) || (*key == "acks" && value == "-1");
+                let equivalent = value.eq_ignore_ascii_case(pinned) || (*key == "acks" && value == "-1");
                 if !equivalent {
                     return Err(Error::definite(format!(
                         "kafka.properties.{key} = {value:?} would weaken the delivery guarantee; \
@@ -426,30 +478,27 @@ impl Config {
                 }
             }
         }
-        for key in [
-            "bootstrap.servers",
-            "compression.type",
-            "compression.codec",
-            "message.max.bytes",
-        ] {
+        for key in ["bootstrap.servers", "compression.type", "compression.codec", "message.max.bytes"] {
             if self.kafka.properties.contains_key(key) {
                 return Err(Error::definite(format!(
                     "kafka.properties.{key}: use the dedicated [kafka] setting instead"
                 )));
             }
         }
+        if !(1..=1_000_000).contains(&self.snapshot.chunk_rows) {
+            return Err(Error::definite("snapshot.chunk_rows must be between 1 and 1000000"));
+        }
+        if self.snapshot.r#where.as_deref().is_some_and(|w| w.contains(';')) {
+            return Err(Error::definite("snapshot.where must be one SQL condition (no `;`)"));
+        }
         if self.kafka.topic_partitions < 1 {
             return Err(Error::definite("kafka.topic_partitions must be at least 1"));
         }
         if self.kafka.max_in_flight_bytes < 1024 * 1024 {
-            return Err(Error::definite(
-                "kafka.max_in_flight_bytes must be at least 1 MiB",
-            ));
+            return Err(Error::definite("kafka.max_in_flight_bytes must be at least 1 MiB"));
         }
         if !(1024..=1_000_000_000).contains(&self.kafka.max_record_bytes) {
-            return Err(Error::definite(
-                "kafka.max_record_bytes must be between 1024 and 1000000000",
-            ));
+            return Err(Error::definite("kafka.max_record_bytes must be between 1024 and 1000000000"));
         }
         if !["none", "gzip", "snappy", "lz4", "zstd"].contains(&self.kafka.compression.as_str()) {
             return Err(Error::definite(format!(
@@ -458,9 +507,7 @@ impl Config {
             )));
         }
         if self.source.heartbeat_interval_ms == 0 || self.source.heartbeat_interval_ms > 4_294_967 {
-            return Err(Error::definite(
-                "source.heartbeat_interval_ms must be between 1 and 4294967",
-            ));
+            return Err(Error::definite("source.heartbeat_interval_ms must be between 1 and 4294967"));
         }
         Ok(())
     }
@@ -480,9 +527,7 @@ impl Config {
         names.sort();
         names.dedup();
         if names.is_empty() {
-            return Err(Error::definite(
-                "configure the outbox table: [outbox] table = \"database.table\"",
-            ));
+            return Err(Error::definite("configure the outbox table: [outbox] table = \"database.table\""));
         }
         Ok(names)
     }
@@ -494,9 +539,7 @@ impl Config {
     pub fn source_password(&self) -> Result<Option<Secret>> {
         match &self.source.password_env {
             Some(var) => std::env::var(var).map(|v| Some(Secret(v))).map_err(|_| {
-                Error::definite(format!(
-                    "source.password_env names {var}, but that environment variable is not set"
-                ))
+                Error::definite(format!("source.password_env names {var}, but that environment variable is not set"))
             }),
             None => Ok(self.source.password.clone()),
         }
@@ -529,10 +572,7 @@ mod tests {
         assert_eq!(c.outbox.on_update, OnUpdate::Ignore);
         assert_eq!(
             c.outbox_tables().unwrap(),
-            vec![TableName {
-                database: "shop".into(),
-                table: "outbox_events".into()
-            }]
+            vec![TableName { database: "shop".into(), table: "outbox_events".into() }]
         );
     }
 
@@ -547,13 +587,7 @@ mod tests {
     fn weakened_delivery_settings_are_rejected() {
         for prop in ["\"enable.idempotence\" = \"false\"", "acks = \"1\""] {
             let text = format!("{MINIMAL}\n[kafka.properties]\n{prop}\n");
-            assert!(
-                Config::parse(&text)
-                    .unwrap_err()
-                    .to_string()
-                    .contains("weaken"),
-                "{prop}"
-            );
+            assert!(Config::parse(&text).unwrap_err().to_string().contains("weaken"), "{prop}");
         }
         let ok = format!("{MINIMAL}\n[kafka.properties]\nacks = \"all\"\n\"linger.ms\" = \"5\"\n");
         Config::parse(&ok).unwrap();
@@ -569,16 +603,9 @@ mod tests {
 
     #[test]
     fn password_env_must_exist() {
-        let text = MINIMAL.replace(
-            "password = \"pw\"",
-            "password_env = \"OUTBOX_CDC_TEST_UNSET_VAR\"",
-        );
+        let text = MINIMAL.replace("password = \"pw\"", "password_env = \"OUTBOX_CDC_TEST_UNSET_VAR\"");
         let c = Config::parse(&text).unwrap();
-        assert!(c
-            .source_password()
-            .unwrap_err()
-            .to_string()
-            .contains("OUTBOX_CDC_TEST_UNSET_VAR"));
+        assert!(c.source_password().unwrap_err().to_string().contains("OUTBOX_CDC_TEST_UNSET_VAR"));
     }
 
     #[test]
@@ -591,10 +618,7 @@ mod tests {
     #[test]
     fn bad_topic_template_is_rejected() {
         let text = format!("{}\ntopic = \"x.${{nope}}\"\n", MINIMAL.trim_end());
-        assert!(Config::parse(&text)
-            .unwrap_err()
-            .to_string()
-            .contains("nope"));
+        assert!(Config::parse(&text).unwrap_err().to_string().contains("nope"));
     }
 
     #[test]

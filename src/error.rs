@@ -42,18 +42,12 @@ impl fmt::Display for Error {
 impl Error {
     /// An error that retrying from the last acknowledged position may cure.
     pub fn transient(message: impl Into<String>) -> Self {
-        Error {
-            class: Class::Transient,
-            message: message.into(),
-        }
+        Error { class: Class::Transient, message: message.into() }
     }
 
     /// An error that needs an operator: the message must say what to do.
     pub fn definite(message: impl Into<String>) -> Self {
-        Error {
-            class: Class::Definite,
-            message: message.into(),
-        }
+        Error { class: Class::Definite, message: message.into() }
     }
 
     /// The class of this error.
@@ -68,10 +62,7 @@ impl Error {
 
     /// Prefixes the message with what was being done, keeping the class.
     pub fn context(self, what: impl fmt::Display) -> Self {
-        Error {
-            class: self.class,
-            message: format!("{what}: {}", self.message),
-        }
+        Error { class: self.class, message: format!("{what}: {}", self.message) }
     }
 
     /// Process exit code for this error: 2 for definite (configuration or server problem), 3 for transient.
@@ -119,10 +110,7 @@ pub fn classify_mysql(err: &mysql_async::Error) -> Error {
     match err {
         E::Server(server) => {
             use mysql_codes::*;
-            let text = format!(
-                "server error {} ({}): {}",
-                server.code, server.state, server.message
-            );
+            let text = format!("server error {} ({}): {}", server.code, server.state, server.message);
             match server.code {
                 FATAL_READING_BINLOG | PURGED_REQUIRED_GTIDS => Error::definite(format!(
                     "{text}. The binlog no longer holds the position this connector needs (purged, or the \
@@ -172,9 +160,7 @@ pub fn classify_kafka(err: &rdkafka::error::KafkaError) -> Error {
     };
     let text = err.to_string();
     match err {
-        K::ClientCreation(_) | K::ClientConfig(..) => {
-            Error::definite(format!("Kafka client configuration: {text}"))
-        }
+        K::ClientCreation(_) | K::ClientConfig(..) => Error::definite(format!("Kafka client configuration: {text}")),
         K::MessageProduction(code) if definite_code(*code) => {
             Error::definite(format!("Kafka rejected a record: {text}"))
         }

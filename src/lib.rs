@@ -26,6 +26,7 @@ pub mod config;
 pub mod error;
 pub mod pipeline;
 pub mod position;
+pub mod progress;
 pub mod router;
 pub mod sink;
 pub mod source;

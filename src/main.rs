@@ -13,20 +13,10 @@ use outbox_cdc::pipeline::Shutdown;
 use outbox_cdc::source::{self, preflight, SourceConn};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "outbox-cdc",
-    version,
-    about = "Transactional outbox CDC: MySQL/MariaDB binlog to Kafka"
-)]
+#[command(name = "outbox-cdc", version, about = "Transactional outbox CDC: MySQL/MariaDB binlog to Kafka")]
 struct Cli {
     /// Path of the configuration file.
-    #[arg(
-        long,
-        short,
-        global = true,
-        default_value = "connector.toml",
-        env = "OUTBOX_CDC_CONFIG"
-    )]
+    #[arg(long, short, global = true, default_value = "connector.toml", env = "OUTBOX_CDC_CONFIG")]
     config: PathBuf,
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "OUTBOX_CDC_LOG_FORMAT")]
@@ -77,10 +67,7 @@ fn init_tracing(format: LogFormat) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
     let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {
@@ -91,9 +78,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         let config = Config::load(&cli.config)?;
         match cli.command {
-            Command::Run { accept_new_server } => {
-                run(config, RunOptions { accept_new_server }).await
-            }
+            Command::Run { accept_new_server } => run(config, RunOptions { accept_new_server }).await,
             Command::Check => check(&config).await,
             Command::Status { json } => status(&config, json),
         }
@@ -110,14 +95,13 @@ fn main() -> ExitCode {
 async fn run(config: Config, options: RunOptions) -> Result<(), Error> {
     let (trigger, shutdown) = Shutdown::new();
     tokio::spawn(async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!("cannot listen for SIGTERM: {e}");
-                    return;
-                }
-            };
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!("cannot listen for SIGTERM: {e}");
+                return;
+            }
+        };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
             _ = term.recv() => tracing::info!("SIGTERM: stopping"),
@@ -132,18 +116,9 @@ async fn check(config: &Config) -> Result<(), Error> {
     let mut conn = source.connect().await?;
     let info = source::server_info(&mut conn).await?;
     let checkpoint = Store::read_only(&config.state.dir)?;
-    println!(
-        "server: {} ({})",
-        preflight::describe_identity(&info.identity),
-        info.version
-    );
-    let report = preflight::check(
-        &mut conn,
-        &info,
-        config,
-        checkpoint.as_ref().map(|c| (&c.server, &c.position)),
-    )
-    .await?;
+    println!("server: {} ({})", preflight::describe_identity(&info.identity), info.version);
+    let report =
+        preflight::check(&mut conn, &info, config, checkpoint.as_ref().map(|c| (&c.server, &c.position))).await?;
     print!("{report}");
     let failed = report.failures().count();
     if failed > 0 {
@@ -156,10 +131,7 @@ async fn check(config: &Config) -> Result<(), Error> {
 
 fn status(config: &Config, json: bool) -> Result<(), Error> {
     let Some(cp) = Store::read_only(&config.state.dir)? else {
-        println!(
-            "no checkpoint in {} (the connector has not started yet)",
-            config.state.dir.display()
-        );
+        println!("no checkpoint in {} (the connector has not started yet)", config.state.dir.display());
         return Ok(());
     };
     if json {
@@ -167,16 +139,38 @@ fn status(config: &Config, json: bool) -> Result<(), Error> {
         return Ok(());
     }
     println!("position:        {}", cp.position);
-    println!(
-        "server:          {}",
-        preflight::describe_identity(&cp.server)
-    );
+    println!("server:          {}", preflight::describe_identity(&cp.server));
     match cp.source_timestamp {
         Some(ts) => {
             let age = (outbox_cdc::checkpoint::now_ms() / 1000).saturating_sub(u64::from(ts));
             println!("last committed:  unix {ts} ({age} s ago, source clock)");
         }
         None => println!("last committed:  (no transaction checkpointed yet)"),
+    }
+    if let Some(snapshot) = &cp.snapshot {
+        if snapshot.done {
+            println!(
+                "snapshot:        done ({} rows); overlap rule for {} resumed segment(s) still in force",
+                snapshot.rows_done,
+                snapshot.segments.len() - 1
+            );
+        } else {
+            let pct = if snapshot.rows_estimate > 0 {
+                format!(
+                    " ({:.1}%)",
+                    100.0 * snapshot.rows_done as f64 / snapshot.rows_estimate.max(snapshot.rows_done) as f64
+                )
+            } else {
+                String::new()
+            };
+            println!(
+                "snapshot:        in progress: {} of ~{} rows{pct}, {} read view(s), cut at {}",
+                snapshot.rows_done,
+                snapshot.rows_estimate,
+                snapshot.segments.len(),
+                snapshot.cut()
+            );
+        }
     }
     let age_ms = outbox_cdc::checkpoint::now_ms().saturating_sub(cp.written_at_ms);
     println!("written:         {:.1} s ago", age_ms as f64 / 1000.0);

@@ -31,11 +31,13 @@ use tokio::sync::watch;
 
 use crate::checkpoint::{now_ms, Checkpoint, Mark, Store, TxId, Watermark, CHECKPOINT_VERSION};
 use crate::config::Config;
-use crate::error::Result;
+use crate::config::SnapshotMode;
+use crate::error::{Error, Result};
 use crate::router::Router;
 use crate::sink::KafkaSink;
-use crate::source::binlog::{BinlogReader, Change, ReaderSettings};
-use crate::source::{preflight, server_info, start_position, ServerIdentity, SourceConn};
+use crate::source::binlog::{BinlogReader, Change, ReaderSettings, TxStart};
+use crate::source::snapshot::{self, Overlap, Segment, SnapshotState};
+use crate::source::{ensure_position_available, preflight, server_info, start_position, ServerIdentity, SourceConn};
 
 /// How long a graceful stop waits for the current transaction to finish and for acknowledgements.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -127,17 +129,31 @@ impl Checkpointer {
         if self.saved.as_ref() == Some(&mark) {
             return Ok(());
         }
+        self.save_now(mark)
+    }
+
+    /// Writes `mark` at once, whatever the watermark says (start points that must be durable first).
+    fn save_now(&mut self, mark: Mark) -> Result<()> {
         self.store.save(&Checkpoint {
             version: CHECKPOINT_VERSION,
             position: mark.position.clone(),
             server: self.server.clone(),
             source_timestamp: mark.timestamp,
             written_at_ms: now_ms(),
+            snapshot: mark.snapshot.as_deref().cloned(),
         })?;
         tracing::debug!(position = %mark.position, "checkpoint written");
         self.saved = Some(mark);
         Ok(())
     }
+}
+
+/// What the stream starts from.
+enum Plan {
+    /// Resume or begin the snapshot (progress so far), then stream from its cut.
+    Snapshot(Option<SnapshotState>),
+    /// Stream from a position, with a finished snapshot's overlap rule if still in force.
+    Stream(Mark),
 }
 
 impl Pipeline {
@@ -149,7 +165,7 @@ impl Pipeline {
         let config = &self.config;
         let mut conn = self.source.connect().await?;
         let info = server_info(&mut conn).await?;
-        let stored = self.store.load()?;
+        let mut stored = self.store.load()?;
         if let Some(cp) = &stored {
             if cp.server != info.identity && self.accept_new_server {
                 tracing::warn!(
@@ -158,29 +174,27 @@ impl Pipeline {
                     "resuming a checkpoint of another server (--accept-new-server)"
                 );
             }
-        }
-        let identity_for_check = |cp: &Checkpoint| {
-            if self.accept_new_server {
-                info.identity.clone()
-            } else {
-                cp.server.clone()
+            if config.snapshot.mode == SnapshotMode::WhenNeeded {
+                if let Err(e) = ensure_position_available(&mut conn, &cp.position).await {
+                    if !e.is_definite() {
+                        return Err(e);
+                    }
+                    tracing::error!(
+                        error = %e,
+                        "the checkpoint's position was purged from the server's binlogs; taking a new \
+                         snapshot (snapshot.mode = \"when_needed\"). Events committed while the connector \
+                         was behind are recovered from the table; rows already deleted from it are not"
+                    );
+                    stored = None;
+                }
             }
-        };
-        let checked = stored
-            .as_ref()
-            .map(|cp| (identity_for_check(cp), cp.position.clone()));
-        let report = preflight::check(
-            &mut conn,
-            &info,
-            config,
-            checked.as_ref().map(|(s, p)| (s, p)),
-        )
-        .await?;
-        for finding in report
-            .findings
-            .iter()
-            .filter(|f| f.status == preflight::Status::Warn)
-        {
+        }
+        let checked = stored.as_ref().map(|cp| {
+            let server = if self.accept_new_server { info.identity.clone() } else { cp.server.clone() };
+            (server, cp.position.clone())
+        });
+        let report = preflight::check(&mut conn, &info, config, checked.as_ref().map(|(s, p)| (s, p))).await?;
+        for finding in report.findings.iter().filter(|f| f.status == preflight::Status::Warn) {
             tracing::warn!(setting = %finding.setting, actual = %finding.actual, fix = %finding.fix, "preflight warning");
         }
         report.into_result()?;
@@ -191,65 +205,104 @@ impl Pipeline {
             server: info.identity.clone(),
             saved: None,
         };
-        let start = match stored {
-            Some(cp) => Mark {
-                position: cp.position,
-                timestamp: cp.source_timestamp,
+        let plan = match stored {
+            Some(cp) => match cp.snapshot {
+                Some(state) if !state.done => Plan::Snapshot(Some(state)),
+                snapshot => Plan::Stream(Mark {
+                    position: cp.position,
+                    timestamp: cp.source_timestamp,
+                    snapshot: snapshot.map(Arc::new),
+                }),
             },
-            None => {
+            None if config.snapshot.mode == SnapshotMode::Never => {
                 let position = start_position(&mut conn, &info, config).await?;
                 tracing::info!(%position, start_from = ?config.source.start_from, "no checkpoint: starting fresh");
                 // Store the start point at once: a crash before the first acknowledgement must resume
                 // here, not at a later "current" position that would skip what was committed meanwhile.
-                checkpointer.watermark = Arc::new(Watermark::new(Some(Mark {
-                    position,
-                    timestamp: None,
-                })));
-                checkpointer.flush()?;
-                checkpointer.saved.clone().expect("just saved")
+                let mark = Mark { position, timestamp: None, snapshot: None };
+                checkpointer.save_now(mark.clone())?;
+                Plan::Stream(mark)
             }
+            None => Plan::Snapshot(None),
         };
         drop(conn);
 
-        let watermark = Arc::new(Watermark::new(Some(start.clone())));
+        let watermark = Arc::new(Watermark::new(None));
         checkpointer.watermark = watermark.clone();
-        checkpointer.saved = Some(start.clone());
         let mut sink = KafkaSink::new(&config.kafka, watermark.clone())?;
-        let mut reader = BinlogReader::start(
-            &self.source,
-            &info,
-            self.reader.clone(),
-            start.position.clone(),
-        )
-        .await?;
+        let start = match plan {
+            Plan::Stream(mark) => Some(mark),
+            Plan::Snapshot(progress) => {
+                let result = self.snapshot(&info, progress, &mut sink, &watermark, &mut checkpointer, shutdown).await;
+                let done = self.settle(result, &sink, &watermark, &mut checkpointer).await?;
+                match done {
+                    Some(mark) if config.snapshot.mode != SnapshotMode::InitialOnly => Some(mark),
+                    Some(_) => {
+                        tracing::info!("snapshot complete (snapshot.mode = \"initial_only\"): exiting");
+                        None
+                    }
+                    None if shutdown.requested_at().is_some() => None,
+                    None => {
+                        return Err(Error::transient(
+                            "the snapshot's last records were not acknowledged in time; resuming it",
+                        ))
+                    }
+                }
+            }
+        };
+        let Some(start) = start else { return Ok(()) };
+        if config.snapshot.mode == SnapshotMode::InitialOnly && start.snapshot.as_ref().is_none_or(|s| s.done) {
+            tracing::info!("snapshot already complete (snapshot.mode = \"initial_only\"): nothing to do");
+            return Ok(());
+        }
+
+        watermark.reset(start.clone());
+        checkpointer.saved = Some(start.clone());
+        let overlap = match &start.snapshot {
+            Some(state) => {
+                Overlap::new(state.clone(), &self.source, config.outbox_tables()?, &config.outbox.columns).await?
+            }
+            None => None,
+        };
+        let mut reader = BinlogReader::start(&self.source, &info, self.reader.clone(), start.position.clone()).await?;
         tracing::info!(
             position = %start.position,
             server = %preflight::describe_identity(&info.identity),
             version = %info.version,
             "streaming"
         );
-
-        let mut current: Option<TxId> = None;
-        let result = self
-            .stream(
-                &mut reader,
-                &mut sink,
-                &watermark,
-                &mut checkpointer,
-                &mut current,
-                shutdown,
-            )
-            .await;
-
-        if let Some(tx) = current.take() {
+        let mut stream = StreamState { current: None, start: None, overlap };
+        let result = self.stream(&mut reader, &mut sink, &watermark, &mut checkpointer, &mut stream, shutdown).await;
+        if let Some(tx) = stream.current.take() {
             watermark.abandon(tx);
         }
-        let drain = if result.is_ok() {
-            SHUTDOWN_GRACE
-        } else {
-            FAILURE_DRAIN
+        self.settle(result, &sink, &watermark, &mut checkpointer).await.map(|_| ())
+    }
+
+    /// After a phase: waits for acknowledgements (briefly after a failure), writes the final checkpoint,
+    /// and returns the watermark's mark.
+    async fn settle(
+        &self,
+        result: Result<()>,
+        sink: &KafkaSink,
+        watermark: &Watermark,
+        checkpointer: &mut Checkpointer,
+    ) -> Result<Option<Mark>> {
+        let limit = if result.is_ok() { SHUTDOWN_GRACE } else { FAILURE_DRAIN };
+        let deadline = Instant::now() + limit;
+        let step = Duration::from_millis(self.config.state.checkpoint_interval_ms);
+        // Keep checkpointing while acknowledgements arrive: a crash during a long drain keeps its progress.
+        let drained = loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if sink.drain(step.min(remaining)).await {
+                break true;
+            }
+            checkpointer.flush()?;
+            if remaining.is_zero() || watermark.failed() {
+                break false;
+            }
         };
-        if !sink.drain(drain).await {
+        if !drained {
             tracing::warn!(
                 unsettled = watermark.unsettled(),
                 "records not acknowledged in time; they will be produced again after restart"
@@ -257,10 +310,106 @@ impl Pipeline {
             sink.abort();
         }
         let flushed = checkpointer.flush();
-        if let Some(mark) = watermark.mark() {
-            tracing::info!(position = %mark.position, "checkpoint at stop");
+        let mark = watermark.mark();
+        if let Some(mark) = &mark {
+            tracing::info!(position = %mark.position, "checkpoint");
         }
-        result.and(flushed)
+        result.and(flushed)?;
+        if let Some(error) = watermark.take_failure() {
+            return Err(error);
+        }
+        // A snapshot stopped early (shutdown) is not done: report it as not finished.
+        Ok(mark.filter(|m| m.snapshot.as_ref().is_none_or(|s| s.done)))
+    }
+
+    /// Scans the outbox tables in one consistent view and produces every row; ends with the watermark's
+    /// last mark saying `done` once everything is acknowledged (see [`crate::source::snapshot`]).
+    async fn snapshot(
+        &self,
+        info: &crate::source::ServerInfo,
+        progress: Option<SnapshotState>,
+        sink: &mut KafkaSink,
+        watermark: &Watermark,
+        checkpointer: &mut Checkpointer,
+        shutdown: &Shutdown,
+    ) -> Result<()> {
+        let config = &self.config;
+        let after = progress.as_ref().and_then(|p| p.last_key.clone());
+        let (mut scanner, view) = snapshot::open(&self.source, info, config, after.clone()).await?;
+        let mut state = match progress {
+            Some(mut state) => {
+                tracing::info!(
+                    rows_done = state.rows_done,
+                    view = %view,
+                    cut = %state.cut(),
+                    "resuming the snapshot after the last acknowledged key in a new read view"
+                );
+                state.segments.push(Segment { view: view.clone(), after });
+                state
+            }
+            None => {
+                let rows_estimate = scanner.estimate_rows().await?;
+                tracing::info!(cut = %view, rows_estimate, "snapshot: consistent read view opened");
+                SnapshotState {
+                    segments: vec![Segment { view: view.clone(), after: None }],
+                    last_key: None,
+                    rows_done: 0,
+                    rows_estimate,
+                    done: false,
+                }
+            }
+        };
+        let cut = state.cut().clone();
+        // The new segment must be durable before any of its rows is produced: a crash must not resume
+        // with a segment list that misses the view those rows came from.
+        checkpointer.save_now(Mark {
+            position: cut.clone(),
+            timestamp: None,
+            snapshot: Some(Arc::new(state.clone())),
+        })?;
+        watermark.reset(checkpointer.saved.clone().expect("just saved"));
+
+        let progress_bar = crate::progress::Progress::new(state.rows_estimate, state.rows_done);
+        let mut last_flush = Instant::now();
+        let interval = Duration::from_millis(config.state.checkpoint_interval_ms);
+        loop {
+            if let Some(error) = watermark.take_failure() {
+                return Err(error);
+            }
+            if shutdown.requested_at().is_some() {
+                tracing::info!(rows_done = state.rows_done, "stopping the snapshot; it resumes from here");
+                scanner.close().await;
+                return Ok(());
+            }
+            let chunk = scanner.next_chunk().await?;
+            if chunk.is_empty() {
+                break;
+            }
+            let tx = watermark.open();
+            for (_, row) in &chunk {
+                let record = self.router.route(row)?;
+                tokio::select! {
+                    sent = sink.send(tx, &record) => sent?,
+                    _ = shutdown.grace_expired() => return Ok(()),
+                }
+            }
+            state.rows_done += chunk.len() as u64;
+            state.last_key = chunk.last().map(|(k, _)| k.clone());
+            progress_bar.set(state.rows_done);
+            watermark
+                .close(tx, Mark { position: cut.clone(), timestamp: None, snapshot: Some(Arc::new(state.clone())) });
+            if last_flush.elapsed() >= interval {
+                checkpointer.flush()?;
+                last_flush = Instant::now();
+            }
+        }
+        scanner.close().await;
+        state.done = true;
+        let tx = watermark.open();
+        watermark.close(tx, Mark { position: cut, timestamp: None, snapshot: Some(Arc::new(state.clone())) });
+        progress_bar.finish(state.rows_done);
+        tracing::info!(rows = state.rows_done, "snapshot read; waiting for the last acknowledgements");
+        Ok(())
     }
 
     async fn stream(
@@ -269,12 +418,10 @@ impl Pipeline {
         sink: &mut KafkaSink,
         watermark: &Watermark,
         checkpointer: &mut Checkpointer,
-        current: &mut Option<TxId>,
+        stream: &mut StreamState,
         shutdown: &Shutdown,
     ) -> Result<()> {
-        let mut tick = tokio::time::interval(Duration::from_millis(
-            self.config.state.checkpoint_interval_ms,
-        ));
+        let mut tick = tokio::time::interval(Duration::from_millis(self.config.state.checkpoint_interval_ms));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if let Some(error) = watermark.take_failure() {
@@ -284,7 +431,7 @@ impl Pipeline {
             tokio::select! {
                 biased;
                 _ = shutdown.requested(), if !stopping => {
-                    if current.is_none() {
+                    if stream.current.is_none() {
                         return Ok(());
                     }
                     tracing::info!("stopping after the current source transaction");
@@ -295,13 +442,20 @@ impl Pipeline {
                 }
                 _ = tick.tick() => checkpointer.flush()?,
                 change = reader.next() => match change? {
-                    Change::Begin => {
-                        if let Some(tx) = current.replace(watermark.open()) {
+                    Change::Begin(start) => {
+                        if let Some(tx) = stream.current.replace(watermark.open()) {
                             watermark.abandon(tx);
                         }
+                        stream.start = Some(start);
                     }
                     Change::Row(row) => {
-                        let tx = *current.get_or_insert_with(|| watermark.open());
+                        if let (Some(overlap), Some(start)) = (stream.overlap.as_mut(), stream.start.as_ref()) {
+                            if overlap.emitted_by_snapshot(&row, start).await? {
+                                tracing::debug!(id = %row.id, "already emitted by the snapshot");
+                                continue;
+                            }
+                        }
+                        let tx = *stream.current.get_or_insert_with(|| watermark.open());
                         let record = self.router.route(&row)?;
                         tokio::select! {
                             sent = sink.send(tx, &record) => sent?,
@@ -312,8 +466,13 @@ impl Pipeline {
                         }
                     }
                     Change::Commit { position, timestamp } => {
-                        let tx = current.take().unwrap_or_else(|| watermark.open());
-                        watermark.close(tx, Mark { position, timestamp: (timestamp != 0).then_some(timestamp) });
+                        let tx = stream.current.take().unwrap_or_else(|| watermark.open());
+                        if stream.overlap.as_ref().is_some_and(|o| o.expired(&position)) {
+                            tracing::info!("stream is past every snapshot view: overlap rule retired");
+                            stream.overlap = None;
+                        }
+                        let snapshot = stream.overlap.as_ref().map(|o| o.state().clone());
+                        watermark.close(tx, Mark { position, timestamp: (timestamp != 0).then_some(timestamp), snapshot });
                         if stopping {
                             return Ok(());
                         }
@@ -322,6 +481,16 @@ impl Pipeline {
             }
         }
     }
+}
+
+/// Per-run state of the stream phase.
+struct StreamState {
+    /// The transaction being read, registered with the watermark.
+    current: Option<TxId>,
+    /// Where it started.
+    start: Option<TxStart>,
+    /// The snapshot's overlap rule, while it can still skip rows.
+    overlap: Option<Overlap>,
 }
 
 /// Exponential back-off between transient failures, capped, reset after a healthy run.
@@ -335,11 +504,7 @@ pub struct Backoff {
 impl Backoff {
     /// A back-off starting at `initial` and doubling up to `max`.
     pub fn new(initial: Duration, max: Duration) -> Self {
-        Backoff {
-            initial,
-            max,
-            current: initial,
-        }
+        Backoff { initial, max, current: initial }
     }
 
     /// The next delay.

@@ -5,8 +5,8 @@
 //! - Key: the aggregate id. The producer partitions with murmur2 (the Java client's default), so every
 //!   producer and consumer of the topic agrees on which partition holds an aggregate.
 //! - Value: an envelope with the payload embedded as JSON (not as an escaped string), or the payload alone.
-//! - Headers: `id`, `event_type`, `aggregate_type`, `schema_version`, then each top-level string entry of the
-//!   row's `headers` JSON object (e.g. `traceparent`).
+//! - Headers: `id`, `event_type`, `aggregate_type`, `schema_version`, `source: snapshot` for rows read by the
+//!   initial snapshot, then each top-level string entry of the row's `headers` JSON object (e.g. `traceparent`).
 
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -34,11 +34,7 @@ impl KafkaRecord {
         self.topic.len()
             + self.key.len()
             + self.value.len()
-            + self
-                .headers
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>()
+            + self.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
     }
 }
 
@@ -71,11 +67,9 @@ impl TopicTemplate {
                 segments.push(Segment::Literal(rest[..start].to_string()));
             }
             let after = &rest[start + 2..];
-            let end = after.find('}').ok_or_else(|| {
-                Error::definite(format!(
-                    "kafka.topic {template:?}: unterminated placeholder"
-                ))
-            })?;
+            let end = after
+                .find('}')
+                .ok_or_else(|| Error::definite(format!("kafka.topic {template:?}: unterminated placeholder")))?;
             segments.push(match &after[..end] {
                 "aggregate_type" => Segment::AggregateType,
                 "event_type" => Segment::EventType,
@@ -129,9 +123,7 @@ pub fn is_legal_topic(name: &str) -> bool {
         && name.len() <= 249
         && name != "."
         && name != ".."
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
 }
 
 /// Turns outbox rows into Kafka records.
@@ -156,10 +148,7 @@ struct Envelope<'a> {
 impl Router {
     /// A router for a topic template and value format.
     pub fn new(template: TopicTemplate, value_format: ValueFormat) -> Self {
-        Router {
-            template,
-            value_format,
-        }
+        Router { template, value_format }
     }
 
     /// Routes one row.
@@ -169,10 +158,7 @@ impl Router {
     /// aggregate id is empty, or the payload/headers are not valid JSON.
     pub fn route(&self, row: &OutboxRow) -> Result<KafkaRecord> {
         let poison = |what: String| {
-            Error::definite(format!(
-                "outbox row id={} in {} cannot become a Kafka record: {what}",
-                row.id, row.table
-            ))
+            Error::definite(format!("outbox row id={} in {} cannot become a Kafka record: {what}", row.id, row.table))
         };
         let topic = self.template.render(row);
         if !is_legal_topic(&topic) {
@@ -183,8 +169,8 @@ impl Router {
         if row.aggregate_id.is_empty() {
             return Err(poison("aggregate_id is empty".into()));
         }
-        let payload: &RawValue = serde_json::from_str(&row.payload)
-            .map_err(|e| poison(format!("payload is not valid JSON: {e}")))?;
+        let payload: &RawValue =
+            serde_json::from_str(&row.payload).map_err(|e| poison(format!("payload is not valid JSON: {e}")))?;
         let value = match self.value_format {
             ValueFormat::Envelope => serde_json::to_vec(&Envelope {
                 event_id: &row.id,
@@ -201,39 +187,26 @@ impl Router {
         let mut headers = vec![
             ("id".to_string(), row.id.as_bytes().to_vec()),
             ("event_type".to_string(), row.event_type.as_bytes().to_vec()),
-            (
-                "aggregate_type".to_string(),
-                row.aggregate_type.as_bytes().to_vec(),
-            ),
-            (
-                "schema_version".to_string(),
-                row.schema_version.to_string().into_bytes(),
-            ),
+            ("aggregate_type".to_string(), row.aggregate_type.as_bytes().to_vec()),
+            ("schema_version".to_string(), row.schema_version.to_string().into_bytes()),
         ];
+        if row.from_snapshot {
+            headers.push(("source".to_string(), b"snapshot".to_vec()));
+        }
         if let Some(extra) = &row.headers {
-            let object: serde_json::Map<String, serde_json::Value> =
-                match serde_json::from_str(extra) {
-                    Ok(serde_json::Value::Object(map)) => map,
-                    Ok(serde_json::Value::Null) => serde_json::Map::new(),
-                    Ok(other) => {
-                        return Err(poison(format!(
-                            "headers must be a JSON object, found {other}"
-                        )))
-                    }
-                    Err(e) => return Err(poison(format!("headers is not valid JSON: {e}"))),
-                };
+            let object: serde_json::Map<String, serde_json::Value> = match serde_json::from_str(extra) {
+                Ok(serde_json::Value::Object(map)) => map,
+                Ok(serde_json::Value::Null) => serde_json::Map::new(),
+                Ok(other) => return Err(poison(format!("headers must be a JSON object, found {other}"))),
+                Err(e) => return Err(poison(format!("headers is not valid JSON: {e}"))),
+            };
             for (name, value) in object {
                 if let serde_json::Value::String(s) = value {
                     headers.push((name, s.into_bytes()));
                 }
             }
         }
-        Ok(KafkaRecord {
-            topic,
-            key: row.aggregate_id.clone(),
-            value,
-            headers,
-        })
+        Ok(KafkaRecord { topic, key: row.aggregate_id.clone(), value, headers })
     }
 }
 
@@ -246,10 +219,7 @@ mod tests {
 
     fn row() -> OutboxRow {
         OutboxRow {
-            table: Arc::new(TableName {
-                database: "shop".into(),
-                table: "outbox_events".into(),
-            }),
+            table: Arc::new(TableName { database: "shop".into(), table: "outbox_events".into() }),
             id: "0b0e1c9e-8d2f-4f7e-9c1a-2a2b3c4d5e6f".into(),
             aggregate_type: "order".into(),
             aggregate_id: "A-1".into(),
@@ -258,6 +228,7 @@ mod tests {
             payload: r#"{"total": 12.5, "note": "订单 🚀"}"#.into(),
             headers: Some(r#"{"traceparent": "00-abc-01", "n": 5}"#.into()),
             occurred_at: "2026-11-30T12:34:56.123456".into(),
+            from_snapshot: false,
         }
     }
 
@@ -267,9 +238,7 @@ mod tests {
 
     #[test]
     fn envelope_embeds_payload_as_json() {
-        let rec = router("outbox.event.${aggregate_type}", ValueFormat::Envelope)
-            .route(&row())
-            .unwrap();
+        let rec = router("outbox.event.${aggregate_type}", ValueFormat::Envelope).route(&row()).unwrap();
         assert_eq!(rec.topic, "outbox.event.order");
         assert_eq!(rec.key, "A-1");
         let v: serde_json::Value = serde_json::from_slice(&rec.value).unwrap();
@@ -297,52 +266,39 @@ mod tests {
     fn headers_carry_metadata_and_string_entries_only() {
         let rec = router("t", ValueFormat::Envelope).route(&row()).unwrap();
         let names: Vec<&str> = rec.headers.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "id",
-                "event_type",
-                "aggregate_type",
-                "schema_version",
-                "traceparent"
-            ]
-        );
+        assert_eq!(names, ["id", "event_type", "aggregate_type", "schema_version", "traceparent"]);
         assert_eq!(rec.headers[3].1, b"3");
         assert_eq!(rec.headers[4].1, b"00-abc-01");
+    }
+
+    #[test]
+    fn snapshot_rows_are_marked() {
+        let mut r = row();
+        r.from_snapshot = true;
+        let rec = router("t", ValueFormat::Envelope).route(&r).unwrap();
+        assert_eq!(rec.headers[4], ("source".to_string(), b"snapshot".to_vec()));
+        assert_eq!(rec.value, router("t", ValueFormat::Envelope).route(&row()).unwrap().value);
     }
 
     #[test]
     fn null_headers_column_adds_nothing() {
         let mut r = row();
         r.headers = None;
-        assert_eq!(
-            router("t", ValueFormat::Envelope)
-                .route(&r)
-                .unwrap()
-                .headers
-                .len(),
-            4
-        );
+        assert_eq!(router("t", ValueFormat::Envelope).route(&r).unwrap().headers.len(), 4);
     }
 
     #[test]
     fn template_placeholders_render() {
-        let rec = router(
-            "${database}.${table}.${aggregate_type}.${event_type}",
-            ValueFormat::Envelope,
-        )
-        .route(&row())
-        .unwrap();
+        let rec = router("${database}.${table}.${aggregate_type}.${event_type}", ValueFormat::Envelope)
+            .route(&row())
+            .unwrap();
         assert_eq!(rec.topic, "shop.outbox_events.order.OrderCreated");
     }
 
     #[test]
     fn template_errors_are_definite() {
         for bad in ["x.${nope}", "x.${aggregate_type", ""] {
-            assert!(
-                TopicTemplate::parse(bad).unwrap_err().is_definite(),
-                "{bad}"
-            );
+            assert!(TopicTemplate::parse(bad).unwrap_err().is_definite(), "{bad}");
         }
     }
 
@@ -350,9 +306,7 @@ mod tests {
     fn illegal_topic_names_the_row() {
         let mut r = row();
         r.aggregate_type = "bad type/with slash".into();
-        let err = router("outbox.${aggregate_type}", ValueFormat::Envelope)
-            .route(&r)
-            .unwrap_err();
+        let err = router("outbox.${aggregate_type}", ValueFormat::Envelope).route(&r).unwrap_err();
         assert!(err.to_string().contains(&r.id), "{err}");
     }
 

@@ -6,8 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    business_tx, insert_event, Broker, Connector, Engine, Expected, MariaDb, OutboxRow, Writer,
-    WriterConfig,
+    business_tx, insert_event, Broker, Connector, Engine, Expected, MariaDb, OutboxRow, Writer, WriterConfig,
 };
 use mysql_async::prelude::Queryable;
 use serde_json::json;
@@ -30,9 +29,7 @@ async fn records_carry_exact_values() {
         .payload(json!({"note": "订单已创建 ✅", "emoji": "🙂🚀", "n": 1.5, "nested": {"a": [1, null, true]}}))
         .headers(Some(json!({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "retries": 3})))
         .occurred_at("2026-11-30 12:34:56.012345");
-    let no_headers = OutboxRow::new("A-2")
-        .headers(None)
-        .occurred_at("1999-01-02 03:04:05.000001");
+    let no_headers = OutboxRow::new("A-2").headers(None).occurred_at("1999-01-02 03:04:05.000001");
     let big_text = "x".repeat(4 * 1024 * 1024);
     let big = OutboxRow::new("A-3").payload(json!({ "blob": big_text }));
     for row in [&emoji, &no_headers, &big] {
@@ -43,12 +40,7 @@ async fn records_carry_exact_values() {
     let records = broker.read_all(TOPIC, 3, READ_TIMEOUT);
     assert_eq!(records.len(), 3, "connector logs:\n{}", connector.logs());
 
-    let by_id = |id: &str| {
-        records
-            .iter()
-            .find(|r| r.header_str("id") == Some(id))
-            .expect("record by id")
-    };
+    let by_id = |id: &str| records.iter().find(|r| r.header_str("id") == Some(id)).expect("record by id");
     let r = by_id(&emoji.id);
     assert_eq!(r.key_str(), Some("客户-🚀-42"));
     assert_eq!(
@@ -64,31 +56,16 @@ async fn records_carry_exact_values() {
         })
     );
     let names: Vec<&str> = r.headers.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "id",
-            "event_type",
-            "aggregate_type",
-            "schema_version",
-            "traceparent"
-        ]
-    );
+    assert_eq!(names, ["id", "event_type", "aggregate_type", "schema_version", "traceparent"]);
     assert_eq!(r.header_str("schema_version"), Some("65535"));
-    assert_eq!(
-        r.header_str("traceparent"),
-        Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-    );
+    assert_eq!(r.header_str("traceparent"), Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
 
     let r = by_id(&no_headers.id);
     assert_eq!(r.headers.len(), 4, "NULL headers add no header");
     assert_eq!(r.value_json()["occurred_at"], "1999-01-02T03:04:05.000001");
 
     let r = by_id(&big.id);
-    assert_eq!(
-        r.value_json()["data"]["blob"].as_str().map(str::len),
-        Some(4 * 1024 * 1024)
-    );
+    assert_eq!(r.value_json()["data"]["blob"].as_str().map(str::len), Some(4 * 1024 * 1024));
     connector.terminate();
 }
 
@@ -98,9 +75,7 @@ async fn payload_format_and_topic_placeholders() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
     let mut conn = db.conn().await;
-    let row = OutboxRow::new("A-1")
-        .event_type("Shipped")
-        .payload(json!({"k": "v"}));
+    let row = OutboxRow::new("A-1").event_type("Shipped").payload(json!({"k": "v"}));
     insert_event(&mut conn, &row).await.unwrap();
     let mut connector = Connector::new();
     let config = connector.write_config(&db, &broker, "");
@@ -124,9 +99,7 @@ async fn only_committed_outbox_inserts_produce_records() {
     let broker = Broker::start(Engine::Memory);
     let mut conn = db.conn().await;
     conn.query_drop("CREATE DATABASE other").await.unwrap();
-    conn.query_drop("CREATE TABLE other.outbox_events LIKE shop.outbox_events")
-        .await
-        .unwrap();
+    conn.query_drop("CREATE TABLE other.outbox_events LIKE shop.outbox_events").await.unwrap();
     let mut connector = Connector::start(&db, &broker, "");
 
     let rolled_back = OutboxRow::new("A-1");
@@ -142,25 +115,11 @@ async fn only_committed_outbox_inserts_produce_records() {
     )
     .await
     .unwrap();
-    conn.query_drop(
-        "INSERT INTO shop.orders (customer, amount, created_at) VALUES ('c', 1.00, NOW(6))",
-    )
-    .await
-    .unwrap();
+    conn.query_drop("INSERT INTO shop.orders (customer, amount, created_at) VALUES ('c', 1.00, NOW(6))").await.unwrap();
 
     let first = business_tx(&mut conn, "A-1").await.unwrap();
-    conn.exec_drop(
-        "UPDATE shop.outbox_events SET published_at = NOW(6) WHERE id = ?",
-        (first.clone(),),
-    )
-    .await
-    .unwrap();
-    conn.exec_drop(
-        "DELETE FROM shop.outbox_events WHERE id = ?",
-        (first.clone(),),
-    )
-    .await
-    .unwrap();
+    conn.exec_drop("UPDATE shop.outbox_events SET published_at = NOW(6) WHERE id = ?", (first.clone(),)).await.unwrap();
+    conn.exec_drop("DELETE FROM shop.outbox_events WHERE id = ?", (first.clone(),)).await.unwrap();
     let last = business_tx(&mut conn, "A-1").await.unwrap();
 
     let records = broker.read_all(TOPIC, 2, READ_TIMEOUT);
@@ -178,23 +137,13 @@ async fn concurrent_writers_keep_per_aggregate_order() {
     let mut connector = Connector::start(&db, &broker, "");
     let writer = Writer::start(
         db.opts_root(),
-        WriterConfig {
-            tasks: 8,
-            aggregates_per_task: 8,
-            max_events: 4000,
-            ..WriterConfig::default()
-        },
+        WriterConfig { tasks: 8, aggregates_per_task: 8, max_events: 4000, ..WriterConfig::default() },
     );
     let written = writer.finish().await;
     assert!(written.errors.is_empty(), "{:?}", written.errors);
     let records = broker.read_all(TOPIC, written.len(), READ_TIMEOUT);
     let report = common::audit(&written.expected, &records);
-    assert!(
-        report.is_clean(),
-        "{}\n{}",
-        report.summary(),
-        connector.logs()
-    );
+    assert!(report.is_clean(), "{}\n{}", report.summary(), connector.logs());
     assert_eq!(report.duplicates, 0, "{}", report.summary());
     connector.terminate();
 }
@@ -207,9 +156,7 @@ async fn transaction_with_200k_rows() {
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::start(&db, &broker, "");
     let mut conn = db.conn().await;
-    conn.query_drop("SET SESSION max_statement_time = 0")
-        .await
-        .unwrap();
+    conn.query_drop("SET SESSION max_statement_time = 0").await.unwrap();
     // MariaDB's SEQUENCE engine generates the rows; one INSERT … SELECT = one transaction.
     conn.query_drop(format!(
         "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, payload, \
@@ -220,20 +167,12 @@ async fn transaction_with_200k_rows() {
     .await
     .unwrap();
     let expected = Expected::from_orders((0..97).map(|a| {
-        let ids: Vec<String> = (1..=ROWS)
-            .filter(|n| n % 97 == a)
-            .map(|n| format!("bulk-{n:07}"))
-            .collect();
+        let ids: Vec<String> = (1..=ROWS).filter(|n| n % 97 == a).map(|n| format!("bulk-{n:07}")).collect();
         (format!("agg-{a}"), ids)
     }));
     let records = broker.read_all(TOPIC, ROWS, Duration::from_secs(600));
     let report = common::audit(&expected, &records);
-    assert!(
-        report.is_clean(),
-        "{}\n{}",
-        report.summary(),
-        connector.logs()
-    );
+    assert!(report.is_clean(), "{}\n{}", report.summary(), connector.logs());
     assert_eq!(report.duplicates, 0);
     connector.terminate();
 }
@@ -247,40 +186,19 @@ async fn graceful_restarts_lose_and_repeat_nothing() {
     let mut connector = Connector::start(&db, &broker, "");
     let writer = Writer::start(
         db.opts_root(),
-        WriterConfig {
-            tasks: 4,
-            max_events: 3000,
-            pause: Duration::from_millis(2),
-            ..WriterConfig::default()
-        },
+        WriterConfig { tasks: 4, max_events: 3000, pause: Duration::from_millis(2), ..WriterConfig::default() },
     );
     for round in 1..=3 {
-        writer
-            .wait_committed(round * 600, Duration::from_secs(120))
-            .await;
+        writer.wait_committed(round * 600, Duration::from_secs(120)).await;
         let status = connector.terminate();
-        assert!(
-            status.success(),
-            "graceful stop must exit 0: {status}\n{}",
-            connector.logs()
-        );
+        assert!(status.success(), "graceful stop must exit 0: {status}\n{}", connector.logs());
         connector.restart();
     }
     let written = writer.finish().await;
     let records = broker.read_all(TOPIC, written.len(), READ_TIMEOUT);
     let report = common::audit(&written.expected, &records);
-    assert!(
-        report.is_clean(),
-        "{}\n{}",
-        report.summary(),
-        connector.logs()
-    );
-    assert_eq!(
-        report.duplicates,
-        0,
-        "graceful restarts must not repeat events: {}",
-        report.summary()
-    );
+    assert!(report.is_clean(), "{}\n{}", report.summary(), connector.logs());
+    assert_eq!(report.duplicates, 0, "graceful restarts must not repeat events: {}", report.summary());
     connector.terminate();
 }
 
@@ -292,12 +210,7 @@ async fn purged_binlog_is_a_definite_error() {
     let mut conn = db.conn().await;
     let mut connector = Connector::start(&db, &broker, "");
     business_tx(&mut conn, "A-1").await.unwrap();
-    assert_eq!(
-        broker.read_all(TOPIC, 1, READ_TIMEOUT).len(),
-        1,
-        "{}",
-        connector.logs()
-    );
+    assert_eq!(broker.read_all(TOPIC, 1, READ_TIMEOUT).len(), 1, "{}", connector.logs());
     assert!(connector.terminate().success());
 
     // While the connector is down: more events, then the binlogs holding them are purged.
@@ -305,18 +218,12 @@ async fn purged_binlog_is_a_definite_error() {
         business_tx(&mut conn, "A-1").await.unwrap();
         conn.query_drop("FLUSH BINARY LOGS").await.unwrap();
     }
-    let current: mysql_async::Row = conn
-        .query_first("SHOW MASTER STATUS")
-        .await
-        .unwrap()
-        .unwrap();
+    let current: mysql_async::Row = conn.query_first("SHOW MASTER STATUS").await.unwrap().unwrap();
     let file: String = current.get(0).unwrap();
     // MariaDB keeps a binlog until its binlog checkpoint is done (PURGE only warns): retry until gone.
     let mut purged = false;
     for _ in 0..100 {
-        conn.query_drop(format!("PURGE BINARY LOGS TO '{file}'"))
-            .await
-            .unwrap();
+        conn.query_drop(format!("PURGE BINARY LOGS TO '{file}'")).await.unwrap();
         let first: Option<(String, u64)> = conn.query_first("SHOW BINARY LOGS").await.unwrap();
         if first.map(|(name, _)| name) == Some(file.clone()) {
             purged = true;
@@ -333,54 +240,31 @@ async fn purged_binlog_is_a_definite_error() {
     assert_eq!(status.code(), Some(2), "{}", connector.logs());
     let logs = connector.logs();
     assert!(logs.contains("no longer in the server's binlogs"), "{logs}");
-    assert!(
-        logs.contains("re-snapshot") || logs.contains("Way out"),
-        "{logs}"
-    );
+    assert!(logs.contains("re-snapshot") || logs.contains("Way out"), "{logs}");
 }
 
 /// `check` reports each bad setting with the expected value and the fix, and exits 2.
 #[tokio::test(flavor = "multi_thread")]
 async fn check_reports_bad_settings() {
-    let db = MariaDb::builder()
-        .arg("--binlog-row-metadata=MINIMAL")
-        .arg("--binlog-row-image=MINIMAL")
-        .start();
+    let db = MariaDb::builder().arg("--binlog-row-metadata=MINIMAL").arg("--binlog-row-image=MINIMAL").start();
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::new();
     let config = connector.write_config(&db, &broker, "");
     connector.spawn(["check".into(), "--config".into(), config.into_os_string()]);
-    let status = connector
-        .wait_exit(Duration::from_secs(60))
-        .expect("check must finish");
+    let status = connector.wait_exit(Duration::from_secs(60)).expect("check must finish");
     assert_eq!(status.code(), Some(2), "{}", connector.logs());
     let out = connector.stdout();
-    assert!(
-        out.contains("[FAIL] binlog_row_metadata: expected FULL, actual MINIMAL"),
-        "{out}"
-    );
-    assert!(
-        out.contains("[FAIL] binlog_row_image: expected FULL, actual MINIMAL"),
-        "{out}"
-    );
-    assert!(
-        out.contains("fix: SET GLOBAL binlog_row_metadata = 'FULL'"),
-        "{out}"
-    );
+    assert!(out.contains("[FAIL] binlog_row_metadata: expected FULL, actual MINIMAL"), "{out}");
+    assert!(out.contains("[FAIL] binlog_row_image: expected FULL, actual MINIMAL"), "{out}");
+    assert!(out.contains("fix: SET GLOBAL binlog_row_metadata = 'FULL'"), "{out}");
     assert!(out.contains("[ok  ] binlog_format"), "{out}");
 
     // `run` refuses to start on the same server, with the same diagnosis.
     let config = connector.config_path();
     connector.run(&config);
-    let status = connector
-        .wait_exit(Duration::from_secs(60))
-        .expect("run must stop");
+    let status = connector.wait_exit(Duration::from_secs(60)).expect("run must stop");
     assert_eq!(status.code(), Some(2), "{}", connector.logs());
-    assert!(
-        connector.stderr().contains("binlog_row_metadata"),
-        "{}",
-        connector.logs()
-    );
+    assert!(connector.stderr().contains("binlog_row_metadata"), "{}", connector.logs());
 }
 
 /// Missing privileges and a missing outbox table are reported by `check`.
@@ -392,9 +276,7 @@ async fn check_reports_missing_grants_and_table() {
     let mut connector = Connector::new();
     let config = connector.write_config(&db, &broker, "");
     connector.spawn(["check".into(), "--config".into(), config.into_os_string()]);
-    let status = connector
-        .wait_exit(Duration::from_secs(60))
-        .expect("check must finish");
+    let status = connector.wait_exit(Duration::from_secs(60)).expect("check must finish");
     assert_eq!(status.code(), Some(2), "{}", connector.logs());
     let out = connector.stdout();
     assert!(out.contains("[FAIL] privilege REPLICATION SLAVE"), "{out}");
@@ -411,22 +293,14 @@ async fn missing_topic_without_create_is_definite() {
     business_tx(&mut conn, "A-1").await.unwrap();
     let mut connector = Connector::new();
     let config = connector.write_config(&db, &broker, "");
-    let text = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace("[state]", "create_topics = false\n\n[state]");
+    let text = std::fs::read_to_string(&config).unwrap().replace("[state]", "create_topics = false\n\n[state]");
     std::fs::write(&config, text).unwrap();
     connector.run(&config);
     let status = connector
         .wait_exit(Duration::from_secs(60))
         .unwrap_or_else(|| panic!("connector must stop\n{}", connector.logs()));
     assert_eq!(status.code(), Some(2), "{}", connector.logs());
-    assert!(
-        connector
-            .stderr()
-            .contains("\"outbox.event.order\" does not exist"),
-        "{}",
-        connector.logs()
-    );
+    assert!(connector.stderr().contains("\"outbox.event.order\" does not exist"), "{}", connector.logs());
 }
 
 /// `on_update = "fail"` turns an UPDATE of an outbox row into a definite error.
@@ -437,36 +311,19 @@ async fn update_fails_when_configured() {
     let mut conn = db.conn().await;
     let mut connector = Connector::new();
     let config = connector.write_config(&db, &broker, "");
-    let text = std::fs::read_to_string(&config).unwrap().replace(
-        "table = \"shop.outbox_events\"",
-        "table = \"shop.outbox_events\"\non_update = \"fail\"",
-    );
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("table = \"shop.outbox_events\"", "table = \"shop.outbox_events\"\non_update = \"fail\"");
     std::fs::write(&config, text).unwrap();
     connector.run(&config);
     let id = business_tx(&mut conn, "A-1").await.unwrap();
-    assert_eq!(
-        broker.read_all(TOPIC, 1, READ_TIMEOUT).len(),
-        1,
-        "{}",
-        connector.logs()
-    );
-    conn.exec_drop(
-        "UPDATE shop.outbox_events SET attempts = attempts + 1 WHERE id = ?",
-        (id,),
-    )
-    .await
-    .unwrap();
+    assert_eq!(broker.read_all(TOPIC, 1, READ_TIMEOUT).len(), 1, "{}", connector.logs());
+    conn.exec_drop("UPDATE shop.outbox_events SET attempts = attempts + 1 WHERE id = ?", (id,)).await.unwrap();
     let status = connector
         .wait_exit(Duration::from_secs(60))
         .unwrap_or_else(|| panic!("connector must stop\n{}", connector.logs()));
     assert_eq!(status.code(), Some(2), "{}", connector.logs());
-    assert!(
-        connector
-            .stderr()
-            .contains("UPDATE on outbox table shop.outbox_events"),
-        "{}",
-        connector.logs()
-    );
+    assert!(connector.stderr().contains("UPDATE on outbox table shop.outbox_events"), "{}", connector.logs());
 }
 
 /// A checkpoint written against one server is not resumed against another without
@@ -479,12 +336,7 @@ async fn different_server_is_refused() {
     let mut connector = Connector::start(&first, &broker, "");
     let mut conn = first.conn().await;
     business_tx(&mut conn, "A-1").await.unwrap();
-    assert_eq!(
-        broker.read_all(TOPIC, 1, READ_TIMEOUT).len(),
-        1,
-        "{}",
-        connector.logs()
-    );
+    assert_eq!(broker.read_all(TOPIC, 1, READ_TIMEOUT).len(), 1, "{}", connector.logs());
     assert!(connector.terminate().success());
 
     let config = connector.write_config(&second, &broker, "");
@@ -493,11 +345,5 @@ async fn different_server_is_refused() {
         .wait_exit(Duration::from_secs(60))
         .unwrap_or_else(|| panic!("connector must stop\n{}", connector.logs()));
     assert_eq!(status.code(), Some(2), "{}", connector.logs());
-    assert!(
-        connector
-            .stderr()
-            .contains("checkpoint belongs to another server"),
-        "{}",
-        connector.logs()
-    );
+    assert!(connector.stderr().contains("checkpoint belongs to another server"), "{}", connector.logs());
 }

@@ -4,8 +4,7 @@
 mod common;
 
 use common::{
-    audit, business_tx, insert_event, Broker, Engine, Expected, MariaDb, OutboxRow, Received,
-    Writer, WriterConfig,
+    audit, business_tx, insert_event, Broker, Engine, Expected, MariaDb, OutboxRow, Received, Writer, WriterConfig,
 };
 use mysql_async::prelude::Queryable;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -30,56 +29,28 @@ async fn mariadb_starts_with_binlog_settings_schema_and_cdc_user() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(
-        vars,
-        (
-            "ROW".into(),
-            "FULL".into(),
-            "FULL".into(),
-            "utf8mb4".into(),
-            1,
-            db.server_id()
-        )
-    );
+    assert_eq!(vars, ("ROW".into(), "FULL".into(), "FULL".into(), "utf8mb4".into(), 1, db.server_id()));
 
     let mut ids = Vec::new();
     for i in 0..5 {
         ids.push(business_tx(&mut conn, &format!("agg-{i}")).await.unwrap());
     }
-    let n: u64 = conn
-        .query_first("SELECT COUNT(*) FROM outbox_events")
-        .await
-        .unwrap()
-        .unwrap();
+    let n: u64 = conn.query_first("SELECT COUNT(*) FROM outbox_events").await.unwrap().unwrap();
     assert_eq!(n, 5);
-    let orders: u64 = conn
-        .query_first("SELECT COUNT(*) FROM orders")
-        .await
-        .unwrap()
-        .unwrap();
+    let orders: u64 = conn.query_first("SELECT COUNT(*) FROM orders").await.unwrap().unwrap();
     assert_eq!(orders, 5);
     let pos = db.gtid_binlog_pos();
-    assert!(
-        pos.starts_with(&format!("0-{}-", db.server_id())),
-        "gtid_binlog_pos = {pos}"
-    );
+    assert!(pos.starts_with(&format!("0-{}-", db.server_id())), "gtid_binlog_pos = {pos}");
 
     // The same row read back: payload JSON with the order id, microseconds kept.
     let (payload, occurred): (String, String) = conn
-        .exec_first(
-            "SELECT payload, CAST(occurred_at AS CHAR) FROM outbox_events WHERE id = ?",
-            (&ids[0],),
-        )
+        .exec_first("SELECT payload, CAST(occurred_at AS CHAR) FROM outbox_events WHERE id = ?", (&ids[0],))
         .await
         .unwrap()
         .unwrap();
     let payload: serde_json::Value = serde_json::from_str(&payload).unwrap();
     assert!(payload["order_id"].as_u64().is_some(), "{payload}");
-    assert_eq!(
-        occurred.len(),
-        "2026-01-01 00:00:00.000000".len(),
-        "{occurred}"
-    );
+    assert_eq!(occurred.len(), "2026-01-01 00:00:00.000000".len(), "{occurred}");
 
     // A hand-made row: explicit id, headers JSON, event type.
     let row = OutboxRow::new("agg-x")
@@ -88,45 +59,23 @@ async fn mariadb_starts_with_binlog_settings_schema_and_cdc_user() {
         .headers(Some(serde_json::json!({ "trace": "abc" })));
     insert_event(&mut conn, &row).await.unwrap();
     let headers: String = conn
-        .query_first(
-            "SELECT headers FROM outbox_events WHERE id = '00000000-0000-4000-8000-000000000001'",
-        )
+        .query_first("SELECT headers FROM outbox_events WHERE id = '00000000-0000-4000-8000-000000000001'")
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(
-        serde_json::from_str::<serde_json::Value>(&headers).unwrap()["trace"],
-        "abc"
-    );
-    conn.query_drop("DELETE FROM outbox_events WHERE id = '00000000-0000-4000-8000-000000000001'")
-        .await
-        .unwrap();
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&headers).unwrap()["trace"], "abc");
+    conn.query_drop("DELETE FROM outbox_events WHERE id = '00000000-0000-4000-8000-000000000001'").await.unwrap();
     let pos = db.gtid_binlog_pos();
 
-    let mut cdc = mysql_async::Conn::new(mysql_async::Opts::from_url(&db.url_cdc()).unwrap())
-        .await
-        .unwrap();
+    let mut cdc = mysql_async::Conn::new(mysql_async::Opts::from_url(&db.url_cdc()).unwrap()).await.unwrap();
     let logs: Vec<(String, u64)> = cdc.query("SHOW BINARY LOGS").await.unwrap();
     assert!(!logs.is_empty());
     cdc.query_drop("SHOW MASTER STATUS").await.unwrap();
-    let cdc_pos: String = cdc
-        .query_first("SELECT @@GLOBAL.gtid_binlog_pos")
-        .await
-        .unwrap()
-        .unwrap();
+    let cdc_pos: String = cdc.query_first("SELECT @@GLOBAL.gtid_binlog_pos").await.unwrap().unwrap();
     assert_eq!(cdc_pos, pos);
-    let n: u64 = cdc
-        .query_first("SELECT COUNT(*) FROM shop.outbox_events")
-        .await
-        .unwrap()
-        .unwrap();
+    let n: u64 = cdc.query_first("SELECT COUNT(*) FROM shop.outbox_events").await.unwrap().unwrap();
     assert_eq!(n, 5);
-    assert!(
-        cdc.query_drop("DELETE FROM shop.outbox_events")
-            .await
-            .is_err(),
-        "cdc must be read-only on shop"
-    );
+    assert!(cdc.query_drop("DELETE FROM shop.outbox_events").await.is_err(), "cdc must be read-only on shop");
     cdc.disconnect().await.unwrap();
     drop(conn);
     pool.disconnect().await.unwrap();
@@ -138,9 +87,7 @@ async fn mariadb_survives_kill_and_restart() {
     let mut db = MariaDb::start();
     let mut conn = db.conn().await;
     for i in 0..20 {
-        business_tx(&mut conn, &format!("agg-{}", i % 3))
-            .await
-            .unwrap();
+        business_tx(&mut conn, &format!("agg-{}", i % 3)).await.unwrap();
     }
     drop(conn);
     let pos = db.gtid_binlog_pos();
@@ -148,20 +95,13 @@ async fn mariadb_survives_kill_and_restart() {
     db.kill();
     assert!(!db.is_running());
     db.start_again();
-    assert_eq!(
-        db.sql("SELECT COUNT(*) FROM shop.outbox_events").trim(),
-        "20"
-    );
+    assert_eq!(db.sql("SELECT COUNT(*) FROM shop.outbox_events").trim(), "20");
     assert_eq!(db.gtid_binlog_pos(), pos);
 
     db.restart(); // graceful
     let mut conn = db.conn().await;
     business_tx(&mut conn, "agg-after").await.unwrap();
-    let n: u64 = conn
-        .query_first("SELECT COUNT(*) FROM outbox_events")
-        .await
-        .unwrap()
-        .unwrap();
+    let n: u64 = conn.query_first("SELECT COUNT(*) FROM outbox_events").await.unwrap().unwrap();
     assert_eq!(n, 21);
     drop(conn);
     db.stop();
@@ -170,27 +110,15 @@ async fn mariadb_survives_kill_and_restart() {
 /// Extra server arguments override the defaults (tests of bad settings rely on it).
 #[test]
 fn mariadb_builder_extra_args_override_defaults() {
-    let db = MariaDb::builder()
-        .arg("--binlog-row-metadata=MINIMAL")
-        .arg("--binlog-format=MIXED")
-        .start();
-    assert_eq!(
-        db.sql("SELECT @@binlog_row_metadata, @@binlog_format")
-            .trim(),
-        "MINIMAL\tMIXED"
-    );
+    let db = MariaDb::builder().arg("--binlog-row-metadata=MINIMAL").arg("--binlog-format=MIXED").start();
+    assert_eq!(db.sql("SELECT @@binlog_row_metadata, @@binlog_format").trim(), "MINIMAL\tMIXED");
 }
 
 /// The Writer commits exactly `max_events`, each aggregate owned by one task, all ids in the table.
 #[tokio::test(flavor = "multi_thread")]
 async fn writer_commits_bounded_count_with_per_aggregate_order() {
     let db = MariaDb::start();
-    let cfg = WriterConfig {
-        tasks: 4,
-        aggregates_per_task: 5,
-        max_events: 400,
-        ..WriterConfig::default()
-    };
+    let cfg = WriterConfig { tasks: 4, aggregates_per_task: 5, max_events: 400, ..WriterConfig::default() };
     let writer = Writer::start(db.opts_root(), cfg);
     let written = writer.join().await;
     assert!(written.errors.is_empty(), "{:?}", written.errors);
@@ -201,10 +129,8 @@ async fn writer_commits_bounded_count_with_per_aggregate_order() {
     // Per aggregate, the table's occurred_at order (set client-side before each commit) matches the
     // recorded commit order.
     let mut conn = db.conn().await;
-    let rows: Vec<(String, String)> = conn
-        .query("SELECT aggregate_id, id FROM outbox_events ORDER BY aggregate_id, occurred_at")
-        .await
-        .unwrap();
+    let rows: Vec<(String, String)> =
+        conn.query("SELECT aggregate_id, id FROM outbox_events ORDER BY aggregate_id, occurred_at").await.unwrap();
     let mut from_db: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (agg, id) in rows {
         from_db.entry(agg).or_default().push(id);
@@ -217,11 +143,7 @@ async fn writer_commits_bounded_count_with_per_aggregate_order() {
 #[tokio::test(flavor = "multi_thread")]
 async fn writer_survives_mariadb_kill() {
     let mut db = MariaDb::start();
-    let cfg = WriterConfig {
-        tasks: 3,
-        max_events: 600,
-        ..WriterConfig::default()
-    };
+    let cfg = WriterConfig { tasks: 3, max_events: 600, ..WriterConfig::default() };
     let writer = Writer::start(db.opts_root(), cfg);
     assert!(writer.wait_committed(150, Duration::from_secs(60)).await);
     db.kill();
@@ -257,14 +179,10 @@ async fn produce(broker: &Broker, topic: &str, n: usize, aggregates: usize) -> E
         let agg = format!("agg-{}", i % aggregates);
         let id = format!("{agg}-{i}");
         let value = serde_json::json!({ "i": i }).to_string();
-        let record =
-            FutureRecord::to(topic)
-                .key(&agg)
-                .payload(&value)
-                .headers(OwnedHeaders::new().insert(Header {
-                    key: "id",
-                    value: Some(&id),
-                }));
+        let record = FutureRecord::to(topic)
+            .key(&agg)
+            .payload(&value)
+            .headers(OwnedHeaders::new().insert(Header { key: "id", value: Some(&id) }));
         // send_result enqueues now, so the send order is the order of this loop.
         deliveries.push(producer.send_result(record).map_err(|(e, _)| e).unwrap());
         per_aggregate.entry(agg).or_default().push(id);
@@ -272,10 +190,7 @@ async fn produce(broker: &Broker, topic: &str, n: usize, aggregates: usize) -> E
     for d in deliveries {
         d.await.unwrap().map_err(|(e, _)| e).unwrap();
     }
-    Expected {
-        per_aggregate,
-        ..Expected::default()
-    }
+    Expected { per_aggregate, ..Expected::default() }
 }
 
 /// SQLite engine: topic creation, 1000 records read back in per-key order, and they survive a
@@ -289,14 +204,8 @@ async fn broker_sqlite_roundtrip_and_restarts() {
 
     let got = broker.read_all("outbox.event.order", 1000, Duration::from_secs(60));
     let report = audit(&expected, &got);
-    assert!(
-        report.is_clean() && report.duplicates == 0 && got.len() == 1000,
-        "{}",
-        report.summary()
-    );
-    assert!(got.iter().all(|r| r
-        .key_str()
-        .is_some_and(|k| r.header_str("id").unwrap().starts_with(k))));
+    assert!(report.is_clean() && report.duplicates == 0 && got.len() == 1000, "{}", report.summary());
+    assert!(got.iter().all(|r| r.key_str().is_some_and(|k| r.header_str("id").unwrap().starts_with(k))));
     assert!(got[0].value_json()["i"].as_u64().is_some());
 
     broker.restart();
@@ -318,20 +227,14 @@ async fn broker_memory_roundtrip() {
     let expected = produce(&broker, "outbox.event.order", 1000, 10).await;
     let got = broker.read_all("outbox.event.order", 1000, Duration::from_secs(60));
     let report = audit(&expected, &got);
-    assert!(
-        report.is_clean() && report.duplicates == 0 && got.len() == 1000,
-        "{}",
-        report.summary()
-    );
+    assert!(report.is_clean() && report.duplicates == 0 && got.len() == 1000, "{}", report.summary());
 }
 
 /// An unknown topic reads as empty (after the timeout) on the SQLite engine.
 #[test]
 fn broker_read_unknown_topic_is_empty() {
     let broker = Broker::start(Engine::Sqlite);
-    assert!(broker
-        .read_all("no.such.topic", 0, Duration::from_secs(2))
-        .is_empty());
+    assert!(broker.read_all("no.such.topic", 0, Duration::from_secs(2)).is_empty());
 }
 
 fn sorted(v: &[Received]) -> Vec<Received> {
@@ -359,13 +262,7 @@ fn expected() -> Expected {
 
 #[test]
 fn audit_clean_when_all_in_order_interleaved() {
-    let got = [
-        rec(0, 0, "a1"),
-        rec(0, 1, "b1"),
-        rec(0, 2, "a2"),
-        rec(0, 3, "b2"),
-        rec(0, 4, "a3"),
-    ];
+    let got = [rec(0, 0, "a1"), rec(0, 1, "b1"), rec(0, 2, "a2"), rec(0, 3, "b2"), rec(0, 4, "a3")];
     let r = audit(&expected(), &got);
     assert!(r.is_clean(), "{}", r.summary());
     assert_eq!(r.duplicates, 0);
@@ -374,51 +271,25 @@ fn audit_clean_when_all_in_order_interleaved() {
 
 #[test]
 fn audit_reports_missing() {
-    let got = [
-        rec(0, 0, "a1"),
-        rec(0, 1, "a3"),
-        rec(1, 0, "b1"),
-        rec(1, 1, "b2"),
-    ];
+    let got = [rec(0, 0, "a1"), rec(0, 1, "a3"), rec(1, 0, "b1"), rec(1, 1, "b2")];
     let r = audit(&expected(), &got);
     assert_eq!(r.missing, vec!["a2".to_string()]);
-    assert!(
-        r.order_violations.is_empty(),
-        "a gap is not a reorder: {}",
-        r.summary()
-    );
+    assert!(r.order_violations.is_empty(), "a gap is not a reorder: {}", r.summary());
 }
 
 #[test]
 fn audit_counts_redelivery_as_duplicate_not_violation() {
     // Crash after a3, replay from a2: a1 a2 a3 | a2 a3.
-    let got = [
-        rec(0, 0, "a1"),
-        rec(0, 1, "a2"),
-        rec(0, 2, "a3"),
-        rec(0, 3, "a2"),
-        rec(0, 4, "a3"),
-    ];
-    let r = audit(
-        &Expected::from_orders([("a", vec!["a1", "a2", "a3"])]),
-        &got,
-    );
+    let got = [rec(0, 0, "a1"), rec(0, 1, "a2"), rec(0, 2, "a3"), rec(0, 3, "a2"), rec(0, 4, "a3")];
+    let r = audit(&Expected::from_orders([("a", vec!["a1", "a2", "a3"])]), &got);
     assert_eq!(r.duplicates, 2);
     assert!(r.is_clean(), "{}", r.summary());
 }
 
 #[test]
 fn audit_reports_first_occurrence_out_of_order() {
-    let got = [
-        rec(0, 0, "a1"),
-        rec(0, 1, "a3"),
-        rec(0, 2, "a2"),
-        rec(0, 3, "a3"),
-    ];
-    let r = audit(
-        &Expected::from_orders([("a", vec!["a1", "a2", "a3"])]),
-        &got,
-    );
+    let got = [rec(0, 0, "a1"), rec(0, 1, "a3"), rec(0, 2, "a2"), rec(0, 3, "a3")];
+    let r = audit(&Expected::from_orders([("a", vec!["a1", "a2", "a3"])]), &got);
     assert_eq!(r.order_violations.len(), 1, "{}", r.summary());
     assert!(r.order_violations[0].contains("a2"), "{}", r.summary());
     assert_eq!(r.duplicates, 1);
@@ -428,20 +299,14 @@ fn audit_reports_first_occurrence_out_of_order() {
 #[test]
 fn audit_sorts_by_partition_and_offset_first() {
     let got = [rec(0, 2, "a3"), rec(0, 0, "a1"), rec(0, 1, "a2")];
-    let r = audit(
-        &Expected::from_orders([("a", vec!["a1", "a2", "a3"])]),
-        &got,
-    );
+    let r = audit(&Expected::from_orders([("a", vec!["a1", "a2", "a3"])]), &got);
     assert!(r.is_clean(), "{}", r.summary());
 }
 
 #[test]
 fn audit_reports_aggregate_split_across_partitions() {
     let got = [rec(0, 0, "a1"), rec(1, 0, "a2"), rec(0, 1, "a3")];
-    let r = audit(
-        &Expected::from_orders([("a", vec!["a1", "a2", "a3"])]),
-        &got,
-    );
+    let r = audit(&Expected::from_orders([("a", vec!["a1", "a2", "a3"])]), &got);
     assert_eq!(r.split_aggregates.len(), 1, "{}", r.summary());
     assert!(!r.is_clean());
 }

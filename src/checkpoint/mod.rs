@@ -43,6 +43,9 @@ pub struct Checkpoint {
     pub source_timestamp: Option<u32>,
     /// When this record was written (Unix milliseconds).
     pub written_at_ms: u64,
+    /// Initial snapshot in progress, or finished with its overlap rule still in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<crate::source::snapshot::SnapshotState>,
 }
 
 /// Current checkpoint record format.
@@ -50,8 +53,5 @@ pub const CHECKPOINT_VERSION: u32 = 1;
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }

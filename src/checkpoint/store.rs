@@ -46,25 +46,18 @@ impl Store {
     /// A definite error when the directory cannot be created or the database is locked by another
     /// connector or corrupt.
     pub fn open(dir: &Path) -> Result<Store> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| store_error(dir, "cannot create the directory", e))?;
+        std::fs::create_dir_all(dir).map_err(|e| store_error(dir, "cannot create the directory", e))?;
         let path = dir.join(FILE_NAME);
-        let db = Database::builder()
-            .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
-            .create(&path)
-            .map_err(|e| match e {
-                redb::DatabaseError::DatabaseAlreadyOpen => store_error(
-                    &path,
-                    "already open",
-                    "another outbox-cdc process uses this state directory",
-                ),
+        let db = Database::builder().set_concurrency_mode(redb::ConcurrencyMode::SingleWriter).create(&path).map_err(
+            |e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => {
+                    store_error(&path, "already open", "another outbox-cdc process uses this state directory")
+                }
                 other => store_error(&path, "cannot open", other),
-            })?;
-        let tx = db
-            .begin_write()
-            .map_err(|e| store_error(&path, "begin", e))?;
-        tx.open_table(CHECKPOINTS)
-            .map_err(|e| store_error(&path, "open table", e))?;
+            },
+        )?;
+        let tx = db.begin_write().map_err(|e| store_error(&path, "begin", e))?;
+        tx.open_table(CHECKPOINTS).map_err(|e| store_error(&path, "open table", e))?;
         tx.commit().map_err(|e| store_error(&path, "commit", e))?;
         Ok(Store { db, path })
     }
@@ -78,21 +71,26 @@ impl Store {
         if !path.exists() {
             return Ok(None);
         }
-        let db = Database::builder()
-            .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
-            .open_read_only(&path)
-            .map_err(|e| store_error(&path, "cannot open read-only", e))?;
-        let tx = db
-            .begin_read()
-            .map_err(|e| store_error(&path, "begin read", e))?;
+        let db =
+            match Database::builder().set_concurrency_mode(redb::ConcurrencyMode::SingleWriter).open_read_only(&path) {
+                Ok(db) => db,
+                // After a crash the file needs redb's repair, which only a writer can do. Repair a private
+                // copy instead: the state file stays untouched and unlocked for the next `run`.
+                Err(read_only_error) => {
+                    let copy = tempfile::tempdir()
+                        .map_err(|e| store_error(&path, "cannot create a temporary directory", e))?;
+                    std::fs::copy(&path, copy.path().join(FILE_NAME))
+                        .map_err(|_| store_error(&path, "cannot open read-only", read_only_error))?;
+                    return Store::open(copy.path())?.load();
+                }
+            };
+        let tx = db.begin_read().map_err(|e| store_error(&path, "begin read", e))?;
         let table = match tx.open_table(CHECKPOINTS) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
             Err(e) => return Err(store_error(&path, "open table", e)),
         };
-        let value = table
-            .get(STREAM_KEY)
-            .map_err(|e| store_error(&path, "read", e))?;
+        let value = table.get(STREAM_KEY).map_err(|e| store_error(&path, "read", e))?;
         value.map(|v| decode(&path, v.value())).transpose()
     }
 
@@ -101,16 +99,9 @@ impl Store {
     /// # Errors
     /// A definite error when the store cannot be read or holds an unreadable record.
     pub fn load(&self) -> Result<Option<Checkpoint>> {
-        let tx = self
-            .db
-            .begin_read()
-            .map_err(|e| store_error(&self.path, "begin read", e))?;
-        let table = tx
-            .open_table(CHECKPOINTS)
-            .map_err(|e| store_error(&self.path, "open table", e))?;
-        let value = table
-            .get(STREAM_KEY)
-            .map_err(|e| store_error(&self.path, "read", e))?;
+        let tx = self.db.begin_read().map_err(|e| store_error(&self.path, "begin read", e))?;
+        let table = tx.open_table(CHECKPOINTS).map_err(|e| store_error(&self.path, "open table", e))?;
+        let value = table.get(STREAM_KEY).map_err(|e| store_error(&self.path, "read", e))?;
         value.map(|v| decode(&self.path, v.value())).transpose()
     }
 
@@ -120,20 +111,12 @@ impl Store {
     /// A definite error when the write fails (disk full, permissions): the previous record stays.
     pub fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
         let json = serde_json::to_vec(checkpoint).expect("checkpoint serializes");
-        let tx = self
-            .db
-            .begin_write()
-            .map_err(|e| store_error(&self.path, "begin write", e))?;
+        let tx = self.db.begin_write().map_err(|e| store_error(&self.path, "begin write", e))?;
         {
-            let mut table = tx
-                .open_table(CHECKPOINTS)
-                .map_err(|e| store_error(&self.path, "open table", e))?;
-            table
-                .insert(STREAM_KEY, json.as_slice())
-                .map_err(|e| store_error(&self.path, "write", e))?;
+            let mut table = tx.open_table(CHECKPOINTS).map_err(|e| store_error(&self.path, "open table", e))?;
+            table.insert(STREAM_KEY, json.as_slice()).map_err(|e| store_error(&self.path, "write", e))?;
         }
-        tx.commit()
-            .map_err(|e| store_error(&self.path, "commit", e))
+        tx.commit().map_err(|e| store_error(&self.path, "commit", e))
     }
 
     /// Path of the database file.
@@ -158,18 +141,12 @@ mod tests {
             version: CHECKPOINT_VERSION,
             position: Position {
                 gtids: Gtids::MariaDb("0-1-42".parse().unwrap()),
-                coord: BinlogCoord {
-                    file: "bin.000002".into(),
-                    pos,
-                },
+                coord: BinlogCoord { file: "bin.000002".into(), pos },
             },
-            server: ServerIdentity {
-                flavor: Flavor::MariaDb,
-                server_id: 1,
-                server_uuid: None,
-            },
+            server: ServerIdentity { flavor: Flavor::MariaDb, server_id: 1, server_uuid: None },
             source_timestamp: Some(1_700_000_000),
             written_at_ms: 1,
+            snapshot: None,
         }
     }
 

@@ -35,6 +35,8 @@ pub struct Mark {
     pub position: Position,
     /// Its commit time (server clock, Unix seconds), when known.
     pub timestamp: Option<u32>,
+    /// Snapshot progress at this point (during a snapshot, and while its overlap rule is in force).
+    pub snapshot: Option<std::sync::Arc<crate::source::snapshot::SnapshotState>>,
 }
 
 #[derive(Debug)]
@@ -72,18 +74,21 @@ pub struct Watermark {
 impl Watermark {
     /// A watermark starting at `position` (the resume point: everything before it is already in Kafka).
     pub fn new(start: Option<Mark>) -> Self {
-        Watermark {
-            inner: Mutex::new(Inner {
-                watermark: start,
-                ..Inner::default()
-            }),
-        }
+        Watermark { inner: Mutex::new(Inner { watermark: start, ..Inner::default() }) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic while holding this lock leaves counts that are still conservative (never ahead of
         // acknowledgements), so continuing with the data is safe.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Restarts from `start` with nothing pending (between phases, once everything settled).
+    pub fn reset(&self, start: Mark) {
+        let mut inner = self.lock();
+        debug_assert!(inner.slots.is_empty() && inner.unsettled == 0, "reset with records in flight");
+        inner.slots.clear();
+        inner.watermark = Some(start);
     }
 
     /// Registers the start of a source transaction.
@@ -94,10 +99,7 @@ impl Watermark {
         if inner.slots.is_empty() {
             inner.first = id;
         }
-        inner.slots.push_back(Slot {
-            unsettled: 0,
-            end: End::Open,
-        });
+        inner.slots.push_back(Slot { unsettled: 0, end: End::Open });
         TxId(id)
     }
 
@@ -168,9 +170,7 @@ impl Watermark {
 
 impl Inner {
     fn slot_mut(&mut self, tx: TxId) -> &mut Slot {
-        let index =
-            tx.0.checked_sub(self.first)
-                .expect("transaction already passed by the watermark") as usize;
+        let index = tx.0.checked_sub(self.first).expect("transaction already passed by the watermark") as usize;
         &mut self.slots[index]
     }
 
@@ -204,14 +204,9 @@ mod tests {
 
     fn pos(n: u64) -> Mark {
         Mark {
-            position: Position {
-                gtids: Gtids::None,
-                coord: BinlogCoord {
-                    file: "bin.000001".into(),
-                    pos: n,
-                },
-            },
+            position: Position { gtids: Gtids::None, coord: BinlogCoord { file: "bin.000001".into(), pos: n } },
             timestamp: None,
+            snapshot: None,
         }
     }
 

@@ -67,8 +67,7 @@ impl FromStr for MariaGtid {
     fn from_str(input: &str) -> Result<Self, Self::Err> {
         let text = input.trim();
         let mut parts = text.split('-');
-        let (Some(domain), Some(server), Some(seq), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
+        let (Some(domain), Some(server), Some(seq), None) = (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err(PositionParseError::Syntax {
                 what: "MariaDB GTID",
@@ -111,39 +110,24 @@ impl GtidPos {
 
     /// The last GTID seen in `domain_id`, if any.
     pub fn get(&self, domain_id: u32) -> Option<MariaGtid> {
-        self.domains
-            .get(&domain_id)
-            .map(|&(server_id, seq_no)| MariaGtid {
-                domain_id,
-                server_id,
-                seq_no,
-            })
+        self.domains.get(&domain_id).map(|&(server_id, seq_no)| MariaGtid { domain_id, server_id, seq_no })
     }
 
     /// The GTID of every domain, domains ascending.
     pub fn iter(&self) -> impl Iterator<Item = MariaGtid> + '_ {
-        self.domains
-            .iter()
-            .map(|(&domain_id, &(server_id, seq_no))| MariaGtid {
-                domain_id,
-                server_id,
-                seq_no,
-            })
+        self.domains.iter().map(|(&domain_id, &(server_id, seq_no))| MariaGtid { domain_id, server_id, seq_no })
     }
 
     /// Records `gtid` as the last GTID of its domain, replacing whatever was there.
     pub fn advance(&mut self, gtid: MariaGtid) {
-        self.domains
-            .insert(gtid.domain_id, (gtid.server_id, gtid.seq_no));
+        self.domains.insert(gtid.domain_id, (gtid.server_id, gtid.seq_no));
     }
 
     /// True when the position has seen `gtid`: this position has its domain, at the same or
     /// a higher sequence number. The server id is not compared; MariaDB identifies a
     /// transaction's place in a domain by its sequence number.
     pub fn contains(&self, gtid: &MariaGtid) -> bool {
-        self.domains
-            .get(&gtid.domain_id)
-            .is_some_and(|&(_, seq_no)| gtid.seq_no <= seq_no)
+        self.domains.get(&gtid.domain_id).is_some_and(|&(_, seq_no)| gtid.seq_no <= seq_no)
     }
 
     /// How `self` relates to `other`, domain by domain: `Less` when behind or equal in every
@@ -199,8 +183,7 @@ impl FromStr for GtidPos {
                 return Err(PositionParseError::Syntax {
                     what: "MariaDB GTID position",
                     input: input.to_owned(),
-                    expected:
-                        "comma-separated `domain-server-seq` with nothing empty between commas",
+                    expected: "comma-separated `domain-server-seq` with nothing empty between commas",
                 });
             }
             let gtid: MariaGtid = element.parse()?;
@@ -237,13 +220,11 @@ mod tests {
     use proptest::prelude::*;
 
     fn pos(text: &str) -> GtidPos {
-        text.parse()
-            .unwrap_or_else(|e| panic!("{text:?} should parse: {e}"))
+        text.parse().unwrap_or_else(|e| panic!("{text:?} should parse: {e}"))
     }
 
     fn gtid(text: &str) -> MariaGtid {
-        text.parse()
-            .unwrap_or_else(|e| panic!("{text:?} should parse: {e}"))
+        text.parse().unwrap_or_else(|e| panic!("{text:?} should parse: {e}"))
     }
 
     #[test]
@@ -251,10 +232,7 @@ mod tests {
         let cases: &[(&str, Result<&str, &str>)] = &[
             ("0-1-42", Ok("0-1-42")),
             (" 1-10-292197\n", Ok("1-10-292197")),
-            (
-                "4294967295-4294967295-18446744073709551615",
-                Ok("4294967295-4294967295-18446744073709551615"),
-            ),
+            ("4294967295-4294967295-18446744073709551615", Ok("4294967295-4294967295-18446744073709551615")),
             ("0-1", Err("expected `domain-server-seq`")),
             ("0-1-2-3", Err("expected `domain-server-seq`")),
             ("-1-2", Err(r#"invalid domain id """#)),
@@ -304,10 +282,7 @@ mod tests {
             ("0-1-1;1-1-1", "expected `domain-server-seq`"),
             ("0-1-1 1-1-1", "expected `domain-server-seq`"),
             ("0-1-1, 0-1-x", r#"invalid sequence number "x""#),
-            (
-                "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5",
-                "expected `domain-server-seq`",
-            ),
+            ("3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5", "expected `domain-server-seq`"),
         ];
         for &(input, needle) in cases {
             let error = input.parse::<GtidPos>().expect_err(input).to_string();
@@ -376,11 +351,7 @@ mod tests {
         ];
         for &(a, b, expected) in cases {
             assert_eq!(pos(a).compare(&pos(b)), expected, "{a} vs {b}");
-            assert_eq!(
-                pos(b).compare(&pos(a)),
-                expected.map(Ordering::reverse),
-                "{b} vs {a}"
-            );
+            assert_eq!(pos(b).compare(&pos(a)), expected.map(Ordering::reverse), "{b} vs {a}");
         }
     }
 

@@ -76,14 +76,7 @@ macro_rules! serde_as_string {
 pub mod mariadb;
 pub mod mysql;
 
-serde_as_string!(
-    mysql::Uuid,
-    mysql::Tag,
-    mysql::Gtid,
-    mysql::GtidSet,
-    mariadb::MariaGtid,
-    mariadb::GtidPos,
-);
+serde_as_string!(mysql::Uuid, mysql::Tag, mysql::Gtid, mysql::GtidSet, mariadb::MariaGtid, mariadb::GtidPos,);
 
 /// Why a GTID, GTID set, GTID position or position record could not be parsed.
 ///
@@ -172,21 +165,10 @@ pub enum PositionParseError {
 ///
 /// Signs, whitespace and leading zeros are refused: MySQL reads GNOs with `strtoll(…, 0)`, so
 /// `010` means 8 to the server, and accepting it here would silently disagree with it.
-fn parse_decimal(
-    input: &str,
-    what: &'static str,
-    min: u64,
-    max: u64,
-) -> Result<u64, PositionParseError> {
-    let error = || PositionParseError::Number {
-        what,
-        input: input.to_owned(),
-        min,
-        max,
-    };
-    let canonical = !input.is_empty()
-        && input.bytes().all(|b| b.is_ascii_digit())
-        && (input == "0" || !input.starts_with('0'));
+fn parse_decimal(input: &str, what: &'static str, min: u64, max: u64) -> Result<u64, PositionParseError> {
+    let error = || PositionParseError::Number { what, input: input.to_owned(), min, max };
+    let canonical =
+        !input.is_empty() && input.bytes().all(|b| b.is_ascii_digit()) && (input == "0" || !input.starts_with('0'));
     if !canonical {
         return Err(error());
     }
@@ -243,9 +225,7 @@ impl BinlogCoord {
     /// the full name as a tie-break for suffixes such as `007` and `7`.
     fn file_order_key(&self) -> (&str, Option<u64>, &str) {
         match self.file.rsplit_once('.') {
-            Some((stem, suffix))
-                if !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_digit()) =>
-            {
+            Some((stem, suffix)) if !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_digit()) => {
                 (stem, suffix.parse().ok(), &self.file)
             }
             _ => (&self.file, None, &self.file),
@@ -255,9 +235,7 @@ impl BinlogCoord {
 
 impl Ord for BinlogCoord {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.file_order_key()
-            .cmp(&other.file_order_key())
-            .then(self.pos.cmp(&other.pos))
+        self.file_order_key().cmp(&other.file_order_key()).then(self.pos.cmp(&other.pos))
     }
 }
 
@@ -356,12 +334,7 @@ impl From<Position> for PositionRecord {
             Gtids::MariaDb(pos) => (RecordFlavor::MariaDb, Some(pos.to_string())),
             Gtids::None => (RecordFlavor::None, None),
         };
-        PositionRecord {
-            flavor,
-            gtids,
-            file: position.coord.file,
-            pos: position.coord.pos,
-        }
+        PositionRecord { flavor, gtids, file: position.coord.file, pos: position.coord.pos }
     }
 }
 
@@ -386,13 +359,7 @@ impl TryFrom<PositionRecord> for Position {
                 })
             }
         };
-        Ok(Position {
-            gtids,
-            coord: BinlogCoord {
-                file: record.file,
-                pos: record.pos,
-            },
-        })
+        Ok(Position { gtids, coord: BinlogCoord { file: record.file, pos: record.pos } })
     }
 }
 
@@ -401,17 +368,11 @@ mod tests {
     use super::*;
 
     fn coord(file: &str, pos: u64) -> BinlogCoord {
-        BinlogCoord {
-            file: file.to_owned(),
-            pos,
-        }
+        BinlogCoord { file: file.to_owned(), pos }
     }
 
     fn position(gtids: Gtids) -> Position {
-        Position {
-            gtids,
-            coord: coord("mysql-bin.000003", 1234),
-        }
+        Position { gtids, coord: coord("mysql-bin.000003", 1234) }
     }
 
     #[test]
@@ -430,11 +391,7 @@ mod tests {
             ("1e3", None),
         ];
         for &(input, expected) in cases {
-            assert_eq!(
-                parse_decimal(input, "n", 0, u64::MAX).ok(),
-                expected,
-                "{input:?}"
-            );
+            assert_eq!(parse_decimal(input, "n", 0, u64::MAX).ok(), expected, "{input:?}");
         }
         assert!(parse_decimal("5", "n", 6, 9).is_err());
     }
@@ -453,11 +410,7 @@ mod tests {
             assert!(pair[0] < pair[1], "{} < {}", pair[0], pair[1]);
         }
         // Same number, different spelling: distinct, ordered, never equal.
-        assert_ne!(
-            coord("b.007", 1).cmp(&coord("b.7", 1)),
-            Ordering::Equal,
-            "order must agree with =="
-        );
+        assert_ne!(coord("b.007", 1).cmp(&coord("b.7", 1)), Ordering::Equal, "order must agree with ==");
         assert!(coord("a.000009", 1) < coord("b.000001", 1));
     }
 
@@ -469,19 +422,14 @@ mod tests {
                 r#"{"flavor":"mariadb","gtids":"0-1-42","file":"mysql-bin.000003","pos":1234}"#,
             ),
             (
-                position(Gtids::MySql(
-                    "3E11FA47-71CA-11E1-9E33-C80AA9429562:1-5".parse().unwrap(),
-                )),
+                position(Gtids::MySql("3E11FA47-71CA-11E1-9E33-C80AA9429562:1-5".parse().unwrap())),
                 r#"{"flavor":"mysql","gtids":"3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5","file":"mysql-bin.000003","pos":1234}"#,
             ),
             (
                 position(Gtids::MySql(mysql::GtidSet::new())),
                 r#"{"flavor":"mysql","gtids":"","file":"mysql-bin.000003","pos":1234}"#,
             ),
-            (
-                position(Gtids::None),
-                r#"{"flavor":"none","file":"mysql-bin.000003","pos":1234}"#,
-            ),
+            (position(Gtids::None), r#"{"flavor":"none","file":"mysql-bin.000003","pos":1234}"#),
         ];
         for (value, json) in cases {
             assert_eq!(serde_json::to_string(&value).unwrap(), json);
@@ -492,34 +440,13 @@ mod tests {
     #[test]
     fn position_records_that_disagree_are_rejected() {
         let cases = [
-            (
-                r#"{"flavor":"none","gtids":null,"file":"f.000001","pos":4}"#,
-                None,
-            ),
-            (
-                r#"{"flavor":"none","gtids":"0-1-2","file":"f.000001","pos":4}"#,
-                Some("must not carry"),
-            ),
-            (
-                r#"{"flavor":"mysql","file":"f.000001","pos":4}"#,
-                Some(r#"needs a "gtids""#),
-            ),
-            (
-                r#"{"flavor":"mariadb","gtids":"0-1-2,0-2-3","file":"f.000001","pos":4}"#,
-                Some("domain 0 twice"),
-            ),
-            (
-                r#"{"flavor":"mysql","gtids":"0-1-2","file":"f.000001","pos":4}"#,
-                Some("invalid server UUID"),
-            ),
-            (
-                r#"{"flavor":"postgres","gtids":"","file":"f.000001","pos":4}"#,
-                Some("unknown variant"),
-            ),
-            (
-                r#"{"flavor":"none","file":"f.000001","pos":4,"extra":1}"#,
-                Some("unknown field"),
-            ),
+            (r#"{"flavor":"none","gtids":null,"file":"f.000001","pos":4}"#, None),
+            (r#"{"flavor":"none","gtids":"0-1-2","file":"f.000001","pos":4}"#, Some("must not carry")),
+            (r#"{"flavor":"mysql","file":"f.000001","pos":4}"#, Some(r#"needs a "gtids""#)),
+            (r#"{"flavor":"mariadb","gtids":"0-1-2,0-2-3","file":"f.000001","pos":4}"#, Some("domain 0 twice")),
+            (r#"{"flavor":"mysql","gtids":"0-1-2","file":"f.000001","pos":4}"#, Some("invalid server UUID")),
+            (r#"{"flavor":"postgres","gtids":"","file":"f.000001","pos":4}"#, Some("unknown variant")),
+            (r#"{"flavor":"none","file":"f.000001","pos":4,"extra":1}"#, Some("unknown field")),
         ];
         for (json, error) in cases {
             let result = serde_json::from_str::<Position>(json);
@@ -535,9 +462,7 @@ mod tests {
 
     #[test]
     fn gtid_types_serialize_as_strings() {
-        let gtid: mysql::Gtid = "3e11fa47-71ca-11e1-9e33-c80aa9429562:domain_1:7"
-            .parse()
-            .unwrap();
+        let gtid: mysql::Gtid = "3e11fa47-71ca-11e1-9e33-c80aa9429562:domain_1:7".parse().unwrap();
         let json = serde_json::to_string(&gtid).unwrap();
         assert_eq!(json, r#""3e11fa47-71ca-11e1-9e33-c80aa9429562:domain_1:7""#);
         assert_eq!(serde_json::from_str::<mysql::Gtid>(&json).unwrap(), gtid);
@@ -550,14 +475,8 @@ mod tests {
     #[test]
     fn position_display_names_gtids_and_coordinate() {
         let cases = [
-            (
-                position(Gtids::MariaDb("0-1-42".parse().unwrap())),
-                "gtid 0-1-42 (mysql-bin.000003:1234)",
-            ),
-            (
-                position(Gtids::MySql(mysql::GtidSet::new())),
-                "gtid <empty> (mysql-bin.000003:1234)",
-            ),
+            (position(Gtids::MariaDb("0-1-42".parse().unwrap())), "gtid 0-1-42 (mysql-bin.000003:1234)"),
+            (position(Gtids::MySql(mysql::GtidSet::new())), "gtid <empty> (mysql-bin.000003:1234)"),
             (position(Gtids::None), "mysql-bin.000003:1234 (no GTIDs)"),
         ];
         for (value, text) in cases {
@@ -569,25 +488,14 @@ mod tests {
     fn gtids_report_emptiness_and_flavor() {
         let cases = [
             (Gtids::None, true, None),
-            (
-                Gtids::MySql(mysql::GtidSet::new()),
-                true,
-                Some(Flavor::MySql),
-            ),
-            (
-                Gtids::MariaDb("0-1-1".parse().unwrap()),
-                false,
-                Some(Flavor::MariaDb),
-            ),
+            (Gtids::MySql(mysql::GtidSet::new()), true, Some(Flavor::MySql)),
+            (Gtids::MariaDb("0-1-1".parse().unwrap()), false, Some(Flavor::MariaDb)),
         ];
         for (gtids, empty, flavor) in cases {
             assert_eq!(gtids.is_empty(), empty, "{gtids:?}");
             assert_eq!(gtids.flavor(), flavor, "{gtids:?}");
         }
-        assert_eq!(
-            serde_json::to_string(&Flavor::MariaDb).unwrap(),
-            r#""mariadb""#
-        );
+        assert_eq!(serde_json::to_string(&Flavor::MariaDb).unwrap(), r#""mariadb""#);
         assert_eq!(serde_json::to_string(&Flavor::MySql).unwrap(), r#""mysql""#);
     }
 }

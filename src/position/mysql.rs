@@ -98,9 +98,7 @@ impl FromStr for Uuid {
     /// [`PositionParseError::Uuid`] unless the text is exactly 32 hex digits grouped
     /// 8-4-4-4-12 (no braces, no surrounding whitespace).
     fn from_str(input: &str) -> Result<Self, Self::Err> {
-        let error = || PositionParseError::Uuid {
-            input: input.to_owned(),
-        };
+        let error = || PositionParseError::Uuid { input: input.to_owned() };
         if input.len() != 36 {
             return Err(error());
         }
@@ -151,16 +149,10 @@ impl Tag {
     /// [`PositionParseError::Tag`] when `input` is empty, longer than [`Tag::MAX_LEN`], does
     /// not start with a letter or `_`, or contains anything but letters, digits and `_`.
     pub fn new(input: &str) -> Result<Self, PositionParseError> {
-        let starts_well = input
-            .bytes()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == b'_');
+        let starts_well = input.bytes().next().is_some_and(|c| c.is_ascii_alphabetic() || c == b'_');
         let reason = if input.is_empty() {
             "a tag has 1 to 32 characters; an untagged GTID has no tag at all"
-        } else if !input
-            .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || c == b'_')
-        {
+        } else if !input.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_') {
             "a tag may contain only ASCII letters, digits and `_`"
         } else if !starts_well {
             "a tag must start with a letter or `_`"
@@ -169,10 +161,7 @@ impl Tag {
         } else {
             return Ok(Tag(input.to_ascii_lowercase()));
         };
-        Err(PositionParseError::Tag {
-            input: input.to_owned(),
-            reason,
-        })
+        Err(PositionParseError::Tag { input: input.to_owned(), reason })
     }
 
     /// The tag, lower-case.
@@ -218,11 +207,7 @@ impl Gtid {
     ///
     /// [`PositionParseError::Number`] when `gno` is not in `1..=`[`MAX_GNO`].
     pub fn new(uuid: Uuid, tag: Option<Tag>, gno: u64) -> Result<Self, PositionParseError> {
-        Ok(Gtid {
-            uuid,
-            tag,
-            gno: check_gno(gno)?,
-        })
+        Ok(Gtid { uuid, tag, gno: check_gno(gno)? })
     }
 }
 
@@ -248,11 +233,7 @@ impl FromStr for Gtid {
                 })
             }
         };
-        Ok(Gtid {
-            uuid: uuid.parse()?,
-            tag,
-            gno: parse_gno(gno)?,
-        })
+        Ok(Gtid { uuid: uuid.parse()?, tag, gno: parse_gno(gno)? })
     }
 }
 
@@ -324,9 +305,7 @@ impl GtidSet {
         range: Range<u64>,
     ) -> Result<bool, PositionParseError> {
         if range.start >= range.end {
-            return Err(PositionParseError::ReversedInterval {
-                input: format!("[{}, {})", range.start, range.end),
-            });
+            return Err(PositionParseError::ReversedInterval { input: format!("[{}, {})", range.start, range.end) });
         }
         check_gno(range.start)?;
         check_gno(range.end - 1)?;
@@ -371,10 +350,9 @@ impl GtidSet {
     /// which is what `COM_BINLOG_DUMP_GTID` (`mysql_common`'s `GnoInterval::new(start, end)`)
     /// expects; ranges are sorted, non-empty, and never touch.
     pub fn iter(&self) -> impl Iterator<Item = (&Uuid, Option<&Tag>, &[Range<u64>])> + '_ {
-        self.sets.iter().flat_map(|(uuid, tags)| {
-            tags.iter()
-                .map(move |(tag, ranges)| (uuid, tag.as_ref(), ranges.as_slice()))
-        })
+        self.sets
+            .iter()
+            .flat_map(|(uuid, tags)| tags.iter().map(move |(tag, ranges)| (uuid, tag.as_ref(), ranges.as_slice())))
     }
 
     fn intervals(&self, uuid: &Uuid, tag: &Option<Tag>) -> Option<&Intervals> {
@@ -382,20 +360,13 @@ impl GtidSet {
     }
 
     fn add(&mut self, uuid: Uuid, tag: &Option<Tag>, range: Range<u64>) -> bool {
-        let ranges = self
-            .sets
-            .entry(uuid)
-            .or_default()
-            .entry(tag.clone())
-            .or_default();
+        let ranges = self.sets.entry(uuid).or_default().entry(tag.clone()).or_default();
         add_range(ranges, range)
     }
 
     /// Adds one comma-separated element: `uuid(:interval|:tag)*`.
     fn add_element(&mut self, element: &str) -> Result<(), PositionParseError> {
-        let no_intervals = || PositionParseError::NoIntervals {
-            input: element.to_owned(),
-        };
+        let no_intervals = || PositionParseError::NoIntervals { input: element.to_owned() };
         let mut tokens = element.split(':').map(str::trim);
         let uuid: Uuid = tokens.next().unwrap_or_default().parse()?;
         let mut tag = None;
@@ -488,12 +459,7 @@ fn check_gno(gno: u64) -> Result<u64, PositionParseError> {
     if (1..=MAX_GNO).contains(&gno) {
         Ok(gno)
     } else {
-        Err(PositionParseError::Number {
-            what: "GNO",
-            input: gno.to_string(),
-            min: 1,
-            max: MAX_GNO,
-        })
+        Err(PositionParseError::Number { what: "GNO", input: gno.to_string(), min: 1, max: MAX_GNO })
     }
 }
 
@@ -507,9 +473,7 @@ fn parse_interval(token: &str) -> Result<Range<u64>, PositionParseError> {
         }
     };
     if last < first {
-        return Err(PositionParseError::ReversedInterval {
-            input: token.to_owned(),
-        });
+        return Err(PositionParseError::ReversedInterval { input: token.to_owned() });
     }
     Ok(from_closed(first, last))
 }

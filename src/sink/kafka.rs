@@ -20,9 +20,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Message, OwnedHeaders};
-use rdkafka::producer::{
-    BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig, ThreadedProducer,
-};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientContext;
 use tokio::sync::Semaphore;
@@ -106,8 +104,7 @@ pub struct KafkaSink {
 /// Builds the librdkafka configuration shared by the producer and the admin client.
 pub fn client_config(config: &KafkaConfig) -> ClientConfig {
     let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &config.bootstrap_servers)
-        .set("client.id", "outbox-cdc");
+    cc.set("bootstrap.servers", &config.bootstrap_servers).set("client.id", "outbox-cdc");
     for (k, v) in &config.properties {
         cc.set(k, v);
     }
@@ -135,16 +132,11 @@ impl KafkaSink {
         if !config.properties.contains_key("linger.ms") {
             cc.set("linger.ms", "5");
         }
-        let context = SinkContext {
-            watermark: watermark.clone(),
-            budget: budget.clone(),
-        };
-        let producer: ThreadedProducer<SinkContext> = cc
-            .create_with_context(context)
-            .map_err(|e| classify_kafka(&e))?;
-        let admin: AdminClient<DefaultClientContext> = client_config(config)
-            .create()
-            .map_err(|e| classify_kafka(&e))?;
+        let context = SinkContext { watermark: watermark.clone(), budget: budget.clone() };
+        let producer: ThreadedProducer<SinkContext> =
+            cc.create_with_context(context).map_err(|e| classify_kafka(&e))?;
+        let admin: AdminClient<DefaultClientContext> =
+            client_config(config).create().map_err(|e| classify_kafka(&e))?;
         Ok(KafkaSink {
             producer: Arc::new(producer),
             admin,
@@ -178,24 +170,16 @@ impl KafkaSink {
             self.known_topics.insert(record.topic.clone());
         }
         let permits = record.size_bytes().clamp(1, self.max_in_flight_bytes) as u32;
-        self.budget
-            .acquire_many(permits)
-            .await
-            .expect("the budget semaphore is never closed")
-            .forget();
+        self.budget.acquire_many(permits).await.expect("the budget semaphore is never closed").forget();
         self.watermark.add_record(tx);
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for (key, value) in &record.headers {
-            headers = headers.insert(Header {
-                key,
-                value: Some(value),
-            });
+            headers = headers.insert(Header { key, value: Some(value) });
         }
-        let mut pending =
-            BaseRecord::with_opaque_to(&record.topic, Box::new(InFlight { tx, permits }))
-                .key(&record.key)
-                .payload(&record.value)
-                .headers(headers);
+        let mut pending = BaseRecord::with_opaque_to(&record.topic, Box::new(InFlight { tx, permits }))
+            .key(&record.key)
+            .payload(&record.value)
+            .headers(headers);
         loop {
             match self.producer.send(pending) {
                 Ok(()) => return Ok(()),
@@ -204,10 +188,8 @@ impl KafkaSink {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 Err((error, _)) => {
-                    let error = classify_kafka(&error).context(format_args!(
-                        "producing to {} (key {})",
-                        record.topic, record.key
-                    ));
+                    let error = classify_kafka(&error)
+                        .context(format_args!("producing to {} (key {})", record.topic, record.key));
                     self.budget.add_permits(permits as usize);
                     self.watermark.fail(Error::transient(error.to_string()));
                     return Err(error);
@@ -234,8 +216,7 @@ impl KafkaSink {
     /// Drops every queued and in-flight record without waiting (after a failure): they were never
     /// acknowledged, so the watermark never counts them, and they are produced again after the restart.
     pub fn abort(&self) {
-        self.producer
-            .purge(PurgeConfig::default().queue().inflight());
+        self.producer.purge(PurgeConfig::default().queue().inflight());
     }
 
     /// Makes sure `topic` exists: creates it through the Admin API when allowed.
@@ -255,11 +236,7 @@ impl KafkaSink {
             new_topic = new_topic.set(k, v);
         }
         let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
-        let results = self
-            .admin
-            .create_topics([&new_topic], &options)
-            .await
-            .map_err(|e| classify_kafka(&e))?;
+        let results = self.admin.create_topics([&new_topic], &options).await.map_err(|e| classify_kafka(&e))?;
         for result in results {
             match result {
                 Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
@@ -269,17 +246,11 @@ impl KafkaSink {
                 }
             }
         }
-        tracing::info!(
-            topic,
-            partitions = self.topics.partitions,
-            "created Kafka topic"
-        );
+        tracing::info!(topic, partitions = self.topics.partitions, "created Kafka topic");
         let deadline = Instant::now() + METADATA_TIMEOUT;
         while self.topic_partitions(topic).await? == 0 {
             if Instant::now() >= deadline {
-                return Err(Error::transient(format!(
-                    "Kafka topic {topic:?} was created but has no partitions yet"
-                )));
+                return Err(Error::transient(format!("Kafka topic {topic:?} was created but has no partitions yet")));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -290,16 +261,11 @@ impl KafkaSink {
     async fn topic_partitions(&self, topic: &str) -> Result<usize> {
         let producer = self.producer.clone();
         let name = topic.to_string();
-        let metadata = tokio::task::spawn_blocking(move || {
-            producer
-                .client()
-                .fetch_metadata(Some(&name), METADATA_TIMEOUT)
-        })
-        .await
-        .map_err(|e| Error::transient(format!("metadata task failed: {e}")))?
-        .map_err(|e| {
-            classify_kafka(&e).context(format_args!("fetching metadata of topic {topic:?}"))
-        })?;
+        let metadata =
+            tokio::task::spawn_blocking(move || producer.client().fetch_metadata(Some(&name), METADATA_TIMEOUT))
+                .await
+                .map_err(|e| Error::transient(format!("metadata task failed: {e}")))?
+                .map_err(|e| classify_kafka(&e).context(format_args!("fetching metadata of topic {topic:?}")))?;
         let partitions = metadata
             .topics()
             .iter()

@@ -39,7 +39,7 @@ use crate::position::{BinlogCoord, Flavor, Gtids, Position};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change {
     /// A source transaction began.
-    Begin,
+    Begin(TxStart),
     /// An outbox row inserted by the current transaction.
     Row(OutboxRow),
     /// The current transaction committed; `position` is right after it.
@@ -95,11 +95,22 @@ enum TxState {
     Open,
 }
 
-/// The GTID of the transaction being read, applied to the position at commit.
-#[derive(Debug, Clone)]
-enum TxGtid {
+/// The GTID of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxGtid {
+    /// MySQL `uuid[:tag]:gno`.
     MySql(Gtid),
+    /// MariaDB `domain-server-seq`.
     MariaDb(MariaGtid),
+}
+
+/// Where a transaction starts: its GTID (if the server has them) and the coordinate of its first event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxStart {
+    /// The transaction's GTID.
+    pub gtid: Option<TxGtid>,
+    /// Binlog coordinate at the end of its first (GTID or BEGIN) event.
+    pub coord: BinlogCoord,
 }
 
 /// The transaction-grouping and decoding state machine, independent of where events come from (the
@@ -125,6 +136,8 @@ pub struct BinlogReader {
     stream: BinlogStream,
     decoder: ChangeDecoder,
     idle_timeout: Duration,
+    /// When the last event (or heartbeat) arrived.
+    last_event: std::time::Instant,
 }
 
 impl BinlogReader {
@@ -151,9 +164,7 @@ impl BinlogReader {
             }
         }
         for sql in &setup {
-            c.query_drop(sql)
-                .await
-                .map_err(|e| classify_mysql(&e).context(format_args!("`{sql}`")))?;
+            c.query_drop(sql).await.map_err(|e| classify_mysql(&e).context(format_args!("`{sql}`")))?;
         }
         let mut request = BinlogStreamRequest::new(settings.server_id);
         let sids: Vec<Sid<'static>>;
@@ -165,18 +176,18 @@ impl BinlogReader {
             // MariaDB resumes from @slave_connect_state with an empty file name.
             Gtids::MariaDb(_) => {}
             Gtids::None => {
-                request = request
-                    .with_filename(position.coord.file.as_bytes())
-                    .with_pos(position.coord.pos);
+                request = request.with_filename(position.coord.file.as_bytes()).with_pos(position.coord.pos);
             }
         }
-        let stream = c.get_binlog_stream(request).await.map_err(|e| {
-            classify_mysql(&e).context(format_args!("starting the binlog stream at {position}"))
-        })?;
+        let stream = c
+            .get_binlog_stream(request)
+            .await
+            .map_err(|e| classify_mysql(&e).context(format_args!("starting the binlog stream at {position}")))?;
         Ok(BinlogReader {
             stream,
             idle_timeout: settings.heartbeat * 3 + Duration::from_secs(1),
             decoder: ChangeDecoder::new(settings, info.checksum, position),
+            last_event: std::time::Instant::now(),
         })
     }
 
@@ -195,17 +206,17 @@ impl BinlogReader {
             if let Some(change) = self.decoder.pop() {
                 return Ok(change);
             }
-            let event = match tokio::time::timeout(self.idle_timeout, self.stream.next()).await {
+            // NOTE: the deadline counts from the last event received, not from this call: the pipeline
+            // cancels and re-issues `next()` whenever another branch of its select fires (checkpoint
+            // ticks), which must not restart the silence timer.
+            let deadline = tokio::time::Instant::from_std(self.last_event + self.idle_timeout);
+            let event = match tokio::time::timeout_at(deadline, self.stream.next()).await {
                 Ok(Some(Ok(event))) => event,
                 Ok(Some(Err(e))) => {
-                    return Err(classify_mysql(&e).context(format_args!(
-                        "reading the binlog after {}",
-                        self.decoder.position()
-                    )))
+                    return Err(classify_mysql(&e)
+                        .context(format_args!("reading the binlog after {}", self.decoder.position())))
                 }
-                Ok(None) => {
-                    return Err(Error::transient("the server closed the replication stream"))
-                }
+                Ok(None) => return Err(Error::transient("the server closed the replication stream")),
                 Err(_) => {
                     return Err(Error::transient(format!(
                         "no binlog event or heartbeat for {:?}: the replication connection is dead",
@@ -213,6 +224,7 @@ impl BinlogReader {
                     )))
                 }
             };
+            self.last_event = std::time::Instant::now();
             self.decoder.handle(&event)?;
         }
     }
@@ -256,13 +268,8 @@ impl ChangeDecoder {
     /// Definite errors for undecodable outbox rows and unsupported constructs on the outbox table, with
     /// the binlog coordinate.
     pub fn handle(&mut self, event: &Event) -> Result<()> {
-        self.handle_inner(event).map_err(|e| {
-            e.context(format_args!(
-                "binlog {}:{}",
-                self.position.coord.file,
-                event.header().log_pos()
-            ))
-        })
+        self.handle_inner(event)
+            .map_err(|e| e.context(format_args!("binlog {}:{}", self.position.coord.file, event.header().log_pos())))
     }
 
     fn handle_inner(&mut self, event: &Event) -> Result<()> {
@@ -289,11 +296,9 @@ impl ChangeDecoder {
             }
             _ => {}
         }
-        let data = event.read_data().map_err(|e| {
-            Error::definite(format!(
-                "cannot parse binlog event of type {type_code}: {e}"
-            ))
-        })?;
+        let data = event
+            .read_data()
+            .map_err(|e| Error::definite(format!("cannot parse binlog event of type {type_code}: {e}")))?;
         let Some(data) = data else { return Ok(()) };
         match data {
             EventData::FormatDescriptionEvent(_) => self.seen_format_description = true,
@@ -306,10 +311,7 @@ impl ChangeDecoder {
                 }
                 let name = String::from_utf8_lossy(&name).into_owned();
                 if header.log_pos() == 0 || self.state == TxState::Idle {
-                    self.position.coord = BinlogCoord {
-                        file: name,
-                        pos: rotate.position(),
-                    };
+                    self.position.coord = BinlogCoord { file: name, pos: rotate.position() };
                 } else {
                     self.position.coord.file = name;
                 }
@@ -317,67 +319,49 @@ impl ChangeDecoder {
             EventData::GtidEvent(gtid) => {
                 let uuid = Uuid::from_bytes(gtid.sid());
                 let tag = match gtid.tag() {
-                    Some(t) => Some(
-                        Tag::from_str(t)
-                            .map_err(|e| Error::definite(format!("GTID tag {t:?}: {e}")))?,
-                    ),
+                    Some(t) => Some(Tag::from_str(t).map_err(|e| Error::definite(format!("GTID tag {t:?}: {e}")))?),
                     None => None,
                 };
                 self.begin(
                     TxState::AfterGtid,
-                    Some(TxGtid::MySql(Gtid {
-                        uuid,
-                        tag,
-                        gno: gtid.gno(),
-                    })),
+                    Some(TxGtid::MySql(Gtid { uuid, tag, gno: gtid.gno() })),
+                    header.log_pos(),
                 );
             }
-            EventData::AnonymousGtidEvent(_) => self.begin(TxState::AfterGtid, None),
+            EventData::AnonymousGtidEvent(_) => self.begin(TxState::AfterGtid, None, header.log_pos()),
             EventData::QueryEvent(query) => {
                 let sql = query.query_raw();
                 match self.state {
                     _ if sql.eq_ignore_ascii_case(b"BEGIN") => {
                         if self.state == TxState::Idle {
-                            self.begin(TxState::Open, None);
+                            self.begin(TxState::Open, None, header.log_pos());
                         } else {
                             self.state = TxState::Open;
                         }
                     }
-                    TxState::Open
-                        if sql.eq_ignore_ascii_case(b"COMMIT")
-                            || sql.eq_ignore_ascii_case(b"ROLLBACK") =>
-                    {
+                    TxState::Open if sql.eq_ignore_ascii_case(b"COMMIT") || sql.eq_ignore_ascii_case(b"ROLLBACK") => {
                         self.commit(header.log_pos(), header.timestamp())
                     }
-                    TxState::AfterGtid | TxState::Standalone => {
-                        self.commit(header.log_pos(), header.timestamp())
-                    }
+                    TxState::AfterGtid | TxState::Standalone => self.commit(header.log_pos(), header.timestamp()),
                     TxState::Idle | TxState::Open => {}
                 }
             }
             EventData::XidEvent(_) => self.commit(header.log_pos(), header.timestamp()),
             EventData::TableMapEvent(tme) => {
                 let table_id = tme.table_id();
-                let name = TableName {
-                    database: tme.database_name().into_owned(),
-                    table: tme.table_name().into_owned(),
-                };
+                let name =
+                    TableName { database: tme.database_name().into_owned(), table: tme.table_name().into_owned() };
                 if self.outbox_names.contains(&name) {
                     let reuse = matches!(self.tables.get(&table_id), Some(Some((_, known))) if *known == tme);
                     if !reuse {
-                        let decoder = OutboxTable::from_table_map(
-                            Arc::new(name),
-                            &tme,
-                            &self.settings.columns,
-                        )?;
-                        self.tables
-                            .insert(table_id, Some((Arc::new(decoder), tme.into_owned())));
+                        let decoder = OutboxTable::from_table_map(Arc::new(name), &tme, &self.settings.columns)?;
+                        self.tables.insert(table_id, Some((Arc::new(decoder), tme.into_owned())));
                     }
                 } else {
                     self.tables.insert(table_id, None);
                 }
             }
-            EventData::RowsEvent(rows) => self.on_rows(rows)?,
+            EventData::RowsEvent(rows) => self.on_rows(rows, header.log_pos())?,
             _ => {}
         }
         Ok(())
@@ -386,38 +370,28 @@ impl ChangeDecoder {
     fn on_mariadb_gtid(&mut self, event: &Event) -> Result<()> {
         let body = event.data();
         if body.len() < 13 {
-            return Err(Error::definite(format!(
-                "MariaDB GTID event too short ({} bytes)",
-                body.len()
-            )));
+            return Err(Error::definite(format!("MariaDB GTID event too short ({} bytes)", body.len())));
         }
         let seq_no = u64::from_le_bytes(body[0..8].try_into().expect("8 bytes"));
         let domain_id = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
         let flags = body[12];
-        let gtid = MariaGtid {
-            domain_id,
-            server_id: event.header().server_id(),
-            seq_no,
-        };
-        let state = if flags & mariadb_flags::STANDALONE != 0 {
-            TxState::Standalone
-        } else {
-            TxState::Open
-        };
-        self.begin(state, Some(TxGtid::MariaDb(gtid)));
+        let gtid = MariaGtid { domain_id, server_id: event.header().server_id(), seq_no };
+        let state = if flags & mariadb_flags::STANDALONE != 0 { TxState::Standalone } else { TxState::Open };
+        self.begin(state, Some(TxGtid::MariaDb(gtid)), event.header().log_pos());
         Ok(())
     }
 
-    fn begin(&mut self, state: TxState, gtid: Option<TxGtid>) {
+    fn begin(&mut self, state: TxState, gtid: Option<TxGtid>, log_pos: u32) {
         if self.state != TxState::Idle {
             // A new group without the previous one's end: only happens for groups that end without a
             // commit event we recognise (e.g. an XA prepare). Close the previous one first.
             self.end_group();
         }
         self.state = state;
-        self.tx_gtid = gtid;
+        self.tx_gtid = gtid.clone();
         self.tx_touches_outbox = false;
-        self.pending.push_back(Change::Begin);
+        let coord = BinlogCoord { file: self.position.coord.file.clone(), pos: u64::from(log_pos) };
+        self.pending.push_back(Change::Begin(TxStart { gtid, coord }));
     }
 
     fn commit(&mut self, log_pos: u32, timestamp: u32) {
@@ -435,10 +409,7 @@ impl ChangeDecoder {
         }
         self.state = TxState::Idle;
         self.tx_touches_outbox = false;
-        self.pending.push_back(Change::Commit {
-            position: self.position.clone(),
-            timestamp,
-        });
+        self.pending.push_back(Change::Commit { position: self.position.clone(), timestamp });
     }
 
     /// Ends a group that has no commit of its own (XA prepare): it produced nothing and moves nothing.
@@ -446,13 +417,10 @@ impl ChangeDecoder {
         self.state = TxState::Idle;
         self.tx_gtid = None;
         self.tx_touches_outbox = false;
-        self.pending.push_back(Change::Commit {
-            position: self.position.clone(),
-            timestamp: 0,
-        });
+        self.pending.push_back(Change::Commit { position: self.position.clone(), timestamp: 0 });
     }
 
-    fn on_rows(&mut self, rows: RowsEventData<'_>) -> Result<()> {
+    fn on_rows(&mut self, rows: RowsEventData<'_>, log_pos: u32) -> Result<()> {
         let table_id = rows.table_id();
         let Some(Some((decoder, _))) = self.tables.get(&table_id) else {
             return Ok(());
@@ -460,7 +428,7 @@ impl ChangeDecoder {
         let decoder = decoder.clone();
         if self.state == TxState::Idle {
             // Rows outside any group (very old servers without GTID or BEGIN): treat as an implicit group.
-            self.begin(TxState::Open, None);
+            self.begin(TxState::Open, None, log_pos);
         }
         self.tx_touches_outbox = true;
         let op = match &rows {
@@ -488,19 +456,12 @@ impl ChangeDecoder {
                 ))),
             };
         }
-        let Some(Some((_, tme))) = self.tables.get(&table_id) else {
-            unreachable!("checked above")
-        };
+        let Some(Some((_, tme))) = self.tables.get(&table_id) else { unreachable!("checked above") };
         for row in rows.rows(tme) {
-            let (_, after) = row.map_err(|e| {
-                Error::definite(format!(
-                    "cannot decode a row of outbox table {}: {e}",
-                    decoder.name
-                ))
-            })?;
+            let (_, after) =
+                row.map_err(|e| Error::definite(format!("cannot decode a row of outbox table {}: {e}", decoder.name)))?;
             let after = after.ok_or_else(|| Error::definite("insert without an after-image"))?;
-            self.pending
-                .push_back(Change::Row(decoder.decode_row(after)?));
+            self.pending.push_back(Change::Row(decoder.decode_row(after)?));
         }
         Ok(())
     }
@@ -543,14 +504,8 @@ mod tests {
 
     /// The fixtures live beside the repository (`../shared/`), on every developer and CI machine.
     fn fixture(name: &str) -> PathBuf {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../shared/fixtures/binlog")
-            .join(name);
-        assert!(
-            path.exists(),
-            "binlog fixture {} is missing",
-            path.display()
-        );
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/binlog").join(name);
+        assert!(path.exists(), "binlog fixture {} is missing", path.display());
         path
     }
 
@@ -561,10 +516,7 @@ mod tests {
                 .iter()
                 .map(|t| {
                     let (d, t) = t.split_once('.').unwrap();
-                    TableName {
-                        database: d.into(),
-                        table: t.into(),
-                    }
+                    TableName { database: d.into(), table: t.into() }
                 })
                 .collect(),
             columns: ColumnNames::default(),
@@ -577,13 +529,8 @@ mod tests {
     fn replay(name: &str, tables: &[&str], start: Gtids) -> (Vec<Position>, Option<Error>) {
         let file = std::fs::File::open(fixture(name)).unwrap();
         let events = BinlogFile::new(BinlogVersion::Version4, BufReader::new(file)).unwrap();
-        let start = Position {
-            gtids: start,
-            coord: BinlogCoord {
-                file: name.rsplit('/').next().unwrap().into(),
-                pos: 4,
-            },
-        };
+        let start =
+            Position { gtids: start, coord: BinlogCoord { file: name.rsplit('/').next().unwrap().into(), pos: 4 } };
         let mut decoder = ChangeDecoder::new(settings(tables), true, start);
         // Files start with FORMAT_DESCRIPTION; there is no fake ROTATE to strip.
         decoder.seen_format_description = true;
@@ -610,60 +557,34 @@ mod tests {
     fn mysql_96_tagged_gtid_advances_the_set() {
         let uuid = "55778904-0299-11f1-b1b8-4ef0c4956feb";
         let start = mysql_set(&format!("{uuid}:1-13:mytag:1-2"));
-        let (commits, error) = replay(
-            "blackbeam-rust_mysql_common/binlog_transaction_with_GTID_TAG.000001",
-            &[],
-            Gtids::MySql(start),
-        );
+        let (commits, error) =
+            replay("blackbeam-rust_mysql_common/binlog_transaction_with_GTID_TAG.000001", &[], Gtids::MySql(start));
         assert!(error.is_none(), "{error:?}");
         assert_eq!(commits.len(), 1);
-        assert_eq!(
-            commits[0].gtids,
-            Gtids::MySql(mysql_set(&format!("{uuid}:1-13:mytag:1-3")))
-        );
+        assert_eq!(commits[0].gtids, Gtids::MySql(mysql_set(&format!("{uuid}:1-13:mytag:1-3"))));
     }
 
     /// MySQL 5.7 GTID transactions: two DDL statements (GTID + query, no BEGIN) and one DML transaction
     /// (GTID, BEGIN … XID) are three commits, each at its end position.
     #[test]
     fn mysql_57_gtid_groups_ddl_and_dml() {
-        let (commits, error) = replay(
-            "rust-us-mysql-cdc-rs/5.7__33_35_gtid_prev_gtid.log.bin",
-            &[],
-            Gtids::MySql(GtidSet::new()),
-        );
+        let (commits, error) =
+            replay("rust-us-mysql-cdc-rs/5.7__33_35_gtid_prev_gtid.log.bin", &[], Gtids::MySql(GtidSet::new()));
         assert!(error.is_none(), "{error:?}");
         assert_eq!(commits.len(), 3);
-        let Gtids::MySql(last) = &commits[2].gtids else {
-            panic!("MySQL GTIDs")
-        };
-        assert_eq!(
-            last.iter()
-                .map(|(_, _, r)| r.iter().map(|r| r.end - r.start).sum::<u64>())
-                .sum::<u64>(),
-            3
-        );
-        assert!(
-            commits.windows(2).all(|w| w[0].coord.pos < w[1].coord.pos),
-            "{commits:?}"
-        );
+        let Gtids::MySql(last) = &commits[2].gtids else { panic!("MySQL GTIDs") };
+        assert_eq!(last.iter().map(|(_, _, r)| r.iter().map(|r| r.end - r.start).sum::<u64>()).sum::<u64>(), 3);
+        assert!(commits.windows(2).all(|w| w[0].coord.pos < w[1].coord.pos), "{commits:?}");
     }
 
     /// MySQL 8.0 with anonymous GTIDs (gtid_mode=OFF): every group still ends at its own position.
     #[test]
     fn mysql_80_anonymous_gtids_group_by_transaction() {
-        let (commits, error) = replay(
-            "rust-us-mysql-cdc-rs/8.0.31__02_query_bigger.binlog.000733",
-            &[],
-            Gtids::None,
-        );
+        let (commits, error) = replay("rust-us-mysql-cdc-rs/8.0.31__02_query_bigger.binlog.000733", &[], Gtids::None);
         assert!(error.is_none(), "{error:?}");
         assert_eq!(commits.len(), 11);
         assert!(commits.iter().all(|c| c.gtids == Gtids::None));
-        assert!(
-            commits.windows(2).all(|w| w[0].coord.pos < w[1].coord.pos),
-            "{commits:?}"
-        );
+        assert!(commits.windows(2).all(|w| w[0].coord.pos < w[1].coord.pos), "{commits:?}");
     }
 
     /// MariaDB 11.8 GTID events (parsed from the raw body) advance the position per domain.
@@ -676,14 +597,9 @@ mod tests {
         );
         assert!(error.is_none(), "{error:?}");
         assert!(!commits.is_empty());
-        let Gtids::MariaDb(last) = &commits.last().unwrap().gtids else {
-            panic!("MariaDB GTIDs")
-        };
+        let Gtids::MariaDb(last) = &commits.last().unwrap().gtids else { panic!("MariaDB GTIDs") };
         assert!(last.get(1).is_some(), "domain 1 advanced: {last}");
-        assert!(
-            commits.windows(2).all(|w| w[0].coord.pos < w[1].coord.pos),
-            "{commits:?}"
-        );
+        assert!(commits.windows(2).all(|w| w[0].coord.pos < w[1].coord.pos), "{commits:?}");
     }
 
     /// Without FULL row metadata there are no column names: an outbox table there is a definite error
@@ -699,11 +615,7 @@ mod tests {
             }
         }
         let table = table.expect("fixture has a TABLE_MAP");
-        let (_, error) = replay(
-            "blackbeam-rust_mysql_common/minimal_row_metadata.000001",
-            &[&table],
-            Gtids::None,
-        );
+        let (_, error) = replay("blackbeam-rust_mysql_common/minimal_row_metadata.000001", &[&table], Gtids::None);
         let error = error.expect("must fail");
         assert!(error.is_definite());
         assert!(error.to_string().contains("binlog_row_metadata"), "{error}");

@@ -41,6 +41,8 @@ pub struct OutboxRow {
     pub headers: Option<String>,
     /// `occurred_at` as ISO-8601 (`YYYY-MM-DDTHH:MM:SS[.ffffff]`, the column's own precision, no zone).
     pub occurred_at: String,
+    /// Read by the initial snapshot rather than from the binlog.
+    pub from_snapshot: bool,
 }
 
 /// Where each needed column sits in the table, learned from a TABLE_MAP event.
@@ -66,16 +68,9 @@ impl OutboxTable {
     /// # Errors
     /// A definite error when the event carries no column names (`binlog_row_metadata` is not FULL) or a
     /// configured column is missing.
-    pub fn from_table_map(
-        name: Arc<TableName>,
-        tme: &TableMapEvent<'_>,
-        columns: &ColumnNames,
-    ) -> Result<Self> {
-        let names = column_names(tme).map_err(|e| {
-            Error::definite(format!(
-                "cannot read column metadata of {name} from the binlog: {e}"
-            ))
-        })?;
+    pub fn from_table_map(name: Arc<TableName>, tme: &TableMapEvent<'_>, columns: &ColumnNames) -> Result<Self> {
+        let names = column_names(tme)
+            .map_err(|e| Error::definite(format!("cannot read column metadata of {name} from the binlog: {e}")))?;
         if names.is_empty() {
             return Err(Error::definite(format!(
                 "the binlog's TABLE_MAP event for {name} carries no column names: the server runs with \
@@ -98,11 +93,9 @@ impl OutboxTable {
         let need = |column: &str| -> Result<usize> { Ok(find(column, true)?.expect("required")) };
         let occurred_at = need(&columns.occurred_at)?;
         let occurred_at_fsp = match tme.get_column_type(occurred_at) {
-            Ok(Some(ColumnType::MYSQL_TYPE_DATETIME2))
-            | Ok(Some(ColumnType::MYSQL_TYPE_TIMESTAMP2)) => tme
-                .get_column_metadata(occurred_at)
-                .and_then(|m| m.first().copied())
-                .unwrap_or(0),
+            Ok(Some(ColumnType::MYSQL_TYPE_DATETIME2)) | Ok(Some(ColumnType::MYSQL_TYPE_TIMESTAMP2)) => {
+                tme.get_column_metadata(occurred_at).and_then(|m| m.first().copied()).unwrap_or(0)
+            }
             _ => 0,
         };
         Ok(OutboxTable {
@@ -130,8 +123,7 @@ impl OutboxTable {
             aggregate_type: text(&mut row, self.aggregate_type, "aggregate_type").map_err(fail)?,
             aggregate_id: text(&mut row, self.aggregate_id, "aggregate_id").map_err(fail)?,
             event_type: text(&mut row, self.event_type, "event_type").map_err(fail)?,
-            schema_version: small_uint(&mut row, self.schema_version, "schema_version")
-                .map_err(fail)?,
+            schema_version: small_uint(&mut row, self.schema_version, "schema_version").map_err(fail)?,
             payload: json(&mut row, self.payload, "payload")
                 .map_err(fail)?
                 .ok_or_else(|| fail(Error::definite("payload is NULL")))?,
@@ -139,61 +131,44 @@ impl OutboxTable {
                 Some(i) => json(&mut row, i, "headers").map_err(fail)?,
                 None => None,
             },
-            occurred_at: datetime(
-                &mut row,
-                self.occurred_at,
-                self.occurred_at_fsp,
-                "occurred_at",
-            )
-            .map_err(fail)?,
+            occurred_at: datetime(&mut row, self.occurred_at, self.occurred_at_fsp, "occurred_at").map_err(fail)?,
             table: self.name.clone(),
             id,
+            from_snapshot: false,
         })
     }
 }
 
 fn column_names(tme: &TableMapEvent<'_>) -> std::io::Result<Vec<String>> {
     let meta = OptionalMetaExtractor::new(tme.iter_optional_meta())?;
-    meta.iter_column_name()
-        .map(|n| n.map(|n| n.name().into_owned()))
-        .collect()
+    meta.iter_column_name().map(|n| n.map(|n| n.name().into_owned())).collect()
 }
 
 fn take<'r>(row: &'r mut BinlogRow, index: usize, column: &str) -> Result<BinlogValue<'r>> {
     row.take(index).ok_or_else(|| {
-        Error::definite(format!(
-            "column {column} is missing from the row image (binlog_row_image must be FULL)"
-        ))
+        Error::definite(format!("column {column} is missing from the row image (binlog_row_image must be FULL)"))
     })
 }
 
 fn text(row: &mut BinlogRow, index: usize, column: &str) -> Result<String> {
     match take(row, index, column)? {
-        BinlogValue::Value(Value::Bytes(bytes)) => String::from_utf8(bytes).map_err(|_| {
-            Error::definite(format!(
-                "column {column} is not valid UTF-8 (use a utf8mb4 column)"
-            ))
-        }),
+        BinlogValue::Value(Value::Bytes(bytes)) => String::from_utf8(bytes)
+            .map_err(|_| Error::definite(format!("column {column} is not valid UTF-8 (use a utf8mb4 column)"))),
         BinlogValue::Value(Value::Int(i)) => Ok(i.to_string()),
         BinlogValue::Value(Value::UInt(u)) => Ok(u.to_string()),
         BinlogValue::Value(Value::NULL) => Err(Error::definite(format!("column {column} is NULL"))),
-        other => Err(Error::definite(format!(
-            "column {column} has an unexpected type: {other:?}"
-        ))),
+        other => Err(Error::definite(format!("column {column} has an unexpected type: {other:?}"))),
     }
 }
 
 fn small_uint(row: &mut BinlogRow, index: usize, column: &str) -> Result<u16> {
-    let out_of_range = |v: &dyn std::fmt::Display| {
-        Error::definite(format!("column {column} = {v} is not in 0..=65535"))
-    };
+    let out_of_range =
+        |v: &dyn std::fmt::Display| Error::definite(format!("column {column} = {v} is not in 0..=65535"));
     match take(row, index, column)? {
         BinlogValue::Value(Value::Int(i)) => u16::try_from(i).map_err(|_| out_of_range(&i)),
         BinlogValue::Value(Value::UInt(u)) => u16::try_from(u).map_err(|_| out_of_range(&u)),
         BinlogValue::Value(Value::NULL) => Err(Error::definite(format!("column {column} is NULL"))),
-        other => Err(Error::definite(format!(
-            "column {column} has an unexpected type: {other:?}"
-        ))),
+        other => Err(Error::definite(format!("column {column} has an unexpected type: {other:?}"))),
     }
 }
 
@@ -205,45 +180,29 @@ fn json(row: &mut BinlogRow, index: usize, column: &str) -> Result<Option<String
             .map(Some)
             .map_err(|_| Error::definite(format!("column {column} is not valid UTF-8"))),
         BinlogValue::Jsonb(value) => {
-            let json = serde_json::Value::try_from(value).map_err(|e| {
-                Error::definite(format!("column {column}: cannot convert binary JSON: {e}"))
-            })?;
+            let json = serde_json::Value::try_from(value)
+                .map_err(|e| Error::definite(format!("column {column}: cannot convert binary JSON: {e}")))?;
             Ok(Some(json.to_string()))
         }
         BinlogValue::JsonDiff(_) => Err(Error::definite(format!(
             "column {column} arrived as a partial JSON update; outbox rows must be inserted whole \
              (set binlog_row_value_options='')"
         ))),
-        other => Err(Error::definite(format!(
-            "column {column} has an unexpected type: {other:?}"
-        ))),
+        other => Err(Error::definite(format!("column {column} has an unexpected type: {other:?}"))),
     }
 }
 
 fn datetime(row: &mut BinlogRow, index: usize, fsp: u8, column: &str) -> Result<String> {
     match take(row, index, column)? {
-        BinlogValue::Value(Value::Date(y, mo, d, h, mi, s, us)) => {
-            Ok(format_datetime(y, mo, d, h, mi, s, us, fsp))
-        }
+        BinlogValue::Value(Value::Date(y, mo, d, h, mi, s, us)) => Ok(format_datetime(y, mo, d, h, mi, s, us, fsp)),
         BinlogValue::Value(Value::NULL) => Err(Error::definite(format!("column {column} is NULL"))),
-        other => Err(Error::definite(format!(
-            "column {column} has an unexpected type: {other:?}"
-        ))),
+        other => Err(Error::definite(format!("column {column} has an unexpected type: {other:?}"))),
     }
 }
 
 /// ISO-8601 without zone, with exactly `fsp` fractional digits (the column's declared precision).
 #[allow(clippy::too_many_arguments)]
-pub fn format_datetime(
-    y: u16,
-    mo: u8,
-    d: u8,
-    h: u8,
-    mi: u8,
-    s: u8,
-    micros: u32,
-    fsp: u8,
-) -> String {
+pub fn format_datetime(y: u16, mo: u8, d: u8, h: u8, mi: u8, s: u8, micros: u32, fsp: u8) -> String {
     let base = format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}");
     match fsp.min(6) {
         0 => base,
@@ -260,25 +219,10 @@ mod tests {
 
     #[test]
     fn datetime_keeps_declared_precision() {
-        assert_eq!(
-            format_datetime(2026, 1, 2, 3, 4, 5, 6, 6),
-            "2026-01-02T03:04:05.000006"
-        );
-        assert_eq!(
-            format_datetime(2026, 12, 31, 23, 59, 59, 999_999, 6),
-            "2026-12-31T23:59:59.999999"
-        );
-        assert_eq!(
-            format_datetime(2026, 1, 2, 3, 4, 5, 120_000, 3),
-            "2026-01-02T03:04:05.120"
-        );
-        assert_eq!(
-            format_datetime(2026, 1, 2, 3, 4, 5, 0, 0),
-            "2026-01-02T03:04:05"
-        );
-        assert_eq!(
-            format_datetime(1, 1, 1, 0, 0, 0, 0, 6),
-            "0001-01-01T00:00:00.000000"
-        );
+        assert_eq!(format_datetime(2026, 1, 2, 3, 4, 5, 6, 6), "2026-01-02T03:04:05.000006");
+        assert_eq!(format_datetime(2026, 12, 31, 23, 59, 59, 999_999, 6), "2026-12-31T23:59:59.999999");
+        assert_eq!(format_datetime(2026, 1, 2, 3, 4, 5, 120_000, 3), "2026-01-02T03:04:05.120");
+        assert_eq!(format_datetime(2026, 1, 2, 3, 4, 5, 0, 0), "2026-01-02T03:04:05");
+        assert_eq!(format_datetime(1, 1, 1, 0, 0, 0, 0, 6), "0001-01-01T00:00:00.000000");
     }
 }

@@ -4,6 +4,7 @@
 pub mod binlog;
 pub mod decode;
 pub mod preflight;
+pub mod snapshot;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -44,9 +45,7 @@ impl SourceConn {
         builder = match source.tls {
             TlsMode::Disabled => builder,
             TlsMode::Required => builder.ssl_opts(
-                SslOpts::default()
-                    .with_danger_accept_invalid_certs(true)
-                    .with_danger_skip_domain_validation(true),
+                SslOpts::default().with_danger_accept_invalid_certs(true).with_danger_skip_domain_validation(true),
             ),
             TlsMode::VerifyIdentity => {
                 let mut ssl = SslOpts::default();
@@ -56,10 +55,7 @@ impl SourceConn {
                 builder.ssl_opts(ssl)
             }
         };
-        Ok(SourceConn {
-            opts: builder.into(),
-            connect_timeout: Duration::from_millis(source.connect_timeout_ms),
-        })
+        Ok(SourceConn { opts: builder.into(), connect_timeout: Duration::from_millis(source.connect_timeout_ms) })
     }
 
     /// Opens a connection, bounded by the configured timeout.
@@ -69,9 +65,7 @@ impl SourceConn {
     pub async fn connect(&self) -> Result<Conn> {
         match tokio::time::timeout(self.connect_timeout, Conn::new(self.opts.clone())).await {
             Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(e)) => {
-                Err(classify_mysql(&e).context(format_args!("connecting to {}", self.describe())))
-            }
+            Ok(Err(e)) => Err(classify_mysql(&e).context(format_args!("connecting to {}", self.describe()))),
             Err(_) => Err(Error::transient(format!(
                 "connecting to {} timed out after {:?}",
                 self.describe(),
@@ -120,24 +114,13 @@ pub async fn server_info(conn: &mut Conn) -> Result<ServerInfo> {
         .await
         .map_err(|e| classify_mysql(&e))?
         .ok_or_else(|| Error::transient("server returned no version"))?;
-    let flavor = if version.to_ascii_lowercase().contains("mariadb") {
-        Flavor::MariaDb
-    } else {
-        Flavor::MySql
-    };
+    let flavor = if version.to_ascii_lowercase().contains("mariadb") { Flavor::MariaDb } else { Flavor::MySql };
     let server_uuid = match flavor {
-        Flavor::MySql => conn
-            .query_first::<String, _>("SELECT @@server_uuid")
-            .await
-            .map_err(|e| classify_mysql(&e))?,
+        Flavor::MySql => conn.query_first::<String, _>("SELECT @@server_uuid").await.map_err(|e| classify_mysql(&e))?,
         Flavor::MariaDb => None,
     };
     Ok(ServerInfo {
-        identity: ServerIdentity {
-            flavor,
-            server_id,
-            server_uuid,
-        },
+        identity: ServerIdentity { flavor, server_id, server_uuid },
         version,
         checksum: !checksum.eq_ignore_ascii_case("NONE"),
     })
@@ -145,8 +128,7 @@ pub async fn server_info(conn: &mut Conn) -> Result<ServerInfo> {
 
 /// Statement that reports the current binlog file, position and (MySQL) executed GTIDs.
 fn binlog_status_sql(info: &ServerInfo) -> &'static str {
-    let modern_mysql =
-        info.identity.flavor == Flavor::MySql && version_at_least(&info.version, 8, 4);
+    let modern_mysql = info.identity.flavor == Flavor::MySql && version_at_least(&info.version, 8, 4);
     if modern_mysql {
         "SHOW BINARY LOG STATUS"
     } else {
@@ -156,9 +138,7 @@ fn binlog_status_sql(info: &ServerInfo) -> &'static str {
 
 /// `major.minor` comparison of a server version string such as `8.4.2` or `10.11.6-MariaDB-log`.
 pub fn version_at_least(version: &str, major: u32, minor: u32) -> bool {
-    let mut parts = version
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|s| !s.is_empty());
+    let mut parts = version.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty());
     let ma: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     let mi: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     (ma, mi) >= (major, minor)
@@ -168,24 +148,14 @@ pub fn version_at_least(version: &str, major: u32, minor: u32) -> bool {
 ///
 /// # Errors
 /// A definite error when binary logging is off; classified query errors otherwise.
-pub async fn current_position(
-    conn: &mut Conn,
-    info: &ServerInfo,
-    resume_by: ResumeBy,
-) -> Result<Position> {
+pub async fn current_position(conn: &mut Conn, info: &ServerInfo, resume_by: ResumeBy) -> Result<Position> {
     let row: mysql_async::Row = conn
         .query_first(binlog_status_sql(info))
         .await
         .map_err(|e| classify_mysql(&e))?
-        .ok_or_else(|| {
-            Error::definite("the server reports no binlog status: binary logging (log_bin) is OFF")
-        })?;
-    let file: String = row
-        .get(0)
-        .ok_or_else(|| Error::transient("binlog status without a file"))?;
-    let pos: u64 = row
-        .get(1)
-        .ok_or_else(|| Error::transient("binlog status without a position"))?;
+        .ok_or_else(|| Error::definite("the server reports no binlog status: binary logging (log_bin) is OFF"))?;
+    let file: String = row.get(0).ok_or_else(|| Error::transient("binlog status without a file"))?;
+    let pos: u64 = row.get(1).ok_or_else(|| Error::transient("binlog status without a position"))?;
     let coord = BinlogCoord { file, pos };
     let gtids = match (info.identity.flavor, resume_by) {
         (_, ResumeBy::File) => Gtids::None,
@@ -203,22 +173,13 @@ pub async fn current_position(
 ///
 /// # Errors
 /// Classified query errors.
-pub async fn earliest_position(
-    conn: &mut Conn,
-    info: &ServerInfo,
-    resume_by: ResumeBy,
-) -> Result<Position> {
-    let files: Vec<mysql_async::Row> = conn
-        .query("SHOW BINARY LOGS")
-        .await
-        .map_err(|e| classify_mysql(&e))?;
-    let first: String = files.first().and_then(|r| r.get(0)).ok_or_else(|| {
-        Error::definite("the server has no binary logs: binary logging (log_bin) is OFF")
-    })?;
-    let coord = BinlogCoord {
-        file: first,
-        pos: 4,
-    };
+pub async fn earliest_position(conn: &mut Conn, info: &ServerInfo, resume_by: ResumeBy) -> Result<Position> {
+    let files: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.map_err(|e| classify_mysql(&e))?;
+    let first: String = files
+        .first()
+        .and_then(|r| r.get(0))
+        .ok_or_else(|| Error::definite("the server has no binary logs: binary logging (log_bin) is OFF"))?;
+    let coord = BinlogCoord { file: first, pos: 4 };
     let gtids = match (info.identity.flavor, resume_by) {
         (_, ResumeBy::File) => Gtids::None,
         (Flavor::MySql, ResumeBy::Gtid) => {
@@ -238,11 +199,7 @@ pub async fn earliest_position(
 ///
 /// # Errors
 /// Classified query errors.
-pub async fn start_position(
-    conn: &mut Conn,
-    info: &ServerInfo,
-    config: &Config,
-) -> Result<Position> {
+pub async fn start_position(conn: &mut Conn, info: &ServerInfo, config: &Config) -> Result<Position> {
     match config.source.start_from {
         StartFrom::Current => current_position(conn, info, config.source.resume_by).await,
         StartFrom::Earliest => earliest_position(conn, info, config.source.resume_by).await,
@@ -250,27 +207,20 @@ pub async fn start_position(
 }
 
 /// MariaDB's GTID position at a binlog coordinate (`BINLOG_GTID_POS`), exact even under concurrent commits.
-async fn mariadb_gtid_at(conn: &mut Conn, coord: &BinlogCoord) -> Result<GtidPos> {
+pub(crate) async fn mariadb_gtid_at(conn: &mut Conn, coord: &BinlogCoord) -> Result<GtidPos> {
     let text: Option<String> = conn
-        .exec_first(
-            "SELECT BINLOG_GTID_POS(?, ?)",
-            (coord.file.as_str(), coord.pos),
-        )
+        .exec_first("SELECT BINLOG_GTID_POS(?, ?)", (coord.file.as_str(), coord.pos))
         .await
         .map_err(|e| classify_mysql(&e))?
         .flatten();
     let text = text.ok_or_else(|| {
-        Error::definite(format!(
-            "the server cannot map binlog coordinate {coord} to a GTID position"
-        ))
+        Error::definite(format!("the server cannot map binlog coordinate {coord} to a GTID position"))
     })?;
-    GtidPos::from_str(&text)
-        .map_err(|e| Error::definite(format!("server returned GTID position {text:?}: {e}")))
+    GtidPos::from_str(&text).map_err(|e| Error::definite(format!("server returned GTID position {text:?}: {e}")))
 }
 
 fn parse_gtid_set(text: &str) -> Result<GtidSet> {
-    GtidSet::from_str(text)
-        .map_err(|e| Error::definite(format!("server returned GTID set {text:?}: {e}")))
+    GtidSet::from_str(text).map_err(|e| Error::definite(format!("server returned GTID set {text:?}: {e}")))
 }
 
 /// The binlog files the server still has, oldest first, with their sizes in bytes.
@@ -278,14 +228,8 @@ fn parse_gtid_set(text: &str) -> Result<GtidSet> {
 /// # Errors
 /// Classified query errors.
 pub async fn binary_logs(conn: &mut Conn) -> Result<Vec<(String, u64)>> {
-    let rows: Vec<mysql_async::Row> = conn
-        .query("SHOW BINARY LOGS")
-        .await
-        .map_err(|e| classify_mysql(&e))?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?)))
-        .collect())
+    let rows: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.map_err(|e| classify_mysql(&e))?;
+    Ok(rows.into_iter().filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?))).collect())
 }
 
 /// Checks that the server's binlogs still hold `position`, so that resuming from it cannot silently skip
@@ -317,25 +261,13 @@ pub async fn ensure_position_available(conn: &mut Conn, position: &Position) -> 
         }
         Gtids::MariaDb(pos) => {
             let logs = binary_logs(conn).await?;
-            let first = logs
-                .first()
-                .ok_or_else(|| Error::definite("the server has no binary logs"))?;
-            let oldest = mariadb_gtid_at(
-                conn,
-                &BinlogCoord {
-                    file: first.0.clone(),
-                    pos: 4,
-                },
-            )
-            .await?;
+            let first = logs.first().ok_or_else(|| Error::definite("the server has no binary logs"))?;
+            let oldest = mariadb_gtid_at(conn, &BinlogCoord { file: first.0.clone(), pos: 4 }).await?;
             // Every domain the oldest binlog starts after must be covered by our position: otherwise the
             // transactions between our position and the oldest binlog's start are gone.
             for gtid in oldest.iter() {
                 if !pos.contains(&gtid) {
-                    return Err(purged_error(format!(
-                        "the oldest binlog {} starts after GTID {gtid}",
-                        first.0
-                    )));
+                    return Err(purged_error(format!("the oldest binlog {} starts after GTID {gtid}", first.0)));
                 }
             }
         }

@@ -77,20 +77,12 @@ impl Report {
     pub fn into_result(self) -> Result<()> {
         let failures: Vec<String> = self
             .failures()
-            .map(|f| {
-                format!(
-                    "{}: expected {}, found {} — {}",
-                    f.setting, f.expected, f.actual, f.fix
-                )
-            })
+            .map(|f| format!("{}: expected {}, found {} — {}", f.setting, f.expected, f.actual, f.fix))
             .collect();
         if failures.is_empty() {
             Ok(())
         } else {
-            Err(Error::definite(format!(
-                "preflight failed:\n  {}",
-                failures.join("\n  ")
-            )))
+            Err(Error::definite(format!("preflight failed:\n  {}", failures.join("\n  "))))
         }
     }
 }
@@ -103,11 +95,7 @@ impl fmt::Display for Report {
                 Status::Warn => "WARN",
                 Status::Fail => "FAIL",
             };
-            writeln!(
-                f,
-                "[{mark}] {}: expected {}, actual {}",
-                finding.setting, finding.expected, finding.actual
-            )?;
+            writeln!(f, "[{mark}] {}: expected {}, actual {}", finding.setting, finding.expected, finding.actual)?;
             if !finding.fix.is_empty() {
                 writeln!(f, "       fix: {}", finding.fix)?;
             }
@@ -125,16 +113,11 @@ async fn variable(conn: &mut Conn, name: &str) -> Result<Option<String>> {
 }
 
 fn on(value: &Option<String>) -> bool {
-    matches!(
-        value.as_deref().map(str::to_ascii_uppercase).as_deref(),
-        Some("ON") | Some("1")
-    )
+    matches!(value.as_deref().map(str::to_ascii_uppercase).as_deref(), Some("ON") | Some("1"))
 }
 
 fn shown(value: &Option<String>) -> String {
-    value
-        .clone()
-        .unwrap_or_else(|| "(not supported by this server)".into())
+    value.clone().unwrap_or_else(|| "(not supported by this server)".into())
 }
 
 /// Runs every check. Only connection-level problems are errors; findings go into the report.
@@ -149,26 +132,17 @@ pub async fn check(
 ) -> Result<Report> {
     let mut report = Report::default();
     let flavor = info.identity.flavor;
-    let restart_note =
-        "(set it in the server's configuration file and restart it; replicas need it too)";
+    let restart_note = "(set it in the server's configuration file and restart it; replicas need it too)";
 
     let log_bin = variable(conn, "log_bin").await?;
-    report.push(
-        "log_bin",
-        "ON",
-        &shown(&log_bin),
-        on(&log_bin),
-        &format!("enable binary logging {restart_note}"),
-    );
+    report.push("log_bin", "ON", &shown(&log_bin), on(&log_bin), &format!("enable binary logging {restart_note}"));
 
     let format = variable(conn, "binlog_format").await?;
     report.push(
         "binlog_format",
         "ROW",
         &shown(&format),
-        format
-            .as_deref()
-            .is_some_and(|v| v.eq_ignore_ascii_case("ROW")),
+        format.as_deref().is_some_and(|v| v.eq_ignore_ascii_case("ROW")),
         &format!("SET GLOBAL binlog_format = 'ROW' and binlog_format=ROW {restart_note}"),
     );
 
@@ -177,9 +151,7 @@ pub async fn check(
         "binlog_row_image",
         "FULL",
         &shown(&image),
-        image
-            .as_deref()
-            .is_some_and(|v| v.eq_ignore_ascii_case("FULL")),
+        image.as_deref().is_some_and(|v| v.eq_ignore_ascii_case("FULL")),
         &format!("SET GLOBAL binlog_row_image = 'FULL' and binlog_row_image=FULL {restart_note}"),
     );
 
@@ -253,20 +225,10 @@ pub async fn check(
              topology, restart with --accept-new-server, otherwise move the state directory away",
         );
         match super::ensure_position_available(conn, position).await {
-            Ok(()) => report.push(
-                "checkpoint position",
-                "still in the server's binlogs",
-                "available",
-                true,
-                "",
-            ),
-            Err(e) if e.is_definite() => report.push(
-                "checkpoint position",
-                "still in the server's binlogs",
-                "purged",
-                false,
-                &e.to_string(),
-            ),
+            Ok(()) => report.push("checkpoint position", "still in the server's binlogs", "available", true, ""),
+            Err(e) if e.is_definite() => {
+                report.push("checkpoint position", "still in the server's binlogs", "purged", false, &e.to_string())
+            }
             Err(e) => return Err(e),
         }
     }
@@ -288,10 +250,7 @@ pub fn describe_identity(id: &ServerIdentity) -> String {
 async fn check_replica(conn: &mut Conn, info: &ServerInfo, report: &mut Report) -> Result<()> {
     let (status_sql, var) = match info.identity.flavor {
         Flavor::MariaDb => ("SHOW ALL SLAVES STATUS", "log_slave_updates"),
-        Flavor::MySql
-            if super::version_at_least(&info.version, 8, 0)
-                && !info.version.starts_with("8.0.") =>
-        {
+        Flavor::MySql if super::version_at_least(&info.version, 8, 0) && !info.version.starts_with("8.0.") => {
             ("SHOW REPLICA STATUS", "log_replica_updates")
         }
         Flavor::MySql => ("SHOW SLAVE STATUS", "log_slave_updates"),
@@ -320,45 +279,26 @@ async fn check_replica(conn: &mut Conn, info: &ServerInfo, report: &mut Report) 
             "ON (the server is a replica)",
             &shown(&value),
             on(&value),
-            &format!(
-                "set {var}=ON so the replica writes replicated transactions to its own binlog"
-            ),
+            &format!("set {var}=ON so the replica writes replicated transactions to its own binlog"),
         );
     }
     Ok(())
 }
 
 async fn check_privileges(conn: &mut Conn, flavor: Flavor, report: &mut Report) -> Result<()> {
-    let grants: Vec<String> = conn
-        .query("SHOW GRANTS")
-        .await
-        .map_err(|e| classify_mysql(&e))?;
-    let global: Vec<String> = grants
-        .iter()
-        .map(|g| g.to_ascii_uppercase())
-        .filter(|g| g.contains(" ON *.* "))
-        .collect();
-    let has = |privilege: &str| {
-        global
-            .iter()
-            .any(|g| g.contains("ALL PRIVILEGES") || g.contains(privilege))
-    };
+    let grants: Vec<String> = conn.query("SHOW GRANTS").await.map_err(|e| classify_mysql(&e))?;
+    let global: Vec<String> =
+        grants.iter().map(|g| g.to_ascii_uppercase()).filter(|g| g.contains(" ON *.* ")).collect();
+    let has = |privilege: &str| global.iter().any(|g| g.contains("ALL PRIVILEGES") || g.contains(privilege));
     report.push(
         "privilege REPLICATION SLAVE",
         "granted on *.*",
-        if has("REPLICATION SLAVE") {
-            "granted"
-        } else {
-            "missing"
-        },
+        if has("REPLICATION SLAVE") { "granted" } else { "missing" },
         has("REPLICATION SLAVE"),
         "GRANT REPLICATION SLAVE ON *.* TO the connector's user",
     );
     let (name, ok) = match flavor {
-        Flavor::MariaDb => (
-            "BINLOG MONITOR",
-            has("BINLOG MONITOR") || has("REPLICATION CLIENT"),
-        ),
+        Flavor::MariaDb => ("BINLOG MONITOR", has("BINLOG MONITOR") || has("REPLICATION CLIENT")),
         Flavor::MySql => ("REPLICATION CLIENT", has("REPLICATION CLIENT")),
     };
     report.push(
@@ -371,12 +311,7 @@ async fn check_privileges(conn: &mut Conn, flavor: Flavor, report: &mut Report) 
     Ok(())
 }
 
-async fn check_table(
-    conn: &mut Conn,
-    table: &TableName,
-    columns: &ColumnNames,
-    report: &mut Report,
-) -> Result<()> {
+async fn check_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, report: &mut Report) -> Result<()> {
     let present: Vec<(String, String)> = conn
         .exec(
             "SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS \
@@ -398,9 +333,7 @@ async fn check_table(
     let missing: Vec<&str> = columns
         .required()
         .iter()
-        .filter(|(name, required)| {
-            *required && !present.iter().any(|(c, _)| c.eq_ignore_ascii_case(name))
-        })
+        .filter(|(name, required)| *required && !present.iter().any(|(c, _)| c.eq_ignore_ascii_case(name)))
         .map(|(name, _)| *name)
         .collect();
     report.push(
@@ -410,20 +343,11 @@ async fn check_table(
         missing.is_empty(),
         "fix the table or [outbox.columns]",
     );
-    let select = format!(
-        "SELECT 1 FROM `{}`.`{}` LIMIT 0",
-        table.database.replace('`', "``"),
-        table.table.replace('`', "``")
-    );
+    let select =
+        format!("SELECT 1 FROM `{}`.`{}` LIMIT 0", table.database.replace('`', "``"), table.table.replace('`', "``"));
     let readable = conn.query_drop(select).await;
     match readable {
-        Ok(()) => report.push(
-            &format!("privilege SELECT on {table}"),
-            "granted",
-            "granted",
-            true,
-            "",
-        ),
+        Ok(()) => report.push(&format!("privilege SELECT on {table}"), "granted", "granted", true, ""),
         Err(e) => {
             let err = classify_mysql(&e);
             if !err.is_definite() {

@@ -116,10 +116,7 @@ pub fn audit(expected: &Expected, received: &[Received]) -> AuditReport {
     let mut records: Vec<&Received> = received.iter().collect();
     records.sort_by_key(|r| (r.partition, r.offset));
 
-    let mut report = AuditReport {
-        records: records.len(),
-        ..AuditReport::default()
-    };
+    let mut report = AuditReport { records: records.len(), ..AuditReport::default() };
     let mut seen: HashSet<&str> = HashSet::new();
     // aggregate -> (position, id, partition:offset) of the latest first occurrence, in commit order.
     let mut last: HashMap<&str, (usize, &str, String)> = HashMap::new();
@@ -128,15 +125,11 @@ pub fn audit(expected: &Expected, received: &[Received]) -> AuditReport {
     for r in records {
         let at = format!("{}:{}", r.partition, r.offset);
         let Some(id) = r.header("id").and_then(|v| std::str::from_utf8(v).ok()) else {
-            report
-                .unexpected
-                .push(format!("{at}: no utf-8 `id` header"));
+            report.unexpected.push(format!("{at}: no utf-8 `id` header"));
             continue;
         };
         let Some(&(aggregate, pos)) = index.get(id) else {
-            report
-                .unexpected
-                .push(format!("{at}: id {id} was never written"));
+            report.unexpected.push(format!("{at}: id {id} was never written"));
             continue;
         };
         partitions.entry(aggregate).or_default().insert(r.partition);
@@ -163,9 +156,7 @@ pub fn audit(expected: &Expected, received: &[Received]) -> AuditReport {
             }
         }
         if let Some(p) = partitions.get(aggregate.as_str()).filter(|p| p.len() > 1) {
-            report
-                .split_aggregates
-                .push(format!("aggregate {aggregate} on partitions {p:?}"));
+            report.split_aggregates.push(format!("aggregate {aggregate} on partitions {p:?}"));
         }
     }
     report.missing.sort();

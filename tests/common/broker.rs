@@ -71,10 +71,7 @@ pub struct Received {
 impl Received {
     /// The first header named `name`.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_slice())
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_slice())
     }
 
     /// The first header named `name` as UTF-8 (`None` if absent or not UTF-8).
@@ -84,9 +81,7 @@ impl Received {
 
     /// The key as UTF-8.
     pub fn key_str(&self) -> Option<&str> {
-        self.key
-            .as_deref()
-            .and_then(|v| std::str::from_utf8(v).ok())
+        self.key.as_deref().and_then(|v| std::str::from_utf8(v).ok())
     }
 
     /// The value parsed as JSON.
@@ -94,15 +89,12 @@ impl Received {
     /// # Panics
     /// When the value is null or not JSON.
     pub fn value_json(&self) -> serde_json::Value {
-        let v = self.value.as_deref().unwrap_or_else(|| {
-            panic!("record {}:{} has a null value", self.partition, self.offset)
-        });
-        serde_json::from_slice(v).unwrap_or_else(|e| {
-            panic!(
-                "record {}:{} value is not JSON: {e}",
-                self.partition, self.offset
-            )
-        })
+        let v = self
+            .value
+            .as_deref()
+            .unwrap_or_else(|| panic!("record {}:{} has a null value", self.partition, self.offset));
+        serde_json::from_slice(v)
+            .unwrap_or_else(|e| panic!("record {}:{} value is not JSON: {e}", self.partition, self.offset))
     }
 }
 
@@ -125,16 +117,8 @@ impl Broker {
     /// # Panics
     /// When `tansu` cannot be started or is not ready within 30 s (message includes its log).
     pub fn start(engine: Engine) -> Broker {
-        let dir = tempfile::Builder::new()
-            .prefix("tansu-")
-            .tempdir()
-            .expect("create broker temp dir");
-        let mut broker = Broker {
-            child: None,
-            port: free_port(),
-            engine,
-            dir,
-        };
+        let dir = tempfile::Builder::new().prefix("tansu-").tempdir().expect("create broker temp dir");
+        let mut broker = Broker { child: None, port: free_port(), engine, dir };
         broker.spawn_and_wait();
         broker
     }
@@ -193,11 +177,7 @@ impl Broker {
         if let Some(mut child) = self.child.take() {
             let (status, graceful) = process::terminate(&mut child, STOP_TIMEOUT);
             self.wait_port_free();
-            assert!(
-                graceful,
-                "tansu ignored SIGTERM for {STOP_TIMEOUT:?} ({status}):\n{}",
-                self.log_tail(30)
-            );
+            assert!(graceful, "tansu ignored SIGTERM for {STOP_TIMEOUT:?} ({status}):\n{}", self.log_tail(30));
         }
     }
 
@@ -210,11 +190,7 @@ impl Broker {
 
     /// Starts the broker again after `kill`/`stop`.
     pub fn start_again(&mut self) {
-        assert!(
-            self.child.is_none(),
-            "broker on port {} is already running",
-            self.port
-        );
+        assert!(self.child.is_none(), "broker on port {} is already running", self.port);
         self.spawn_and_wait();
     }
 
@@ -232,43 +208,27 @@ impl Broker {
     /// # Panics
     /// On any other admin error, or when the topic does not appear in metadata within 30 s.
     pub fn create_topic(&self, topic: &str, partitions: i32) {
-        let admin: AdminClient<DefaultClientContext> = self
-            .client_config()
-            .create()
-            .expect("create rdkafka AdminClient");
+        let admin: AdminClient<DefaultClientContext> =
+            self.client_config().create().expect("create rdkafka AdminClient");
         let opts = AdminOptions::new()
             .operation_timeout(Some(Duration::from_secs(10)))
             .request_timeout(Some(Duration::from_secs(10)));
         let new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-        let results =
-            block_on_thread(admin.create_topics([&new_topic], &opts)).unwrap_or_else(|e| {
-                panic!(
-                    "CreateTopics {topic} on {}: {e}\n{}",
-                    self.bootstrap(),
-                    self.log_tail(20)
-                )
-            });
+        let results = block_on_thread(admin.create_topics([&new_topic], &opts))
+            .unwrap_or_else(|e| panic!("CreateTopics {topic} on {}: {e}\n{}", self.bootstrap(), self.log_tail(20)));
         for result in results {
             match result {
                 Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((name, code)) => panic!("CreateTopics {name}: {code}\n{}", self.log_tail(20)),
             }
         }
-        let visible = wait_until(READY_TIMEOUT, || {
-            self.partition_count(topic) == Some(partitions as usize)
-        });
-        assert!(
-            visible,
-            "topic {topic} with {partitions} partitions not in metadata after {READY_TIMEOUT:?}"
-        );
+        let visible = wait_until(READY_TIMEOUT, || self.partition_count(topic) == Some(partitions as usize));
+        assert!(visible, "topic {topic} with {partitions} partitions not in metadata after {READY_TIMEOUT:?}");
     }
 
     /// Number of partitions of `topic` according to metadata; `None` if the topic is unknown.
     pub fn partition_count(&self, topic: &str) -> Option<usize> {
-        let consumer: BaseConsumer = self
-            .reader_config()
-            .create()
-            .expect("create metadata client");
+        let consumer: BaseConsumer = self.reader_config().create().expect("create metadata client");
         partition_count(&consumer, topic)
     }
 
@@ -278,10 +238,7 @@ impl Broker {
     /// timeout, so the caller's assertion says what is missing. An unknown topic reads as empty.
     pub fn read_all(&self, topic: &str, expected_min: usize, timeout: Duration) -> Vec<Received> {
         let deadline = Instant::now() + timeout;
-        let consumer: BaseConsumer = self
-            .reader_config()
-            .create()
-            .expect("create rdkafka reader");
+        let consumer: BaseConsumer = self.reader_config().create().expect("create rdkafka reader");
         let partitions = loop {
             if let Some(n) = partition_count(&consumer, topic) {
                 break n;
@@ -293,9 +250,7 @@ impl Broker {
         };
         let mut assignment = TopicPartitionList::new();
         for p in 0..partitions as i32 {
-            assignment
-                .add_partition_offset(topic, p, Offset::Beginning)
-                .expect("add partition to assignment");
+            assignment.add_partition_offset(topic, p, Offset::Beginning).expect("add partition to assignment");
         }
         consumer.assign(&assignment).expect("assign partitions");
 
@@ -308,12 +263,7 @@ impl Broker {
                         .headers()
                         .map(|h| {
                             h.iter()
-                                .map(|h| {
-                                    (
-                                        h.key.to_owned(),
-                                        h.value.map(<[u8]>::to_vec).unwrap_or_default(),
-                                    )
-                                })
+                                .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec).unwrap_or_default()))
                                 .collect()
                         })
                         .unwrap_or_default();
@@ -331,9 +281,7 @@ impl Broker {
                 None => {}
             }
             let now = Instant::now();
-            if (out.len() >= expected_min && now.duration_since(last_new) >= QUIET_PERIOD)
-                || now >= deadline
-            {
+            if (out.len() >= expected_min && now.duration_since(last_new) >= QUIET_PERIOD) || now >= deadline {
                 return out;
             }
         }
@@ -342,25 +290,18 @@ impl Broker {
     /// Config of the verification reader: assigned partitions only, nothing committed.
     fn reader_config(&self) -> ClientConfig {
         let mut cfg = self.client_config();
-        cfg.set(
-            "group.id",
-            format!("harness-reader-{:016x}", rand::random::<u64>()),
-        )
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("enable.partition.eof", "false")
-        .set("fetch.wait.max.ms", "20")
-        .set("topic.metadata.refresh.interval.ms", "1000");
+        cfg.set("group.id", format!("harness-reader-{:016x}", rand::random::<u64>()))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.partition.eof", "false")
+            .set("fetch.wait.max.ms", "20")
+            .set("topic.metadata.refresh.interval.ms", "1000");
         cfg
     }
 
     fn spawn_and_wait(&mut self) {
-        assert!(
-            self.child.is_none(),
-            "broker on port {} is already running",
-            self.port
-        );
+        assert!(self.child.is_none(), "broker on port {} is already running", self.port);
         let listener = format!("tcp://127.0.0.1:{}", self.port);
         let log = self.log_path();
         let mut cmd = Command::new(tansu_path());
@@ -376,37 +317,22 @@ impl Broker {
             .stdout(process::append_log(&log))
             .stderr(process::append_log(&log));
         let child = process::spawn(cmd).unwrap_or_else(|e| {
-            panic!(
-                "cannot start tansu ({}): {e}; run scripts/provision.sh",
-                tansu_path().display()
-            )
+            panic!("cannot start tansu ({}): {e}; run scripts/provision.sh", tansu_path().display())
         });
         self.child = Some(child);
 
         let started = Instant::now();
         loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 self.child = None;
-                panic!(
-                    "tansu on port {} exited during start-up ({status}):\n{}",
-                    self.port,
-                    self.log_tail(30)
-                );
+                panic!("tansu on port {} exited during start-up ({status}):\n{}", self.port, self.log_tail(30));
             }
             if port_accepts(self.port) && self.metadata_ok() {
                 return;
             }
             if started.elapsed() > READY_TIMEOUT {
                 self.kill();
-                panic!(
-                    "tansu on port {} not ready after {READY_TIMEOUT:?}:\n{}",
-                    self.port,
-                    self.log_tail(30)
-                );
+                panic!("tansu on port {} not ready after {READY_TIMEOUT:?}:\n{}", self.port, self.log_tail(30));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -416,18 +342,12 @@ impl Broker {
         let Ok(consumer) = self.client_config().create::<BaseConsumer>() else {
             return false;
         };
-        consumer
-            .fetch_metadata(None, Duration::from_secs(2))
-            .is_ok()
+        consumer.fetch_metadata(None, Duration::from_secs(2)).is_ok()
     }
 
     fn wait_port_free(&self) {
         let free = wait_until(STOP_TIMEOUT, || port_is_free(self.port));
-        assert!(
-            free,
-            "port {} still busy {STOP_TIMEOUT:?} after tansu exited",
-            self.port
-        );
+        assert!(free, "port {} still busy {STOP_TIMEOUT:?} after tansu exited", self.port);
     }
 }
 
@@ -440,9 +360,7 @@ impl Drop for Broker {
 }
 
 fn partition_count(consumer: &BaseConsumer, topic: &str) -> Option<usize> {
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(5))
-        .ok()?;
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(5)).ok()?;
     let t = md.topics().iter().find(|t| t.name() == topic)?;
     (t.error().is_none() && !t.partitions().is_empty()).then(|| t.partitions().len())
 }
@@ -456,11 +374,7 @@ where
 {
     std::thread::scope(|s| {
         s.spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .expect("build runtime")
-                .block_on(fut)
+            tokio::runtime::Builder::new_current_thread().enable_time().build().expect("build runtime").block_on(fut)
         })
         .join()
         .expect("admin thread panicked")
@@ -472,17 +386,13 @@ pub fn tansu_path() -> PathBuf {
     if let Some(path) = std::env::var_os("TANSU") {
         return PathBuf::from(path);
     }
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
+    let mut dirs: Vec<PathBuf> =
+        std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
     if let Some(home) = std::env::var_os("CARGO_HOME") {
         dirs.push(PathBuf::from(home).join("bin"));
     }
     if let Some(home) = std::env::var_os("HOME") {
         dirs.push(PathBuf::from(home).join(".cargo/bin"));
     }
-    dirs.into_iter()
-        .map(|d| d.join("tansu"))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("tansu"))
+    dirs.into_iter().map(|d| d.join("tansu")).find(|p| p.is_file()).unwrap_or_else(|| PathBuf::from("tansu"))
 }

@@ -40,11 +40,14 @@ pub fn write_config(dir: &Path, db: &MariaDb, broker: &Broker, extra_toml: &str)
          \n\
          [state]\n\
          dir = {state}\n\
+         {snapshot}\
          {extra_toml}\n",
         port = db.port(),
         password = toml_str(CDC_PASSWORD),
         bootstrap = toml_str(&broker.bootstrap()),
         state = toml_str(&dir.join("state").to_string_lossy()),
+        // Tests of the stream start without a snapshot unless they configure one.
+        snapshot = if extra_toml.contains("[snapshot]") { "" } else { "\n[snapshot]\nmode = \"never\"\n" },
     );
     let path = dir.join("connector.toml");
     std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
@@ -87,17 +90,8 @@ pub struct Connector {
 impl Connector {
     /// A work dir and no process yet.
     pub fn new() -> Connector {
-        let dir = tempfile::Builder::new()
-            .prefix("outbox-cdc-")
-            .tempdir()
-            .expect("create connector temp dir");
-        Connector {
-            child: None,
-            args: Vec::new(),
-            envs: Vec::new(),
-            starts: 0,
-            dir,
-        }
+        let dir = tempfile::Builder::new().prefix("outbox-cdc-").tempdir().expect("create connector temp dir");
+        Connector { child: None, args: Vec::new(), envs: Vec::new(), starts: 0, dir }
     }
 
     /// Writes the config for `db` and `broker` (see [`write_config`]) and runs `run --config` on it.
@@ -136,11 +130,7 @@ impl Connector {
 
     /// Starts `outbox-cdc run --config <config>`.
     pub fn run(&mut self, config: &Path) {
-        self.spawn([
-            "run".into(),
-            "--config".into(),
-            config.as_os_str().to_owned(),
-        ]);
+        self.spawn(["run".into(), "--config".into(), config.as_os_str().to_owned()]);
     }
 
     /// Starts `outbox-cdc` with arbitrary arguments (cwd = work dir), e.g. for `check` or bad flags.
@@ -149,26 +139,14 @@ impl Connector {
     /// When a previous process is still running, or the binary cannot be started.
     pub fn spawn<I: IntoIterator<Item = OsString>>(&mut self, args: I) {
         if let Some(child) = self.child.as_mut() {
-            assert!(
-                !matches!(child.try_wait(), Ok(None)),
-                "connector is already running (pid {})",
-                child.id()
-            );
+            assert!(!matches!(child.try_wait(), Ok(None)), "connector is already running (pid {})", child.id());
         }
         self.args = args.into_iter().collect();
         self.starts += 1;
-        let (out, err) = (
-            self.dir.path().join("stdout.log"),
-            self.dir.path().join("stderr.log"),
-        );
+        let (out, err) = (self.dir.path().join("stdout.log"), self.dir.path().join("stderr.log"));
         for path in [&out, &err] {
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .expect("open log");
-            writeln!(f, "=== harness: start #{} {:?} ===", self.starts, self.args)
-                .expect("write log");
+            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("open log");
+            writeln!(f, "=== harness: start #{} {:?} ===", self.starts, self.args).expect("write log");
         }
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-cdc"));
         cmd.args(&self.args)
@@ -219,11 +197,7 @@ impl Connector {
     pub fn terminate(&mut self) -> ExitStatus {
         let child = self.child.as_mut().expect("terminate() before start");
         let (status, graceful) = process::terminate(child, TERMINATE_TIMEOUT);
-        assert!(
-            graceful,
-            "outbox-cdc ignored SIGTERM for {TERMINATE_TIMEOUT:?}; logs:\n{}",
-            self.logs()
-        );
+        assert!(graceful, "outbox-cdc ignored SIGTERM for {TERMINATE_TIMEOUT:?}; logs:\n{}", self.logs());
         status
     }
 
@@ -273,25 +247,19 @@ impl Connector {
             let _ = std::io::Read::read_to_string(p, &mut err);
         }
         if !status.success() {
-            return Err(format!(
-                "outbox-cdc status --json failed ({status}):\nstdout: {out}\nstderr: {err}"
-            ));
+            return Err(format!("outbox-cdc status --json failed ({status}):\nstdout: {out}\nstderr: {err}"));
         }
         if out.trim_start().starts_with("no checkpoint") {
             return Ok(None);
         }
-        serde_json::from_str(&out).map(Some).map_err(|e| {
-            format!("outbox-cdc status --json printed no JSON ({e}):\nstdout: {out}\nstderr: {err}")
-        })
+        serde_json::from_str(&out)
+            .map(Some)
+            .map_err(|e| format!("outbox-cdc status --json printed no JSON ({e}):\nstdout: {out}\nstderr: {err}"))
     }
 
     /// Everything the process(es) wrote so far: stdout then stderr, with start markers.
     pub fn logs(&self) -> String {
-        format!(
-            "--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.stdout(),
-            self.stderr()
-        )
+        format!("--- stdout ---\n{}\n--- stderr ---\n{}", self.stdout(), self.stderr())
     }
 
     /// stdout of all runs.
@@ -320,7 +288,5 @@ impl Drop for Connector {
 }
 
 fn read_lossy(path: &Path) -> String {
-    std::fs::read(path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
+    std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }

@@ -87,13 +87,8 @@ impl MariaDbBuilder {
     /// When initialisation or start-up fails or takes longer than 90 s; the message carries the tail of
     /// the error log.
     pub fn start(self) -> MariaDb {
-        let dir = tempfile::Builder::new()
-            .prefix("mariadb-")
-            .tempdir()
-            .expect("create MariaDB temp dir");
-        let server_id = self
-            .server_id
-            .unwrap_or_else(|| rand::rng().random_range(1..1000));
+        let dir = tempfile::Builder::new().prefix("mariadb-").tempdir().expect("create MariaDB temp dir");
+        let server_id = self.server_id.unwrap_or_else(|| rand::rng().random_range(1..1000));
         let mut db = MariaDb {
             child: None,
             has_schema: !self.skip_schema,
@@ -192,18 +187,12 @@ impl MariaDb {
     /// socket, bypassing anything a test puts in front of the port).
     pub fn url_root(&self) -> String {
         let db = if self.has_schema { "shop" } else { "" };
-        format!(
-            "mysql://root@127.0.0.1:{}/{db}?prefer_socket=false",
-            self.port
-        )
+        format!("mysql://root@127.0.0.1:{}/{db}?prefer_socket=false", self.port)
     }
 
     /// mysql_async URL for the `cdc` user over TCP, no default database.
     pub fn url_cdc(&self) -> String {
-        format!(
-            "mysql://cdc:{CDC_PASSWORD}@127.0.0.1:{}?prefer_socket=false",
-            self.port
-        )
+        format!("mysql://cdc:{CDC_PASSWORD}@127.0.0.1:{}?prefer_socket=false", self.port)
     }
 
     /// mysql_async options for root (see [`MariaDb::url_root`]).
@@ -232,8 +221,7 @@ impl MariaDb {
     /// # Panics
     /// When the CLI fails; the message carries its stderr.
     pub fn sql(&self, sql: &str) -> String {
-        self.try_sql(sql)
-            .unwrap_or_else(|e| panic!("SQL failed on MariaDB port {}: {e}\nSQL: {sql}", self.port))
+        self.try_sql(sql).unwrap_or_else(|e| panic!("SQL failed on MariaDB port {}: {e}\nSQL: {sql}", self.port))
     }
 
     /// Like [`MariaDb::sql`], returning the CLI's stderr as the error.
@@ -245,12 +233,7 @@ impl MariaDb {
             .arg("--no-defaults")
             .arg("--user=root")
             .arg(format!("--socket={}", self.socket().display()))
-            .args([
-                "--batch",
-                "--skip-column-names",
-                "--default-character-set=utf8mb4",
-                "-e",
-            ])
+            .args(["--batch", "--skip-column-names", "--default-character-set=utf8mb4", "-e"])
             .arg(sql)
             .stdin(Stdio::null())
             .output()
@@ -258,19 +241,13 @@ impl MariaDb {
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
-            Err(format!(
-                "{}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
+            Err(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()))
         }
     }
 
     /// `@@gtid_binlog_pos`, e.g. `0-17-42` (empty on a fresh server before any transaction).
     pub fn gtid_binlog_pos(&self) -> String {
-        self.sql("SELECT @@GLOBAL.gtid_binlog_pos")
-            .trim()
-            .to_owned()
+        self.sql("SELECT @@GLOBAL.gtid_binlog_pos").trim().to_owned()
     }
 
     /// SIGKILL (a crash: no shutdown, InnoDB and binlog crash recovery on the next start).
@@ -316,23 +293,15 @@ impl MariaDb {
 
     /// Starts the server again after `kill`/`stop` (same as `restart` when it is already stopped).
     pub fn start_again(&mut self) {
-        assert!(
-            self.child.is_none(),
-            "MariaDB on port {} is already running",
-            self.port
-        );
+        assert!(self.child.is_none(), "MariaDB on port {} is already running", self.port);
         self.spawn_and_wait();
     }
 
     /// Copies the per-binary template datadir into this server's dir.
     fn install(&self) {
         std::fs::create_dir_all(self.dir.path().join("tmp")).expect("create tmp dir");
-        copy_dir(template_datadir(), &self.datadir()).unwrap_or_else(|e| {
-            panic!(
-                "copy the template datadir to {}: {e}",
-                self.datadir().display()
-            )
-        });
+        copy_dir(template_datadir(), &self.datadir())
+            .unwrap_or_else(|e| panic!("copy the template datadir to {}: {e}", self.datadir().display()));
     }
 
     /// The full server command line (defaults, then `extra_args`).
@@ -373,11 +342,7 @@ impl MariaDb {
     }
 
     fn spawn_and_wait(&mut self) {
-        assert!(
-            self.child.is_none(),
-            "MariaDB on port {} is already running",
-            self.port
-        );
+        assert!(self.child.is_none(), "MariaDB on port {} is already running", self.port);
         let log = self.dir.path().join("mariadbd.out");
         let mut cmd = Command::new(mariadbd_path());
         cmd.args(self.server_args())
@@ -393,11 +358,7 @@ impl MariaDb {
     fn wait_ready(&mut self) {
         let started = Instant::now();
         loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 self.child = None;
                 panic!(
                     "mariadbd on port {} exited during start-up ({status}); args: {:?}\nerror log:\n{}\nstdout/stderr:\n{}",
@@ -450,11 +411,8 @@ impl Drop for MariaDb {
 fn template_datadir() -> &'static Path {
     static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
     TEMPLATE.get_or_init(|| {
-        let dir = tempfile::Builder::new()
-            .prefix("mariadb-template-")
-            .tempdir()
-            .expect("create template temp dir")
-            .keep();
+        let dir =
+            tempfile::Builder::new().prefix("mariadb-template-").tempdir().expect("create template temp dir").keep();
         process::remove_dir_at_exit(dir.clone());
         let datadir = dir.join("data");
         let log = dir.join("install.log");
@@ -472,14 +430,10 @@ fn template_datadir() -> &'static Path {
         if process::is_root() {
             cmd.arg("--user=root");
         }
-        let status = cmd.status().unwrap_or_else(|e| {
-            panic!("cannot run mariadb-install-db (is mariadb-server installed?): {e}")
-        });
-        assert!(
-            status.success(),
-            "mariadb-install-db failed ({status}):\n{}",
-            tail_file(&log, 40)
-        );
+        let status = cmd
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run mariadb-install-db (is mariadb-server installed?): {e}"));
+        assert!(status.success(), "mariadb-install-db failed ({status}):\n{}", tail_file(&log, 40));
         datadir
     })
 }
@@ -503,9 +457,7 @@ fn mariadbd_path() -> PathBuf {
     if let Some(path) = std::env::var_os("MARIADBD") {
         return PathBuf::from(path);
     }
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default();
+    let on_path = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect::<Vec<_>>()).unwrap_or_default();
     on_path
         .into_iter()
         .chain(["/usr/sbin", "/usr/local/sbin", "/usr/local/bin"].map(PathBuf::from))

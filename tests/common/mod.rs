@@ -44,9 +44,7 @@ pub use mariadb::{MariaDb, MariaDbBuilder};
 #[allow(unused_imports)]
 pub use proxy::Proxy;
 #[allow(unused_imports)]
-pub use workload::{
-    business_tx, insert_event, new_event_id, OutboxRow, Writer, WriterConfig, Written,
-};
+pub use workload::{business_tx, insert_event, new_event_id, OutboxRow, Writer, WriterConfig, Written};
 
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};

@@ -44,10 +44,7 @@ pub fn remove_dir_at_exit(dir: PathBuf) {
             atexit(remove_registered_dirs);
         }
     });
-    REMOVE_AT_EXIT
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(dir);
+    REMOVE_AT_EXIT.lock().unwrap_or_else(|e| e.into_inner()).push(dir);
 }
 
 extern "C" fn remove_registered_dirs() {
@@ -95,14 +92,8 @@ pub fn spawn(mut cmd: Command) -> io::Result<Child> {
         Mutex::new(tx)
     });
     let (reply_tx, reply_rx) = mpsc::channel();
-    sender
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .send((cmd, reply_tx))
-        .expect("harness spawner thread is gone");
-    reply_rx
-        .recv()
-        .expect("harness spawner thread dropped the request")
+    sender.lock().unwrap_or_else(|e| e.into_inner()).send((cmd, reply_tx)).expect("harness spawner thread is gone");
+    reply_rx.recv().expect("harness spawner thread dropped the request")
 }
 
 /// Sends `sig` to the child unless it has already exited.

@@ -25,21 +25,12 @@ pub fn new_event_id() -> String {
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }
 
 /// The current UTC time as a `DATETIME(6)` literal, e.g. `2026-03-01 12:34:56.123456`.
 pub fn now_datetime6() -> String {
-    let since = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970");
+    let since = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970");
     let secs = since.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil-from-days (H. Hinnant), valid for all dates after 1970.
@@ -142,10 +133,7 @@ impl OutboxRow {
 ///
 /// # Errors
 /// The server's or the connection's error.
-pub async fn insert_event<C: Queryable + Send>(
-    conn: &mut C,
-    row: &OutboxRow,
-) -> Result<(), mysql_async::Error> {
+pub async fn insert_event<C: Queryable + Send>(conn: &mut C, row: &OutboxRow) -> Result<(), mysql_async::Error> {
     let params: Vec<mysql_async::Value> = vec![
         row.id.clone().into(),
         row.aggregate_type.clone().into(),
@@ -179,11 +167,7 @@ pub struct TxError {
 
 impl std::fmt::Display for TxError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let stage = if self.at_commit {
-            "at COMMIT (outcome unknown)"
-        } else {
-            "before COMMIT"
-        };
+        let stage = if self.at_commit { "at COMMIT (outcome unknown)" } else { "before COMMIT" };
         write!(f, "business tx {} failed {stage}: {}", self.id, self.error)
     }
 }
@@ -197,21 +181,11 @@ impl std::error::Error for TxError {}
 /// [`TxError`], telling whether the failure happened at `COMMIT` (outcome unknown).
 pub async fn business_tx_row(conn: &mut Conn, mut row: OutboxRow) -> Result<String, TxError> {
     let id = row.id.clone();
-    let before = |error| TxError {
-        id: id.clone(),
-        at_commit: false,
-        error,
-    };
-    let mut tx = conn
-        .start_transaction(TxOpts::default())
-        .await
-        .map_err(before)?;
+    let before = |error| TxError { id: id.clone(), at_commit: false, error };
+    let mut tx = conn.start_transaction(TxOpts::default()).await.map_err(before)?;
     let (customer, cents) = {
         let mut rng = rand::rng();
-        (
-            format!("customer-{}", rng.random_range(0..10_000)),
-            rng.random_range(100..1_000_000u32),
-        )
+        (format!("customer-{}", rng.random_range(0..10_000)), rng.random_range(100..1_000_000u32))
     };
     let amount = format!("{}.{:02}", cents / 100, cents % 100);
     tx.exec_drop(
@@ -227,11 +201,7 @@ pub async fn business_tx_row(conn: &mut Conn, mut row: OutboxRow) -> Result<Stri
         });
     }
     insert_event(&mut tx, &row).await.map_err(before)?;
-    tx.commit().await.map_err(|error| TxError {
-        id: id.clone(),
-        at_commit: true,
-        error,
-    })?;
+    tx.commit().await.map_err(|error| TxError { id: id.clone(), at_commit: true, error })?;
     Ok(id)
 }
 
@@ -303,12 +273,7 @@ impl Written {
 
     /// Every id, uncertain ones included.
     pub fn ids(&self) -> Vec<String> {
-        self.expected
-            .per_aggregate
-            .values()
-            .flatten()
-            .cloned()
-            .collect()
+        self.expected.per_aggregate.values().flatten().cloned().collect()
     }
 
     /// Looks the uncertain ids up in `shop.outbox_events`: present ones become certain, absent ones
@@ -323,17 +288,11 @@ impl Written {
         }
         let marks = vec!["?"; uncertain.len()].join(",");
         let present: HashSet<String> = conn
-            .exec::<String, _, _>(
-                format!("SELECT id FROM shop.outbox_events WHERE id IN ({marks})"),
-                uncertain.clone(),
-            )
+            .exec::<String, _, _>(format!("SELECT id FROM shop.outbox_events WHERE id IN ({marks})"), uncertain.clone())
             .await?
             .into_iter()
             .collect();
-        let absent: HashSet<&String> = uncertain
-            .iter()
-            .filter(|id| !present.contains(*id))
-            .collect();
+        let absent: HashSet<&String> = uncertain.iter().filter(|id| !present.contains(*id)).collect();
         for ids in self.expected.per_aggregate.values_mut() {
             ids.retain(|id| !absent.contains(id));
         }
@@ -355,19 +314,15 @@ impl Writer {
     /// Spawns the tasks on the current tokio runtime, connecting with `opts`
     /// (e.g. [`super::MariaDb::opts_root`]).
     pub fn start(opts: Opts, cfg: WriterConfig) -> Writer {
-        assert!(
-            cfg.tasks > 0 && cfg.aggregates_per_task > 0,
-            "a Writer needs tasks and aggregates"
-        );
+        assert!(cfg.tasks > 0 && cfg.aggregates_per_task > 0, "a Writer needs tasks and aggregates");
         let stop = Arc::new(AtomicBool::new(false));
         let committed = Arc::new(AtomicUsize::new(0));
         let claimed = Arc::new(AtomicUsize::new(0));
         let run: String = format!("{:06x}", rand::rng().random_range(0..0x100_0000u32));
         let handles = (0..cfg.tasks)
             .map(|t| {
-                let aggregates: Vec<String> = (0..cfg.aggregates_per_task)
-                    .map(|a| format!("{run}-t{t}-a{a}"))
-                    .collect();
+                let aggregates: Vec<String> =
+                    (0..cfg.aggregates_per_task).map(|a| format!("{run}-t{t}-a{a}")).collect();
                 let task = WriterTask {
                     opts: opts.clone(),
                     cfg: cfg.clone(),
@@ -379,11 +334,7 @@ impl Writer {
                 tokio::spawn(task.run())
             })
             .collect();
-        Writer {
-            stop,
-            committed,
-            handles,
-        }
+        Writer { stop, committed, handles }
     }
 
     /// Commits so far (uncertain ones included).
@@ -453,13 +404,7 @@ impl WriterTask {
         let mut next = 0usize;
         while !self.stop.load(Ordering::SeqCst) {
             let max = self.cfg.max_events;
-            if self
-                .claimed
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| {
-                    (c < max).then_some(c + 1)
-                })
-                .is_err()
-            {
+            if self.claimed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| (c < max).then_some(c + 1)).is_err() {
                 break;
             }
             if conn.is_none() {
@@ -470,8 +415,7 @@ impl WriterTask {
                 break; // stopped or gave up while reconnecting
             };
             let aggregate = &self.aggregates[next % self.aggregates.len()];
-            let row =
-                OutboxRow::new(aggregate.as_str()).aggregate_type(self.cfg.aggregate_type.as_str());
+            let row = OutboxRow::new(aggregate.as_str()).aggregate_type(self.cfg.aggregate_type.as_str());
             match business_tx_row(c, row).await {
                 Ok(id) => {
                     if self.cfg.record_gtids {
@@ -487,21 +431,13 @@ impl WriterTask {
                             }
                         }
                     }
-                    out.expected
-                        .per_aggregate
-                        .get_mut(aggregate)
-                        .expect("own aggregate")
-                        .push(id);
+                    out.expected.per_aggregate.get_mut(aggregate).expect("own aggregate").push(id);
                     self.committed.fetch_add(1, Ordering::SeqCst);
                     next += 1;
                 }
                 Err(e) if e.at_commit => {
                     out.errors.push(e.to_string());
-                    out.expected
-                        .per_aggregate
-                        .get_mut(aggregate)
-                        .expect("own aggregate")
-                        .push(e.id.clone());
+                    out.expected.per_aggregate.get_mut(aggregate).expect("own aggregate").push(e.id.clone());
                     out.expected.uncertain.insert(e.id);
                     self.committed.fetch_add(1, Ordering::SeqCst);
                     next += 1;
@@ -531,10 +467,7 @@ impl WriterTask {
             match Conn::new(self.opts.clone()).await {
                 Ok(c) => return Some(c),
                 Err(e) if started.elapsed() >= self.cfg.reconnect_timeout => {
-                    out.errors.push(format!(
-                        "writer gave up reconnecting after {:?}: {e}",
-                        started.elapsed()
-                    ));
+                    out.errors.push(format!("writer gave up reconnecting after {:?}: {e}", started.elapsed()));
                     return None;
                 }
                 Err(_) => {}

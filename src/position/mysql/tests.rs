@@ -8,13 +8,11 @@ const U1: &str = "3e11fa47-71ca-11e1-9e33-c80aa9429562";
 const U2: &str = "4c2ad77f-697e-11e3-b2e2-c80aa9429562";
 
 fn set(text: &str) -> GtidSet {
-    text.parse()
-        .unwrap_or_else(|e| panic!("{text:?} should parse: {e}"))
+    text.parse().unwrap_or_else(|e| panic!("{text:?} should parse: {e}"))
 }
 
 fn gtid(text: &str) -> Gtid {
-    text.parse()
-        .unwrap_or_else(|e| panic!("{text:?} should parse: {e}"))
+    text.parse().unwrap_or_else(|e| panic!("{text:?} should parse: {e}"))
 }
 
 /// Checks the storage invariants through the public iterator.
@@ -22,10 +20,7 @@ fn assert_canonical(set: &GtidSet) {
     for (uuid, tag, ranges) in set.iter() {
         assert!(!ranges.is_empty(), "{uuid} {tag:?} has no ranges");
         for r in ranges {
-            assert!(
-                1 <= r.start && r.start < r.end && r.end <= MAX_GNO + 1,
-                "{r:?}"
-            );
+            assert!(1 <= r.start && r.start < r.end && r.end <= MAX_GNO + 1, "{r:?}");
         }
         for pair in ranges.windows(2) {
             assert!(pair[0].end < pair[1].start, "{pair:?} touch or overlap");
@@ -38,10 +33,7 @@ fn uuids_parse_case_insensitively_and_print_lower_case() {
     let cases: &[(&str, Option<&str>)] = &[
         (U1, Some(U1)),
         ("3E11FA47-71CA-11E1-9E33-C80AA9429562", Some(U1)),
-        (
-            "00000000-0000-0000-0000-000000000000",
-            Some("00000000-0000-0000-0000-000000000000"),
-        ),
+        ("00000000-0000-0000-0000-000000000000", Some("00000000-0000-0000-0000-000000000000")),
         ("3e11fa47-71ca-11e1-9e33-c80aa942956", None),
         ("3e11fa47-71ca-11e1-9e33-c80aa94295620", None),
         ("3e11fa4771ca11e19e33c80aa9429562", None),
@@ -65,10 +57,7 @@ fn tags_follow_mysql_rules_and_are_lower_cased() {
         ("domain_1", Ok("domain_1")),
         ("Domain_1", Ok("domain_1")),
         ("_", Ok("_")),
-        (
-            "a2345678901234567890123456789012",
-            Ok("a2345678901234567890123456789012"),
-        ),
+        ("a2345678901234567890123456789012", Ok("a2345678901234567890123456789012")),
         ("a23456789012345678901234567890123", Err("at most 32")),
         ("", Err("1 to 32")),
         ("1abc", Err("start with a letter")),
@@ -89,14 +78,8 @@ fn tags_follow_mysql_rules_and_are_lower_cased() {
 fn gtids_parse_and_print() {
     let cases: Vec<(String, Option<String>)> = vec![
         (format!("{U1}:1"), Some(format!("{U1}:1"))),
-        (
-            "3E11FA47-71CA-11E1-9E33-C80AA9429562:Domain_1:7".into(),
-            Some(format!("{U1}:domain_1:7")),
-        ),
-        (
-            format!(" {U1}:9223372036854775806 "),
-            Some(format!("{U1}:9223372036854775806")),
-        ),
+        ("3E11FA47-71CA-11E1-9E33-C80AA9429562:Domain_1:7".into(), Some(format!("{U1}:domain_1:7"))),
+        (format!(" {U1}:9223372036854775806 "), Some(format!("{U1}:9223372036854775806"))),
         (format!("{U1}:0"), None),
         (format!("{U1}:9223372036854775807"), None),
         (format!("{U1}:1-5"), None),
@@ -121,21 +104,14 @@ fn sets_parse_server_output_into_canonical_form() {
         (" \n ".into(), String::new()),
         (format!("{U1}:1-5"), format!("{U1}:1-5")),
         // MySQL's own multi-line output.
-        (
-            format!("{U1}:1-5:11-18,\n{U2}:1-9"),
-            format!("{U1}:1-5:11-18,{U2}:1-9"),
-        ),
+        (format!("{U1}:1-5:11-18,\n{U2}:1-9"), format!("{U1}:1-5:11-18,{U2}:1-9")),
         // Upper case and out of order, as a user might paste it.
         (
-            "4C2AD77F-697E-11E3-B2E2-C80AA9429562:1-9,\n3E11FA47-71CA-11E1-9E33-C80AA9429562:1-5"
-                .into(),
+            "4C2AD77F-697E-11E3-B2E2-C80AA9429562:1-9,\n3E11FA47-71CA-11E1-9E33-C80AA9429562:1-5".into(),
             format!("{U1}:1-5,{U2}:1-9"),
         ),
         // 8.4 tagged form: untagged 1-5, 11; tag domain_1 1-3, 7.
-        (
-            format!("{U1}:1-5:11:domain_1:1-3:7"),
-            format!("{U1}:1-5:11:domain_1:1-3:7"),
-        ),
+        (format!("{U1}:1-5:11:domain_1:1-3:7"), format!("{U1}:1-5:11:domain_1:1-3:7")),
         // The tagged PREVIOUS_GTIDS of the MySQL 9.6 fixture, in text form.
         (
             "55778904-0299-11f1-b1b8-4ef0c4956feb:1-13:mytag:1-2".into(),
@@ -155,10 +131,7 @@ fn sets_parse_server_output_into_canonical_form() {
         (format!("{U1}:7-7"), format!("{U1}:7")),
         (format!(" {U1} : 1 - 3 , "), format!("{U1}:1-3")),
         (format!("{U1}:1,,{U2}:2"), format!("{U1}:1,{U2}:2")),
-        (
-            format!("{U1}:9223372036854775806"),
-            format!("{U1}:9223372036854775806"),
-        ),
+        (format!("{U1}:9223372036854775806"), format!("{U1}:9223372036854775806")),
     ];
     for (input, canonical) in cases {
         let parsed = set(input);
@@ -173,10 +146,7 @@ fn sets_reject_malformed_text_with_a_diagnosis() {
     let cases: &[(String, &str)] = &[
         (format!("{U1}:0"), r#"invalid GNO "0""#),
         (format!("{U1}:0-5"), r#"invalid GNO "0""#),
-        (
-            format!("{U1}:5-3"),
-            r#"interval "5-3": it ends before it starts"#,
-        ),
+        (format!("{U1}:5-3"), r#"interval "5-3": it ends before it starts"#),
         (format!("{U1}:1-0"), r#"invalid GNO "0""#),
         (format!("{U1}:9223372036854775807"), "invalid GNO"),
         (format!("{U1}:010"), "leading zeros"),
@@ -190,19 +160,10 @@ fn sets_reject_malformed_text_with_a_diagnosis() {
         (format!("{U1}:a:b:1"), "without any interval"),
         (format!("{U1}:"), "between each pair of `:`"),
         (format!("{U1}::1"), "between each pair of `:`"),
-        (
-            "3e11fa47-71ca-11e1-9e33-c80aa942956:1".into(),
-            "invalid server UUID",
-        ),
-        (
-            "3e11fa4771ca11e19e33c80aa9429562:1".into(),
-            "invalid server UUID",
-        ),
+        ("3e11fa47-71ca-11e1-9e33-c80aa942956:1".into(), "invalid server UUID"),
+        ("3e11fa4771ca11e19e33c80aa9429562:1".into(), "invalid server UUID"),
         (format!("{U1}:1;{U2}:2"), "invalid GNO"),
-        (
-            format!("{U1}:a23456789012345678901234567890123:1"),
-            "at most 32",
-        ),
+        (format!("{U1}:a23456789012345678901234567890123:1"), "at most 32"),
     ];
     for (input, needle) in cases {
         let error = input.parse::<GtidSet>().expect_err(input).to_string();
@@ -240,60 +201,15 @@ fn contains_is_exact_at_interval_boundaries() {
 fn insert_merges_at_edges_and_fills_gaps() {
     let cases: &[(String, String, String, bool)] = &[
         (String::new(), format!("{U1}:1"), format!("{U1}:1"), true),
-        (
-            format!("{U1}:1-5"),
-            format!("{U1}:6"),
-            format!("{U1}:1-6"),
-            true,
-        ),
-        (
-            format!("{U1}:2-5"),
-            format!("{U1}:1"),
-            format!("{U1}:1-5"),
-            true,
-        ),
-        (
-            format!("{U1}:1-3:5-7"),
-            format!("{U1}:4"),
-            format!("{U1}:1-7"),
-            true,
-        ),
-        (
-            format!("{U1}:1-3:7-9"),
-            format!("{U1}:5"),
-            format!("{U1}:1-3:5:7-9"),
-            true,
-        ),
-        (
-            format!("{U1}:1-3:7-9"),
-            format!("{U1}:11"),
-            format!("{U1}:1-3:7-9:11"),
-            true,
-        ),
-        (
-            format!("{U1}:1-3"),
-            format!("{U1}:3"),
-            format!("{U1}:1-3"),
-            false,
-        ),
-        (
-            format!("{U1}:1-3"),
-            format!("{U1}:1"),
-            format!("{U1}:1-3"),
-            false,
-        ),
-        (
-            format!("{U1}:1-3"),
-            format!("{U1}:t:1"),
-            format!("{U1}:1-3:t:1"),
-            true,
-        ),
-        (
-            format!("{U2}:1"),
-            format!("{U1}:1"),
-            format!("{U1}:1,{U2}:1"),
-            true,
-        ),
+        (format!("{U1}:1-5"), format!("{U1}:6"), format!("{U1}:1-6"), true),
+        (format!("{U1}:2-5"), format!("{U1}:1"), format!("{U1}:1-5"), true),
+        (format!("{U1}:1-3:5-7"), format!("{U1}:4"), format!("{U1}:1-7"), true),
+        (format!("{U1}:1-3:7-9"), format!("{U1}:5"), format!("{U1}:1-3:5:7-9"), true),
+        (format!("{U1}:1-3:7-9"), format!("{U1}:11"), format!("{U1}:1-3:7-9:11"), true),
+        (format!("{U1}:1-3"), format!("{U1}:3"), format!("{U1}:1-3"), false),
+        (format!("{U1}:1-3"), format!("{U1}:1"), format!("{U1}:1-3"), false),
+        (format!("{U1}:1-3"), format!("{U1}:t:1"), format!("{U1}:1-3:t:1"), true),
+        (format!("{U2}:1"), format!("{U1}:1"), format!("{U1}:1,{U2}:1"), true),
         (
             format!("{U1}:9223372036854775805"),
             format!("{U1}:9223372036854775806"),
@@ -313,11 +229,7 @@ fn insert_merges_at_edges_and_fills_gaps() {
 #[test]
 #[should_panic(expected = "outside 1..=")]
 fn insert_refuses_gno_zero() {
-    let g = Gtid {
-        uuid: U1.parse().unwrap(),
-        tag: None,
-        gno: 0,
-    };
+    let g = Gtid { uuid: U1.parse().unwrap(), tag: None, gno: 0 };
     GtidSet::new().insert(&g);
 }
 
@@ -331,10 +243,7 @@ fn wire_ranges_are_half_open() {
     assert_eq!(s.insert_range(uuid, None, 1..14), Ok(true));
     assert_eq!(s.insert_range(uuid, Some(mytag), 1..3), Ok(true));
     assert_eq!(s.insert_range(uuid, None, 2..5), Ok(false));
-    assert_eq!(
-        s,
-        set("55778904-0299-11f1-b1b8-4ef0c4956feb:1-13:mytag:1-2")
-    );
+    assert_eq!(s, set("55778904-0299-11f1-b1b8-4ef0c4956feb:1-13:mytag:1-2"));
     let groups: Vec<_> = s
         .iter()
         .map(|(u, t, ranges)| {
@@ -342,19 +251,10 @@ fn wire_ranges_are_half_open() {
             (*u, t.map(Tag::as_str), ends)
         })
         .collect();
-    assert_eq!(
-        groups,
-        vec![
-            (uuid, None, vec![(1, 14)]),
-            (uuid, Some("mytag"), vec![(1, 3)])
-        ]
-    );
+    assert_eq!(groups, vec![(uuid, None, vec![(1, 14)]), (uuid, Some("mytag"), vec![(1, 3)])]);
 
-    let errors: &[(Range<u64>, &str)] = &[
-        (3..3, "ends before it starts"),
-        (0..2, r#"invalid GNO "0""#),
-        (1..MAX_GNO + 2, "invalid GNO"),
-    ];
+    let errors: &[(Range<u64>, &str)] =
+        &[(3..3, "ends before it starts"), (0..2, r#"invalid GNO "0""#), (1..MAX_GNO + 2, "invalid GNO")];
     for (range, needle) in errors {
         let error = s.insert_range(uuid, None, range.clone()).unwrap_err();
         assert!(error.to_string().contains(needle), "{range:?}: {error}");
@@ -367,21 +267,9 @@ fn union_adds_everything_and_merges() {
     let cases: &[(String, String, String)] = &[
         (String::new(), String::new(), String::new()),
         (format!("{U1}:1-3"), String::new(), format!("{U1}:1-3")),
-        (
-            format!("{U1}:1-3"),
-            format!("{U1}:4-6"),
-            format!("{U1}:1-6"),
-        ),
-        (
-            format!("{U1}:1-3:9"),
-            format!("{U1}:2-5:t:1"),
-            format!("{U1}:1-5:9:t:1"),
-        ),
-        (
-            format!("{U2}:1"),
-            format!("{U1}:1"),
-            format!("{U1}:1,{U2}:1"),
-        ),
+        (format!("{U1}:1-3"), format!("{U1}:4-6"), format!("{U1}:1-6")),
+        (format!("{U1}:1-3:9"), format!("{U1}:2-5:t:1"), format!("{U1}:1-5:9:t:1")),
+        (format!("{U2}:1"), format!("{U1}:1"), format!("{U1}:1,{U2}:1")),
     ];
     for (a, b, expected) in cases {
         let mut u = set(a);
@@ -421,11 +309,7 @@ const TAGS: [Option<&str>; 3] = [None, Some("a"), Some("domain_1")];
 type Model = BTreeSet<(usize, usize, u64)>;
 
 fn make_gtid(u: usize, t: usize, gno: u64) -> Gtid {
-    Gtid {
-        uuid: UUIDS[u].parse().unwrap(),
-        tag: TAGS[t].map(|t| Tag::new(t).unwrap()),
-        gno,
-    }
+    Gtid { uuid: UUIDS[u].parse().unwrap(), tag: TAGS[t].map(|t| Tag::new(t).unwrap()), gno }
 }
 
 /// Small GNOs so that ranges collide, plus a few at the top of the range.

@@ -1,0 +1,492 @@
+//! The initial snapshot: rows already in the outbox table, handed over to the binlog stream at an exact
+//! position.
+//!
+//! # The cut
+//! The snapshot reads the table inside one `START TRANSACTION WITH CONSISTENT SNAPSHOT` and learns the
+//! binlog position that is exactly consistent with that read view (the *cut*). The stream then starts at
+//! the cut: a row committed before it is in the view and emitted by the snapshot; a row committed after it
+//! is not in the view and emitted by the stream. Every row exactly once, without holding a lock for the
+//! scan.
+//! - MariaDB: the consistent-snapshot transaction itself reports its binlog coordinate
+//!   (`binlog_snapshot_file` / `binlog_snapshot_position`), converted with `BINLOG_GTID_POS()`. No lock.
+//! - MySQL: a brief lock makes the GTID read and the transaction start atomic with respect to writers of
+//!   the outbox table: lock, `START TRANSACTION WITH CONSISTENT SNAPSHOT`, read `@@gtid_executed`, unlock;
+//!   then scan. `snapshot.lock` chooses `LOCK TABLES … READ` on the outbox tables (default: works on
+//!   managed MySQL, where FLUSH TABLES WITH READ LOCK is not allowed), or `FLUSH TABLES WITH READ LOCK`.
+//!   Transactions that do not touch the outbox may commit between the lock and the GTID read: they carry
+//!   no outbox rows, so where the stream starts relative to them does not matter.
+//!
+//! # Order and memory
+//! Rows are scanned in keyset chunks along `(aggregate_type, aggregate_id, occurred_at, id)` (the
+//! `idx_aggregate` index plus the primary key InnoDB appends to it), `snapshot.chunk_rows` at a time: one
+//! aggregate's rows come out in `occurred_at` order, ties by id, and all of them before any streamed event
+//! of that aggregate. Never OFFSET, never the whole table in memory.
+//!
+//! # Resuming after a crash (the overlap rule)
+//! Progress is checkpointed as the last *acknowledged* key. The original read view is gone after a crash,
+//! so the scan resumes in a new view `V2` from that key. The snapshot is then a list of *segments*: segment
+//! `i` covers the keys after `after_i` (up to the next segment's `after`) as seen in view `V_i`. The stream
+//! still starts at the original cut `V_1`, and for every outbox row it reads, at position `p` with key `k`:
+//!
+//! > the row was already emitted iff the segment whose key range holds `k` has a view that contains `p`.
+//!
+//! Rows of a resumed segment's range committed before its view were scanned; rows committed after it, or
+//! with keys in an earlier segment's range, were not, and the stream emits them. Key comparisons use the
+//! server's collation (it defines the scan order), through a query cached per aggregate. Once the stream
+//! has passed every segment's view, the rule can never skip again and is dropped.
+//!
+//! **The one assumption:** outbox rows are not deleted or re-keyed before they are checkpointed (the
+//! cleanup job deletes only rows whose events are acknowledged). A row deleted between two views would be
+//! in neither.
+//!
+//! Re-emitted on resume: only the unacknowledged in-flight rows after the last checkpointed key.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Row};
+use serde::{Deserialize, Serialize};
+
+use super::{OutboxRow, ServerInfo, SourceConn};
+use crate::config::{ColumnNames, Config, SnapshotLock, TableName};
+use crate::error::{classify_mysql, Error, Result};
+use crate::position::{BinlogCoord, Flavor, Gtids, Position};
+use crate::source::binlog::TxStart;
+
+/// A row's place in the scan order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SnapshotKey {
+    /// Index of the table in the configured (sorted) outbox tables.
+    pub table: usize,
+    /// `aggregate_type`.
+    pub aggregate_type: String,
+    /// `aggregate_id`.
+    pub aggregate_id: String,
+    /// `occurred_at` as the server prints it (`YYYY-MM-DD HH:MM:SS[.ffffff]`).
+    pub occurred_at: String,
+    /// Event id.
+    pub id: String,
+}
+
+/// A range of keys scanned in one read view.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    /// Position consistent with the read view.
+    pub view: Position,
+    /// The segment covers keys after this one (`None`: from the start).
+    pub after: Option<SnapshotKey>,
+}
+
+/// Snapshot progress, stored with the checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotState {
+    /// Segments in key order; the first one's view is the cut where the stream starts.
+    pub segments: Vec<Segment>,
+    /// Last key whose row (and every earlier one) Kafka acknowledged.
+    pub last_key: Option<SnapshotKey>,
+    /// Rows acknowledged so far.
+    pub rows_done: u64,
+    /// Estimated rows in total (from the server's statistics at the start).
+    pub rows_estimate: u64,
+    /// Every row was scanned and acknowledged; only the overlap rule is still in force.
+    pub done: bool,
+}
+
+impl SnapshotState {
+    /// The cut: where the stream starts.
+    pub fn cut(&self) -> &Position {
+        &self.segments[0].view
+    }
+}
+
+/// Whether the snapshot's view at `view` holds the transaction starting at `start`.
+pub fn view_contains(view: &Position, start: &TxStart) -> bool {
+    match (&view.gtids, &start.gtid) {
+        (Gtids::MariaDb(pos), Some(crate::source::binlog::TxGtid::MariaDb(g))) => pos.contains(g),
+        (Gtids::MySql(set), Some(crate::source::binlog::TxGtid::MySql(g))) => set.contains(g),
+        _ => start.coord < view.coord,
+    }
+}
+
+/// Reads the outbox tables inside one consistent-snapshot transaction.
+pub struct Scanner {
+    conn: Conn,
+    tables: Vec<Arc<TableName>>,
+    columns: ColumnNames,
+    filter: Option<String>,
+    chunk_rows: usize,
+    /// Next table to scan, and the key to continue after.
+    table: usize,
+    after: Option<SnapshotKey>,
+}
+
+/// Opens a consistent read view and returns it with its exact binlog position.
+///
+/// # Errors
+/// Classified query errors; a definite error when the server cannot report the position.
+pub async fn open(
+    source: &SourceConn,
+    info: &ServerInfo,
+    config: &Config,
+    after: Option<SnapshotKey>,
+) -> Result<(Scanner, Position)> {
+    let tables: Vec<Arc<TableName>> = config.outbox_tables()?.into_iter().map(Arc::new).collect();
+    let mut conn = source.connect().await?;
+    let q = |e: mysql_async::Error| classify_mysql(&e).context("opening the snapshot transaction");
+    conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ").await.map_err(q)?;
+    let position = match info.identity.flavor {
+        Flavor::MariaDb => {
+            conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY").await.map_err(q)?;
+            let status: Vec<(String, String)> = conn.query("SHOW STATUS LIKE 'binlog_snapshot_%'").await.map_err(q)?;
+            let get = |name: &str| status.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
+            let file = get("binlog_snapshot_file").filter(|f| !f.is_empty()).ok_or_else(|| {
+                Error::definite("the server reports no binlog_snapshot_file: binary logging (log_bin) is OFF")
+            })?;
+            let pos: u64 = get("binlog_snapshot_position").and_then(|p| p.parse().ok()).unwrap_or(4);
+            let coord = BinlogCoord { file, pos };
+            let gtids = match config.source.resume_by {
+                crate::config::ResumeBy::File => Gtids::None,
+                crate::config::ResumeBy::Gtid => Gtids::MariaDb(super::mariadb_gtid_at(&mut conn, &coord).await?),
+            };
+            Position { gtids, coord }
+        }
+        Flavor::MySql => {
+            // Lock on a second connection: START TRANSACTION would release the lock on its own one.
+            let mut lock = source.connect().await?;
+            let lock_sql = match config.snapshot.lock {
+                SnapshotLock::Tables => {
+                    let list: Vec<String> = tables.iter().map(|t| format!("{} READ", quoted(t))).collect();
+                    format!("LOCK TABLES {}", list.join(", "))
+                }
+                SnapshotLock::Global => "FLUSH TABLES WITH READ LOCK".to_string(),
+            };
+            lock.query_drop(&lock_sql).await.map_err(|e| {
+                classify_mysql(&e).context(format_args!(
+                    "`{lock_sql}` (snapshot.lock): grant LOCK TABLES on the outbox tables, or choose another lock"
+                ))
+            })?;
+            let opened = async {
+                conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY").await.map_err(q)?;
+                super::current_position(&mut conn, info, config.source.resume_by).await
+            }
+            .await;
+            lock.query_drop("UNLOCK TABLES").await.map_err(q)?;
+            drop(lock);
+            opened?
+        }
+    };
+    let table = after.as_ref().map_or(0, |k| k.table);
+    Ok((
+        Scanner {
+            conn,
+            tables,
+            columns: config.outbox.columns.clone(),
+            filter: config.snapshot.r#where.clone(),
+            chunk_rows: config.snapshot.chunk_rows,
+            table,
+            after,
+        },
+        position,
+    ))
+}
+
+fn quoted(t: &TableName) -> String {
+    format!("`{}`.`{}`", t.database.replace('`', "``"), t.table.replace('`', "``"))
+}
+
+fn col(name: &str) -> String {
+    format!("`{}`", name.replace('`', "``"))
+}
+
+impl Scanner {
+    /// Estimated rows to scan (server statistics; exact for small tables).
+    ///
+    /// # Errors
+    /// Classified query errors.
+    pub async fn estimate_rows(&mut self) -> Result<u64> {
+        let mut total = 0;
+        for t in &self.tables {
+            let rows: Option<Option<u64>> = self
+                .conn
+                .exec_first(
+                    "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                    (&t.database, &t.table),
+                )
+                .await
+                .map_err(|e| classify_mysql(&e))?;
+            total += rows.flatten().unwrap_or(0);
+        }
+        Ok(total)
+    }
+
+    /// The next chunk of rows in key order; empty when the snapshot is complete.
+    ///
+    /// # Errors
+    /// Classified query errors; definite errors for rows that cannot be decoded.
+    pub async fn next_chunk(&mut self) -> Result<Vec<(SnapshotKey, OutboxRow)>> {
+        while self.table < self.tables.len() {
+            let rows = self.query_chunk().await?;
+            if rows.is_empty() {
+                self.table += 1;
+                self.after = None;
+                continue;
+            }
+            let decoded = rows.into_iter().map(|row| self.decode(row)).collect::<Result<Vec<_>>>()?;
+            self.after = decoded.last().map(|(k, _)| k.clone());
+            return Ok(decoded);
+        }
+        Ok(Vec::new())
+    }
+
+    async fn query_chunk(&mut self) -> Result<Vec<Row>> {
+        let headers = self.columns.headers.clone();
+        let has_headers = self.has_column(&headers).await?;
+        let table = self.tables[self.table].clone();
+        let c = &self.columns;
+        let key_cols = [&c.aggregate_type, &c.aggregate_id, &c.occurred_at, &c.id].map(|n| col(n));
+        let mut sql = format!(
+            "SELECT {}, {}, {}, {}, {}, {}, {}, {} FROM {}",
+            key_cols[0],
+            key_cols[1],
+            key_cols[2],
+            key_cols[3],
+            col(&c.event_type),
+            col(&c.schema_version),
+            col(&c.payload),
+            if has_headers { col(&headers) } else { "NULL".into() },
+            quoted(&table)
+        );
+        let mut conditions = Vec::new();
+        if let Some(filter) = &self.filter {
+            conditions.push(format!("({filter})"));
+        }
+        let mut params: Vec<mysql_async::Value> = Vec::new();
+        if let Some(after) = self.after.as_ref().filter(|k| k.table == self.table) {
+            // Expanded form of (a, b, c, d) > (?, ?, ?, ?): every optimizer turns it into an index range.
+            conditions.push(format!(
+                "({a} > ? OR ({a} = ? AND ({b} > ? OR ({b} = ? AND ({c} > ? OR ({c} = ? AND {d} > ?))))))",
+                a = key_cols[0],
+                b = key_cols[1],
+                c = key_cols[2],
+                d = key_cols[3]
+            ));
+            for v in [
+                &after.aggregate_type,
+                &after.aggregate_type,
+                &after.aggregate_id,
+                &after.aggregate_id,
+                &after.occurred_at,
+                &after.occurred_at,
+                &after.id,
+            ] {
+                params.push(v.clone().into());
+            }
+        }
+        if !conditions.is_empty() {
+            let _ = write!(sql, " WHERE {}", conditions.join(" AND "));
+        }
+        let _ = write!(sql, " ORDER BY {} LIMIT {}", key_cols.join(", "), self.chunk_rows);
+        let rows: Vec<Row> =
+            if params.is_empty() { self.conn.query(sql).await } else { self.conn.exec(sql, params).await }
+                .map_err(|e| classify_mysql(&e).context(format_args!("snapshot scan of {table}")))?;
+        Ok(rows)
+    }
+
+    async fn has_column(&mut self, name: &str) -> Result<bool> {
+        let table = &self.tables[self.table];
+        let found: Option<u8> = self
+            .conn
+            .exec_first(
+                "SELECT 1 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+                (&table.database, &table.table, name),
+            )
+            .await
+            .map_err(|e| classify_mysql(&e))?;
+        Ok(found.is_some())
+    }
+
+    fn decode(&self, row: Row) -> Result<(SnapshotKey, OutboxRow)> {
+        let table = self.tables[self.table].clone();
+        let text = |i: usize, what: &str| -> Result<Option<String>> {
+            match row.as_ref(i) {
+                None | Some(mysql_async::Value::NULL) => Ok(None),
+                Some(mysql_async::Value::Bytes(b)) => String::from_utf8(b.clone())
+                    .map(Some)
+                    .map_err(|_| Error::definite(format!("snapshot of {table}: column {what} is not valid UTF-8"))),
+                Some(other) => Ok(Some(other.as_sql(true).trim_matches('\'').to_string())),
+            }
+        };
+        let need = |i: usize, what: &str| -> Result<String> {
+            text(i, what)?.ok_or_else(|| Error::definite(format!("snapshot of {table}: column {what} is NULL")))
+        };
+        let id = need(3, "id")?;
+        let occurred_at = need(2, "occurred_at")?;
+        let version = need(5, "schema_version")?;
+        let schema_version = version.parse::<u16>().map_err(|_| {
+            Error::definite(format!("outbox row id={id} in {table}: schema_version {version} is not in 0..=65535"))
+        })?;
+        let key = SnapshotKey {
+            table: self.table,
+            aggregate_type: need(0, "aggregate_type")?,
+            aggregate_id: need(1, "aggregate_id")?,
+            occurred_at: occurred_at.clone(),
+            id: id.clone(),
+        };
+        let outbox = OutboxRow {
+            table: table.clone(),
+            aggregate_type: key.aggregate_type.clone(),
+            aggregate_id: key.aggregate_id.clone(),
+            event_type: need(4, "event_type")?,
+            schema_version,
+            payload: need(6, "payload")?,
+            headers: text(7, "headers")?,
+            occurred_at: occurred_at.replacen(' ', "T", 1),
+            id,
+            from_snapshot: true,
+        };
+        Ok((key, outbox))
+    }
+
+    /// Ends the read view.
+    pub async fn close(mut self) {
+        let _ = self.conn.query_drop("COMMIT").await;
+        let _ = self.conn.disconnect().await;
+    }
+}
+
+/// A string parameter compared with a column's collation.
+fn text_expr(collation: &str) -> String {
+    let charset = collation.split('_').next().unwrap_or("utf8mb4");
+    format!("CONVERT(? USING {charset}) COLLATE {collation}")
+}
+
+/// The overlap rule for the stream after a resumed snapshot (see the module docs).
+pub struct Overlap {
+    state: Arc<SnapshotState>,
+    conn: Conn,
+    tables: Vec<TableName>,
+    /// Per table: the collations of aggregate_type, aggregate_id and id, which define the scan order.
+    collations: Vec<[String; 3]>,
+    /// Cache: (table, aggregate_type, aggregate_id) -> index of the segment holding that aggregate, when
+    /// no segment boundary falls inside the aggregate.
+    by_aggregate: HashMap<(usize, String, String), usize>,
+}
+
+impl Overlap {
+    /// The rule for a completed snapshot; `None` when it can never skip (a single segment).
+    ///
+    /// # Errors
+    /// Connection errors.
+    pub async fn new(
+        state: Arc<SnapshotState>,
+        source: &SourceConn,
+        tables: Vec<TableName>,
+        columns: &ColumnNames,
+    ) -> Result<Option<Self>> {
+        if state.segments.len() < 2 {
+            return Ok(None);
+        }
+        let mut conn = source.connect().await?;
+        let mut collations = Vec::new();
+        for t in &tables {
+            let mut three: [String; 3] = Default::default();
+            for (slot, name) in three.iter_mut().zip([&columns.aggregate_type, &columns.aggregate_id, &columns.id]) {
+                let collation: Option<Option<String>> = conn
+                    .exec_first(
+                        "SELECT COLLATION_NAME FROM information_schema.COLUMNS \
+                         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+                        (&t.database, &t.table, name),
+                    )
+                    .await
+                    .map_err(|e| classify_mysql(&e))?;
+                *slot = collation.flatten().unwrap_or_else(|| "utf8mb4_bin".into());
+            }
+            collations.push(three);
+        }
+        Ok(Some(Overlap { state, conn, tables, collations, by_aggregate: HashMap::new() }))
+    }
+
+    /// The state to keep in checkpoints while the rule is in force.
+    pub fn state(&self) -> &Arc<SnapshotState> {
+        &self.state
+    }
+
+    /// True once the stream is past every segment's view: the rule can never skip again.
+    pub fn expired(&self, stream: &Position) -> bool {
+        self.state.segments.iter().all(|s| match (&s.view.gtids, &stream.gtids) {
+            (Gtids::MariaDb(v), Gtids::MariaDb(p)) => v.iter().all(|g| p.contains(&g)),
+            (Gtids::MySql(v), Gtids::MySql(p)) => v.is_subset(p),
+            _ => s.view.coord <= stream.coord,
+        })
+    }
+
+    /// Whether the snapshot already emitted `row`, read by the stream in the transaction at `start`.
+    ///
+    /// # Errors
+    /// Classified query errors of the key comparison.
+    pub async fn emitted_by_snapshot(&mut self, row: &OutboxRow, start: &TxStart) -> Result<bool> {
+        let Some(table) = self.tables.iter().position(|t| *t == *row.table) else {
+            return Ok(false);
+        };
+        let segment = self.segment_of(table, row).await?;
+        Ok(segment > 0 && view_contains(&self.state.segments[segment].view, start))
+    }
+
+    /// Index of the segment whose key range holds the row's key.
+    async fn segment_of(&mut self, table: usize, row: &OutboxRow) -> Result<usize> {
+        let cache_key = (table, row.aggregate_type.clone(), row.aggregate_id.clone());
+        if let Some(&i) = self.by_aggregate.get(&cache_key) {
+            return Ok(i);
+        }
+        let mut segment = 0;
+        let mut boundary_inside_aggregate = false;
+        let state = self.state.clone();
+        for (i, s) in state.segments.iter().enumerate().skip(1) {
+            let after = s.after.as_ref().expect("resumed segments start after a key");
+            let greater = if after.table != table {
+                table > after.table
+            } else {
+                let [ct, ca, ci] = self.collations[table].clone();
+                let (t, a, i) = (text_expr(&ct), text_expr(&ca), text_expr(&ci));
+                let same_aggregate: bool = self
+                    .compare(
+                        &format!("({t} = {t} AND {a} = {a})"),
+                        [&row.aggregate_type, &after.aggregate_type, &row.aggregate_id, &after.aggregate_id],
+                    )
+                    .await?;
+                boundary_inside_aggregate |= same_aggregate;
+                let key = [&row.aggregate_type, &row.aggregate_id, &row.occurred_at.replacen('T', " ", 1), &row.id];
+                let k = [&after.aggregate_type, &after.aggregate_id, &after.occurred_at, &after.id];
+                let d = "CAST(? AS DATETIME(6))";
+                self.compare(
+                    &format!(
+                        "({t} > {t} OR ({t} = {t} AND ({a} > {a} OR ({a} = {a} AND ({d} > {d} \
+                         OR ({d} = {d} AND {i} > {i}))))))"
+                    ),
+                    [key[0], k[0], key[0], k[0], key[1], k[1], key[1], k[1], key[2], k[2], key[2], k[2], key[3], k[3]],
+                )
+                .await?
+            };
+            if greater {
+                segment = i;
+            }
+        }
+        if !boundary_inside_aggregate {
+            self.by_aggregate.insert(cache_key, segment);
+        }
+        Ok(segment)
+    }
+
+    /// Evaluates a boolean expression over string parameters with the server's collation rules.
+    async fn compare<const N: usize>(&mut self, expr: &str, params: [&String; N]) -> Result<bool> {
+        let params: Vec<mysql_async::Value> = params.iter().map(|s| (*s).clone().into()).collect();
+        let result: Option<Option<i64>> = self
+            .conn
+            .exec_first(format!("SELECT {expr}"), params)
+            .await
+            .map_err(|e| classify_mysql(&e).context("comparing snapshot keys"))?;
+        Ok(result.flatten() == Some(1))
+    }
+}

@@ -1,0 +1,283 @@
+//! The initial snapshot against a real MariaDB and a real broker: exact hand-off to the stream, order,
+//! concurrent writers, kill -9 mid-snapshot and resume, and the modes.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{business_tx, Broker, Connector, Engine, Expected, MariaDb, Received, Writer, WriterConfig};
+use mysql_async::prelude::Queryable;
+
+const TOPIC: &str = "outbox.event.order";
+const READ_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Inserts `n` rows (ids `snap-0000001`…) over `aggregates` aggregates in transactions of 10,000 rows, all
+/// with the same `occurred_at`, so the snapshot order within an aggregate is the id order.
+async fn seed(db: &MariaDb, n: usize, aggregates: usize) -> Expected {
+    let mut conn = db.conn().await;
+    let mut from = 1;
+    while from <= n {
+        let to = (from + 9_999).min(n);
+        conn.query_drop(format!(
+            "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
+             payload, occurred_at, next_attempt_at) \
+             SELECT CONCAT('snap-', LPAD(seq, 7, '0')), 'order', CONCAT('agg-', seq % {aggregates}), 'Seeded', \
+                    1, JSON_OBJECT('n', seq), '2026-01-01 00:00:00.000001', NOW(6) FROM seq_{from}_to_{to}"
+        ))
+        .await
+        .unwrap();
+        from = to + 1;
+    }
+    let mut per: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for i in 1..=n {
+        per.entry(format!("agg-{}", i % aggregates)).or_default().push(format!("snap-{i:07}"));
+    }
+    Expected::from_orders(per)
+}
+
+/// Appends the stream's expectation (written after the snapshot rows) to the snapshot's.
+fn then(mut first: Expected, second: &Expected) -> Expected {
+    for (agg, ids) in &second.per_aggregate {
+        first.per_aggregate.entry(agg.clone()).or_default().extend(ids.iter().cloned());
+    }
+    first.uncertain.extend(second.uncertain.iter().cloned());
+    first
+}
+
+fn snapshot_config(extra: &str) -> String {
+    format!("[snapshot]\nmode = \"initial\"\n{extra}\n")
+}
+
+fn is_snapshot(r: &Received) -> bool {
+    r.header_str("source") == Some("snapshot")
+}
+
+/// 200,000 existing rows, then streamed events for the same aggregates: every id exactly once, snapshot
+/// rows in (occurred_at, id) order per aggregate and before that aggregate's streamed rows, marked as
+/// snapshot records.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_200k_then_stream() {
+    const ROWS: usize = 200_000;
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let seeded = seed(&db, ROWS, 1000).await;
+    let mut connector = Connector::start(&db, &broker, &snapshot_config("chunk_rows = 5000"));
+    wait_streaming(&connector);
+    let mut conn = db.conn().await;
+    let mut streamed = BTreeMap::new();
+    for i in 0..50 {
+        let agg = format!("agg-{}", i % 10);
+        let id = business_tx(&mut conn, &agg).await.unwrap();
+        streamed.entry(agg).or_insert_with(Vec::new).push(id);
+    }
+    let expected = then(seeded, &Expected::from_orders(streamed));
+    let records = broker.read_all(TOPIC, expected.len(), READ_TIMEOUT);
+    let report = common::audit(&expected, &records);
+    assert!(report.is_clean(), "{}\n{}", report.summary(), connector.logs());
+    assert_eq!(report.duplicates, 0, "{}", report.summary());
+    let marked = records.iter().filter(|r| is_snapshot(r)).count();
+    assert_eq!(marked, ROWS, "exactly the seeded rows carry the snapshot marker\n{}", connector.logs());
+    assert!(records.iter().filter(|r| is_snapshot(r)).all(|r| r.header_str("id").unwrap().starts_with("snap-")));
+    connector.terminate();
+}
+
+/// Writers commit continuously while the snapshot runs: each of their events is emitted exactly once,
+/// by the snapshot (committed before the cut) or by the stream (after it), never both, never neither.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_writers_during_snapshot() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    seed(&db, 100_000, 500).await;
+    let writer = Writer::start(
+        db.opts_root(),
+        WriterConfig { tasks: 4, max_events: 3000, pause: Duration::from_millis(1), ..WriterConfig::default() },
+    );
+    writer.wait_committed(300, Duration::from_secs(60)).await;
+    let mut connector = Connector::start(&db, &broker, &snapshot_config("chunk_rows = 2000"));
+    let written = writer.finish().await;
+    let mut expected = seed_expectation(100_000, 500);
+    expected = then(expected, &written.expected);
+    let records = broker.read_all(TOPIC, expected.len(), READ_TIMEOUT);
+    let report = common::audit(&expected, &records);
+    assert!(report.is_clean(), "{}\n{}", report.summary(), connector.logs());
+    assert_eq!(report.duplicates, 0, "{}", report.summary());
+    connector.terminate();
+}
+
+fn seed_expectation(n: usize, aggregates: usize) -> Expected {
+    let mut per: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for i in 1..=n {
+        per.entry(format!("agg-{}", i % aggregates)).or_default().push(format!("snap-{i:07}"));
+    }
+    Expected::from_orders(per)
+}
+
+/// kill -9 at several points of a snapshot under concurrent writes, restart each time: nothing missing, the
+/// scan resumes from the last acknowledged key (it does not start over), and duplicates stay within the
+/// unacknowledged window.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill9_mid_snapshot_resumes() {
+    const ROWS: usize = 200_000;
+    let db = MariaDb::start();
+    // Only the connector is killed: the fast in-memory broker keeps everything it acknowledged.
+    let broker = Broker::start(Engine::Memory);
+    seed(&db, ROWS, 700).await;
+    let writer = Writer::start(
+        db.opts_root(),
+        WriterConfig { tasks: 2, max_events: 2000, pause: Duration::from_millis(3), ..WriterConfig::default() },
+    );
+    // Small chunks and frequent checkpoints: progress is visible often enough to kill mid-way.
+    let mut connector = Connector::new();
+    let config = connector.write_config(&db, &broker, &snapshot_config("chunk_rows = 100"));
+    let text =
+        std::fs::read_to_string(&config).unwrap().replace("[state]\n", "[state]\ncheckpoint_interval_ms = 100\n");
+    std::fs::write(&config, text).unwrap();
+    connector.run(&config);
+    let mut resumed_from = Vec::new();
+    for threshold in [20_000, 50_000, 80_000] {
+        let mut reached = false;
+        for _ in 0..1200 {
+            std::thread::sleep(Duration::from_millis(50));
+            if snapshot_rows_done(&connector).is_some_and(|done| done >= threshold) {
+                reached = true;
+                break;
+            }
+        }
+        assert!(reached, "snapshot did not reach {threshold} rows\n{}", connector.logs());
+        connector.kill();
+        let done = snapshot_rows_done(&connector).expect("checkpoint has snapshot progress");
+        assert!(done < ROWS as u64, "the snapshot finished before the kill ({done} rows); it must be slower");
+        resumed_from.push(done);
+        connector.restart();
+    }
+    let written = writer.finish().await;
+    let expected = then(seed_expectation(ROWS, 700), &written.expected);
+    let records = broker.read_all(TOPIC, expected.len(), READ_TIMEOUT);
+    let report = common::audit(&expected, &records);
+    assert!(report.is_clean(), "{}\n{}", report.summary(), connector.logs());
+    let logs = connector.logs();
+    assert_eq!(logs.matches("resuming the snapshot after the last acknowledged key").count(), 3, "{logs}");
+    // Had the scan started over, every resume would repeat everything before its checkpoint.
+    let restarted_over: u64 = resumed_from.iter().sum();
+    assert!(
+        (report.duplicates as u64) < restarted_over,
+        "duplicates {} must stay below the {restarted_over} rows a restart from scratch would repeat",
+        report.duplicates
+    );
+    connector.terminate();
+}
+
+/// Waits until the connector has finished its snapshot and streams (so later writes are streamed).
+fn wait_streaming(connector: &Connector) {
+    let ok = common::wait_until(Duration::from_secs(300), || connector.stderr().contains(" streaming "));
+    assert!(ok, "connector never started streaming\n{}", connector.logs());
+}
+
+/// Rows acknowledged by the snapshot so far, from `outbox-cdc status --json`.
+fn snapshot_rows_done(connector: &Connector) -> Option<u64> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-cdc"))
+        .args(["status", "--json", "--config"])
+        .arg(connector.config_path())
+        .output()
+        .ok()?;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    json["snapshot"]["rows_done"].as_u64()
+}
+
+/// `initial_only` snapshots, checkpoints and exits 0; `snapshot.where` restricts the rows; a restart of
+/// `initial_only` finds the snapshot done and exits at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn initial_only_with_where() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    seed(&db, 1000, 10).await;
+    db.sql("UPDATE shop.outbox_events SET published_at = NOW(6) WHERE id <= 'snap-0000400'");
+    let mut connector =
+        Connector::start(&db, &broker, "[snapshot]\nmode = \"initial_only\"\nwhere = \"published_at IS NULL\"\n");
+    let status = connector.wait_exit(Duration::from_secs(120)).expect("initial_only must exit");
+    assert!(status.success(), "{}", connector.logs());
+    let records = broker.read_all(TOPIC, 600, READ_TIMEOUT);
+    assert_eq!(records.len(), 600, "{}", connector.logs());
+    assert!(records.iter().all(|r| r.header_str("id").unwrap() > "snap-0000400"));
+    connector.restart();
+    let status = connector.wait_exit(Duration::from_secs(60)).expect("second run must exit");
+    assert!(status.success(), "{}", connector.logs());
+    assert!(connector.logs().contains("snapshot already complete"), "{}", connector.logs());
+}
+
+/// `never` streams only: rows that existed before are not emitted. An empty table snapshots to nothing and
+/// the stream continues.
+#[tokio::test(flavor = "multi_thread")]
+async fn never_mode_and_empty_table() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    // Empty table, mode initial: nothing from the snapshot, then the stream.
+    let mut connector = Connector::start(&db, &broker, &snapshot_config(""));
+    wait_streaming(&connector);
+    let id = business_tx(&mut conn, "A-1").await.unwrap();
+    let records = broker.read_all(TOPIC, 1, READ_TIMEOUT);
+    assert_eq!(records.len(), 1, "{}", connector.logs());
+    assert_eq!(records[0].header_str("id"), Some(id.as_str()));
+    assert!(!is_snapshot(&records[0]));
+    connector.terminate();
+
+    // mode never with start_from = current: the pre-existing rows are skipped.
+    let db2 = MariaDb::start();
+    let broker2 = Broker::start(Engine::Memory);
+    seed(&db2, 100, 5).await;
+    let mut c2 = Connector::new();
+    let config = c2.write_config(&db2, &broker2, "");
+    let text =
+        std::fs::read_to_string(&config).unwrap().replace("start_from = \"earliest\"", "start_from = \"current\"");
+    std::fs::write(&config, text).unwrap();
+    c2.run(&config);
+    std::thread::sleep(Duration::from_secs(2));
+    let mut conn2 = db2.conn().await;
+    let id = business_tx(&mut conn2, "A-1").await.unwrap();
+    let records = broker2.read_all(TOPIC, 1, READ_TIMEOUT);
+    let ids: Vec<&str> = records.iter().filter_map(|r| r.header_str("id")).collect();
+    assert_eq!(ids, [id.as_str()], "{}", c2.logs());
+    c2.terminate();
+}
+
+/// `when_needed`: after the binlog holding the checkpoint was purged, the connector says so loudly and
+/// re-snapshots instead of stopping; events written while it was down arrive.
+#[tokio::test(flavor = "multi_thread")]
+async fn when_needed_resnapshots_after_purge() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    let mut connector = Connector::start(&db, &broker, &snapshot_config("").replace("initial", "when_needed"));
+    let first = business_tx(&mut conn, "A-1").await.unwrap();
+    assert_eq!(broker.read_all(TOPIC, 1, READ_TIMEOUT).len(), 1, "{}", connector.logs());
+    assert!(connector.terminate().success());
+    let mut while_down = Vec::new();
+    for _ in 0..3 {
+        while_down.push(business_tx(&mut conn, "A-1").await.unwrap());
+        conn.query_drop("FLUSH BINARY LOGS").await.unwrap();
+    }
+    let current: mysql_async::Row = conn.query_first("SHOW MASTER STATUS").await.unwrap().unwrap();
+    let file: String = current.get(0).unwrap();
+    let mut purged = false;
+    for _ in 0..100 {
+        conn.query_drop(format!("PURGE BINARY LOGS TO '{file}'")).await.unwrap();
+        let oldest: Option<(String, u64)> = conn.query_first("SHOW BINARY LOGS").await.unwrap();
+        if oldest.map(|(name, _)| name) == Some(file.clone()) {
+            purged = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(purged);
+    connector.restart();
+    let records = broker.read_all(TOPIC, 5, READ_TIMEOUT);
+    let ids: Vec<&str> = records.iter().filter_map(|r| r.header_str("id")).collect();
+    for id in while_down.iter().chain([&first]) {
+        assert!(ids.contains(&id.as_str()), "{id} missing: {ids:?}\n{}", connector.logs());
+    }
+    assert!(connector.is_running(), "{}", connector.logs());
+    assert!(connector.logs().contains("taking a new snapshot"), "{}", connector.logs());
+    connector.terminate();
+}
