@@ -218,20 +218,7 @@ async fn purged_binlog_is_a_definite_error() {
         business_tx(&mut conn, "A-1").await.unwrap();
         conn.query_drop("FLUSH BINARY LOGS").await.unwrap();
     }
-    let current: mysql_async::Row = conn.query_first("SHOW MASTER STATUS").await.unwrap().unwrap();
-    let file: String = current.get(0).unwrap();
-    // MariaDB keeps a binlog until its binlog checkpoint is done (PURGE only warns): retry until gone.
-    let mut purged = false;
-    for _ in 0..100 {
-        conn.query_drop(format!("PURGE BINARY LOGS TO '{file}'")).await.unwrap();
-        let first: Option<(String, u64)> = conn.query_first("SHOW BINARY LOGS").await.unwrap();
-        if first.map(|(name, _)| name) == Some(file.clone()) {
-            purged = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(purged, "the server kept the old binlogs");
+    common::purge_binlogs_before_current(&mut conn).await;
 
     connector.restart();
     let status = connector

@@ -120,6 +120,8 @@ pub struct Scanner {
     /// Next table to scan, and the key to continue after.
     table: usize,
     after: Option<SnapshotKey>,
+    /// Whether the current table has the optional `headers` column: (table index, present).
+    headers_present: Option<(usize, bool)>,
 }
 
 /// Opens a consistent read view and returns it with its exact binlog position.
@@ -187,6 +189,7 @@ pub async fn open(
             chunk_rows: config.snapshot.chunk_rows,
             table,
             after,
+            headers_present: None,
         },
         position,
     ))
@@ -242,7 +245,14 @@ impl Scanner {
 
     async fn query_chunk(&mut self) -> Result<Vec<Row>> {
         let headers = self.columns.headers.clone();
-        let has_headers = self.has_column(&headers).await?;
+        let has_headers = match self.headers_present {
+            Some((table, present)) if table == self.table => present,
+            _ => {
+                let present = self.has_column(&headers).await?;
+                self.headers_present = Some((self.table, present));
+                present
+            }
+        };
         let table = self.tables[self.table].clone();
         let c = &self.columns;
         let key_cols = [&c.aggregate_type, &c.aggregate_id, &c.occurred_at, &c.id].map(|n| col(n));

@@ -465,3 +465,23 @@ fn mariadbd_path() -> PathBuf {
         .find(|p| p.is_file())
         .unwrap_or_else(|| PathBuf::from("mariadbd"))
 }
+
+/// Purges every binlog file before the current one, and waits until the server really removed them:
+/// MariaDB keeps a file until its binlog checkpoint is done, and `PURGE` then only warns.
+///
+/// # Panics
+/// When the files are still there after 20 s.
+pub async fn purge_binlogs_before_current(conn: &mut mysql_async::Conn) {
+    use mysql_async::prelude::Queryable;
+    let current: mysql_async::Row = conn.query_first("SHOW MASTER STATUS").await.unwrap().unwrap();
+    let file: String = current.get(0).unwrap();
+    for _ in 0..100 {
+        conn.query_drop(format!("PURGE BINARY LOGS TO '{file}'")).await.unwrap();
+        let first: Option<(String, u64)> = conn.query_first("SHOW BINARY LOGS").await.unwrap();
+        if first.map(|(name, _)| name) == Some(file.clone()) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    panic!("the server kept the binlogs before {file}");
+}

@@ -40,7 +40,7 @@ pub use broker::{Broker, Engine, Received};
 #[allow(unused_imports)]
 pub use connector::{write_config, Connector};
 #[allow(unused_imports)]
-pub use mariadb::{MariaDb, MariaDbBuilder};
+pub use mariadb::{purge_binlogs_before_current, MariaDb, MariaDbBuilder};
 #[allow(unused_imports)]
 pub use proxy::Proxy;
 #[allow(unused_imports)]
