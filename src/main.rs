@@ -149,9 +149,11 @@ fn status(config: &Config, json: bool) -> Result<(), Error> {
         None => println!("last committed:  (no transaction checkpointed yet)"),
     }
     if let Some(snapshot) = &cp.snapshot {
-        if snapshot.done {
+        if snapshot.done && snapshot.segments.len() == 1 {
+            println!("snapshot:        done ({} rows)", snapshot.rows_done);
+        } else if snapshot.done {
             println!(
-                "snapshot:        done ({} rows); overlap rule for {} resumed segment(s) still in force",
+                "snapshot:        done ({} rows); the stream still skips rows published by {} resumed segment(s)",
                 snapshot.rows_done,
                 snapshot.segments.len() - 1
             );
