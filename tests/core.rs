@@ -334,3 +334,20 @@ async fn different_server_is_refused() {
     assert_eq!(status.code(), Some(2), "{}", connector.logs());
     assert!(connector.stderr().contains("checkpoint belongs to another server"), "{}", connector.logs());
 }
+
+/// A server that is itself a replica must write replicated transactions to its own binlog
+/// (`log_slave_updates`), or events written on its primary never reach the connector.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_requires_log_slave_updates_on_a_replica() {
+    let db = MariaDb::builder().arg("--log-slave-updates=0").start();
+    let broker = Broker::start(Engine::Memory);
+    // Configured as a replica of some primary (never started): enough for the server to report it.
+    db.sql("CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=1, MASTER_USER='repl'");
+    let mut connector = Connector::new();
+    let config = connector.write_config(&db, &broker, "");
+    connector.spawn(["check".into(), "--config".into(), config.into_os_string()]);
+    let status = connector.wait_exit(Duration::from_secs(60)).expect("check must finish");
+    assert_eq!(status.code(), Some(2), "{}", connector.logs());
+    let out = connector.stdout();
+    assert!(out.contains("[FAIL] log_slave_updates: expected ON (the server is a replica), actual OFF"), "{out}");
+}

@@ -38,7 +38,7 @@ pub const ORDERS_DDL: &str = "CREATE TABLE orders (
 /// `SHOW MASTER STATUS` (`BINLOG MONITOR`; `REPLICATION CLIENT` is its pre-10.5 alias and is shown as
 /// `BINLOG MONITOR` by `SHOW GRANTS`), `FLUSH TABLES WITH READ LOCK` for a locked snapshot (`RELOAD`).
 /// `@@gtid_binlog_pos` and `@@binlog_row_metadata` need no privilege.
-pub const CDC_GLOBAL_GRANTS: &str = "REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, RELOAD";
+pub const CDC_GLOBAL_GRANTS: &str = "REPLICATION SLAVE, REPLICATION CLIENT, BINLOG MONITOR, SLAVE MONITOR, RELOAD";
 
 /// Configures a [`MariaDb`] before starting it.
 #[derive(Debug, Clone, Default)]
