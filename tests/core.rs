@@ -141,9 +141,7 @@ async fn concurrent_writers_keep_per_aggregate_order() {
     );
     let written = writer.finish().await;
     assert!(written.errors.is_empty(), "{:?}", written.errors);
-    let records = broker.read_all(TOPIC, written.len(), READ_TIMEOUT);
-    let report = common::audit(&written.expected, &records);
-    assert!(report.is_clean(), "{}\n{}", report.summary(), connector.logs());
+    let (_, report) = common::read_and_audit(&broker, TOPIC, &written.expected, READ_TIMEOUT, &connector);
     assert_eq!(report.duplicates, 0, "{}", report.summary());
     connector.terminate();
 }
@@ -170,9 +168,7 @@ async fn transaction_with_200k_rows() {
         let ids: Vec<String> = (1..=ROWS).filter(|n| n % 97 == a).map(|n| format!("bulk-{n:07}")).collect();
         (format!("agg-{a}"), ids)
     }));
-    let records = broker.read_all(TOPIC, ROWS, Duration::from_secs(600));
-    let report = common::audit(&expected, &records);
-    assert!(report.is_clean(), "{}\n{}", report.summary(), connector.logs());
+    let (_, report) = common::read_and_audit(&broker, TOPIC, &expected, Duration::from_secs(600), &connector);
     assert_eq!(report.duplicates, 0);
     connector.terminate();
 }
@@ -195,9 +191,7 @@ async fn graceful_restarts_lose_and_repeat_nothing() {
         connector.restart();
     }
     let written = writer.finish().await;
-    let records = broker.read_all(TOPIC, written.len(), READ_TIMEOUT);
-    let report = common::audit(&written.expected, &records);
-    assert!(report.is_clean(), "{}\n{}", report.summary(), connector.logs());
+    let (_, report) = common::read_and_audit(&broker, TOPIC, &written.expected, READ_TIMEOUT, &connector);
     assert_eq!(report.duplicates, 0, "graceful restarts must not repeat events: {}", report.summary());
     connector.terminate();
 }

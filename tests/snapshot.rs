@@ -87,9 +87,7 @@ async fn snapshot_200k_then_stream() {
         streamed.entry(agg).or_insert_with(Vec::new).push(id);
     }
     let expected = then(seeded, &Expected::from_orders(streamed));
-    let records = broker.read_all(TOPIC, expected.len(), READ_TIMEOUT);
-    let report = common::audit(&expected, &records);
-    assert!(report.is_clean(), "{}\n{}", report.summary(), connector.logs());
+    let (records, report) = common::read_and_audit(&broker, TOPIC, &expected, READ_TIMEOUT, &connector);
     assert_eq!(report.duplicates, 0, "{}", report.summary());
     let marked = records.iter().filter(|r| is_snapshot(r)).count();
     assert_eq!(marked, ROWS, "exactly the seeded rows carry the snapshot marker\n{}", connector.logs());
@@ -113,9 +111,7 @@ async fn concurrent_writers_during_snapshot() {
     let written = writer.finish().await;
     let mut expected = seed_expectation(100_000, 500);
     expected = then(expected, &written.expected);
-    let records = broker.read_all(TOPIC, expected.len(), READ_TIMEOUT);
-    let report = common::audit(&expected, &records);
-    assert!(report.is_clean(), "{}\n{}", report.summary(), connector.logs());
+    let (records, report) = common::read_and_audit(&broker, TOPIC, &expected, READ_TIMEOUT, &connector);
     assert_eq!(report.duplicates, 0, "{}", report.summary());
     assert!(emitted_by_both(&records).is_empty());
     connector.terminate();
@@ -169,9 +165,7 @@ async fn kill9_mid_snapshot_resumes() {
     }
     let written = writer.finish().await;
     let expected = then(seed_expectation(ROWS, 700), &written.expected);
-    let records = broker.read_all(TOPIC, expected.len(), READ_TIMEOUT);
-    let report = common::audit(&expected, &records);
-    assert!(report.is_clean(), "{}\n{}", report.summary(), connector.logs());
+    let (records, report) = common::read_and_audit(&broker, TOPIC, &expected, READ_TIMEOUT, &connector);
     let both = emitted_by_both(&records);
     assert!(both.is_empty(), "published by the snapshot and the stream: {both:?}");
     eprintln!(

@@ -107,3 +107,19 @@ pub fn tail_file(path: &std::path::Path, max_lines: usize) -> String {
         Err(e) => format!("<cannot read {}: {e}>", path.display()),
     }
 }
+
+/// Reads `topic` until at least `expected.len()` records arrived (or `timeout`), audits them, and fails the
+/// test with the audit summary and the connector's logs unless nothing is missing, out of order or
+/// unexpected. Returns the records and the report (duplicates are for the caller to judge).
+pub fn read_and_audit(
+    broker: &Broker,
+    topic: &str,
+    expected: &Expected,
+    timeout: Duration,
+    connector: &Connector,
+) -> (Vec<Received>, AuditReport) {
+    let records = broker.read_all(topic, expected.len(), timeout);
+    let report = audit(expected, &records);
+    assert!(report.is_clean(), "{}\n{}", report.summary(), connector.logs());
+    (records, report)
+}
