@@ -107,14 +107,6 @@ impl TopicTemplate {
         }
         topic
     }
-
-    /// True when the template has no placeholder: the only topic it routes to.
-    pub fn fixed_topic(&self) -> Option<&str> {
-        match self.segments.as_slice() {
-            [Segment::Literal(s)] => Some(s),
-            _ => None,
-        }
-    }
 }
 
 /// Kafka's legal topic names: 1..=249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.

@@ -118,11 +118,6 @@ impl Store {
         }
         tx.commit().map_err(|e| store_error(&self.path, "commit", e))
     }
-
-    /// Path of the database file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint> {

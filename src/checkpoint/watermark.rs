@@ -161,11 +161,6 @@ impl Watermark {
     pub fn unsettled(&self) -> u64 {
         self.lock().unsettled
     }
-
-    /// Transactions registered and not yet passed by the watermark.
-    pub fn pending_transactions(&self) -> usize {
-        self.lock().slots.len()
-    }
 }
 
 impl Inner {

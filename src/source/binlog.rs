@@ -191,11 +191,6 @@ impl BinlogReader {
         })
     }
 
-    /// True while the reader is inside a source transaction.
-    pub fn in_transaction(&self) -> bool {
-        self.decoder.in_transaction()
-    }
-
     /// The next change.
     ///
     /// # Errors
@@ -245,11 +240,6 @@ impl ChangeDecoder {
             tables: HashMap::new(),
             pending: VecDeque::new(),
         }
-    }
-
-    /// True while inside a source transaction.
-    pub fn in_transaction(&self) -> bool {
-        self.state != TxState::Idle
     }
 
     /// Position after the last transaction read.
