@@ -27,6 +27,16 @@ pub struct RunOptions {
 /// The first definite error; transient ones are retried with capped exponential back-off.
 pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Result<()> {
     let config = Arc::new(config);
+    // Aborted when `run` returns (the handles' guards).
+    let _endpoint = match config.metrics.enabled {
+        true => {
+            let listener = crate::http::bind(config.metrics.listen).await?;
+            let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+            Some(AbortOnDrop(tokio::spawn(crate::http::serve(listener))))
+        }
+        false => None,
+    };
     let pipeline = Pipeline {
         source: SourceConn::from_config(&config)?,
         router: Router::new(TopicTemplate::parse(&config.kafka.topic)?, config.kafka.value_format),
@@ -41,6 +51,12 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
         accept_new_server: options.accept_new_server,
         config: config.clone(),
     };
+    let _purge_watch = AbortOnDrop(tokio::spawn(watch_purge_risk(
+        pipeline.source.clone(),
+        pipeline.store.clone(),
+        Duration::from_millis(config.metrics.purge_check_interval_ms),
+        config.metrics.purge_warn_ratio,
+    )));
     let mut backoff = Backoff::new(
         Duration::from_millis(config.source.reconnect_initial_backoff_ms),
         Duration::from_millis(config.source.reconnect_max_backoff_ms),
@@ -57,12 +73,70 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
                 if shutdown.requested_at().is_some() {
                     return Ok(());
                 }
+                crate::metrics::metrics().reconnect();
                 let delay = backoff.next_delay();
                 tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "transient failure; resuming from the last acknowledged position");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.requested() => return Ok(()),
                 }
+            }
+        }
+    }
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Measures the purge risk of the stored checkpoint every `interval` on a connection of its own, exports
+/// it, and warns once per crossing of `warn_ratio` (and at every reading while above it, at most hourly).
+async fn watch_purge_risk(source: SourceConn, store: Arc<Store>, interval: Duration, warn_ratio: f64) {
+    const REMIND_EVERY: Duration = Duration::from_secs(3600);
+    let mut conn = None;
+    let mut warned_at: Option<Instant> = None;
+    // The first reading comes soon after start: a connector restarted after a long outage is the case
+    // that matters most.
+    let mut delay = Duration::from_secs(5).min(interval);
+    loop {
+        tokio::time::sleep(delay).await;
+        delay = interval;
+        let Ok(Some(checkpoint)) = store.load() else { continue };
+        if conn.is_none() {
+            match source.connect().await {
+                Ok(c) => conn = Some(c),
+                Err(e) => {
+                    tracing::debug!(error = %e, "purge-risk check: cannot connect");
+                    continue;
+                }
+            }
+        }
+        let now_s = crate::checkpoint::now_ms() / 1000;
+        let c = conn.as_mut().expect("connected above");
+        match crate::source::purge::measure(c, &checkpoint.position, checkpoint.source_timestamp, now_s).await {
+            Ok(risk) => {
+                crate::metrics::metrics().purge_risk(&risk);
+                if risk.ratio() >= warn_ratio {
+                    if warned_at.is_none_or(|at| at.elapsed() >= REMIND_EVERY) {
+                        tracing::warn!(
+                            position = %checkpoint.position,
+                            "purge risk {risk}: the server may soon delete binlogs the connector still needs. \
+                             Let the connector catch up (see the lag metrics), or raise binlog_expire_logs_seconds"
+                        );
+                        warned_at = Some(Instant::now());
+                    }
+                } else {
+                    warned_at = None;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "purge-risk check failed");
+                conn = None;
             }
         }
     }

@@ -29,6 +29,52 @@ pub struct Config {
     /// The initial snapshot of rows already in the outbox.
     #[serde(default)]
     pub snapshot: SnapshotConfig,
+    /// The operations endpoint (`/metrics`, `/healthz`, `/readyz`) and purge-risk monitoring.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: the HTTP operations endpoint and purge-risk monitoring.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Serve `/metrics` (Prometheus/OpenMetrics text), `/healthz` and `/readyz`.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Address of the endpoint. Keep it on loopback or a private network: it has no authentication.
+    #[serde(default = "default_metrics_listen")]
+    pub listen: std::net::SocketAddr,
+    /// How often the server's binlog list and retention are read to measure the purge risk.
+    #[serde(default = "default_purge_check_interval_ms")]
+    pub purge_check_interval_ms: u64,
+    /// Log a warning when the oldest binlog the connector still needs has used this fraction of the
+    /// server's retention (`binlog_expire_logs_seconds`): at 1.0 the server may delete it, and resuming
+    /// then needs a new snapshot.
+    #[serde(default = "default_purge_warn_ratio")]
+    pub purge_warn_ratio: f64,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            enabled: true,
+            listen: default_metrics_listen(),
+            purge_check_interval_ms: default_purge_check_interval_ms(),
+            purge_warn_ratio: default_purge_warn_ratio(),
+        }
+    }
+}
+
+fn default_metrics_listen() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], 9187))
+}
+
+fn default_purge_check_interval_ms() -> u64 {
+    60_000
+}
+
+fn default_purge_warn_ratio() -> f64 {
+    0.5
 }
 
 /// `[snapshot]`: rows that exist before the connector's first start.
@@ -195,6 +241,24 @@ pub struct OutboxConfig {
     /// Column names, if they differ from the default schema.
     #[serde(default)]
     pub columns: ColumnNames,
+    /// What a row that cannot become a valid Kafka record does (undecodable value, empty aggregate id,
+    /// illegal routed topic name, record over `kafka.max_record_bytes`, or refused by the broker for a
+    /// non-retryable reason): "dead_letter" (default) sends it to `kafka.dead_letter_topic` and holds its
+    /// aggregate in quarantine (later events of that aggregate follow it there, in order, until
+    /// `outbox-cdc quarantine release`), while other aggregates flow on; "fail" stops with a definite error.
+    #[serde(default)]
+    pub on_poison: OnPoison,
+}
+
+/// Behaviour on poison rows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnPoison {
+    /// Dead-letter the row and quarantine its aggregate.
+    #[default]
+    DeadLetter,
+    /// Stop with a definite error naming the row.
+    Fail,
 }
 
 /// Behaviour on UPDATE/DELETE of outbox rows.
@@ -304,6 +368,14 @@ pub struct KafkaConfig {
     /// always `true`/`all`; setting them otherwise is rejected.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Topic for poison rows and the held events of quarantined aggregates (see `outbox.on_poison`).
+    /// Created like routed topics. Keyed by aggregate id, so each aggregate's held events stay in order.
+    #[serde(default = "default_dead_letter_topic")]
+    pub dead_letter_topic: String,
+}
+
+fn default_dead_letter_topic() -> String {
+    "outbox-cdc.dead-letter".to_string()
 }
 
 /// Shape of the Kafka record value.
@@ -467,6 +539,15 @@ impl Config {
             return Err(Error::definite("source.tls_ca_file only applies with source.tls = \"verify_identity\""));
         }
         crate::router::TopicTemplate::parse(&self.kafka.topic)?;
+        if !crate::router::is_legal_topic(&self.kafka.dead_letter_topic) {
+            return Err(Error::definite(format!(
+                "kafka.dead_letter_topic {:?} is not a legal Kafka topic name (1-249 of [a-zA-Z0-9._-])",
+                self.kafka.dead_letter_topic
+            )));
+        }
+        if !(self.metrics.purge_warn_ratio > 0.0) {
+            return Err(Error::definite("metrics.purge_warn_ratio must be > 0 (e.g. 0.5)"));
+        }
         for (key, pinned) in PINNED_PROPERTIES {
             if let Some(value) = self.kafka.properties.get(*key) {
                 let equivalent = value.eq_ignore_ascii_case(pinned) || (*key == "acks" && value == "-1");

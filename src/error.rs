@@ -31,6 +31,8 @@ pub enum Class {
 pub struct Error {
     class: Class,
     message: String,
+    /// Set when the broker refused one record for good: the pipeline restarts and dead-letters it.
+    refused: Option<Box<crate::quarantine::KnownPoison>>,
 }
 
 impl fmt::Display for Error {
@@ -42,12 +44,27 @@ impl fmt::Display for Error {
 impl Error {
     /// An error that retrying from the last acknowledged position may cure.
     pub fn transient(message: impl Into<String>) -> Self {
-        Error { class: Class::Transient, message: message.into() }
+        Error { class: Class::Transient, message: message.into(), refused: None }
+    }
+
+    /// The broker refused event `id` for a reason retrying cannot cure. Transient for the pipeline (it
+    /// restarts from the checkpoint), which then routes that event to the dead-letter path.
+    pub fn refused_record(id: String, message: String) -> Self {
+        Error {
+            class: Class::Transient,
+            message: format!("Kafka refused event {id} for good: {message}; it goes to the dead-letter path"),
+            refused: Some(Box::new(crate::quarantine::KnownPoison { id, message })),
+        }
+    }
+
+    /// The refused record, for [`Error::refused_record`] errors.
+    pub fn refused(&self) -> Option<&crate::quarantine::KnownPoison> {
+        self.refused.as_deref()
     }
 
     /// An error that needs an operator: the message must say what to do.
     pub fn definite(message: impl Into<String>) -> Self {
-        Error { class: Class::Definite, message: message.into() }
+        Error { class: Class::Definite, message: message.into(), refused: None }
     }
 
     /// The class of this error.
@@ -62,7 +79,7 @@ impl Error {
 
     /// Prefixes the message with what was being done, keeping the class.
     pub fn context(self, what: impl fmt::Display) -> Self {
-        Error { class: self.class, message: format!("{what}: {}", self.message) }
+        Error { class: self.class, message: format!("{what}: {}", self.message), refused: self.refused }
     }
 
     /// Process exit code for this error: 2 for definite (configuration or server problem), 3 for transient.
@@ -169,6 +186,15 @@ pub fn classify_kafka(err: &rdkafka::error::KafkaError) -> Error {
             _ => Error::transient(format!("Kafka: {text}")),
         },
     }
+}
+
+/// Broker refusals of one record that retrying cannot cure: the record is poison, not the pipeline.
+pub fn is_record_refusal(code: rdkafka::types::RDKafkaErrorCode) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::MessageSizeTooLarge | C::MessageBatchTooLarge | C::InvalidRecord | C::PolicyViolation | C::InvalidMessage
+    )
 }
 
 impl From<redb::Error> for Error {

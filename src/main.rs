@@ -10,6 +10,7 @@ use outbox_cdc::checkpoint::Store;
 use outbox_cdc::config::Config;
 use outbox_cdc::error::{Error, EXIT_DEFINITE};
 use outbox_cdc::pipeline::Shutdown;
+use outbox_cdc::release;
 use outbox_cdc::source::{self, preflight, SourceConn};
 
 #[derive(Debug, Parser)]
@@ -43,11 +44,38 @@ enum Command {
     /// Check the server's settings, privileges and the outbox table; exit 0 when all is well, 2 for a
     /// configuration or server problem, 3 when the server cannot be reached.
     Check,
-    /// Print the stored checkpoint (works while the connector runs).
+    /// Print position, lag, purge risk, snapshot progress, quarantined aggregates and the last error
+    /// (works while the connector runs).
     Status {
-        /// Print the raw JSON record.
+        /// Print the stored checkpoint record as JSON, with `holds` and `last_error` beside it.
         #[arg(long)]
         json: bool,
+    },
+    /// Aggregates held after a poison row (see `outbox.on_poison`).
+    Quarantine {
+        #[command(subcommand)]
+        action: QuarantineAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum QuarantineAction {
+    /// List the holds (works while the connector runs).
+    List {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Republish a held aggregate's events, in order, to their normal topics and lift the hold. Run it
+    /// with the connector stopped.
+    Release {
+        /// Aggregate type of the held aggregate.
+        aggregate_type: String,
+        /// Aggregate id of the held aggregate.
+        aggregate_id: String,
+        /// Drop held events that are still poison (they stay in the dead-letter topic) instead of failing.
+        #[arg(long)]
+        skip_poison: bool,
     },
 }
 
@@ -81,7 +109,20 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run { accept_new_server } => run(config, RunOptions { accept_new_server }).await,
             Command::Check => check(&config).await,
-            Command::Status { json } => status(&config, json),
+            Command::Status { json } => status(&config, json).await,
+            Command::Quarantine { action: QuarantineAction::List { json } } => quarantine_list(&config, json),
+            Command::Quarantine { action: QuarantineAction::Release { aggregate_type, aggregate_id, skip_poison } } => {
+                let report = release::release(&config, &aggregate_type, &aggregate_id, skip_poison).await?;
+                println!(
+                    "released {aggregate_type}/{aggregate_id}: {} event(s) republished{}",
+                    report.republished,
+                    match report.skipped.len() {
+                        0 => String::new(),
+                        n => format!(", {n} still-poison event(s) skipped: {}", report.skipped.join(", ")),
+                    }
+                );
+                Ok(())
+            }
         }
     });
     match result {
@@ -130,24 +171,43 @@ async fn check(config: &Config) -> Result<(), Error> {
     Ok(())
 }
 
-fn status(config: &Config, json: bool) -> Result<(), Error> {
-    let Some(cp) = Store::read_only(&config.state.dir)? else {
+fn quarantine_list(config: &Config, json: bool) -> Result<(), Error> {
+    let holds = Store::inspect(&config.state.dir)?.map(|i| i.holds).unwrap_or_default();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&holds).expect("serializes"));
+    } else {
+        print!("{}", release::describe(&holds));
+    }
+    Ok(())
+}
+
+async fn status(config: &Config, json: bool) -> Result<(), Error> {
+    let Some(inspection) = Store::inspect(&config.state.dir)? else {
+        println!("no checkpoint in {} (the connector has not started yet)", config.state.dir.display());
+        return Ok(());
+    };
+    let Some(cp) = &inspection.checkpoint else {
         println!("no checkpoint in {} (the connector has not started yet)", config.state.dir.display());
         return Ok(());
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(&cp).expect("serializes"));
+        let mut value = serde_json::to_value(cp).expect("serializes");
+        value["holds"] = serde_json::to_value(&inspection.holds).expect("serializes");
+        value["last_error"] = serde_json::to_value(&inspection.last_error).expect("serializes");
+        println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
         return Ok(());
     }
+    let now_s = outbox_cdc::checkpoint::now_ms() / 1000;
     println!("position:        {}", cp.position);
     println!("server:          {}", preflight::describe_identity(&cp.server));
     match cp.source_timestamp {
         Some(ts) => {
-            let age = (outbox_cdc::checkpoint::now_ms() / 1000).saturating_sub(u64::from(ts));
+            let age = now_s.saturating_sub(u64::from(ts));
             println!("last committed:  unix {ts} ({age} s ago, source clock)");
         }
         None => println!("last committed:  (no transaction checkpointed yet)"),
     }
+    println!("purge risk:      {}", purge_risk(config, cp, now_s).await);
     if let Some(snapshot) = &cp.snapshot {
         if snapshot.done && snapshot.segments.len() == 1 {
             println!("snapshot:        done ({} rows)", snapshot.rows_done);
@@ -177,5 +237,30 @@ fn status(config: &Config, json: bool) -> Result<(), Error> {
     }
     let age_ms = outbox_cdc::checkpoint::now_ms().saturating_sub(cp.written_at_ms);
     println!("written:         {:.1} s ago", age_ms as f64 / 1000.0);
+    match inspection.holds.len() {
+        0 => println!("quarantine:      none"),
+        n => println!("quarantine:      {n} aggregate(s) held (outbox-cdc quarantine list)"),
+    }
+    match &inspection.last_error {
+        Some(e) => {
+            let ago = outbox_cdc::checkpoint::now_ms().saturating_sub(e.at_ms) / 1000;
+            println!("last error:      {ago} s ago ({}): {}", e.class, e.message);
+        }
+        None => println!("last error:      none"),
+    }
     Ok(())
+}
+
+/// The purge risk of the checkpoint, or why it cannot be measured now.
+async fn purge_risk(config: &Config, cp: &outbox_cdc::checkpoint::Checkpoint, now_s: u64) -> String {
+    let measure = async {
+        let source = SourceConn::from_config(config)?;
+        let mut conn = source.connect().await?;
+        source::purge::measure(&mut conn, &cp.position, cp.source_timestamp, now_s).await
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(10), measure).await {
+        Ok(Ok(risk)) => risk.to_string(),
+        Ok(Err(e)) => format!("unknown (cannot ask the server: {e})"),
+        Err(_) => "unknown (the server did not answer within 10 s)".to_string(),
+    }
 }

@@ -33,6 +33,9 @@ use crate::checkpoint::{now_ms, Checkpoint, Mark, Store, TxId, Watermark, CHECKP
 use crate::config::Config;
 use crate::config::SnapshotMode;
 use crate::error::{Error, Result};
+use crate::metrics::metrics;
+use crate::publish::{Publisher, SourceRow};
+use crate::quarantine::Origin;
 use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::binlog::{BinlogReader, Change, ReaderSettings, TxStart};
@@ -143,6 +146,7 @@ impl Checkpointer {
             snapshot: mark.snapshot.as_deref().cloned(),
         })?;
         tracing::debug!(position = %mark.position, "checkpoint written");
+        metrics().checkpoint_written(mark.timestamp);
         self.saved = Some(mark);
         Ok(())
     }
@@ -162,6 +166,21 @@ impl Pipeline {
     /// # Errors
     /// Transient errors are worth a retry; definite ones are not.
     pub async fn run(&self, shutdown: &Shutdown) -> Result<()> {
+        let result = self.run_once(shutdown).await;
+        if let Err(error) = &result {
+            metrics().pipeline_failed(error);
+            if let Err(e) = self.store.set_last_error(error) {
+                tracing::warn!(error = %e, "cannot record the last error in the state store");
+            }
+            if let Some(refused) = error.refused() {
+                // Remembered durably: after the restart this event takes the dead-letter path.
+                self.store.add_known_poison(refused)?;
+            }
+        }
+        result
+    }
+
+    async fn run_once(&self, shutdown: &Shutdown) -> Result<()> {
         let config = &self.config;
         let mut conn = self.source.connect().await?;
         let info = server_info(&mut conn).await?;
@@ -230,10 +249,13 @@ impl Pipeline {
         let watermark = Arc::new(Watermark::new(None));
         checkpointer.watermark = watermark.clone();
         let mut sink = KafkaSink::new(&config.kafka, watermark.clone())?;
+        let mut publisher = Publisher::new(config, self.router.clone(), self.store.clone())?;
         let start = match plan {
             Plan::Stream(mark) => Some(mark),
             Plan::Snapshot(progress) => {
-                let result = self.snapshot(&info, progress, &mut sink, &watermark, &mut checkpointer, shutdown).await;
+                let result = self
+                    .snapshot(&info, progress, &mut sink, &mut publisher, &watermark, &mut checkpointer, shutdown)
+                    .await;
                 let done = self.settle(result, &sink, &watermark, &mut checkpointer).await?;
                 match done {
                     Some(mark) if config.snapshot.mode != SnapshotMode::InitialOnly => Some(mark),
@@ -265,14 +287,17 @@ impl Pipeline {
             None => None,
         };
         let mut reader = BinlogReader::start(&self.source, &info, self.reader.clone(), start.position.clone()).await?;
+        metrics().set_source_connected(true);
         tracing::info!(
             position = %start.position,
             server = %preflight::describe_identity(&info.identity),
             version = %info.version,
             "streaming"
         );
-        let mut stream = StreamState { current: None, start: None, overlap };
-        let result = self.stream(&mut reader, &mut sink, &watermark, &mut checkpointer, &mut stream, shutdown).await;
+        let mut stream = StreamState { current: None, start: None, overlap, row_index: 0 };
+        let result = self
+            .stream(&mut reader, &mut sink, &mut publisher, &watermark, &mut checkpointer, &mut stream, shutdown)
+            .await;
         if let Some(tx) = stream.current.take() {
             watermark.abandon(tx);
         }
@@ -329,6 +354,7 @@ impl Pipeline {
         info: &crate::source::ServerInfo,
         progress: Option<SnapshotState>,
         sink: &mut KafkaSink,
+        publisher: &mut Publisher,
         watermark: &Watermark,
         checkpointer: &mut Checkpointer,
         shutdown: &Shutdown,
@@ -336,6 +362,7 @@ impl Pipeline {
         let config = &self.config;
         let after = progress.as_ref().and_then(|p| p.last_key.clone());
         let (mut scanner, view) = snapshot::open(&self.source, info, config, after.clone()).await?;
+        metrics().set_source_connected(true);
         let mut state = match progress {
             Some(mut state) => {
                 tracing::info!(
@@ -386,16 +413,24 @@ impl Pipeline {
                 break;
             }
             let tx = watermark.open();
-            for (_, row) in &chunk {
-                let record = self.router.route(row)?;
+            for (index, (_, row)) in chunk.iter().enumerate() {
+                let origin = Origin {
+                    snapshot: true,
+                    gtid: Some(cut.gtids.to_string()).filter(|g| !g.is_empty()),
+                    file: cut.coord.file.clone(),
+                    position: cut.coord.pos,
+                    row_index: state.rows_done + index as u64,
+                };
+                let prepared = publisher.prepare(SourceRow::Decoded(row), &origin, |r| sink.fits(r))?;
                 tokio::select! {
-                    sent = sink.send(tx, &record) => sent?,
+                    sent = sink.send(tx, &prepared.record, prepared.occurred_at_ms) => sent?,
                     _ = shutdown.grace_expired() => return Ok(()),
                 }
             }
             state.rows_done += chunk.len() as u64;
             state.last_key = chunk.last().map(|(k, _)| k.clone());
             progress_bar.set(state.rows_done);
+            metrics().snapshot_progress(state.rows_done, state.rows_estimate);
             watermark
                 .close(tx, Mark { position: cut.clone(), timestamp: None, snapshot: Some(Arc::new(state.clone())) });
             if last_flush.elapsed() >= interval {
@@ -416,6 +451,7 @@ impl Pipeline {
         &self,
         reader: &mut BinlogReader,
         sink: &mut KafkaSink,
+        publisher: &mut Publisher,
         watermark: &Watermark,
         checkpointer: &mut Checkpointer,
         stream: &mut StreamState,
@@ -447,18 +483,28 @@ impl Pipeline {
                             watermark.abandon(tx);
                         }
                         stream.start = Some(start);
+                        stream.row_index = 0;
                     }
-                    Change::Row(row) => {
-                        if let (Some(overlap), Some(start)) = (stream.overlap.as_mut(), stream.start.as_ref()) {
-                            if overlap.emitted_by_snapshot(&row, start).await? {
+                    change @ (Change::Row(_) | Change::Undecodable(_)) => {
+                        if let (Change::Row(row), Some(overlap), Some(start)) =
+                            (&change, stream.overlap.as_mut(), stream.start.as_ref())
+                        {
+                            if overlap.emitted_by_snapshot(row, start).await? {
                                 tracing::debug!(id = %row.id, "already emitted by the snapshot");
                                 continue;
                             }
                         }
                         let tx = *stream.current.get_or_insert_with(|| watermark.open());
-                        let record = self.router.route(&row)?;
+                        let origin = stream.origin();
+                        stream.row_index += 1;
+                        let row = match &change {
+                            Change::Row(row) => SourceRow::Decoded(row),
+                            Change::Undecodable(bad) => SourceRow::Undecodable(bad),
+                            _ => unreachable!("matched above"),
+                        };
+                        let prepared = publisher.prepare(row, &origin, |r| sink.fits(r))?;
                         tokio::select! {
-                            sent = sink.send(tx, &record) => sent?,
+                            sent = sink.send(tx, &prepared.record, prepared.occurred_at_ms) => sent?,
                             _ = shutdown.grace_expired() => {
                                 tracing::warn!("Kafka did not accept records within the shutdown grace period");
                                 return Ok(());
@@ -466,6 +512,7 @@ impl Pipeline {
                         }
                     }
                     Change::Commit { position, timestamp } => {
+                        metrics().transaction_read(timestamp);
                         let tx = stream.current.take().unwrap_or_else(|| watermark.open());
                         if stream.overlap.as_ref().is_some_and(|o| o.expired(&position)) {
                             tracing::info!("stream is past every snapshot view: overlap rule retired");
@@ -491,6 +538,19 @@ struct StreamState {
     start: Option<TxStart>,
     /// The snapshot's overlap rule, while it can still skip rows.
     overlap: Option<Overlap>,
+    /// Index of the next outbox row within the current transaction.
+    row_index: u64,
+}
+
+impl StreamState {
+    /// Where the next row of the current transaction was read.
+    fn origin(&self) -> Origin {
+        let (gtid, file, position) = match &self.start {
+            Some(start) => (start.gtid.as_ref().map(|g| g.to_string()), start.coord.file.clone(), start.coord.pos),
+            None => (None, String::new(), 0),
+        };
+        Origin { snapshot: false, gtid, file, position, row_index: self.row_index }
+    }
 }
 
 /// Exponential back-off between transient failures, capped, reset after a healthy run.

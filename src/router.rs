@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 
 use crate::config::ValueFormat;
 use crate::error::{Error, Result};
+use crate::quarantine::{Poison, PoisonKind};
 use crate::source::OutboxRow;
 
 /// A record ready for the producer.
@@ -146,23 +147,24 @@ impl Router {
     /// Routes one row.
     ///
     /// # Errors
-    /// A definite error naming the row's id when the routed topic is not a legal Kafka topic name, the
+    /// A [`Poison`] verdict naming the row's id when the routed topic is not a legal Kafka topic name, the
     /// aggregate id is empty, or the payload/headers are not valid JSON.
-    pub fn route(&self, row: &OutboxRow) -> Result<KafkaRecord> {
-        let poison = |what: String| {
-            Error::definite(format!("outbox row id={} in {} cannot become a Kafka record: {what}", row.id, row.table))
+    pub fn route(&self, row: &OutboxRow) -> Result<KafkaRecord, Poison> {
+        let poison = |kind: PoisonKind, what: String| {
+            Poison::new(kind, format!("outbox row id={} in {} cannot become a Kafka record: {what}", row.id, row.table))
         };
         let topic = self.template.render(row);
         if !is_legal_topic(&topic) {
-            return Err(poison(format!(
-                "routed topic {topic:?} is not a legal Kafka topic name (1-249 of [a-zA-Z0-9._-])"
-            )));
+            return Err(poison(
+                PoisonKind::IllegalTopic,
+                format!("routed topic {topic:?} is not a legal Kafka topic name (1-249 of [a-zA-Z0-9._-])"),
+            ));
         }
         if row.aggregate_id.is_empty() {
-            return Err(poison("aggregate_id is empty".into()));
+            return Err(poison(PoisonKind::EmptyAggregateId, "aggregate_id is empty".into()));
         }
-        let payload: &RawValue =
-            serde_json::from_str(&row.payload).map_err(|e| poison(format!("payload is not valid JSON: {e}")))?;
+        let payload: &RawValue = serde_json::from_str(&row.payload)
+            .map_err(|e| poison(PoisonKind::InvalidPayload, format!("payload is not valid JSON: {e}")))?;
         let value = match self.value_format {
             ValueFormat::Envelope => serde_json::to_vec(&Envelope {
                 event_id: &row.id,
@@ -189,8 +191,10 @@ impl Router {
             let object: serde_json::Map<String, serde_json::Value> = match serde_json::from_str(extra) {
                 Ok(serde_json::Value::Object(map)) => map,
                 Ok(serde_json::Value::Null) => serde_json::Map::new(),
-                Ok(other) => return Err(poison(format!("headers must be a JSON object, found {other}"))),
-                Err(e) => return Err(poison(format!("headers is not valid JSON: {e}"))),
+                Ok(other) => {
+                    return Err(poison(PoisonKind::InvalidHeaders, format!("headers must be a JSON object, found {other}")))
+                }
+                Err(e) => return Err(poison(PoisonKind::InvalidHeaders, format!("headers is not valid JSON: {e}"))),
             };
             for (name, value) in object {
                 if let serde_json::Value::String(s) = value {
@@ -300,6 +304,7 @@ mod tests {
         r.aggregate_type = "bad type/with slash".into();
         let err = router("outbox.${aggregate_type}", ValueFormat::Envelope).route(&r).unwrap_err();
         assert!(err.to_string().contains(&r.id), "{err}");
+        assert_eq!(err.kind, PoisonKind::IllegalTopic);
     }
 
     #[test]
@@ -315,9 +320,12 @@ mod tests {
     fn invalid_payload_and_empty_key_are_poison() {
         let mut r = row();
         r.payload = "{not json".into();
-        assert!(router("t", ValueFormat::Envelope).route(&r).is_err());
+        assert_eq!(router("t", ValueFormat::Envelope).route(&r).unwrap_err().kind, PoisonKind::InvalidPayload);
         let mut r = row();
         r.aggregate_id.clear();
-        assert!(router("t", ValueFormat::Envelope).route(&r).is_err());
+        assert_eq!(router("t", ValueFormat::Envelope).route(&r).unwrap_err().kind, PoisonKind::EmptyAggregateId);
+        let mut r = row();
+        r.headers = Some("[1]".into());
+        assert_eq!(router("t", ValueFormat::Envelope).route(&r).unwrap_err().kind, PoisonKind::InvalidHeaders);
     }
 }

@@ -9,12 +9,22 @@
 
 use std::path::{Path, PathBuf};
 
-use redb::{Database, ReadableDatabase, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use serde::{Deserialize, Serialize};
 
 use super::Checkpoint;
+use crate::quarantine::{Hold, KnownPoison};
 use crate::error::{Error, Result};
 
 const CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("checkpoints");
+/// Quarantine holds: `aggregate_type \0 aggregate_id` → [`Hold`] as JSON.
+const HOLDS: TableDefinition<&str, &[u8]> = TableDefinition::new("quarantine_holds");
+/// Events the broker refused for good: event id → [`KnownPoison`] as JSON.
+const KNOWN_POISON: TableDefinition<&str, &[u8]> = TableDefinition::new("known_poison");
+/// Operational notes: `last_error` → [`LastError`] as JSON.
+const NOTES: TableDefinition<&str, &[u8]> = TableDefinition::new("notes");
+const LAST_ERROR_KEY: &str = "last_error";
 /// Key of the stream checkpoint (other keys are reserved for snapshot progress and quarantine holds).
 const STREAM_KEY: &str = "stream";
 const FILE_NAME: &str = "outbox-cdc.redb";
@@ -57,7 +67,9 @@ impl Store {
             },
         )?;
         let tx = db.begin_write().map_err(|e| store_error(&path, "begin", e))?;
-        tx.open_table(CHECKPOINTS).map_err(|e| store_error(&path, "open table", e))?;
+        for table in [CHECKPOINTS, HOLDS, KNOWN_POISON, NOTES] {
+            tx.open_table(table).map_err(|e| store_error(&path, "open table", e))?;
+        }
         tx.commit().map_err(|e| store_error(&path, "commit", e))?;
         Ok(Store { db, path })
     }
@@ -67,6 +79,15 @@ impl Store {
     /// # Errors
     /// A definite error when the file exists but cannot be read.
     pub fn read_only(dir: &Path) -> Result<Option<Checkpoint>> {
+        Ok(Store::inspect(dir)?.and_then(|i| i.checkpoint))
+    }
+
+    /// Reads everything without taking the writer role (`status`, `quarantine list` while a connector runs).
+    /// `None` when there is no store yet.
+    ///
+    /// # Errors
+    /// A definite error when the file exists but cannot be read.
+    pub fn inspect(dir: &Path) -> Result<Option<Inspection>> {
         let path = dir.join(FILE_NAME);
         if !path.exists() {
             return Ok(None);
@@ -81,17 +102,20 @@ impl Store {
                         .map_err(|e| store_error(&path, "cannot create a temporary directory", e))?;
                     std::fs::copy(&path, copy.path().join(FILE_NAME))
                         .map_err(|_| store_error(&path, "cannot open read-only", read_only_error))?;
-                    return Store::open(copy.path())?.load();
+                    let store = Store::open(copy.path())?;
+                    return Ok(Some(Inspection {
+                        checkpoint: store.load()?,
+                        holds: store.holds()?,
+                        last_error: store.last_error()?,
+                    }));
                 }
             };
         let tx = db.begin_read().map_err(|e| store_error(&path, "begin read", e))?;
-        let table = match tx.open_table(CHECKPOINTS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(store_error(&path, "open table", e)),
-        };
-        let value = table.get(STREAM_KEY).map_err(|e| store_error(&path, "read", e))?;
-        value.map(|v| decode(&path, v.value())).transpose()
+        Ok(Some(Inspection {
+            checkpoint: read_one(&path, &tx, CHECKPOINTS, STREAM_KEY)?,
+            holds: read_all(&path, &tx, HOLDS)?,
+            last_error: read_one(&path, &tx, NOTES, LAST_ERROR_KEY)?,
+        }))
     }
 
     /// The stored stream checkpoint, if any.
@@ -118,10 +142,160 @@ impl Store {
         }
         tx.commit().map_err(|e| store_error(&self.path, "commit", e))
     }
+
+    fn write(&self, f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>) -> Result<()> {
+        let tx = self.db.begin_write().map_err(|e| store_error(&self.path, "begin write", e))?;
+        f(&tx).map_err(|e| store_error(&self.path, "write", e))?;
+        tx.commit().map_err(|e| store_error(&self.path, "commit", e))
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&Path, &redb::ReadTransaction) -> Result<T>) -> Result<T> {
+        let tx = self.db.begin_read().map_err(|e| store_error(&self.path, "begin read", e))?;
+        f(&self.path, &tx)
+    }
+
+    /// Aggregates on hold.
+    ///
+    /// # Errors
+    /// A definite error when the store cannot be read.
+    pub fn holds(&self) -> Result<Vec<Hold>> {
+        self.read(|path, tx| read_all(path, tx, HOLDS))
+    }
+
+    /// Durably places a hold.
+    ///
+    /// # Errors
+    /// A definite error when the write fails.
+    pub fn put_hold(&self, hold: &Hold) -> Result<()> {
+        let json = serde_json::to_vec(hold).expect("serializes");
+        self.write(|tx| {
+            tx.open_table(HOLDS)?.insert(hold_key(&hold.aggregate_type, &hold.aggregate_id).as_str(), json.as_slice())?;
+            Ok(())
+        })
+    }
+
+    /// Durably removes a hold and forgets the known-poison ids it covered.
+    ///
+    /// # Errors
+    /// A definite error when the write fails.
+    pub fn remove_hold(&self, hold: &Hold, event_ids: &[String]) -> Result<()> {
+        self.write(|tx| {
+            tx.open_table(HOLDS)?.remove(hold_key(&hold.aggregate_type, &hold.aggregate_id).as_str())?;
+            let mut poison = tx.open_table(KNOWN_POISON)?;
+            for id in event_ids {
+                poison.remove(id.as_str())?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Events the broker refused for good.
+    ///
+    /// # Errors
+    /// A definite error when the store cannot be read.
+    pub fn known_poison(&self) -> Result<Vec<KnownPoison>> {
+        self.read(|path, tx| read_all(path, tx, KNOWN_POISON))
+    }
+
+    /// Durably remembers an event the broker refused for good.
+    ///
+    /// # Errors
+    /// A definite error when the write fails.
+    pub fn add_known_poison(&self, poison: &KnownPoison) -> Result<()> {
+        let json = serde_json::to_vec(poison).expect("serializes");
+        self.write(|tx| {
+            tx.open_table(KNOWN_POISON)?.insert(poison.id.as_str(), json.as_slice())?;
+            Ok(())
+        })
+    }
+
+    /// Records the error that stopped or restarted the pipeline (for `status`).
+    ///
+    /// # Errors
+    /// A definite error when the write fails.
+    pub fn set_last_error(&self, error: &crate::error::Error) -> Result<()> {
+        let record = LastError {
+            at_ms: super::now_ms(),
+            class: if error.is_definite() { "definite" } else { "transient" }.to_string(),
+            message: error.to_string(),
+        };
+        let json = serde_json::to_vec(&record).expect("serializes");
+        self.write(|tx| {
+            tx.open_table(NOTES)?.insert(LAST_ERROR_KEY, json.as_slice())?;
+            Ok(())
+        })
+    }
+
+    /// The last recorded error.
+    ///
+    /// # Errors
+    /// A definite error when the store cannot be read.
+    pub fn last_error(&self) -> Result<Option<LastError>> {
+        self.read(|path, tx| read_one(path, tx, NOTES, LAST_ERROR_KEY))
+    }
 }
 
-fn decode(path: &Path, bytes: &[u8]) -> Result<Checkpoint> {
-    serde_json::from_slice(bytes).map_err(|e| store_error(path, "unreadable checkpoint record", e))
+fn decode<T: serde::de::DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| store_error(path, "unreadable record", e))
+}
+
+fn read_one<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    tx: &redb::ReadTransaction,
+    table: TableDefinition<&str, &[u8]>,
+    key: &str,
+) -> Result<Option<T>> {
+    let table = match tx.open_table(table) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(store_error(path, "open table", e)),
+    };
+    let value = table.get(key).map_err(|e| store_error(path, "read", e))?;
+    value.map(|v| decode(path, v.value())).transpose()
+}
+
+fn read_all<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    tx: &redb::ReadTransaction,
+    table: TableDefinition<&str, &[u8]>,
+) -> Result<Vec<T>> {
+    let table = match tx.open_table(table) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(store_error(path, "open table", e)),
+    };
+    let mut out = Vec::new();
+    for entry in table.iter().map_err(|e| store_error(path, "read", e))? {
+        let (_, value) = entry.map_err(|e| store_error(path, "read", e))?;
+        out.push(decode(path, value.value())?);
+    }
+    Ok(out)
+}
+
+/// Everything in the store, read without the writer role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inspection {
+    /// The stream checkpoint.
+    pub checkpoint: Option<Checkpoint>,
+    /// Aggregates on hold.
+    pub holds: Vec<Hold>,
+    /// The last error that stopped or restarted the pipeline.
+    pub last_error: Option<LastError>,
+}
+
+/// The last error that stopped or restarted the pipeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastError {
+    /// When (Unix ms).
+    pub at_ms: u64,
+    /// `transient` or `definite`.
+    pub class: String,
+    /// The message.
+    pub message: String,
+}
+
+fn hold_key(aggregate_type: &str, aggregate_id: &str) -> String {
+    format!("{aggregate_type}\0{aggregate_id}")
 }
 
 #[cfg(test)]

@@ -295,6 +295,17 @@ pub struct Position {
     pub coord: BinlogCoord,
 }
 
+impl fmt::Display for Gtids {
+    /// The GTID state in the server's own notation; empty without GTIDs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Gtids::MySql(set) => write!(f, "{set}"),
+            Gtids::MariaDb(pos) => write!(f, "{pos}"),
+            Gtids::None => Ok(()),
+        }
+    }
+}
+
 impl fmt::Display for Position {
     /// `gtid 0-1-42 (mysql-bin.000003:1234)`, `gtid <empty> (…)` for an empty GTID state, and
     /// `mysql-bin.000003:1234 (no GTIDs)` without GTIDs.

@@ -28,13 +28,16 @@ use tokio::sync::Semaphore;
 use super::Delivered;
 use crate::checkpoint::{TxId, Watermark};
 use crate::config::KafkaConfig;
-use crate::error::{classify_kafka, Error, Result};
+use crate::error::{classify_kafka, is_record_refusal, Error, Result};
+use crate::metrics::metrics;
 use crate::router::KafkaRecord;
 
 /// What travels with each record through librdkafka and back to the delivery callback.
 struct InFlight {
     tx: TxId,
     permits: u32,
+    /// The row's `occurred_at` (Unix ms, read as UTC) for the end-to-end latency histogram.
+    occurred_at_ms: Option<i64>,
 }
 
 /// Delivery callbacks: the only place where [`Delivered`] proofs are made.
@@ -59,7 +62,18 @@ impl ClientContext for SinkContext {
     fn error(&self, error: KafkaError, reason: &str) {
         // Broker-down and similar conditions arrive here while librdkafka keeps retrying: informational
         // unless fatal, which the delivery callbacks will report as failures.
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
+            metrics().set_broker_connected(false);
+        }
         tracing::warn!(target: "librdkafka", %error, "{reason}");
+    }
+
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        // Bootstrap entries (nodeid -1) are not cluster members.
+        let brokers = statistics.brokers.values().filter(|b| b.nodeid >= 0);
+        let up = brokers.clone().any(|b| b.state == "UP");
+        metrics().set_broker_connected(up);
+        metrics().produce_retries_total(brokers.map(|b| b.txretries).sum());
     }
 }
 
@@ -67,18 +81,36 @@ impl ProducerContext for SinkContext {
     type DeliveryOpaque = Box<InFlight>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
+        let m = metrics();
+        m.record_settled(in_flight.permits as usize);
         match result {
-            Ok(_) => self.watermark.settle(Delivered::new(in_flight.tx)),
+            Ok(message) => {
+                self.watermark.settle(Delivered::new(in_flight.tx));
+                let aggregate_type = header(message, "aggregate_type").unwrap_or("");
+                m.event_acknowledged(message.topic(), message.partition(), aggregate_type, in_flight.occurred_at_ms);
+            }
             Err((error, message)) => {
-                let error = classify_kafka(error).context(format_args!(
-                    "delivery to topic {} failed (the watermark stops before this record)",
-                    message.topic()
-                ));
+                let code = error.rdkafka_error_code();
+                m.produce_error(&code.map_or_else(|| "Unknown".to_string(), |c| format!("{c:?}")));
+                let refused_id = code.filter(|c| is_record_refusal(*c)).and_then(|_| header(message, "id"));
+                let error = match refused_id {
+                    Some(id) => Error::refused_record(id.to_string(), format!("{error} (topic {})", message.topic())),
+                    None => classify_kafka(error).context(format_args!(
+                        "delivery to topic {} failed (the watermark stops before this record)",
+                        message.topic()
+                    )),
+                };
                 self.watermark.fail(error);
             }
         }
         self.budget.add_permits(in_flight.permits as usize);
     }
+}
+
+/// A header's value as text.
+fn header<'a>(message: &'a rdkafka::message::BorrowedMessage<'_>, name: &str) -> Option<&'a str> {
+    use rdkafka::message::Headers;
+    message.headers()?.iter().find(|h| h.key == name).and_then(|h| std::str::from_utf8(h.value?).ok())
 }
 
 /// Settings for topics the sink creates.
@@ -97,6 +129,7 @@ pub struct KafkaSink {
     watermark: Arc<Watermark>,
     budget: Arc<Semaphore>,
     max_in_flight_bytes: usize,
+    max_record_bytes: usize,
     known_topics: HashSet<String>,
     topics: TopicSettings,
 }
@@ -113,6 +146,9 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Headroom for librdkafka's per-record framing when checking a record against `message.max.bytes`.
+const RECORD_OVERHEAD_BYTES: usize = 512;
+
 impl KafkaSink {
     /// Creates the producer.
     ///
@@ -128,7 +164,8 @@ impl KafkaSink {
             .set("allow.auto.create.topics", "false")
             .set("message.max.bytes", config.max_record_bytes.to_string())
             .set("queue.buffering.max.messages", "2000000")
-            .set("queue.buffering.max.kbytes", "2097151");
+            .set("queue.buffering.max.kbytes", "2097151")
+            .set("statistics.interval.ms", "5000");
         if !config.properties.contains_key("linger.ms") {
             cc.set("linger.ms", "5");
         }
@@ -143,6 +180,7 @@ impl KafkaSink {
             watermark,
             budget,
             max_in_flight_bytes: config.max_in_flight_bytes,
+            max_record_bytes: config.max_record_bytes,
             known_topics: HashSet::new(),
             topics: TopicSettings {
                 create: config.create_topics,
@@ -159,12 +197,24 @@ impl KafkaSink {
         })
     }
 
+    /// Whether `record` is within `kafka.max_record_bytes`, with room for librdkafka's own per-record
+    /// overhead (which it counts against `message.max.bytes` too).
+    pub fn fits(&self, record: &KafkaRecord) -> bool {
+        record.size_bytes() + RECORD_OVERHEAD_BYTES <= self.max_record_bytes
+    }
+
+    /// The largest record this sink produces.
+    pub fn max_record_bytes(&self) -> usize {
+        self.max_record_bytes
+    }
+
     /// Hands one record of transaction `tx` to the producer, waiting for in-flight budget first.
+    /// `occurred_at_ms` feeds the end-to-end latency histogram.
     ///
     /// # Errors
     /// Definite when the topic is missing and may not be created, or the record is refused for good;
     /// transient for broker unavailability during topic checks.
-    pub async fn send(&mut self, tx: TxId, record: &KafkaRecord) -> Result<()> {
+    pub async fn send(&mut self, tx: TxId, record: &KafkaRecord, occurred_at_ms: Option<i64>) -> Result<()> {
         if !self.known_topics.contains(&record.topic) {
             self.ensure_topic(&record.topic).await?;
             self.known_topics.insert(record.topic.clone());
@@ -176,7 +226,8 @@ impl KafkaSink {
         for (key, value) in &record.headers {
             headers = headers.insert(Header { key, value: Some(value) });
         }
-        let mut pending = BaseRecord::with_opaque_to(&record.topic, Box::new(InFlight { tx, permits }))
+        metrics().event_produced(&record.topic, permits as usize);
+        let mut pending = BaseRecord::with_opaque_to(&record.topic, Box::new(InFlight { tx, permits, occurred_at_ms }))
             .key(&record.key)
             .payload(&record.value)
             .headers(headers);
@@ -190,6 +241,7 @@ impl KafkaSink {
                 Err((error, _)) => {
                     let error = classify_kafka(&error)
                         .context(format_args!("producing to {} (key {})", record.topic, record.key));
+                    metrics().record_settled(permits as usize);
                     self.budget.add_permits(permits as usize);
                     self.watermark.fail(Error::transient(error.to_string()));
                     return Err(error);

@@ -42,6 +42,8 @@ pub enum Change {
     Begin(TxStart),
     /// An outbox row inserted by the current transaction.
     Row(OutboxRow),
+    /// An outbox row inserted by the current transaction that cannot be decoded (a poison row).
+    Undecodable(super::decode::Undecodable),
     /// The current transaction committed; `position` is right after it.
     Commit {
         /// Resume point after this transaction.
@@ -68,6 +70,8 @@ pub struct ReaderSettings {
 
 /// Event type codes that mysql_common does not parse (MariaDB) or that we treat specially.
 mod event_type {
+    pub const HEARTBEAT: u8 = 27;
+    pub const HEARTBEAT_V2: u8 = 41;
     pub const XA_PREPARE: u8 = 38;
     pub const MARIADB_ANNOTATE_ROWS: u8 = 160;
     pub const MARIADB_GTID: u8 = 162;
@@ -102,6 +106,15 @@ pub enum TxGtid {
     MySql(Gtid),
     /// MariaDB `domain-server-seq`.
     MariaDb(MariaGtid),
+}
+
+impl std::fmt::Display for TxGtid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TxGtid::MySql(gtid) => write!(f, "{gtid}"),
+            TxGtid::MariaDb(gtid) => write!(f, "{gtid}"),
+        }
+    }
 }
 
 /// Where a transaction starts: its GTID (if the server has them) and the coordinate of its first event.
@@ -220,6 +233,9 @@ impl BinlogReader {
                 }
             };
             self.last_event = std::time::Instant::now();
+            if matches!(event.header().event_type_raw(), event_type::HEARTBEAT | event_type::HEARTBEAT_V2) {
+                crate::metrics::metrics().heartbeat();
+            }
             self.decoder.handle(&event)?;
         }
     }
@@ -451,7 +467,10 @@ impl ChangeDecoder {
             let (_, after) =
                 row.map_err(|e| Error::definite(format!("cannot decode a row of outbox table {}: {e}", decoder.name)))?;
             let after = after.ok_or_else(|| Error::definite("insert without an after-image"))?;
-            self.pending.push_back(Change::Row(decoder.decode_row(after)?));
+            self.pending.push_back(match decoder.decode_row(after) {
+                Ok(row) => Change::Row(row),
+                Err(undecodable) => Change::Undecodable(undecodable),
+            });
         }
         Ok(())
     }

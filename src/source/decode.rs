@@ -115,27 +115,118 @@ impl OutboxTable {
     /// Decodes the after-image of an inserted row.
     ///
     /// # Errors
-    /// A definite error naming the column when a value has an unexpected type or is not valid UTF-8.
-    pub fn decode_row(&self, mut row: BinlogRow) -> Result<OutboxRow> {
-        let id = text(&mut row, self.id, "id")?;
-        let fail = |e: Error| e.context(format_args!("outbox row id={id} in {}", self.name));
+    /// [`Undecodable`] naming the column when a value is NULL where it must not be, has an unexpected type,
+    /// or is not valid UTF-8; it carries the row's values as far as they can be rendered, for the
+    /// dead-letter topic.
+    pub fn decode_row(&self, mut row: BinlogRow) -> std::result::Result<OutboxRow, Undecodable> {
+        // Take every needed value out first, so that a failure can still render the whole row.
+        let mut take = |i: usize| row.take(i).map(BinlogValue::into_owned);
+        let mut values: [(&'static str, Slot); 8] = [
+            ("id", take(self.id)),
+            ("aggregate_type", take(self.aggregate_type)),
+            ("aggregate_id", take(self.aggregate_id)),
+            ("event_type", take(self.event_type)),
+            ("schema_version", take(self.schema_version)),
+            ("payload", take(self.payload)),
+            ("headers", self.headers.and_then(&mut take)),
+            ("occurred_at", take(self.occurred_at)),
+        ];
+        match self.convert(&mut values) {
+            Ok(decoded) => Ok(decoded),
+            Err(error) => {
+                let image = values.iter().map(|(name, value)| (name.to_string(), render(value.as_ref()))).collect();
+                let text_of = |name: &str| match values.iter().find(|(n, _)| *n == name) {
+                    Some((_, Some(BinlogValue::Value(Value::Bytes(b))))) => {
+                        std::str::from_utf8(b).ok().map(String::from)
+                    }
+                    _ => None,
+                };
+                Err(Undecodable {
+                    table: self.name.clone(),
+                    id: text_of("id"),
+                    aggregate_type: text_of("aggregate_type"),
+                    aggregate_id: text_of("aggregate_id"),
+                    image,
+                    message: format!("outbox row in {}: {error}", self.name),
+                })
+            }
+        }
+    }
+
+    /// Converts the taken values. Every check that can fail runs before a value is moved out of its slot
+    /// (only `headers` and `payload` are moved, last and after validation), so a failed row still renders
+    /// whole.
+    fn convert(&self, v: &mut [(&'static str, Slot)]) -> Result<OutboxRow> {
+        let id = text(&v[0].1, "id")?;
+        let fail = |e: Error| e.context(format_args!("id={id}"));
+        let aggregate_type = text(&v[1].1, "aggregate_type").map_err(fail)?;
+        let aggregate_id = text(&v[2].1, "aggregate_id").map_err(fail)?;
+        let event_type = text(&v[3].1, "event_type").map_err(fail)?;
+        let schema_version = small_uint(&v[4].1, "schema_version").map_err(fail)?;
+        let occurred_at = datetime(&v[7].1, self.occurred_at_fsp, "occurred_at").map_err(fail)?;
+        if matches!(v[5].1, Some(BinlogValue::Value(Value::NULL))) {
+            return Err(fail(Error::definite("payload is NULL")));
+        }
+        let (head, tail) = v.split_at_mut(6);
+        let headers = match self.headers {
+            // Validate payload before headers moves out: payload is the last fallible step.
+            Some(_) => json(&mut tail[0].1, "headers").map_err(fail)?,
+            None => None,
+        };
+        let payload = match json(&mut head[5].1, "payload") {
+            Ok(payload) => payload.expect("NULL checked above"),
+            Err(e) => {
+                if let Some(h) = &headers {
+                    tail[0].1 = Some(BinlogValue::Value(Value::Bytes(h.clone().into_bytes())));
+                }
+                return Err(fail(e));
+            }
+        };
         Ok(OutboxRow {
-            aggregate_type: text(&mut row, self.aggregate_type, "aggregate_type").map_err(fail)?,
-            aggregate_id: text(&mut row, self.aggregate_id, "aggregate_id").map_err(fail)?,
-            event_type: text(&mut row, self.event_type, "event_type").map_err(fail)?,
-            schema_version: small_uint(&mut row, self.schema_version, "schema_version").map_err(fail)?,
-            payload: json(&mut row, self.payload, "payload")
-                .map_err(fail)?
-                .ok_or_else(|| fail(Error::definite("payload is NULL")))?,
-            headers: match self.headers {
-                Some(i) => json(&mut row, i, "headers").map_err(fail)?,
-                None => None,
-            },
-            occurred_at: datetime(&mut row, self.occurred_at, self.occurred_at_fsp, "occurred_at").map_err(fail)?,
             table: self.name.clone(),
             id,
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            schema_version,
+            payload,
+            headers,
+            occurred_at,
             from_snapshot: false,
         })
+    }
+}
+
+/// An outbox row that could not be decoded: what is known of it, for the dead-letter topic.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Undecodable {
+    /// The outbox table.
+    pub table: Arc<TableName>,
+    /// The event id, if that column decoded.
+    pub id: Option<String>,
+    /// The aggregate type, if that column decoded.
+    pub aggregate_type: Option<String>,
+    /// The aggregate id, if that column decoded.
+    pub aggregate_id: Option<String>,
+    /// Every outbox column, rendered as JSON as far as possible (binary values as `{"hex": …}`).
+    pub image: serde_json::Map<String, serde_json::Value>,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// A binlog value as JSON, for a human reading the dead-letter topic.
+fn render(value: Option<&BinlogValue<'_>>) -> serde_json::Value {
+    use serde_json::Value as J;
+    match value {
+        None => J::String("<missing from the row image>".into()),
+        Some(BinlogValue::Value(Value::NULL)) => J::Null,
+        Some(BinlogValue::Value(Value::Bytes(b))) => match std::str::from_utf8(b) {
+            Ok(s) => J::String(s.to_string()),
+            Err(_) => serde_json::json!({ "hex": b.iter().map(|x| format!("{x:02x}")).collect::<String>() }),
+        },
+        Some(BinlogValue::Value(Value::Int(i))) => J::from(*i),
+        Some(BinlogValue::Value(Value::UInt(u))) => J::from(*u),
+        Some(other) => J::String(format!("{other:?}")),
     }
 }
 
@@ -144,43 +235,58 @@ fn column_names(tme: &TableMapEvent<'_>) -> std::io::Result<Vec<String>> {
     meta.iter_column_name().map(|n| n.map(|n| n.name().into_owned())).collect()
 }
 
-fn take<'r>(row: &'r mut BinlogRow, index: usize, column: &str) -> Result<BinlogValue<'r>> {
-    row.take(index).ok_or_else(|| {
-        Error::definite(format!("column {column} is missing from the row image (binlog_row_image must be FULL)"))
-    })
+/// A value slot of a row: converters look at it by reference and move the value out only on success, so
+/// that a failed row can still be rendered whole.
+type Slot = Option<BinlogValue<'static>>;
+
+fn missing(column: &str) -> Error {
+    Error::definite(format!("column {column} is missing from the row image (binlog_row_image must be FULL)"))
 }
 
-fn text(row: &mut BinlogRow, index: usize, column: &str) -> Result<String> {
-    match take(row, index, column)? {
-        BinlogValue::Value(Value::Bytes(bytes)) => String::from_utf8(bytes)
+fn unexpected(column: &str, value: &BinlogValue<'_>) -> Error {
+    Error::definite(format!("column {column} has an unexpected type: {value:?}"))
+}
+
+/// A short text column, copied (the slot keeps its value for rendering).
+fn text(slot: &Slot, column: &str) -> Result<String> {
+    match slot.as_ref().ok_or_else(|| missing(column))? {
+        BinlogValue::Value(Value::Bytes(bytes)) => std::str::from_utf8(bytes)
+            .map(String::from)
             .map_err(|_| Error::definite(format!("column {column} is not valid UTF-8 (use a utf8mb4 column)"))),
         BinlogValue::Value(Value::Int(i)) => Ok(i.to_string()),
         BinlogValue::Value(Value::UInt(u)) => Ok(u.to_string()),
         BinlogValue::Value(Value::NULL) => Err(Error::definite(format!("column {column} is NULL"))),
-        other => Err(Error::definite(format!("column {column} has an unexpected type: {other:?}"))),
+        other => Err(unexpected(column, other)),
     }
 }
 
-fn small_uint(row: &mut BinlogRow, index: usize, column: &str) -> Result<u16> {
+fn small_uint(slot: &Slot, column: &str) -> Result<u16> {
     let out_of_range =
         |v: &dyn std::fmt::Display| Error::definite(format!("column {column} = {v} is not in 0..=65535"));
-    match take(row, index, column)? {
-        BinlogValue::Value(Value::Int(i)) => u16::try_from(i).map_err(|_| out_of_range(&i)),
-        BinlogValue::Value(Value::UInt(u)) => u16::try_from(u).map_err(|_| out_of_range(&u)),
+    match slot.as_ref().ok_or_else(|| missing(column))? {
+        BinlogValue::Value(Value::Int(i)) => u16::try_from(*i).map_err(|_| out_of_range(i)),
+        BinlogValue::Value(Value::UInt(u)) => u16::try_from(*u).map_err(|_| out_of_range(u)),
         BinlogValue::Value(Value::NULL) => Err(Error::definite(format!("column {column} is NULL"))),
-        other => Err(Error::definite(format!("column {column} has an unexpected type: {other:?}"))),
+        other => Err(unexpected(column, other)),
     }
 }
 
-/// JSON text of a JSON column: MariaDB stores JSON as LONGTEXT, MySQL as binary JSON.
-fn json(row: &mut BinlogRow, index: usize, column: &str) -> Result<Option<String>> {
-    match take(row, index, column)? {
+/// JSON text of a JSON column: MariaDB stores JSON as LONGTEXT, MySQL as binary JSON. Text is moved out of
+/// the slot (payloads can be megabytes), but only once it is known to be valid.
+fn json(slot: &mut Slot, column: &str) -> Result<Option<String>> {
+    match slot.as_ref().ok_or_else(|| missing(column))? {
         BinlogValue::Value(Value::NULL) => Ok(None),
-        BinlogValue::Value(Value::Bytes(bytes)) => String::from_utf8(bytes)
-            .map(Some)
-            .map_err(|_| Error::definite(format!("column {column} is not valid UTF-8"))),
+        BinlogValue::Value(Value::Bytes(bytes)) if std::str::from_utf8(bytes).is_err() => {
+            Err(Error::definite(format!("column {column} is not valid UTF-8")))
+        }
+        BinlogValue::Value(Value::Bytes(_)) => match slot.take() {
+            Some(BinlogValue::Value(Value::Bytes(bytes))) => {
+                Ok(Some(String::from_utf8(bytes).expect("checked above")))
+            }
+            _ => unreachable!("matched above"),
+        },
         BinlogValue::Jsonb(value) => {
-            let json = serde_json::Value::try_from(value)
+            let json = serde_json::Value::try_from(value.clone())
                 .map_err(|e| Error::definite(format!("column {column}: cannot convert binary JSON: {e}")))?;
             Ok(Some(json.to_string()))
         }
@@ -188,15 +294,17 @@ fn json(row: &mut BinlogRow, index: usize, column: &str) -> Result<Option<String
             "column {column} arrived as a partial JSON update; outbox rows must be inserted whole \
              (set binlog_row_value_options='')"
         ))),
-        other => Err(Error::definite(format!("column {column} has an unexpected type: {other:?}"))),
+        other => Err(unexpected(column, other)),
     }
 }
 
-fn datetime(row: &mut BinlogRow, index: usize, fsp: u8, column: &str) -> Result<String> {
-    match take(row, index, column)? {
-        BinlogValue::Value(Value::Date(y, mo, d, h, mi, s, us)) => Ok(format_datetime(y, mo, d, h, mi, s, us, fsp)),
+fn datetime(slot: &Slot, fsp: u8, column: &str) -> Result<String> {
+    match slot.as_ref().ok_or_else(|| missing(column))? {
+        BinlogValue::Value(Value::Date(y, mo, d, h, mi, s, us)) => {
+            Ok(format_datetime(*y, *mo, *d, *h, *mi, *s, *us, fsp))
+        }
         BinlogValue::Value(Value::NULL) => Err(Error::definite(format!("column {column} is NULL"))),
-        other => Err(Error::definite(format!("column {column} has an unexpected type: {other:?}"))),
+        other => Err(unexpected(column, other)),
     }
 }
 

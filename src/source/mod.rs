@@ -4,6 +4,7 @@
 pub mod binlog;
 pub mod decode;
 pub mod preflight;
+pub mod purge;
 pub mod snapshot;
 
 use std::str::FromStr;

@@ -41,6 +41,7 @@ pub fn write_config(dir: &Path, db: &MariaDb, broker: &Broker, extra_toml: &str)
          [state]\n\
          dir = {state}\n\
          {snapshot}\
+         {metrics}\
          {extra_toml}\n",
         port = db.port(),
         password = toml_str(CDC_PASSWORD),
@@ -48,6 +49,8 @@ pub fn write_config(dir: &Path, db: &MariaDb, broker: &Broker, extra_toml: &str)
         state = toml_str(&dir.join("state").to_string_lossy()),
         // Tests of the stream start without a snapshot unless they configure one.
         snapshot = if extra_toml.contains("[snapshot]") { "" } else { "\n[snapshot]\nmode = \"never\"\n" },
+        // An ephemeral port: parallel connectors never collide; tests that scrape set their own.
+        metrics = if extra_toml.contains("[metrics]") { "" } else { "\n[metrics]\nlisten = \"127.0.0.1:0\"\n" },
     );
     let path = dir.join("connector.toml");
     std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));

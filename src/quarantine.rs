@@ -1,0 +1,444 @@
+//! Poison rows and quarantine: isolate, never block, never reorder.
+//!
+//! A *poison row* is an outbox row that cannot become a valid Kafka record: it does not decode, its
+//! aggregate id is empty, its routed topic name is illegal, its record exceeds `kafka.max_record_bytes`,
+//! or the broker refused it for a reason retrying cannot cure. With `outbox.on_poison = "dead_letter"`:
+//!
+//! 1. the row goes to the dead-letter topic with everything needed to act on it: the row as read, its
+//!    binlog coordinates (GTID, file, position, row index) or snapshot origin, the error kind and message;
+//! 2. its aggregate is put on **hold**: the hold is written to the state store *before* the dead-letter
+//!    record is produced, and every later event of that aggregate follows it to the dead-letter topic, in
+//!    order, until an operator runs `outbox-cdc quarantine release`. Consumers of the normal topic thus
+//!    never see an aggregate's event after one they did not get;
+//! 3. other aggregates flow on.
+//!
+//! # Invariants
+//! - Nothing is skipped: a poison row and each held event become exactly one dead-letter record, which
+//!   settles its source transaction like any record, so the checkpoint moves only past acknowledged
+//!   dead-letter records.
+//! - A hold is durable before any record that depends on it is produced, so a crash cannot let a later
+//!   event of a held aggregate reach the normal topic.
+//! - Release republishes a hold's dead-lettered events in their dead-letter order (= source order: one key,
+//!   one partition) and removes the hold only after Kafka acknowledged all of them. It runs while the
+//!   connector is stopped (it needs the state store), so no newer event of the aggregate can overtake them.
+//!
+//! # Broker refusals
+//! A record the broker refuses for good (e.g. larger than the topic's `max.message.bytes`) is only known
+//! as poison when its delivery fails, when later records may already be in flight. The failure stops the
+//! pipeline like any delivery failure (the checkpoint stays before the record); the event id is remembered
+//! in the store as *known poison*, and after the restart that row takes the dead-letter path above. Later
+//! events of the same aggregate that were acknowledged before the failure surfaced stay in the normal
+//! topic: the pre-check against `kafka.max_record_bytes` exists to make this rare.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::{now_ms, Store};
+use crate::error::{Error, Result};
+use crate::router::KafkaRecord;
+use crate::source::decode::Undecodable;
+use crate::source::OutboxRow;
+
+/// Why a row is poison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoisonKind {
+    /// A column value could not be decoded (NULL, wrong type, invalid UTF-8).
+    Undecodable,
+    /// `aggregate_id` is empty.
+    EmptyAggregateId,
+    /// The routed topic is not a legal Kafka topic name.
+    IllegalTopic,
+    /// `payload` is not valid JSON.
+    InvalidPayload,
+    /// `headers` is not a JSON object.
+    InvalidHeaders,
+    /// The record is larger than `kafka.max_record_bytes`.
+    TooLarge,
+    /// The broker refused the record for a non-retryable reason.
+    RejectedByBroker,
+    /// Not poison itself: a later event of an aggregate on hold.
+    Quarantined,
+}
+
+impl PoisonKind {
+    /// The snake_case name used in headers, metrics and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoisonKind::Undecodable => "undecodable",
+            PoisonKind::EmptyAggregateId => "empty_aggregate_id",
+            PoisonKind::IllegalTopic => "illegal_topic",
+            PoisonKind::InvalidPayload => "invalid_payload",
+            PoisonKind::InvalidHeaders => "invalid_headers",
+            PoisonKind::TooLarge => "too_large",
+            PoisonKind::RejectedByBroker => "rejected_by_broker",
+            PoisonKind::Quarantined => "quarantined",
+        }
+    }
+}
+
+/// A row that cannot become a record: what and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Poison {
+    /// The class of problem.
+    pub kind: PoisonKind,
+    /// What is wrong, for the operator.
+    pub message: String,
+}
+
+impl Poison {
+    /// A poison verdict.
+    pub fn new(kind: PoisonKind, message: impl Into<String>) -> Self {
+        Poison { kind, message: message.into() }
+    }
+}
+
+impl std::fmt::Display for Poison {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.message, self.kind.as_str())
+    }
+}
+
+impl From<Poison> for Error {
+    fn from(poison: Poison) -> Self {
+        Error::definite(poison.to_string())
+    }
+}
+
+/// An aggregate on hold, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    /// Aggregate type of the held aggregate.
+    pub aggregate_type: String,
+    /// Aggregate id of the held aggregate.
+    pub aggregate_id: String,
+    /// Identifies this hold's dead-letter records: the first poison event's id and the hold's time.
+    pub hold_id: String,
+    /// Why the first event was poison.
+    pub kind: PoisonKind,
+    /// The first poison event's error message.
+    pub reason: String,
+    /// Where the first poison event was read.
+    pub origin: String,
+    /// When the hold was placed (Unix ms).
+    pub held_at_ms: u64,
+}
+
+/// A broker-refused event remembered across the restart that follows the refusal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KnownPoison {
+    /// The event id.
+    pub id: String,
+    /// The broker's reason.
+    pub message: String,
+}
+
+/// Where a row was read, for the dead-letter record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Origin {
+    /// Read by the initial snapshot (then `gtid`/`file`/`position` describe its read view).
+    pub snapshot: bool,
+    /// GTID of the source transaction.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gtid: Option<String>,
+    /// Binlog file.
+    pub file: String,
+    /// Position in the binlog file (of the transaction's first event).
+    pub position: u64,
+    /// Index of the row among the outbox rows of its transaction (or snapshot chunk).
+    pub row_index: u64,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.snapshot {
+            write!(f, "snapshot view at ")?;
+        }
+        if let Some(gtid) = &self.gtid {
+            write!(f, "gtid {gtid} ")?;
+        }
+        write!(f, "{}:{} row {}", self.file, self.position, self.row_index)
+    }
+}
+
+/// The row as stored in a dead-letter record: the outbox columns by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadRow {
+    /// `database.table`.
+    pub table: String,
+    /// The outbox columns; JSON columns as their JSON text.
+    pub columns: serde_json::Map<String, serde_json::Value>,
+}
+
+impl DeadRow {
+    /// A decoded row.
+    pub fn from_row(row: &OutboxRow) -> Self {
+        let mut columns = serde_json::Map::new();
+        columns.insert("id".into(), row.id.clone().into());
+        columns.insert("aggregate_type".into(), row.aggregate_type.clone().into());
+        columns.insert("aggregate_id".into(), row.aggregate_id.clone().into());
+        columns.insert("event_type".into(), row.event_type.clone().into());
+        columns.insert("schema_version".into(), row.schema_version.into());
+        columns.insert("payload".into(), row.payload.clone().into());
+        columns.insert("headers".into(), row.headers.clone().map_or(serde_json::Value::Null, Into::into));
+        columns.insert("occurred_at".into(), row.occurred_at.clone().into());
+        DeadRow { table: row.table.to_string(), columns }
+    }
+
+    /// An undecodable row.
+    pub fn from_undecodable(row: &Undecodable) -> Self {
+        DeadRow { table: row.table.to_string(), columns: row.image.clone() }
+    }
+
+    /// The decoded row again, when every column is there (release of held events).
+    pub fn to_row(&self, from_snapshot: bool) -> Option<OutboxRow> {
+        let s = |name: &str| self.columns.get(name).and_then(|v| v.as_str()).map(String::from);
+        let (database, table) = self.table.split_once('.')?;
+        Some(OutboxRow {
+            table: Arc::new(crate::config::TableName { database: database.into(), table: table.into() }),
+            id: s("id")?,
+            aggregate_type: s("aggregate_type")?,
+            aggregate_id: s("aggregate_id")?,
+            event_type: s("event_type")?,
+            schema_version: u16::try_from(self.columns.get("schema_version")?.as_u64()?).ok()?,
+            payload: s("payload")?,
+            headers: s("headers"),
+            occurred_at: s("occurred_at")?,
+            from_snapshot,
+        })
+    }
+}
+
+/// Header names of dead-letter records.
+pub mod headers {
+    /// Event id (also on normal records).
+    pub const ID: &str = "id";
+    /// Aggregate type (also on normal records).
+    pub const AGGREGATE_TYPE: &str = "aggregate_type";
+    /// [`super::PoisonKind`] as snake_case.
+    pub const KIND: &str = "dead_letter_kind";
+    /// The error message.
+    pub const REASON: &str = "dead_letter_reason";
+    /// The hold this record belongs to (absent when the aggregate is unknown).
+    pub const HOLD: &str = "dead_letter_hold";
+    /// Where the row was read.
+    pub const ORIGIN: &str = "dead_letter_origin";
+    /// On records republished by `quarantine release`.
+    pub const RELEASED_FROM: &str = "released_from_hold";
+}
+
+/// The value of a dead-letter record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// Why.
+    pub kind: PoisonKind,
+    /// The error message.
+    pub reason: String,
+    /// The hold, when the aggregate is known.
+    pub hold_id: Option<String>,
+    /// Where the row was read (rendered).
+    pub origin: serde_json::Value,
+    /// The row.
+    pub row: DeadRow,
+}
+
+/// Most of a dead-letter reason that goes into a header.
+const MAX_REASON_BYTES: usize = 1000;
+
+/// Builds the dead-letter record. A row too large for a record keeps its columns but not its payload,
+/// which the operator reads from the table by id.
+pub fn dead_letter_record(
+    topic: &str,
+    key: &str,
+    event_id: Option<&str>,
+    aggregate_type: Option<&str>,
+    letter: &DeadLetter,
+    max_record_bytes: usize,
+) -> KafkaRecord {
+    let mut value = serde_json::to_vec(letter).expect("serializes");
+    if value.len() + 4096 > max_record_bytes {
+        let mut trimmed = letter.clone();
+        if let Some(payload) = trimmed.row.columns.get_mut("payload") {
+            let len = payload.as_str().map_or(0, str::len);
+            *payload = format!("<{len} bytes omitted: the record would exceed kafka.max_record_bytes>").into();
+        }
+        value = serde_json::to_vec(&trimmed).expect("serializes");
+    }
+    let mut reason = letter.reason.clone();
+    if reason.len() > MAX_REASON_BYTES {
+        let mut end = MAX_REASON_BYTES;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+    }
+    let mut hdrs = vec![(headers::KIND.to_string(), letter.kind.as_str().as_bytes().to_vec())];
+    hdrs.push((headers::REASON.to_string(), reason.into_bytes()));
+    if let Some(id) = event_id {
+        hdrs.push((headers::ID.to_string(), id.as_bytes().to_vec()));
+    }
+    if let Some(t) = aggregate_type {
+        hdrs.push((headers::AGGREGATE_TYPE.to_string(), t.as_bytes().to_vec()));
+    }
+    if let Some(hold) = &letter.hold_id {
+        hdrs.push((headers::HOLD.to_string(), hold.as_bytes().to_vec()));
+    }
+    hdrs.push((headers::ORIGIN.to_string(), letter.origin.to_string().into_bytes()));
+    KafkaRecord { topic: topic.to_string(), key: key.to_string(), value, headers: hdrs }
+}
+
+/// The holds and known-poison ids of a running pipeline, mirrored from the store.
+#[derive(Debug, Default)]
+pub struct Quarantine {
+    /// aggregate_type → aggregate_id → hold.
+    holds: HashMap<String, HashMap<String, Hold>>,
+    known_poison: HashMap<String, KnownPoison>,
+}
+
+impl Quarantine {
+    /// Loads the holds and known-poison ids from the store.
+    ///
+    /// # Errors
+    /// Store read errors.
+    pub fn load(store: &Store) -> Result<Self> {
+        let mut q = Quarantine::default();
+        for hold in store.holds()? {
+            q.holds.entry(hold.aggregate_type.clone()).or_default().insert(hold.aggregate_id.clone(), hold);
+        }
+        q.known_poison = store.known_poison()?.into_iter().map(|p| (p.id.clone(), p)).collect();
+        crate::metrics::metrics().quarantined_aggregates(q.len());
+        Ok(q)
+    }
+
+    /// Number of aggregates on hold.
+    pub fn len(&self) -> usize {
+        self.holds.values().map(HashMap::len).sum()
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.holds.is_empty()
+    }
+
+    /// The hold of an aggregate, if any.
+    pub fn hold_of(&self, aggregate_type: &str, aggregate_id: &str) -> Option<&Hold> {
+        if self.holds.is_empty() {
+            return None;
+        }
+        self.holds.get(aggregate_type)?.get(aggregate_id)
+    }
+
+    /// The broker's earlier refusal of event `id`, if any.
+    pub fn known_poison(&self, id: &str) -> Option<&KnownPoison> {
+        if self.known_poison.is_empty() {
+            return None;
+        }
+        self.known_poison.get(id)
+    }
+
+    /// Places a hold, durably, unless the aggregate already has one; returns the aggregate's hold.
+    ///
+    /// # Errors
+    /// Store write errors (definite: the connector must not go on without the hold).
+    pub fn hold(&mut self, store: &Store, hold: Hold) -> Result<Hold> {
+        if let Some(existing) = self.hold_of(&hold.aggregate_type, &hold.aggregate_id) {
+            return Ok(existing.clone());
+        }
+        store.put_hold(&hold)?;
+        tracing::error!(
+            aggregate_type = %hold.aggregate_type,
+            aggregate_id = %hold.aggregate_id,
+            hold = %hold.hold_id,
+            kind = hold.kind.as_str(),
+            reason = %hold.reason,
+            "aggregate quarantined: its events go to the dead-letter topic until \
+             `outbox-cdc quarantine release` (see the runbook)"
+        );
+        self.holds.entry(hold.aggregate_type.clone()).or_default().insert(hold.aggregate_id.clone(), hold.clone());
+        crate::metrics::metrics().quarantined_aggregates(self.len());
+        Ok(hold)
+    }
+}
+
+/// A new hold for a poison row.
+pub fn new_hold(aggregate_type: &str, aggregate_id: &str, hold_id: &str, poison: &Poison, origin: &Origin) -> Hold {
+    Hold {
+        aggregate_type: aggregate_type.to_string(),
+        aggregate_id: aggregate_id.to_string(),
+        // Unique per hold, so a later hold on the same aggregate never picks up this one's records.
+        hold_id: format!("{hold_id}@{}", now_ms()),
+        kind: poison.kind,
+        reason: poison.message.clone(),
+        origin: origin.to_string(),
+        held_at_ms: now_ms(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TableName;
+
+    fn row() -> OutboxRow {
+        OutboxRow {
+            table: Arc::new(TableName { database: "shop".into(), table: "outbox_events".into() }),
+            id: "e-1".into(),
+            aggregate_type: "order".into(),
+            aggregate_id: "A-1".into(),
+            event_type: "OrderCreated".into(),
+            schema_version: 2,
+            payload: r#"{"a":"订单"}"#.into(),
+            headers: None,
+            occurred_at: "2026-11-30T01:02:03.000004".into(),
+            from_snapshot: false,
+        }
+    }
+
+    #[test]
+    fn dead_row_round_trips_a_decoded_row() {
+        let dead = DeadRow::from_row(&row());
+        assert_eq!(dead.to_row(false), Some(row()));
+        let json = serde_json::to_string(&dead).unwrap();
+        let back: DeadRow = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.to_row(false), Some(row()));
+    }
+
+    #[test]
+    fn dead_letter_record_carries_kind_hold_and_origin() {
+        let letter = DeadLetter {
+            kind: PoisonKind::EmptyAggregateId,
+            reason: "aggregate_id is empty".into(),
+            hold_id: Some("e-1".into()),
+            origin: serde_json::to_value(Origin { file: "bin.000001".into(), position: 4, ..Origin::default() })
+                .unwrap(),
+            row: DeadRow::from_row(&row()),
+        };
+        let rec = dead_letter_record("dlq", "A-1", Some("e-1"), Some("order"), &letter, 1 << 20);
+        let header = |name: &str| rec.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+        assert_eq!(header(headers::KIND).unwrap(), b"empty_aggregate_id");
+        assert_eq!(header(headers::HOLD).unwrap(), b"e-1");
+        assert_eq!(header(headers::ID).unwrap(), b"e-1");
+        let back: DeadLetter = serde_json::from_slice(&rec.value).unwrap();
+        assert_eq!(back.row.to_row(false), Some(row()));
+    }
+
+    #[test]
+    fn oversized_dead_letter_drops_the_payload_only() {
+        let mut big = row();
+        big.payload = format!("\"{}\"", "x".repeat(10_000));
+        let letter = DeadLetter {
+            kind: PoisonKind::TooLarge,
+            reason: "too large".into(),
+            hold_id: None,
+            origin: serde_json::Value::Null,
+            row: DeadRow::from_row(&big),
+        };
+        let rec = dead_letter_record("dlq", "A-1", None, None, &letter, 8_000);
+        assert!(rec.value.len() < 8_000);
+        let back: DeadLetter = serde_json::from_slice(&rec.value).unwrap();
+        assert!(back.row.columns["payload"].as_str().unwrap().contains("10002 bytes omitted"));
+        assert_eq!(back.row.columns["id"], "e-1");
+    }
+}

@@ -1,0 +1,232 @@
+//! `outbox-cdc quarantine release`: republish a held aggregate's events, in order, and lift the hold.
+//!
+//! Runs while the connector is stopped: it takes the state store's writer role, which also guarantees that
+//! no newer event of the aggregate reaches the normal topic before the held ones (see
+//! [`crate::quarantine`]). Steps:
+//! 1. read the dead-letter topic up to its current end, keeping this hold's records in offset order (one
+//!    key, one partition: source order), first occurrence of each event id only;
+//! 2. route each again; a record that is still poison stops the release (nothing produced) unless
+//!    `--skip-poison` drops it, which is logged per event and stays visible in the dead-letter topic;
+//! 3. produce them to their normal topics and wait for every acknowledgement;
+//! 4. remove the hold (and the broker refusals it covered) from the store.
+//!
+//! Held events are kept in memory between steps 1 and 3: a hold is one aggregate's events since its
+//! poison row, which operators release within hours, not millions of events.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::checkpoint::{Store, Watermark};
+use crate::config::Config;
+use crate::error::{classify_kafka, Error, Result};
+use crate::quarantine::{headers, DeadLetter, Hold, PoisonKind};
+use crate::router::{KafkaRecord, Router, TopicTemplate};
+use crate::sink::kafka::client_config;
+use crate::sink::KafkaSink;
+
+/// What a release did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReleaseReport {
+    /// Events republished to their normal topics.
+    pub republished: u64,
+    /// Poison events dropped with `--skip-poison` (they stay in the dead-letter topic).
+    pub skipped: Vec<String>,
+}
+
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Releases the hold on one aggregate.
+///
+/// # Errors
+/// Definite when the store is in use by a running connector, the aggregate has no hold, or a held event is
+/// still poison without `skip_poison`; transient for Kafka trouble (nothing is removed then, and running
+/// the release again is safe: consumers may see the republished events twice, in order).
+pub async fn release(config: &Config, aggregate_type: &str, aggregate_id: &str, skip_poison: bool) -> Result<ReleaseReport> {
+    let store = Store::open(&config.state.dir).map_err(|e| {
+        e.context("quarantine release needs the connector stopped (it takes the state store, and no newer event \
+                   of the aggregate may be published before the held ones)")
+    })?;
+    let hold = store
+        .holds()?
+        .into_iter()
+        .find(|h| h.aggregate_type == aggregate_type && h.aggregate_id == aggregate_id)
+        .ok_or_else(|| {
+            Error::definite(format!(
+                "no hold on aggregate {aggregate_type}/{aggregate_id}; `outbox-cdc quarantine list` shows the holds"
+            ))
+        })?;
+    let config_kafka = config.kafka.clone();
+    let topic = config.kafka.dead_letter_topic.clone();
+    let hold_id = hold.hold_id.clone();
+    let letters = tokio::task::spawn_blocking(move || read_hold(&config_kafka, &topic, &hold_id))
+        .await
+        .map_err(|e| Error::transient(format!("reading the dead-letter topic: {e}")))??;
+
+    let router = Router::new(TopicTemplate::parse(&config.kafka.topic)?, config.kafka.value_format);
+    let watermark = Arc::new(Watermark::new(None));
+    let mut sink = KafkaSink::new(&config.kafka, watermark.clone())?;
+    let mut report = ReleaseReport::default();
+    let mut records = Vec::with_capacity(letters.len());
+    let mut ids = Vec::with_capacity(letters.len());
+    for letter in &letters {
+        let id = letter.row.columns.get("id").and_then(|v| v.as_str()).unwrap_or("?").to_string();
+        let routed = letter
+            .row
+            .to_row(letter.origin.get("snapshot").and_then(|v| v.as_bool()).unwrap_or(false))
+            .ok_or_else(|| {
+                crate::quarantine::Poison::new(PoisonKind::Undecodable, format!("event {id} could not be decoded"))
+            })
+            .and_then(|row| router.route(&row))
+            .and_then(|record| match sink.fits(&record) {
+                true => Ok(record),
+                false => Err(crate::quarantine::Poison::new(
+                    PoisonKind::TooLarge,
+                    format!("event {id}: record of {} bytes is over kafka.max_record_bytes", record.size_bytes()),
+                )),
+            });
+        match routed {
+            Ok(mut record) => {
+                record.headers.push((headers::RELEASED_FROM.to_string(), hold.hold_id.as_bytes().to_vec()));
+                records.push(record);
+            }
+            Err(poison) if skip_poison => {
+                tracing::warn!(id, reason = %poison, "still poison: dropped from the release (--skip-poison); it stays in the dead-letter topic");
+                report.skipped.push(id.clone());
+            }
+            Err(poison) => {
+                return Err(Error::definite(format!(
+                    "held event {id} of {aggregate_type}/{aggregate_id} is still poison: {poison}. Nothing was \
+                     republished. Fix the cause (e.g. raise max.message.bytes of the topic and \
+                     kafka.max_record_bytes), or pass --skip-poison to release the aggregate without it"
+                )));
+            }
+        }
+        ids.push(id);
+    }
+    republish(&mut sink, &watermark, &records).await?;
+    report.republished = records.len() as u64;
+    store.remove_hold(&hold, &ids)?;
+    tracing::info!(
+        aggregate_type,
+        aggregate_id,
+        hold = %hold.hold_id,
+        republished = report.republished,
+        skipped = report.skipped.len(),
+        "hold released"
+    );
+    Ok(report)
+}
+
+/// Produces `records` in order and waits for all acknowledgements.
+async fn republish(sink: &mut KafkaSink, watermark: &Watermark, records: &[KafkaRecord]) -> Result<()> {
+    let tx = watermark.open();
+    for record in records {
+        sink.send(tx, record, None).await?;
+    }
+    if !sink.drain(READ_TIMEOUT).await {
+        return Err(watermark.take_failure().unwrap_or_else(|| {
+            Error::transient("Kafka did not acknowledge the released events in time; the hold stays, run again")
+        }));
+    }
+    match watermark.take_failure() {
+        Some(error) => Err(error.context("republishing released events; the hold stays, run again")),
+        None => Ok(()),
+    }
+}
+
+/// This hold's dead-letter records, in offset order, first occurrence of each event id.
+fn read_hold(config: &crate::config::KafkaConfig, topic: &str, hold_id: &str) -> Result<Vec<DeadLetter>> {
+    let mut cc = client_config(config);
+    cc.set("group.id", "outbox-cdc-quarantine-release")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "false");
+    let consumer: BaseConsumer = cc.create().map_err(|e| classify_kafka(&e))?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .map_err(|e| classify_kafka(&e).context(format_args!("metadata of {topic}")))?;
+    let partitions = metadata.topics().iter().find(|t| t.name() == topic).map_or(0, |t| t.partitions().len());
+    let mut assignment = TopicPartitionList::new();
+    let mut remaining = 0usize;
+    let mut ends = Vec::new();
+    for p in 0..partitions as i32 {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .map_err(|e| classify_kafka(&e).context(format_args!("end offsets of {topic}")))?;
+        if high > low {
+            assignment.add_partition_offset(topic, p, Offset::Beginning).map_err(|e| classify_kafka(&e))?;
+            remaining += 1;
+        }
+        ends.push(high);
+    }
+    if remaining == 0 {
+        return Ok(Vec::new());
+    }
+    consumer.assign(&assignment).map_err(|e| classify_kafka(&e))?;
+    let mut done = vec![false; partitions];
+    let mut seen = HashSet::new();
+    let mut letters = Vec::new();
+    let deadline = Instant::now() + READ_TIMEOUT;
+    while remaining > 0 {
+        if Instant::now() >= deadline {
+            return Err(Error::transient(format!("reading {topic} did not reach its end within {READ_TIMEOUT:?}")));
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else { continue };
+        let message = message.map_err(|e| classify_kafka(&e).context(format_args!("reading {topic}")))?;
+        let p = message.partition() as usize;
+        let header = |name: &str| {
+            message.headers().and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value.map(<[u8]>::to_vec)))
+        };
+        if header(headers::HOLD).as_deref() == Some(hold_id.as_bytes()) {
+            let letter: DeadLetter = serde_json::from_slice(message.payload().unwrap_or_default()).map_err(|e| {
+                Error::definite(format!("dead-letter record at {topic}/{p}@{} is unreadable: {e}", message.offset()))
+            })?;
+            let id = letter.row.columns.get("id").and_then(|v| v.as_str()).unwrap_or_default().to_string();
+            if seen.insert(id) {
+                letters.push(letter);
+            }
+        }
+        if message.offset() + 1 >= ends[p] && !done[p] {
+            done[p] = true;
+            remaining -= 1;
+        }
+    }
+    Ok(letters)
+}
+
+/// Human summary of holds for `quarantine list`.
+pub fn describe(holds: &[Hold]) -> String {
+    if holds.is_empty() {
+        return "no aggregate is quarantined\n".to_string();
+    }
+    let mut out = format!("{} aggregate(s) quarantined:\n", holds.len());
+    for h in holds {
+        let since = (crate::checkpoint::now_ms().saturating_sub(h.held_at_ms)) / 1000;
+        out.push_str(&format!(
+            "  {}/{}  held {since} s ago at {}\n    first event {} ({}): {}\n    release: outbox-cdc quarantine release {} {}\n",
+            h.aggregate_type,
+            h.aggregate_id,
+            h.origin,
+            h.hold_id,
+            h.kind.as_str(),
+            h.reason,
+            shell_quote(&h.aggregate_type),
+            shell_quote(&h.aggregate_id),
+        ));
+    }
+    out
+}
+
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:/@".contains(&b)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
