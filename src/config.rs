@@ -545,7 +545,7 @@ impl Config {
                 self.kafka.dead_letter_topic
             )));
         }
-        if !(self.metrics.purge_warn_ratio > 0.0) {
+        if self.metrics.purge_warn_ratio.is_nan() || self.metrics.purge_warn_ratio <= 0.0 {
             return Err(Error::definite("metrics.purge_warn_ratio must be > 0 (e.g. 0.5)"));
         }
         for (key, pinned) in PINNED_PROPERTIES {

@@ -182,6 +182,17 @@ pub fn metrics() -> &'static Metrics {
 
 impl Metrics {
     fn new() -> Self {
+        let metrics = Metrics::register();
+        // Zero series for the labels known in advance, so dashboards and alerts see 0, not "no data".
+        for kind in crate::quarantine::PoisonKind::ALL {
+            drop(metrics.dead_letters.get_or_create(&KindLabel { kind: kind.as_str().to_string() }));
+        }
+        drop(metrics.reconnects.get_or_create(&ClassLabel { class: "transient".into() }));
+        drop(metrics.produce_errors.get_or_create(&KindLabel { kind: "MessageTimedOut".into() }));
+        metrics
+    }
+
+    fn register() -> Self {
         let mut registry = Registry::default();
         macro_rules! reg {
             ($name:expr, $metric:expr) => {{

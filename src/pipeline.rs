@@ -349,6 +349,7 @@ impl Pipeline {
 
     /// Scans the outbox tables in one consistent view and produces every row; ends with the watermark's
     /// last mark saying `done` once everything is acknowledged (see [`crate::source::snapshot`]).
+    #[allow(clippy::too_many_arguments)] // the run's moving parts, each borrowed for the phase
     async fn snapshot(
         &self,
         info: &crate::source::ServerInfo,
@@ -447,6 +448,7 @@ impl Pipeline {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)] // the run's moving parts, each borrowed for the phase
     async fn stream(
         &self,
         reader: &mut BinlogReader,

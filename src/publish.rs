@@ -58,7 +58,12 @@ impl Publisher {
     ///
     /// # Errors
     /// A definite error for poison with `on_poison = "fail"`, or when a hold cannot be stored.
-    pub fn prepare(&mut self, row: SourceRow<'_>, origin: &Origin, fits: impl Fn(&KafkaRecord) -> bool) -> Result<Prepared> {
+    pub fn prepare(
+        &mut self,
+        row: SourceRow<'_>,
+        origin: &Origin,
+        fits: impl Fn(&KafkaRecord) -> bool,
+    ) -> Result<Prepared> {
         let row = match row {
             SourceRow::Decoded(row) => row,
             SourceRow::Undecodable(bad) => {

@@ -64,6 +64,18 @@ pub enum PoisonKind {
 }
 
 impl PoisonKind {
+    /// Every kind.
+    pub const ALL: [PoisonKind; 8] = [
+        PoisonKind::Undecodable,
+        PoisonKind::EmptyAggregateId,
+        PoisonKind::IllegalTopic,
+        PoisonKind::InvalidPayload,
+        PoisonKind::InvalidHeaders,
+        PoisonKind::TooLarge,
+        PoisonKind::RejectedByBroker,
+        PoisonKind::Quarantined,
+    ];
+
     /// The snake_case name used in headers, metrics and JSON.
     pub fn as_str(self) -> &'static str {
         match self {

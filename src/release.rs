@@ -46,10 +46,17 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// Definite when the store is in use by a running connector, the aggregate has no hold, or a held event is
 /// still poison without `skip_poison`; transient for Kafka trouble (nothing is removed then, and running
 /// the release again is safe: consumers may see the republished events twice, in order).
-pub async fn release(config: &Config, aggregate_type: &str, aggregate_id: &str, skip_poison: bool) -> Result<ReleaseReport> {
+pub async fn release(
+    config: &Config,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    skip_poison: bool,
+) -> Result<ReleaseReport> {
     let store = Store::open(&config.state.dir).map_err(|e| {
-        e.context("quarantine release needs the connector stopped (it takes the state store, and no newer event \
-                   of the aggregate may be published before the held ones)")
+        e.context(
+            "quarantine release needs the connector stopped (it takes the state store, and no newer event \
+                   of the aggregate may be published before the held ones)",
+        )
     })?;
     let hold = store
         .holds()?

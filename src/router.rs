@@ -192,7 +192,10 @@ impl Router {
                 Ok(serde_json::Value::Object(map)) => map,
                 Ok(serde_json::Value::Null) => serde_json::Map::new(),
                 Ok(other) => {
-                    return Err(poison(PoisonKind::InvalidHeaders, format!("headers must be a JSON object, found {other}")))
+                    return Err(poison(
+                        PoisonKind::InvalidHeaders,
+                        format!("headers must be a JSON object, found {other}"),
+                    ))
                 }
                 Err(e) => return Err(poison(PoisonKind::InvalidHeaders, format!("headers is not valid JSON: {e}"))),
             };

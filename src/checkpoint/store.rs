@@ -14,8 +14,8 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::Checkpoint;
-use crate::quarantine::{Hold, KnownPoison};
 use crate::error::{Error, Result};
+use crate::quarantine::{Hold, KnownPoison};
 
 const CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("checkpoints");
 /// Quarantine holds: `aggregate_type \0 aggregate_id` → [`Hold`] as JSON.
@@ -169,7 +169,8 @@ impl Store {
     pub fn put_hold(&self, hold: &Hold) -> Result<()> {
         let json = serde_json::to_vec(hold).expect("serializes");
         self.write(|tx| {
-            tx.open_table(HOLDS)?.insert(hold_key(&hold.aggregate_type, &hold.aggregate_id).as_str(), json.as_slice())?;
+            tx.open_table(HOLDS)?
+                .insert(hold_key(&hold.aggregate_type, &hold.aggregate_id).as_str(), json.as_slice())?;
             Ok(())
         })
     }

@@ -71,8 +71,6 @@ impl ClientContext for SinkContext {
     fn stats(&self, statistics: rdkafka::Statistics) {
         // Bootstrap entries (nodeid -1) are not cluster members.
         let brokers = statistics.brokers.values().filter(|b| b.nodeid >= 0);
-        let up = brokers.clone().any(|b| b.state == "UP");
-        metrics().set_broker_connected(up);
         metrics().produce_retries_total(brokers.map(|b| b.txretries).sum());
     }
 }
@@ -104,6 +102,19 @@ impl ProducerContext for SinkContext {
             }
         }
         self.budget.add_permits(in_flight.permits as usize);
+    }
+}
+
+/// Keeps the readiness metric honest while the producer is idle (librdkafka only connects when it has
+/// something to send): a metadata request every few seconds, for as long as the producer lives.
+async fn probe_brokers(producer: std::sync::Weak<ThreadedProducer<SinkContext>>) {
+    const EVERY: Duration = Duration::from_secs(5);
+    loop {
+        let Some(p) = producer.upgrade() else { return };
+        let reachable =
+            tokio::task::spawn_blocking(move || p.client().fetch_metadata(None, EVERY).is_ok()).await.unwrap_or(false);
+        metrics().set_broker_connected(reachable);
+        tokio::time::sleep(EVERY).await;
     }
 }
 
@@ -174,8 +185,10 @@ impl KafkaSink {
             cc.create_with_context(context).map_err(|e| classify_kafka(&e))?;
         let admin: AdminClient<DefaultClientContext> =
             client_config(config).create().map_err(|e| classify_kafka(&e))?;
+        let producer = Arc::new(producer);
+        tokio::spawn(probe_brokers(Arc::downgrade(&producer)));
         Ok(KafkaSink {
-            producer: Arc::new(producer),
+            producer,
             admin,
             watermark,
             budget,

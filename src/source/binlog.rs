@@ -43,7 +43,7 @@ pub enum Change {
     /// An outbox row inserted by the current transaction.
     Row(OutboxRow),
     /// An outbox row inserted by the current transaction that cannot be decoded (a poison row).
-    Undecodable(super::decode::Undecodable),
+    Undecodable(Box<super::decode::Undecodable>),
     /// The current transaction committed; `position` is right after it.
     Commit {
         /// Resume point after this transaction.

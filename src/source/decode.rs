@@ -118,7 +118,7 @@ impl OutboxTable {
     /// [`Undecodable`] naming the column when a value is NULL where it must not be, has an unexpected type,
     /// or is not valid UTF-8; it carries the row's values as far as they can be rendered, for the
     /// dead-letter topic.
-    pub fn decode_row(&self, mut row: BinlogRow) -> std::result::Result<OutboxRow, Undecodable> {
+    pub fn decode_row(&self, mut row: BinlogRow) -> std::result::Result<OutboxRow, Box<Undecodable>> {
         // Take every needed value out first, so that a failure can still render the whole row.
         let mut take = |i: usize| row.take(i).map(BinlogValue::into_owned);
         let mut values: [(&'static str, Slot); 8] = [
@@ -141,14 +141,14 @@ impl OutboxTable {
                     }
                     _ => None,
                 };
-                Err(Undecodable {
+                Err(Box::new(Undecodable {
                     table: self.name.clone(),
                     id: text_of("id"),
                     aggregate_type: text_of("aggregate_type"),
                     aggregate_id: text_of("aggregate_id"),
                     image,
                     message: format!("outbox row in {}: {error}", self.name),
-                })
+                }))
             }
         }
     }
@@ -280,9 +280,7 @@ fn json(slot: &mut Slot, column: &str) -> Result<Option<String>> {
             Err(Error::definite(format!("column {column} is not valid UTF-8")))
         }
         BinlogValue::Value(Value::Bytes(_)) => match slot.take() {
-            Some(BinlogValue::Value(Value::Bytes(bytes))) => {
-                Ok(Some(String::from_utf8(bytes).expect("checked above")))
-            }
+            Some(BinlogValue::Value(Value::Bytes(bytes))) => Ok(Some(String::from_utf8(bytes).expect("checked above"))),
             _ => unreachable!("matched above"),
         },
         BinlogValue::Jsonb(value) => {

@@ -86,7 +86,8 @@ pub async fn retention_seconds(conn: &mut Conn) -> Result<u64> {
 }
 
 /// Measures the purge risk of `checkpoint`, committed at `commit_s` (Unix seconds, server clock; `None`
-/// when no transaction was checkpointed yet, e.g. right after a snapshot: then its age counts as 0).
+/// when no transaction was checkpointed yet, e.g. right after a snapshot: then its age counts as 0). A
+/// checkpoint in the server's active binlog has no risk: that file is never purged.
 ///
 /// # Errors
 /// Classified query errors.
@@ -98,8 +99,11 @@ pub async fn measure(conn: &mut Conn, checkpoint: &Position, commit_s: Option<u3
         Some(i) => logs[i..].iter().map(|(_, size)| size).sum::<u64>().saturating_sub(checkpoint.coord.pos),
         None => 0,
     };
+    // The server never purges its active (newest) binlog: a checkpoint in it is safe however old.
+    let in_active_file = from.is_some_and(|i| i + 1 == logs.len());
+    let age = commit_s.map(|ts| now_s.saturating_sub(u64::from(ts))).unwrap_or(0);
     Ok(PurgeRisk {
-        needed_age_seconds: commit_s.map(|ts| now_s.saturating_sub(u64::from(ts))).unwrap_or(0),
+        needed_age_seconds: if in_active_file { 0 } else { age },
         needed_bytes,
         retention_seconds,
         file_gone: from.is_none() && !checkpoint.coord.file.is_empty(),
@@ -130,7 +134,12 @@ mod tests {
 
     #[test]
     fn ratio_and_display() {
-        let risk = PurgeRisk { needed_age_seconds: 43_200, needed_bytes: 5_000_000, retention_seconds: 86_400, file_gone: false };
+        let risk = PurgeRisk {
+            needed_age_seconds: 43_200,
+            needed_bytes: 5_000_000,
+            retention_seconds: 86_400,
+            file_gone: false,
+        };
         assert_eq!(risk.ratio(), 0.5);
         assert_eq!(
             risk.to_string(),

@@ -210,6 +210,40 @@ impl Connector {
         process::wait_timeout(child, timeout)
     }
 
+    /// Runs `outbox-cdc <args> --config <config>` to completion (killed after `timeout`) and returns its
+    /// exit status, stdout and stderr. Output is read while the command runs, so it may be large.
+    ///
+    /// # Errors
+    /// When the command does not finish within `timeout`.
+    pub fn command(&self, args: &[&str], timeout: Duration) -> Result<(ExitStatus, String, String), String> {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-cdc"));
+        cmd.args(args)
+            .arg("--config")
+            .arg(self.config_path())
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = process::spawn(cmd).expect("start outbox-cdc");
+        let mut stdout = child.stdout.take().expect("piped");
+        let mut stderr = child.stderr.take().expect("piped");
+        let out = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
+            s
+        });
+        let err = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+            s
+        });
+        let Some(status) = process::wait_timeout(&mut child, timeout) else {
+            process::kill_now(&mut child);
+            return Err(format!("outbox-cdc {args:?} did not finish within {timeout:?}"));
+        };
+        Ok((status, out.join().unwrap_or_default(), err.join().unwrap_or_default()))
+    }
+
     /// The stored checkpoint record as printed by `outbox-cdc status --json --config <config_path>`,
     /// run as a separate short-lived process (the connector process, running or not, is not touched);
     /// `None` when no checkpoint has been stored yet.
@@ -226,29 +260,7 @@ impl Connector {
     /// When `status` exits unsuccessfully, prints something that is neither JSON nor "no checkpoint",
     /// or takes longer than 30 s (it is then killed).
     pub fn try_status_json(&self) -> Result<Option<serde_json::Value>, String> {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-cdc"));
-        cmd.arg("status")
-            .arg("--json")
-            .arg("--config")
-            .arg(self.config_path())
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = process::spawn(cmd).expect("start outbox-cdc status");
-        let Some(status) = process::wait_timeout(&mut child, STATUS_TIMEOUT) else {
-            process::kill_now(&mut child);
-            return Err(format!("outbox-cdc status did not finish within {STATUS_TIMEOUT:?}"));
-        };
-        // The output is a few hundred bytes: it fits the pipe buffers, so waiting first cannot block.
-        let mut out = String::new();
-        let mut err = String::new();
-        if let Some(p) = child.stdout.as_mut() {
-            let _ = std::io::Read::read_to_string(p, &mut out);
-        }
-        if let Some(p) = child.stderr.as_mut() {
-            let _ = std::io::Read::read_to_string(p, &mut err);
-        }
+        let (status, out, err) = self.command(&["status", "--json"], STATUS_TIMEOUT)?;
         if !status.success() {
             return Err(format!("outbox-cdc status --json failed ({status}):\nstdout: {out}\nstderr: {err}"));
         }
