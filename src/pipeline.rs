@@ -415,14 +415,14 @@ impl Pipeline {
             }
             let tx = watermark.open();
             for (index, (_, row)) in chunk.iter().enumerate() {
-                let origin = Origin {
+                let origin = || Origin {
                     snapshot: true,
                     gtid: Some(cut.gtids.to_string()).filter(|g| !g.is_empty()),
                     file: cut.coord.file.clone(),
                     position: cut.coord.pos,
                     row_index: state.rows_done + index as u64,
                 };
-                let prepared = publisher.prepare(SourceRow::Decoded(row), &origin, |r| sink.fits(r))?;
+                let prepared = publisher.prepare(SourceRow::Decoded(row), origin, |r| sink.fits(r))?;
                 tokio::select! {
                     sent = sink.send(tx, &prepared.record, prepared.occurred_at_ms) => sent?,
                     _ = shutdown.grace_expired() => return Ok(()),
@@ -497,14 +497,14 @@ impl Pipeline {
                             }
                         }
                         let tx = *stream.current.get_or_insert_with(|| watermark.open());
-                        let origin = stream.origin();
-                        stream.row_index += 1;
+                        let origin = || stream.origin();
                         let row = match &change {
                             Change::Row(row) => SourceRow::Decoded(row),
                             Change::Undecodable(bad) => SourceRow::Undecodable(bad),
                             _ => unreachable!("matched above"),
                         };
-                        let prepared = publisher.prepare(row, &origin, |r| sink.fits(r))?;
+                        let prepared = publisher.prepare(row, origin, |r| sink.fits(r))?;
+                        stream.row_index += 1;
                         tokio::select! {
                             sent = sink.send(tx, &prepared.record, prepared.occurred_at_ms) => sent?,
                             _ = shutdown.grace_expired() => {

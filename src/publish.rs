@@ -54,14 +54,15 @@ impl Publisher {
         })
     }
 
-    /// The record for `row`, read at `origin`. `fits` says whether a record is small enough to produce.
+    /// The record for `row`, read at `origin` (built only for dead letters). `fits` says whether a record is
+    /// small enough to produce.
     ///
     /// # Errors
     /// A definite error for poison with `on_poison = "fail"`, or when a hold cannot be stored.
     pub fn prepare(
         &mut self,
         row: SourceRow<'_>,
-        origin: &Origin,
+        origin: impl FnOnce() -> Origin,
         fits: impl Fn(&KafkaRecord) -> bool,
     ) -> Result<Prepared> {
         let row = match row {
@@ -70,7 +71,7 @@ impl Publisher {
                 let poison = Poison::new(PoisonKind::Undecodable, bad.message.clone());
                 let dead = DeadRow::from_undecodable(bad);
                 let aggregate = bad.aggregate_type.as_deref().zip(bad.aggregate_id.as_deref());
-                return self.dead_letter(bad.id.as_deref(), aggregate, dead, poison, origin);
+                return self.dead_letter(bad.id.as_deref(), aggregate, dead, poison, &origin());
             }
         };
         if let Some(hold) = self.quarantine.hold_of(&row.aggregate_type, &row.aggregate_id) {
@@ -78,11 +79,11 @@ impl Publisher {
                 PoisonKind::Quarantined,
                 format!("aggregate held since event {} ({})", hold.hold_id, hold.kind.as_str()),
             );
-            return self.dead_letter_row(row, poison, origin);
+            return self.dead_letter_row(row, poison, &origin());
         }
         if let Some(refused) = self.quarantine.known_poison(&row.id) {
             let poison = Poison::new(PoisonKind::RejectedByBroker, refused.message.clone());
-            return self.dead_letter_row(row, poison, origin);
+            return self.dead_letter_row(row, poison, &origin());
         }
         match self.router.route(row) {
             Ok(record) if fits(&record) => {
@@ -103,9 +104,9 @@ impl Publisher {
                         self.max_record_bytes
                     ),
                 );
-                self.dead_letter_row(row, poison, origin)
+                self.dead_letter_row(row, poison, &origin())
             }
-            Err(poison) => self.dead_letter_row(row, poison, origin),
+            Err(poison) => self.dead_letter_row(row, poison, &origin()),
         }
     }
 

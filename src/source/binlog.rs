@@ -462,12 +462,10 @@ impl ChangeDecoder {
                 ))),
             };
         }
-        let Some(Some((_, tme))) = self.tables.get(&table_id) else { unreachable!("checked above") };
-        for row in rows.rows(tme) {
-            let (_, after) =
-                row.map_err(|e| Error::definite(format!("cannot decode a row of outbox table {}: {e}", decoder.name)))?;
-            let after = after.ok_or_else(|| Error::definite("insert without an after-image"))?;
-            self.pending.push_back(match decoder.decode_row(after) {
+        for slots in decoder.after_images(&rows) {
+            let slots = slots
+                .map_err(|e| Error::definite(format!("cannot decode a row of outbox table {}: {e}", decoder.name)))?;
+            self.pending.push_back(match decoder.decode(slots) {
                 Ok(row) => Change::Row(row),
                 Err(undecodable) => Change::Undecodable(undecodable),
             });

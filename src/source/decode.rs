@@ -11,14 +11,18 @@
 
 use std::sync::Arc;
 
-use mysql_common::binlog::events::{OptionalMetaExtractor, TableMapEvent};
-use mysql_common::binlog::row::BinlogRow;
+use mysql_common::binlog::events::{OptionalMetaExtractor, RowsEventData, TableMapEvent};
 use mysql_common::binlog::value::BinlogValue;
 use mysql_common::constants::ColumnType;
 use mysql_common::value::Value;
 
+use super::rows::{AfterImages, RowLayout, Slots};
 use crate::config::{ColumnNames, TableName};
 use crate::error::{Error, Result};
+
+/// The outbox columns in slot order (see [`OutboxTable::decode`]).
+const SLOT_NAMES: [&str; 8] =
+    ["id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers", "occurred_at"];
 
 /// One outbox row, decoded: what the router needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,14 +54,10 @@ pub struct OutboxRow {
 pub struct OutboxTable {
     /// Table name.
     pub name: Arc<TableName>,
-    id: usize,
-    aggregate_type: usize,
-    aggregate_id: usize,
-    event_type: usize,
-    schema_version: usize,
-    payload: usize,
-    headers: Option<usize>,
-    occurred_at: usize,
+    /// Whether the table has a `headers` column.
+    has_headers: bool,
+    /// Where the needed columns are; slots in [`SLOT_NAMES`] order.
+    layout: RowLayout,
     /// Fractional-second digits of `occurred_at` (DATETIME(n)).
     occurred_at_fsp: u8,
 }
@@ -98,39 +98,36 @@ impl OutboxTable {
             }
             _ => 0,
         };
-        Ok(OutboxTable {
-            id: need(&columns.id)?,
-            aggregate_type: need(&columns.aggregate_type)?,
-            aggregate_id: need(&columns.aggregate_id)?,
-            event_type: need(&columns.event_type)?,
-            schema_version: need(&columns.schema_version)?,
-            payload: need(&columns.payload)?,
-            headers: find(&columns.headers, false)?,
+        let headers = find(&columns.headers, false)?;
+        // Slot order is SLOT_NAMES, the order `decode` reads them in; an absent `headers` never matches.
+        let wanted = [
+            need(&columns.id)?,
+            need(&columns.aggregate_type)?,
+            need(&columns.aggregate_id)?,
+            need(&columns.event_type)?,
+            need(&columns.schema_version)?,
+            need(&columns.payload)?,
+            headers.unwrap_or(usize::MAX),
             occurred_at,
-            occurred_at_fsp,
-            name,
-        })
+        ];
+        let layout = RowLayout::new(tme, &wanted)
+            .map_err(|e| Error::definite(format!("cannot read the column layout of {name} from the binlog: {e}")))?;
+        Ok(OutboxTable { has_headers: headers.is_some(), occurred_at_fsp, layout, name })
     }
 
-    /// Decodes the after-image of an inserted row.
+    /// The after-images of an outbox rows event, as value slots for [`OutboxTable::decode`].
+    pub fn after_images<'a>(&'a self, event: &'a RowsEventData<'a>) -> AfterImages<'a> {
+        self.layout.after_images(event)
+    }
+
+    /// Decodes the after-image of an inserted row (its slots from [`OutboxTable::after_images`]).
     ///
     /// # Errors
     /// [`Undecodable`] naming the column when a value is NULL where it must not be, has an unexpected type,
     /// or is not valid UTF-8; it carries the row's values as far as they can be rendered, for the
     /// dead-letter topic.
-    pub fn decode_row(&self, mut row: BinlogRow) -> std::result::Result<OutboxRow, Box<Undecodable>> {
-        // Take every needed value out first, so that a failure can still render the whole row.
-        let mut take = |i: usize| row.take(i).map(BinlogValue::into_owned);
-        let mut values: [(&'static str, Slot); 8] = [
-            ("id", take(self.id)),
-            ("aggregate_type", take(self.aggregate_type)),
-            ("aggregate_id", take(self.aggregate_id)),
-            ("event_type", take(self.event_type)),
-            ("schema_version", take(self.schema_version)),
-            ("payload", take(self.payload)),
-            ("headers", self.headers.and_then(&mut take)),
-            ("occurred_at", take(self.occurred_at)),
-        ];
+    pub fn decode(&self, slots: Slots) -> std::result::Result<OutboxRow, Box<Undecodable>> {
+        let mut values: Vec<(&'static str, Slot)> = SLOT_NAMES.iter().copied().zip(slots).collect();
         match self.convert(&mut values) {
             Ok(decoded) => Ok(decoded),
             Err(error) => {
@@ -168,10 +165,10 @@ impl OutboxTable {
             return Err(fail(Error::definite("payload is NULL")));
         }
         let (head, tail) = v.split_at_mut(6);
-        let headers = match self.headers {
+        let headers = match self.has_headers {
             // Validate payload before headers moves out: payload is the last fallible step.
-            Some(_) => json(&mut tail[0].1, "headers").map_err(fail)?,
-            None => None,
+            true => json(&mut tail[0].1, "headers").map_err(fail)?,
+            false => None,
         };
         let payload = match json(&mut head[5].1, "payload") {
             Ok(payload) => payload.expect("NULL checked above"),

@@ -5,6 +5,7 @@ pub mod binlog;
 pub mod decode;
 pub mod preflight;
 pub mod purge;
+pub mod rows;
 pub mod snapshot;
 
 use std::str::FromStr;
