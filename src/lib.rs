@@ -27,6 +27,8 @@ pub mod error;
 pub mod pipeline;
 pub mod position;
 pub mod progress;
+pub mod prune;
+pub mod replay;
 pub mod router;
 pub mod sink;
 pub mod source;
