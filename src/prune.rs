@@ -329,7 +329,67 @@ pub fn parse_age(text: &str) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::position::BinlogCoord;
+    use crate::checkpoint::{Checkpoint, CHECKPOINT_VERSION};
+    use crate::position::{BinlogCoord, Flavor};
+    use crate::source::snapshot::SnapshotState;
+    use crate::source::ServerIdentity;
+
+    fn config(state_dir: &std::path::Path) -> Config {
+        let text = format!(
+            "[source]\nhost = \"127.0.0.1\"\nuser = \"cdc\"\nserver_id = 5401\n\
+             [outbox]\ntable = \"shop.outbox_events\"\n[kafka]\nbootstrap_servers = \"127.0.0.1:9092\"\n\
+             [state]\ndir = {:?}\n",
+            state_dir.to_str().unwrap()
+        );
+        Config::parse(&text).unwrap()
+    }
+
+    fn server(server_id: u32) -> ServerIdentity {
+        ServerIdentity { flavor: Flavor::MariaDb, server_id, server_uuid: None }
+    }
+
+    fn store_checkpoint(dir: &std::path::Path, server_id: u32, snapshot: Option<SnapshotState>) {
+        Store::open(dir)
+            .unwrap()
+            .save(&Checkpoint {
+                version: CHECKPOINT_VERSION,
+                position: pos(maria("0-1-42"), "b.000001", 4),
+                server: server(server_id),
+                source_timestamp: None,
+                written_at_ms: 1,
+                snapshot,
+            })
+            .unwrap();
+    }
+
+    /// The refusals that keep prune from trusting a checkpoint that proves nothing about these rows: each
+    /// is definite (an operator must act) and happens before any row is read.
+    #[test]
+    fn unusable_checkpoints_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        let err = usable_checkpoint(&config, &server(1)).unwrap_err();
+        assert!(err.is_definite() && err.to_string().contains("no checkpoint"), "{err}");
+
+        store_checkpoint(dir.path(), 2, None);
+        let err = usable_checkpoint(&config, &server(1)).unwrap_err();
+        assert!(err.is_definite() && err.to_string().contains("belongs to"), "{err}");
+        assert_eq!(usable_checkpoint(&config, &server(2)).unwrap(), pos(maria("0-1-42"), "b.000001", 4));
+
+        let cut = pos(maria("0-1-40"), "b.000001", 4);
+        let unfinished = SnapshotState {
+            segments: vec![snapshot::Segment { view: cut, after: None }],
+            last_key: None,
+            rows_done: 10,
+            rows_estimate: 100,
+            done: false,
+        };
+        store_checkpoint(dir.path(), 2, Some(unfinished.clone()));
+        let err = usable_checkpoint(&config, &server(2)).unwrap_err();
+        assert!(err.is_definite() && err.to_string().contains("snapshot is not finished"), "{err}");
+        store_checkpoint(dir.path(), 2, Some(SnapshotState { done: true, ..unfinished }));
+        usable_checkpoint(&config, &server(2)).expect("a finished snapshot is fine");
+    }
 
     fn pos(gtids: Gtids, file: &str, at: u64) -> Position {
         Position { gtids, coord: BinlogCoord { file: file.into(), pos: at } }

@@ -142,8 +142,18 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
             "an empty topic suffix would replay into the live topics; give a suffix or --topic",
         ));
     }
-    if let Some(topic) = options.topic.as_deref().filter(|t| !is_legal_topic(t)) {
-        return Err(Error::definite(format!("--topic {topic:?} is not a legal Kafka topic name")));
+    if let Some(topic) = options.topic.as_deref() {
+        if !is_legal_topic(topic) {
+            return Err(Error::definite(format!("--topic {topic:?} is not a legal Kafka topic name")));
+        }
+        // Checked up front: rows of other aggregate types would otherwise land in a live topic before the
+        // per-record check below meets a row that routes there.
+        if template_could_render(&config.kafka.topic, topic) {
+            return Err(Error::definite(format!(
+                "--topic {topic:?} could be a live topic (kafka.topic = {:?}); choose a name outside the template",
+                config.kafka.topic
+            )));
+        }
     }
     let router = Router::new(TopicTemplate::parse(&config.kafka.topic)?, config.kafka.value_format);
     let source = SourceConn::from_config(config)?;
@@ -234,6 +244,33 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
     Ok(report)
 }
 
+/// Whether some values of the placeholders render `template` as `topic` (placeholders match any text).
+fn template_could_render(template: &str, topic: &str) -> bool {
+    // Literal pieces between placeholders; a placeholder is `${...}` (the router validated the names).
+    let mut literals = Vec::new();
+    let mut rest = template;
+    while let Some(start) = rest.find("${") {
+        literals.push(&rest[..start]);
+        rest = rest[start..].find('}').map_or("", |end| &rest[start + end + 1..]);
+    }
+    literals.push(rest);
+    if literals.len() == 1 {
+        return template == topic;
+    }
+    let (first, last) = (literals[0], literals[literals.len() - 1]);
+    if !topic.starts_with(first) || topic.len() < first.len() + last.len() || !topic.ends_with(last) {
+        return false;
+    }
+    let mut middle = &topic[first.len()..topic.len() - last.len()];
+    for literal in &literals[1..literals.len() - 1] {
+        match middle.find(literal) {
+            Some(at) => middle = &middle[at + literal.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
 /// The SQL condition for the options, or `None` for every row.
 async fn selection(conn: &mut Conn, config: &Config, options: &ReplayOptions) -> Result<Option<String>> {
     let c = &config.outbox.columns;
@@ -298,6 +335,23 @@ async fn count(view: &mut Conn, config: &Config, filter: Option<&str>) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn topics_the_template_could_render_are_recognised() {
+        let t = "outbox.event.${aggregate_type}";
+        assert!(template_could_render(t, "outbox.event.order"));
+        assert!(template_could_render(t, "outbox.event."));
+        assert!(!template_could_render(t, "orders.backfill"));
+        assert!(!template_could_render(t, "outbox.events"));
+        let t = "${database}.${table}.${event_type}";
+        assert!(template_could_render(t, "shop.outbox.Created"));
+        assert!(!template_could_render(t, "shop-outbox"));
+        assert!(template_could_render("fixed", "fixed"));
+        assert!(!template_could_render("fixed", "fixed.replay"));
+        assert!(template_could_render("a${x}b${y}c", "a1b2c"));
+        assert!(!template_could_render("a${x}b${y}c", "a12c"));
+        assert!(!template_could_render("ab${x}ba", "aba"), "overlapping prefix and suffix");
+    }
 
     #[test]
     fn text_literals_are_hex_with_an_introducer() {

@@ -197,6 +197,7 @@ async fn replay_rate_limit_is_honoured() {
         .await
         .unwrap_or_else(|e| panic!("replay: {e}"));
     let elapsed = started.elapsed().as_secs_f64();
+    eprintln!("replayed {} records at --rate {rate} in {elapsed:.2} s", report.rows);
     assert_eq!(report.rows, 600);
     // Record n goes at n / rate: the last of 600 at 599 / 200 s.
     let expected = 599.0 / f64::from(rate);
