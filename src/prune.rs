@@ -20,6 +20,8 @@
 //! 4. Otherwise wait up to `wait` re-reading `P` (a running connector catches up within about
 //!    `state.checkpoint_interval_ms`); if it still does not contain `C`, delete nothing and say why.
 //!
+//! On MySQL, opening `V` takes the snapshot's brief lock (`snapshot.lock`) with the `[source]` user.
+//!
 //! Rows inserted after `C` are not visible in `V`, so they are never selected, whatever their
 //! `occurred_at` says. The `DELETE`s run on a second connection (with the `[prune]` credentials) and name
 //! the selected primary keys, so they cannot reach a row the proof did not cover.
@@ -27,9 +29,11 @@
 //! # Invariants
 //! - Nothing is deleted unless the checkpoint contains the view's cut; every deleted row is visible in that
 //!   view.
-//! - No checkpoint, a checkpoint of another server, an unfinished initial snapshot (its resume rule assumes
-//!   no row is deleted before it is checkpointed), or positions that cannot be compared: nothing is
-//!   deleted, with a definite error. A checkpoint that is merely behind: a transient error (retry later).
+//! - No checkpoint, a checkpoint of another server, an unfinished initial snapshot, or positions that
+//!   cannot be compared: nothing is deleted, with a definite error. A checkpoint that is merely behind: a
+//!   transient error (retry later). The snapshot refusal is load-bearing: during a snapshot the checkpoint's
+//!   position is the snapshot's cut, which contains every row the snapshot has yet to publish (and its
+//!   resume rule assumes no row is deleted before it is checkpointed).
 //! - The state store is only read; the connector may be running.
 //!
 //! # What "delivered" covers
@@ -38,16 +42,20 @@
 //! "never"` (or `start_from = "current"`), and rows excluded by `snapshot.where`. Prune cannot tell those
 //! apart from published rows; if that matters, keep them out with a longer retention.
 //!
+//! Anything that lets the checkpoint pass an outbox row *without* delivering its event (e.g. a quarantine
+//! that holds rows back while the stream moves on) must make prune skip those rows, or this rule breaks.
+//!
 //! # Time
 //! `occurred_at` is a `DATETIME` without zone. The cutoff is computed by the server as
-//! `UTC_TIMESTAMP(6) - older_than`, i.e. `occurred_at` is taken to be UTC (as the connector's reference
-//! schema writes it). If your services write local time, the retention window shifts by the UTC offset;
+//! `UTC_TIMESTAMP(6) - older_than`, i.e. `occurred_at` is taken to be UTC (the convention of
+//! `docs/CONTRACT.md`). If your services write local time, the retention window shifts by the UTC offset;
 //! safety does not depend on it, only on the checkpoint rule.
 //!
 //! # Why a primary-key keyset, not `(occurred_at, id)`
 //! The reference schema has no index that starts with `occurred_at`; a keyset on it would sort the whole
 //! table per batch. Walking the primary key (`id > last`) with the `occurred_at` filter reads the clustered
-//! index once over the whole run, with any schema.
+//! index once over the whole run, with any schema. The view stays open for the whole run, so InnoDB keeps
+//! undo history for it meanwhile: prune a modest backlog often rather than a huge one rarely.
 //!
 //! # Why not without a read view
 //! Selecting old rows on a plain connection and comparing the checkpoint with the server's current position
