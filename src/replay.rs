@@ -170,7 +170,12 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
     let mut scan_config = config.clone();
     scan_config.snapshot.r#where = filter.clone();
     let (mut scanner, view) = snapshot::open(&source, &info, &scan_config, None).await?;
-    tracing::info!(position = %view, filter = filter.as_deref().unwrap_or("(all rows)"), rate_per_sec = options.rate_per_sec, "replay: reading the outbox");
+    tracing::info!(
+        position = %view,
+        filter = filter.as_deref().unwrap_or("(all rows)"),
+        rate_per_sec = options.rate_per_sec,
+        "replay: reading the outbox"
+    );
     let result = async {
         // Without a filter the server's statistics suffice for a progress bar, and cost no table scan.
         let total = match filter.as_deref() {
@@ -244,7 +249,13 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
     .await;
     scanner.close().await;
     let report = result?;
-    tracing::info!(rows = report.rows, bytes = report.bytes, topics = ?report.topics, dry_run = options.dry_run, "replay done");
+    tracing::info!(
+        rows = report.rows,
+        bytes = report.bytes,
+        topics = ?report.topics,
+        dry_run = options.dry_run,
+        "replay done"
+    );
     Ok(report)
 }
 
