@@ -32,6 +32,9 @@ pub struct Config {
     /// The operations endpoint (`/metrics`, `/healthz`, `/readyz`) and purge-risk monitoring.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// `outbox-cdc prune`: deleting published outbox rows.
+    #[serde(default)]
+    pub prune: PruneConfig,
 }
 
 /// `[metrics]`: the HTTP operations endpoint and purge-risk monitoring.
@@ -75,6 +78,55 @@ fn default_purge_check_interval_ms() -> u64 {
 
 fn default_purge_warn_ratio() -> f64 {
     0.5
+}
+
+/// `[prune]`: how `outbox-cdc prune` deletes rows whose events the connector has checkpointed.
+///
+/// The proof that a row was delivered is read through the `[source]` connection (the replication user
+/// has what it needs); only the `DELETE`s use these credentials, so the replication user never needs
+/// `DELETE` on the outbox table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PruneConfig {
+    /// Server to delete on. Default: `source.host`. Set it to the primary when `[source]` is a replica
+    /// (deletes on a replica would make it diverge, or fail on a `read_only` server).
+    #[serde(default)]
+    pub host: Option<String>,
+    /// TCP port of `host`. Default: `source.port`.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// User with `DELETE` (and `SELECT`) on the outbox table(s). Default: `source.user` with the source
+    /// password; when set, `password` or `password_env` must be set too.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Password of `user` in clear. Prefer `password_env`.
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// Name of an environment variable holding the password of `user`; an error if named but not set.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// Rows deleted per `DELETE` statement (one short transaction each). Small batches keep row locks,
+    /// undo and binlog events small and let replicas keep up. Between 1 and 100000.
+    #[serde(default = "default_prune_batch_rows")]
+    pub batch_rows: usize,
+    /// Pause after each batch, in milliseconds, so that the server, its replicas and the connector (which
+    /// reads every DELETE from the binlog and ignores it) are not flooded. 0 = no pause.
+    #[serde(default = "default_prune_pause_ms")]
+    pub pause_ms: u64,
+}
+
+impl Default for PruneConfig {
+    fn default() -> Self {
+        PruneConfig {
+            host: None,
+            port: None,
+            user: None,
+            password: None,
+            password_env: None,
+            batch_rows: default_prune_batch_rows(),
+            pause_ms: default_prune_pause_ms(),
+        }
+    }
 }
 
 /// `[snapshot]`: rows that exist before the connector's first start.
@@ -502,6 +554,12 @@ fn default_state_dir() -> PathBuf {
 fn default_checkpoint_interval_ms() -> u64 {
     1_000
 }
+fn default_prune_batch_rows() -> usize {
+    1_000
+}
+fn default_prune_pause_ms() -> u64 {
+    100
+}
 
 /// librdkafka properties the connector owns: the delivery guarantee depends on them.
 const PINNED_PROPERTIES: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
@@ -589,6 +647,17 @@ impl Config {
         }
         if self.source.heartbeat_interval_ms == 0 || self.source.heartbeat_interval_ms > 4_294_967 {
             return Err(Error::definite("source.heartbeat_interval_ms must be between 1 and 4294967"));
+        }
+        if !(1..=100_000).contains(&self.prune.batch_rows) {
+            return Err(Error::definite("prune.batch_rows must be between 1 and 100000"));
+        }
+        if self.prune.password.is_some() && self.prune.password_env.is_some() {
+            return Err(Error::definite("set either prune.password or prune.password_env, not both"));
+        }
+        if self.prune.user.is_none() && (self.prune.password.is_some() || self.prune.password_env.is_some()) {
+            return Err(Error::definite(
+                "prune.password/password_env need prune.user (the default is the source user)",
+            ));
         }
         Ok(())
     }
@@ -700,6 +769,19 @@ mod tests {
     fn bad_topic_template_is_rejected() {
         let text = format!("{}\ntopic = \"x.${{nope}}\"\n", MINIMAL.trim_end());
         assert!(Config::parse(&text).unwrap_err().to_string().contains("nope"));
+    }
+
+    #[test]
+    fn prune_section_defaults_to_the_source_and_validates() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!((c.prune.batch_rows, c.prune.pause_ms, c.prune.user.as_deref()), (1_000, 100, None));
+        let with = |section: &str| Config::parse(&format!("{MINIMAL}\n[prune]\n{section}\n"));
+        let c = with("user = \"pruner\"\npassword_env = \"PW\"\nbatch_rows = 50\npause_ms = 0").unwrap();
+        assert_eq!((c.prune.user.as_deref(), c.prune.batch_rows, c.prune.pause_ms), (Some("pruner"), 50, 0));
+        for bad in ["batch_rows = 0", "password = \"x\"", "user = \"u\"\npassword = \"x\"\npassword_env = \"PW\""] {
+            assert!(with(bad).is_err(), "{bad}");
+        }
+        assert!(with("bogus = 1").unwrap_err().to_string().contains("bogus"));
     }
 
     #[test]

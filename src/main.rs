@@ -3,6 +3,7 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use outbox_cdc::app::{self, RunOptions};
@@ -10,7 +11,9 @@ use outbox_cdc::checkpoint::Store;
 use outbox_cdc::config::Config;
 use outbox_cdc::error::{Error, EXIT_DEFINITE};
 use outbox_cdc::pipeline::Shutdown;
+use outbox_cdc::prune::{self, PruneOptions};
 use outbox_cdc::release;
+use outbox_cdc::replay::{self, ReplayOptions};
 use outbox_cdc::source::{self, preflight, SourceConn};
 
 #[derive(Debug, Parser)]
@@ -56,6 +59,47 @@ enum Command {
         #[command(subcommand)]
         action: QuarantineAction,
     },
+    /// Re-publish outbox rows still in the table to separate replay topics, rate limited. Does not touch
+    /// the connector's checkpoint; records carry the header `replay: true`.
+    Replay {
+        /// Only rows with occurred_at at or after this (e.g. "2026-11-30 12:00:00").
+        #[arg(long)]
+        since: Option<String>,
+        /// Only rows with occurred_at before this.
+        #[arg(long)]
+        until: Option<String>,
+        /// Only this aggregate type.
+        #[arg(long)]
+        aggregate_type: Option<String>,
+        /// Only this aggregate id.
+        #[arg(long)]
+        aggregate_id: Option<String>,
+        /// Appended to each row's routed topic.
+        #[arg(long, default_value = replay::DEFAULT_TOPIC_SUFFIX)]
+        topic_suffix: String,
+        /// Send every replayed record to this one topic instead.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Records per second, at most.
+        #[arg(long, default_value_t = 1000)]
+        rate: u32,
+        /// Read and count, produce nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete outbox rows older than the retention window whose events the connector's checkpoint proves
+    /// delivered, in batches ([prune] batch_rows, pause_ms).
+    Prune {
+        /// Retention window, e.g. 7d, 36h, 90m (against the server's UTC_TIMESTAMP).
+        #[arg(long, value_parser = parse_age)]
+        older_than: Duration,
+        /// How long to wait for a running connector's checkpoint to reach the server's position.
+        #[arg(long, value_parser = parse_age, default_value = "30s")]
+        wait: Duration,
+        /// Count the rows that would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -77,6 +121,10 @@ enum QuarantineAction {
         #[arg(long)]
         skip_poison: bool,
     },
+}
+
+fn parse_age(text: &str) -> Result<Duration, String> {
+    prune::parse_age(text).map_err(|e| e.to_string())
 }
 
 fn init_tracing(format: LogFormat) {
@@ -120,6 +168,33 @@ fn main() -> ExitCode {
                         0 => String::new(),
                         n => format!(", {n} still-poison event(s) skipped: {}", report.skipped.join(", ")),
                     }
+                );
+                Ok(())
+            }
+            Command::Replay { since, until, aggregate_type, aggregate_id, topic_suffix, topic, rate, dry_run } => {
+                let options = ReplayOptions {
+                    since,
+                    until,
+                    aggregate_type,
+                    aggregate_id,
+                    topic_suffix,
+                    topic,
+                    rate_per_sec: rate,
+                    dry_run,
+                };
+                let report = replay::replay(&config, &options).await?;
+                let verb = if dry_run { "would replay" } else { "replayed" };
+                let topics: Vec<&str> = report.topics.iter().map(String::as_str).collect();
+                println!("{verb} {} record(s), {} bytes, to {}", report.rows, report.bytes, topics.join(", "));
+                Ok(())
+            }
+            Command::Prune { older_than, wait, dry_run } => {
+                let report = prune::prune(&config, &PruneOptions { older_than, wait, dry_run }).await?;
+                let verb = if dry_run { "would delete" } else { "deleted" };
+                println!(
+                    "{verb} {} row(s) with occurred_at < {} (UTC) in {} batch(es); the checkpoint {} covers the \
+                     server's position {}",
+                    report.rows_deleted, report.cutoff, report.batches, report.checkpoint, report.view
                 );
                 Ok(())
             }

@@ -359,6 +359,12 @@ impl Scanner {
         Ok((key, outbox))
     }
 
+    /// The connection that holds the read view, for callers that run their own queries in the same view
+    /// (`prune` selects the rows its proof covers through it).
+    pub fn view_conn(&mut self) -> &mut Conn {
+        &mut self.conn
+    }
+
     /// Ends the read view.
     pub async fn close(mut self) {
         let _ = self.conn.query_drop("COMMIT").await;
