@@ -24,6 +24,7 @@ pub mod app;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod failpoint;
 pub mod pipeline;
 pub mod position;
 pub mod progress;

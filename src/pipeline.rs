@@ -129,6 +129,7 @@ impl Checkpointer {
         if self.saved.as_ref() == Some(&mark) {
             return Ok(());
         }
+        crate::failpoint!("ack_before_checkpoint");
         self.save_now(mark)
     }
 
@@ -309,6 +310,7 @@ impl Pipeline {
             );
             sink.abort();
         }
+        crate::failpoint!("shutdown_drained");
         let flushed = checkpointer.flush();
         let mark = watermark.mark();
         if let Some(mark) = &mark {
@@ -392,6 +394,7 @@ impl Pipeline {
                     sent = sink.send(tx, &record) => sent?,
                     _ = shutdown.grace_expired() => return Ok(()),
                 }
+                crate::failpoint!("snapshot_row");
             }
             state.rows_done += chunk.len() as u64;
             state.last_key = chunk.last().map(|(k, _)| k.clone());
@@ -455,6 +458,7 @@ impl Pipeline {
                                 continue;
                             }
                         }
+                        crate::failpoint!("before_produce");
                         let tx = *stream.current.get_or_insert_with(|| watermark.open());
                         let record = self.router.route(&row)?;
                         tokio::select! {
@@ -464,6 +468,7 @@ impl Pipeline {
                                 return Ok(());
                             }
                         }
+                        crate::failpoint!("row_produced");
                     }
                     Change::Commit { position, timestamp } => {
                         let tx = stream.current.take().unwrap_or_else(|| watermark.open());
