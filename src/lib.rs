@@ -21,6 +21,7 @@
 //! fix); see [`error`].
 
 pub mod app;
+pub mod audit;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
