@@ -235,6 +235,9 @@ struct LastEntry {
     id: String,
     p: i32,
     o: i64,
+    /// The aggregate was already reported as split over partitions.
+    #[serde(default)]
+    s: bool,
 }
 
 fn spill_error(e: impl fmt::Display) -> Error {
@@ -573,22 +576,28 @@ fn read_kafka(
                         let previous = last.get(key.as_str()).map_err(spill_error)?.map(|g| g.value().to_vec());
                         let (partition, offset) = (m.partition(), m.offset());
                         let aggregate = entry.a.replace('\u{0}', "/");
-                        let mut newest = true;
+                        let mut split = false;
                         if let Some(prev) = previous {
-                            let prev: LastEntry = decode(&prev)?;
+                            let mut prev: LastEntry = decode(&prev)?;
                             if prev.p != partition {
-                                pass.split += 1;
-                                if pass.split_samples.len() < limit {
-                                    pass.split_samples.push(format!(
-                                        "aggregate {aggregate} in {}: {id} at partition {partition}, {} at partition {}",
-                                        m.topic(),
-                                        prev.id,
-                                        prev.p
-                                    ));
+                                // Order across partitions is undefined: the split itself is the finding,
+                                // reported once per aggregate.
+                                if !prev.s {
+                                    pass.split += 1;
+                                    if pass.split_samples.len() < limit {
+                                        pass.split_samples.push(format!(
+                                            "aggregate {aggregate} in {}: {id} at partition {partition}, {} at partition {}",
+                                            m.topic(),
+                                            prev.id,
+                                            prev.p
+                                        ));
+                                    }
+                                    prev.s = true;
+                                    last.insert(key.as_str(), encode(&prev).as_slice()).map_err(spill_error)?;
                                 }
+                                continue;
                             }
                             if entry.t < prev.t {
-                                newest = false;
                                 pass.order_violations += 1;
                                 if pass.order_samples.len() < limit {
                                     pass.order_samples.push(format!(
@@ -602,12 +611,12 @@ fn read_kafka(
                                         prev.o
                                     ));
                                 }
+                                continue;
                             }
+                            split = prev.s;
                         }
-                        if newest {
-                            let value = LastEntry { t: entry.t, id: id.to_string(), p: partition, o: offset };
-                            last.insert(key.as_str(), encode(&value).as_slice()).map_err(spill_error)?;
-                        }
+                        let value = LastEntry { t: entry.t, id: id.to_string(), p: partition, o: offset, s: split };
+                        last.insert(key.as_str(), encode(&value).as_slice()).map_err(spill_error)?;
                     }
                     Some(Err(e)) => {
                         return Err(classify_kafka(&e).context("reading the routed topics (run the audit again)"))

@@ -38,7 +38,7 @@ pub use audit::{audit, AuditReport, Expected};
 #[allow(unused_imports)]
 pub use broker::{Broker, Engine, Received};
 #[allow(unused_imports)]
-pub use connector::{write_config, Connector};
+pub use connector::{write_config, AuditRun, Connector};
 #[allow(unused_imports)]
 pub use mariadb::{purge_binlogs_before_current, MariaDb, MariaDbBuilder};
 #[allow(unused_imports)]
