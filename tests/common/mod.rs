@@ -31,6 +31,7 @@ pub mod connector;
 pub mod mariadb;
 pub mod process;
 pub mod proxy;
+pub mod reliability;
 pub mod workload;
 
 #[allow(unused_imports)]
