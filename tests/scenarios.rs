@@ -4,8 +4,8 @@
 //! violations, duplicates only after the checkpoint each run resumed from (see `common::reliability`).
 //!
 //! The windows that a plain kill -9 hits only by luck are hit on purpose with failpoints (`src/failpoint.rs`):
-//! this file needs the binary built with `--features failpoints` (`scripts/test` does so), and says so
-//! instead of failing obscurely when it is not.
+//! this file needs the binary built with `--features failpoints` (`required-features` in Cargo.toml;
+//! `scripts/test` passes the feature).
 //!
 //! The other fault scenarios (kill -9 at random moments, broker down and killed, MariaDB killed,
 //! replication connection cut) live in `tests/faults.rs` and end with the same audit. `scripts/reliability`
@@ -53,14 +53,6 @@ async fn wait_commits(writer: &Writer, more: usize, what: &str) {
 
 fn log_tail(connector: &Connector) -> String {
     common::tail_file(&connector.dir().join("stderr.log"), 120)
-}
-
-/// Fails the test unless this build of the binary carries failpoints.
-fn require_failpoints() {
-    assert!(
-        cfg!(feature = "failpoints"),
-        "tests/scenarios.rs needs the connector built with failpoints: cargo test --features failpoints --test scenarios"
-    );
 }
 
 /// Waits for the process to end and asserts that the failpoint `name` aborted it.
@@ -111,7 +103,6 @@ async fn window_database_committed_connector_down() {
 /// checkpointed events as done (they must be published again, and only they).
 #[tokio::test(flavor = "multi_thread")]
 async fn window_acknowledged_not_checkpointed() {
-    require_failpoints();
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::new();
@@ -164,7 +155,6 @@ fn add_written(written: &mut Written, aggregate: &str, ids: &[String], gtid: &st
 /// losing or reordering the rows of the transaction that was being produced.
 #[tokio::test(flavor = "multi_thread")]
 async fn window_killed_mid_transaction() {
-    require_failpoints();
     const ROWS: usize = 2000;
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
@@ -219,7 +209,6 @@ async fn seed(db: &MariaDb, n: usize) -> Written {
 /// checkpoints more than was acknowledged.
 #[tokio::test(flavor = "multi_thread")]
 async fn crash_at_each_failpoint() {
-    require_failpoints();
     const SEED: usize = 3000;
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
