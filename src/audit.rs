@@ -28,8 +28,11 @@
 //! 3. One pass over the spill file yields missing and duplicated ids; the out-of-window ids are looked up
 //!    in the table in batches to tell "outside the window" from "not in the table".
 //!
-//! Memory is the redb page cache (64 MiB) plus one chunk of rows or one batch of ids; disk use is about
-//! 150 bytes per row. The spill directory is deleted at the end.
+//! Memory is the redb page cache (64 MiB), librdkafka's capped prefetch queue (8 MiB per partition), one
+//! spill transaction of [`KAFKA_BATCH`] records and one chunk of rows or batch of ids; it does not grow with
+//! the table (measured, debug build: peak RSS 185 MB at 200k rows and 240 MB at 1M rows, the difference
+//! being the page cache filling up; 1M rows and records audited in 68 s on 2 idle cores). Disk use is about 150 bytes per row; the spill
+//! directory is deleted at the end.
 //!
 //! # Which topics
 //! Those the routing can produce to: the topic template rendered for every distinct `aggregate_type`
@@ -468,7 +471,11 @@ fn consumer_config(config: &Config) -> ClientConfig {
         .set("isolation.level", "read_committed")
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
-        .set("fetch.wait.max.ms", "50");
+        .set("fetch.wait.max.ms", "50")
+        // librdkafka prefetches up to 64 MiB and 100k records per partition by default: cap it, so memory
+        // does not grow with the number of partitions.
+        .set("queued.max.messages.kbytes", "8192")
+        .set("queued.min.messages", "2000");
     cfg
 }
 
