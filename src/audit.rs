@@ -283,6 +283,11 @@ pub async fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport> {
     let db = Arc::new(
         Database::builder().set_cache_size(CACHE_BYTES).create(dir.path().join("audit.redb")).map_err(spill_error)?,
     );
+    let tx = db.begin_write().map_err(spill_error)?;
+    for table in [ROWS, EXTRA, LAST] {
+        tx.open_table(table).map_err(spill_error)?;
+    }
+    tx.commit().map_err(spill_error)?;
     let mut report = AuditReport {
         topics: topics.clone(),
         tables: tables.iter().map(ToString::to_string).collect(),
@@ -699,11 +704,7 @@ async fn classify_extras(
     loop {
         let batch: Vec<(String, u32)> = {
             let tx = db.begin_read().map_err(spill_error)?;
-            let extra = match tx.open_table(EXTRA) {
-                Ok(t) => t,
-                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
-                Err(e) => return Err(spill_error(e)),
-            };
+            let extra = tx.open_table(EXTRA).map_err(spill_error)?;
             let range = match &after {
                 Some(a) => extra.range::<&str>((std::ops::Bound::Excluded(a.as_str()), std::ops::Bound::Unbounded)),
                 None => extra.range::<&str>(..),

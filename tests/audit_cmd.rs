@@ -147,3 +147,16 @@ async fn audit_fails_on_broken_topics_and_passes_on_a_good_one() {
     assert_eq!(run.count("missing"), 2);
     assert_eq!(run.report["topics"].as_array().map(Vec::len), Some(4));
 }
+
+/// An empty outbox and no topic yet: nothing to miss, the audit passes (it must not trip over its own empty
+/// spill file or an unknown topic).
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_of_an_empty_outbox_passes() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let connector = Connector::new();
+    connector.write_config(&db, &broker, "");
+    let run = connector.audit(&[]);
+    assert_code(&run, 0, "empty outbox");
+    assert_eq!((run.count("table_rows"), run.count("kafka_records")), (0, 0), "{:#}", run.report);
+}
