@@ -414,6 +414,7 @@ async fn server_identity_changed_is_refused() {
     assert_eq!(status.code(), Some(2), "RESET MASTER must be refused:\n{}", log_tail(&connector));
     let reset_message = connector.stderr().lines().rev().find(|l| l.contains("ERROR")).unwrap_or_default().to_owned();
     eprintln!("[identity] after RESET MASTER: {reset_message}");
+    assert!(reset_message.contains("history diverged"), "the refusal must say why: {reset_message}");
     assert_eq!(connector.status_json(), checkpoint, "a refused start must not touch the checkpoint");
 
     let other = MariaDb::builder().server_id(db.server_id() + 1).start();
