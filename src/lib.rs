@@ -16,14 +16,21 @@
 //! - **Per-aggregate order**: events of one aggregate go to one partition (key = aggregate id, murmur2), in
 //!   commit order, kept across retries by the idempotent producer. There is no order across aggregates.
 //!
+//! # Checking the promise
+//! [`audit`] (`outbox-cdc audit`) compares the outbox table with the routed topics: missing ids, duplicates,
+//! per-aggregate order. Every fault scenario of the test suite ends with it; the crash windows a random
+//! kill -9 would hit only by luck are hit on purpose through [`failpoint`]s (test builds only).
+//!
 //! # Error model
 //! Every failure is transient (retry from the checkpoint) or definite (stop and tell the operator what to
 //! fix); see [`error`].
 
 pub mod app;
+pub mod audit;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod failpoint;
 pub mod http;
 pub mod metrics;
 pub mod pipeline;

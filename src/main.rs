@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use outbox_cdc::app::{self, RunOptions};
+use outbox_cdc::audit::{AuditOptions, EXIT_AUDIT_FAILED};
 use outbox_cdc::checkpoint::Store;
 use outbox_cdc::config::Config;
 use outbox_cdc::error::{Error, EXIT_DEFINITE};
@@ -47,6 +48,32 @@ enum Command {
     /// Check the server's settings, privileges and the outbox table; exit 0 when all is well, 2 for a
     /// configuration or server problem, 3 when the server cannot be reached.
     Check,
+    /// Compare the outbox table with what Kafka holds: ids missing from Kafka, duplicated ids, per-aggregate
+    /// order violations, records the table does not have. Exit 0 when nothing is missing or out of order,
+    /// 1 when something is, 2/3 when the audit itself could not run. See docs/RUNBOOK.md.
+    Audit {
+        /// Only rows with occurred_at >= this DATETIME (e.g. "2026-11-30 10:00:00").
+        #[arg(long)]
+        since: Option<String>,
+        /// Only rows with occurred_at < this DATETIME.
+        #[arg(long)]
+        until: Option<String>,
+        /// Only rows matching this SQL condition on the outbox table.
+        #[arg(long = "where")]
+        condition: Option<String>,
+        /// Read this topic instead of the routed ones (repeatable).
+        #[arg(long = "topic")]
+        topics: Vec<String>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// At most this many ids in each list of the report (counts are always complete).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Directory for the temporary spill file (about 150 bytes per row).
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+    },
     /// Print position, lag, purge risk, snapshot progress, quarantined aggregates and the last error
     /// (works while the connector runs).
     Status {
@@ -198,6 +225,18 @@ fn main() -> ExitCode {
                 );
                 Ok(())
             }
+            Command::Audit { since, until, condition, topics, json, limit, work_dir } => {
+                let opts = AuditOptions {
+                    since,
+                    until,
+                    r#where: condition,
+                    topics,
+                    list_limit: limit,
+                    work_dir,
+                    ..Default::default()
+                };
+                audit(&config, &opts, json).await
+            }
         }
     });
     match result {
@@ -252,6 +291,19 @@ fn quarantine_list(config: &Config, json: bool) -> Result<(), Error> {
         println!("{}", serde_json::to_string_pretty(&holds).expect("serializes"));
     } else {
         print!("{}", release::describe(&holds));
+    }
+    Ok(())
+}
+
+async fn audit(config: &Config, opts: &AuditOptions, json: bool) -> Result<(), Error> {
+    let report = outbox_cdc::audit::run(config, opts).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("serializes"));
+    } else {
+        println!("{report}");
+    }
+    if !report.passed() {
+        std::process::exit(EXIT_AUDIT_FAILED);
     }
     Ok(())
 }

@@ -132,6 +132,7 @@ impl Checkpointer {
         if self.saved.as_ref() == Some(&mark) {
             return Ok(());
         }
+        crate::failpoint!("ack_before_checkpoint");
         self.save_now(mark)
     }
 
@@ -334,6 +335,7 @@ impl Pipeline {
             );
             sink.abort();
         }
+        crate::failpoint!("shutdown_drained");
         let flushed = checkpointer.flush();
         let mark = watermark.mark();
         if let Some(mark) = &mark {
@@ -427,6 +429,7 @@ impl Pipeline {
                     sent = sink.send(tx, &prepared.record, prepared.occurred_at_ms) => sent?,
                     _ = shutdown.grace_expired() => return Ok(()),
                 }
+                crate::failpoint!("snapshot_row");
             }
             state.rows_done += chunk.len() as u64;
             state.last_key = chunk.last().map(|(k, _)| k.clone());
@@ -496,6 +499,7 @@ impl Pipeline {
                                 continue;
                             }
                         }
+                        crate::failpoint!("before_produce");
                         let tx = *stream.current.get_or_insert_with(|| watermark.open());
                         let origin = || stream.origin();
                         let row = match &change {
@@ -512,6 +516,7 @@ impl Pipeline {
                                 return Ok(());
                             }
                         }
+                        crate::failpoint!("row_produced");
                     }
                     Change::Commit { position, timestamp } => {
                         metrics().transaction_read(timestamp);

@@ -1,4 +1,4 @@
-//! Progress of long reads (snapshot, replay) for humans: a progress bar on a terminal, periodic log lines otherwise.
+//! Progress of long scans (snapshot, audit) for humans: a progress bar on a terminal, periodic log lines otherwise.
 
 use std::io::IsTerminal;
 use std::sync::Mutex;
@@ -9,10 +9,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// How often progress is logged when stderr is not a terminal.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// Rows done out of an estimated total.
+/// Items done out of an estimated total.
 pub struct Progress {
-    /// What is progressing: "snapshot", "replay".
-    label: &'static str,
+    /// What is progressing, e.g. "snapshot", as shown on the bar and in log lines.
+    what: &'static str,
     bar: Option<ProgressBar>,
     total: u64,
     started: Instant,
@@ -21,25 +21,25 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Starts reporting snapshot progress; `done` rows were finished by an earlier run.
+    /// Starts reporting snapshot rows; `done` rows were finished by an earlier run.
     pub fn new(total: u64, done: u64) -> Self {
-        Self::labelled("snapshot", total, done)
+        Progress::labelled("snapshot", "rows", total, done)
     }
 
-    /// Starts reporting progress of `label`; `done` rows were finished by an earlier run.
-    pub fn labelled(label: &'static str, total: u64, done: u64) -> Self {
+    /// Starts reporting `what` (counted in `unit`), `done` of them finished already.
+    pub fn labelled(what: &'static str, unit: &str, total: u64, done: u64) -> Self {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::new(total.max(done));
             bar.set_style(
                 ProgressStyle::with_template(&format!(
-                    "{label} {{bar:40.cyan/blue}} {{human_pos}}/{{human_len}} rows ({{per_sec}}, ETA {{eta}})"
+                    "{what} {{bar:40.cyan/blue}} {{human_pos}}/{{human_len}} {unit} ({{per_sec}}, ETA {{eta}})"
                 ))
                 .expect("valid template"),
             );
             bar.set_position(done);
             bar
         });
-        Progress { label, bar, total, started: Instant::now(), first_done: done, last_log: Mutex::new(Instant::now()) }
+        Progress { what, bar, total, started: Instant::now(), first_done: done, last_log: Mutex::new(Instant::now()) }
     }
 
     /// Updates the rows done.
@@ -62,7 +62,7 @@ impl Progress {
                 rows_per_s = rate as u64,
                 eta_s = eta_s.round(),
                 "{} progress",
-                self.label
+                self.what
             );
         }
     }

@@ -185,7 +185,7 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
         let watermark = Arc::new(Watermark::new(None));
         let mut sink = if options.dry_run { None } else { Some(KafkaSink::new(&config.kafka, watermark.clone())?) };
         let tx = watermark.open();
-        let progress = Progress::labelled("replay", total, 0);
+        let progress = Progress::labelled("replay", "rows", total, 0);
         let mut pacer = Pacer::new(options.rate_per_sec);
         let mut report = ReplayReport::default();
         loop {

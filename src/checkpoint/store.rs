@@ -140,6 +140,7 @@ impl Store {
             let mut table = tx.open_table(CHECKPOINTS).map_err(|e| store_error(&self.path, "open table", e))?;
             table.insert(STREAM_KEY, json.as_slice()).map_err(|e| store_error(&self.path, "write", e))?;
         }
+        crate::failpoint!("checkpoint_write");
         tx.commit().map_err(|e| store_error(&self.path, "commit", e))
     }
 
