@@ -31,13 +31,17 @@ use tokio::sync::watch;
 
 use crate::checkpoint::{now_ms, Checkpoint, Mark, Store, TxId, Watermark, CHECKPOINT_VERSION};
 use crate::config::Config;
-use crate::config::SnapshotMode;
+use crate::config::{SnapshotMode, SourceKind};
 use crate::error::{Error, Result};
 use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::binlog::{BinlogReader, Change, ReaderSettings, TxStart};
 use crate::source::snapshot::{self, Overlap, Segment, SnapshotState};
-use crate::source::{ensure_position_available, preflight, server_info, start_position, ServerIdentity, SourceConn};
+use crate::source::{
+    ensure_position_available, preflight, server_info, start_position, ServerIdentity, SourceConn, SourceReader,
+};
+
+mod files;
 
 /// How long a graceful stop waits for the current transaction to finish and for acknowledgements.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -163,6 +167,9 @@ impl Pipeline {
     /// Transient errors are worth a retry; definite ones are not.
     pub async fn run(&self, shutdown: &Shutdown) -> Result<()> {
         let config = &self.config;
+        if config.source.kind == SourceKind::Files {
+            return self.run_files(shutdown).await;
+        }
         let mut conn = self.source.connect().await?;
         let info = server_info(&mut conn).await?;
         let mut stored = self.store.load()?;
@@ -264,7 +271,9 @@ impl Pipeline {
             }
             None => None,
         };
-        let mut reader = BinlogReader::start(&self.source, &info, self.reader.clone(), start.position.clone()).await?;
+        let mut reader = SourceReader::Live(
+            BinlogReader::start(&self.source, &info, self.reader.clone(), start.position.clone()).await?,
+        );
         tracing::info!(
             position = %start.position,
             server = %preflight::describe_identity(&info.identity),
@@ -414,7 +423,7 @@ impl Pipeline {
 
     async fn stream(
         &self,
-        reader: &mut BinlogReader,
+        reader: &mut SourceReader,
         sink: &mut KafkaSink,
         watermark: &Watermark,
         checkpointer: &mut Checkpointer,
@@ -442,13 +451,17 @@ impl Pipeline {
                 }
                 _ = tick.tick() => checkpointer.flush()?,
                 change = reader.next() => match change? {
-                    Change::Begin(start) => {
+                    None => {
+                        tracing::info!("end of the binlog files: waiting for the last acknowledgements, then exiting");
+                        return Ok(());
+                    }
+                    Some(Change::Begin(start)) => {
                         if let Some(tx) = stream.current.replace(watermark.open()) {
                             watermark.abandon(tx);
                         }
                         stream.start = Some(start);
                     }
-                    Change::Row(row) => {
+                    Some(Change::Row(row)) => {
                         if let (Some(overlap), Some(start)) = (stream.overlap.as_mut(), stream.start.as_ref()) {
                             if overlap.emitted_by_snapshot(&row, start).await? {
                                 tracing::debug!(id = %row.id, "already emitted by the snapshot");
@@ -465,7 +478,7 @@ impl Pipeline {
                             }
                         }
                     }
-                    Change::Commit { position, timestamp } => {
+                    Some(Change::Commit { position, timestamp }) => {
                         let tx = stream.current.take().unwrap_or_else(|| watermark.open());
                         if stream.overlap.as_ref().is_some_and(|o| o.expired(&position)) {
                             tracing::info!("stream is past every snapshot view: overlap rule retired");
