@@ -10,6 +10,7 @@ use mysql_common::binlog::value::BinlogValue;
 use mysql_common::value::Value;
 
 use super::*;
+use crate::error::Error;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/binlog")
@@ -297,4 +298,238 @@ fn binary_json_with_opaque_values_renders_like_mysql() {
     for text in &texts {
         serde_json::from_str::<serde_json::Value>(text).unwrap();
     }
+}
+
+fn no_tables() -> Arc<ReaderSettings> {
+    outbox_settings(&[])
+}
+
+fn outbox_settings(tables: &[&str]) -> Arc<ReaderSettings> {
+    Arc::new(ReaderSettings {
+        server_id: 1,
+        tables: tables
+            .iter()
+            .map(|t| {
+                let (database, table) = t.split_once('.').unwrap();
+                crate::config::TableName { database: database.into(), table: table.into() }
+            })
+            .collect(),
+        columns: Default::default(),
+        on_update: Default::default(),
+        heartbeat: std::time::Duration::from_secs(1),
+    })
+}
+
+/// Reads files from `start` to the end: every change, and the error if one ends the read.
+fn read_files(files: &[PathBuf], tables: &[&str], start: Position) -> (Vec<Change>, Option<Error>) {
+    let mut reader = match FilesReader::start(files.to_vec(), outbox_settings(tables), start) {
+        Ok(r) => r,
+        Err(e) => return (Vec::new(), Some(e)),
+    };
+    let mut changes = Vec::new();
+    loop {
+        match reader.next() {
+            Ok(Some(change)) => changes.push(change),
+            Ok(None) => return (changes, None),
+            Err(e) => return (changes, Some(e)),
+        }
+    }
+}
+
+fn gtids_text(gtids: &Gtids) -> String {
+    match gtids {
+        Gtids::MySql(set) => set.to_string(),
+        Gtids::MariaDb(pos) => pos.to_string(),
+        Gtids::None => String::new(),
+    }
+}
+
+fn commits(changes: &[Change]) -> Vec<Position> {
+    changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Commit { position, .. } => Some(position.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// From the start position a run without checkpoint takes (the file's PREVIOUS_GTIDS / GTID_LIST), the
+/// GTIDs the connector would checkpoint after each transaction of real files.
+#[test]
+fn checkpoints_after_each_transaction_of_real_files() {
+    struct Case {
+        file: &'static str,
+        previous: &'static str,
+        after_each: &'static [&'static str],
+    }
+    let cases = [
+        // MySQL 9.6 (upstream gtid_tagged_log_event_from_binlog): PREVIOUS_GTIDS untagged [1,14) and mytag
+        // [1,3); the one transaction is mytag:3.
+        Case {
+            file: "blackbeam-rust_mysql_common/binlog_transaction_with_GTID_TAG.000001",
+            previous: "55778904-0299-11f1-b1b8-4ef0c4956feb:1-13:mytag:1-2",
+            after_each: &["55778904-0299-11f1-b1b8-4ef0c4956feb:1-13:mytag:1-3"],
+        },
+        // MySQL 8.0.40 untagged PREVIOUS_GTIDS [1,3), no transaction.
+        Case {
+            file: "blackbeam-rust_mysql_common/binlog_transaction_previous_GTID_no_tag.000001",
+            previous: "b9b88c66-0755-11f1-9899-4a9da94c4d71:1-2",
+            after_each: &[],
+        },
+        // MySQL 5.7.30 (rust-us test_gtid / test_previous_gtid): empty PREVIOUS_GTIDS, first GTID
+        // 80549ecc-d2f2-11ea-b790-0242ac130002:1 (the MANIFEST's e3e2a4ee-… is not in this file), then two more.
+        Case {
+            file: "rust-us-mysql-cdc-rs/5.7__33_35_gtid_prev_gtid.log.bin",
+            previous: "",
+            after_each: &[
+                "80549ecc-d2f2-11ea-b790-0242ac130002:1",
+                "80549ecc-d2f2-11ea-b790-0242ac130002:1-2",
+                "80549ecc-d2f2-11ea-b790-0242ac130002:1-3",
+            ],
+        },
+        // MariaDB 11.8 (mariadb-poc README): GTID_LIST 0-10-292196, then 0-10-292197 … 0-10-292206.
+        Case {
+            file: "mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010",
+            previous: "0-10-292196",
+            after_each: &[
+                "0-10-292197",
+                "0-10-292198",
+                "0-10-292199",
+                "0-10-292200",
+                "0-10-292201",
+                "0-10-292202",
+                "0-10-292203",
+                "0-10-292204",
+                "0-10-292205",
+                "0-10-292206",
+            ],
+        },
+    ];
+    for case in cases {
+        let path = fixture(case.file);
+        let header = scan(&path).unwrap().header;
+        let start = start_position(&path, &header, None).unwrap();
+        assert_eq!(gtids_text(&start.gtids), case.previous, "{}", case.file);
+        let (changes, error) = read_files(std::slice::from_ref(&path), &[], start);
+        assert!(error.is_none(), "{}: {error:?}", case.file);
+        let got: Vec<String> = commits(&changes).iter().map(|p| gtids_text(&p.gtids)).collect();
+        assert_eq!(got, case.after_each, "{}", case.file);
+    }
+
+    // MariaDB domain 1 starts from an empty GTID_LIST: 1-10-1 … 1-10-12.
+    let path = fixture("mariadb-operator-mariadb-poc/domain_id_1.mariadb-repl-bin.000002");
+    let start = start_position(&path, &scan(&path).unwrap().header, None).unwrap();
+    assert_eq!(start.gtids, Gtids::MariaDb(GtidPos::new()));
+    let (changes, error) = read_files(&[path], &[], start);
+    assert!(error.is_none(), "{error:?}");
+    let got: Vec<String> = commits(&changes).iter().map(|p| gtids_text(&p.gtids)).collect();
+    assert_eq!(got, (1..=12).map(|n| format!("1-10-{n}")).collect::<Vec<_>>());
+}
+
+/// The resume rule of COM_BINLOG_DUMP_GTID, applied to files: what the checkpoint holds is not published
+/// again, and the position never moves backwards.
+#[test]
+fn resume_skips_what_the_position_holds() {
+    let path = fixture("mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010");
+    let start = Position {
+        gtids: Gtids::MariaDb(GtidPos::from_str("0-10-292201").unwrap()),
+        coord: BinlogCoord { file: "x".into(), pos: 4 },
+    };
+    let (changes, error) = read_files(std::slice::from_ref(&path), &[], start);
+    assert!(error.is_none(), "{error:?}");
+    let begins = changes.iter().filter(|c| matches!(c, Change::Begin(_))).count();
+    let got: Vec<String> = commits(&changes).iter().map(|p| gtids_text(&p.gtids)).collect();
+    assert_eq!(begins, 5);
+    assert_eq!(got, ["0-10-292202", "0-10-292203", "0-10-292204", "0-10-292205", "0-10-292206"]);
+
+    // MySQL tagged: the set already holds mytag:3, nothing is left.
+    let path = fixture("blackbeam-rust_mysql_common/binlog_transaction_with_GTID_TAG.000001");
+    let held = "55778904-0299-11f1-b1b8-4ef0c4956feb:1-13:mytag:1-3";
+    let start = Position {
+        gtids: Gtids::MySql(GtidSet::from_str(held).unwrap()),
+        coord: BinlogCoord { file: "x".into(), pos: 4 },
+    };
+    let (changes, error) = read_files(&[path], &[], start);
+    assert!(error.is_none(), "{error:?}");
+    assert!(changes.is_empty(), "{changes:?}");
+
+    // No GTIDs (MySQL 8.0.31, gtid_mode=OFF): the coordinate of the 5th commit resumes with the 6th.
+    let name = "rust-us-mysql-cdc-rs/8.0.31__02_query_bigger.binlog.000733";
+    let path = fixture(name);
+    let start = start_position(&path, &scan(&path).unwrap().header, None).unwrap();
+    assert_eq!(start.gtids, Gtids::None);
+    let (all, error) = read_files(std::slice::from_ref(&path), &[], start);
+    assert!(error.is_none(), "{error:?}");
+    let all = commits(&all);
+    assert_eq!(all.len(), 11);
+    let (rest, error) = read_files(&[path], &[], all[4].clone());
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(commits(&rest), all[5..]);
+}
+
+/// A last file torn inside a transaction (a crash, or a file still being written) stops cleanly at the last
+/// complete transaction; the same damage in a file that has successors is a definite error before anything
+/// of it is read. Regression: mysql_common's `BinlogFile` ends silently at a torn event and its
+/// `Event::read` panics on a short read.
+#[test]
+fn torn_files_stop_at_the_last_complete_transaction_or_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let original = std::fs::read(fixture("mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010")).unwrap();
+    let full = scan(&fixture("mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010")).unwrap();
+    assert_eq!(full.len, original.len() as u64);
+    // Cut 30 bytes before the end: inside the STOP event or the last transaction.
+    let torn = dir.path().join("mariadb-repl-bin.000010");
+    std::fs::write(&torn, &original[..original.len() - 30]).unwrap();
+    let header = scan(&torn).unwrap().header;
+    let start = start_position(&torn, &header, None).unwrap();
+    let (changes, error) = read_files(std::slice::from_ref(&torn), &[], start.clone());
+    assert!(error.is_none(), "{error:?}");
+    let got = commits(&changes);
+    assert!(!got.is_empty() && got.len() <= 10, "{got:?}");
+    assert!(changes.iter().filter(|c| matches!(c, Change::Begin(_))).count() == got.len(), "no half transaction");
+
+    // Cut in the middle of the file: the last complete transaction before the cut is the end.
+    std::fs::write(&torn, &original[..original.len() / 2]).unwrap();
+    let scan_half = scan(&torn).unwrap();
+    assert!(scan_half.tail.is_some() && scan_half.complete_end < scan_half.len);
+    let (half, error) = read_files(std::slice::from_ref(&torn), &[], start.clone());
+    assert!(error.is_none(), "{error:?}");
+    assert!(commits(&half).len() < got.len());
+
+    // The same torn file followed by another: damage, not an end.
+    let next = dir.path().join("mariadb-repl-bin.000011");
+    std::fs::write(&next, &original).unwrap();
+    let (changes, error) = read_files(&[torn, next], &[], start);
+    let error = error.expect("a damaged middle file is an error");
+    assert!(error.is_definite() && error.to_string().contains("incomplete"), "{error}");
+    assert!(changes.is_empty(), "nothing of the damaged file is published: {changes:?}");
+}
+
+/// Files that are not binlogs, and a checksum that does not match, are definite errors.
+#[test]
+fn corrupt_files_are_definite_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = std::fs::read(fixture("blackbeam-rust_mysql_common/mysql_type_bit.000001")).unwrap();
+    let last = bytes.len() - 10;
+    bytes[last] ^= 0xff;
+    let path = dir.path().join("binlog.000001");
+    std::fs::write(&path, &bytes).unwrap();
+    let error = scan(&path).unwrap_err();
+    assert!(error.is_definite() && error.to_string().contains("CRC32"), "{error}");
+    let not = dir.path().join("binlog.index");
+    std::fs::write(&not, "./binlog.000001\n").unwrap();
+    assert!(!starts_with_magic(&not));
+}
+
+/// Binlog index order: the numeric suffix compares as a number.
+#[test]
+fn files_sort_in_index_order() {
+    let mut names =
+        ["mysql-bin.1000000", "mysql-bin.999999", "mysql-bin.000010", "mysql-bin.000009"].map(PathBuf::from).to_vec();
+    names.sort_by_key(|p| index_order(p));
+    assert_eq!(
+        names,
+        ["mysql-bin.000009", "mysql-bin.000010", "mysql-bin.999999", "mysql-bin.1000000"].map(PathBuf::from)
+    );
 }
