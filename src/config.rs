@@ -701,6 +701,46 @@ mod tests {
         assert!(Config::parse(&text).unwrap_err().to_string().contains("nope"));
     }
 
+    const FILES: &str = r#"
+        [source]
+        kind = "files"
+        binlog_dir = "/backup/binlogs"
+        [outbox]
+        table = "shop.outbox_events"
+        [kafka]
+        bootstrap_servers = "127.0.0.1:9092"
+        [snapshot]
+        mode = "never"
+    "#;
+
+    /// `kind = "files"` needs no connection settings, exactly one of binlog_dir/binlog_files, no snapshot, and
+    /// a start_after of either GTID kind; the files keys are rejected with a live server.
+    #[test]
+    fn files_source_settings_are_validated() {
+        let c = Config::parse(FILES).unwrap();
+        assert_eq!(c.source.kind, SourceKind::Files);
+        let cases: &[(&str, &str, Option<&str>)] = &[
+            ("binlog_dir = \"/backup/binlogs\"", "binlog_files = [\"/b/mysql-bin.000001\"]", None),
+            ("binlog_dir = \"/backup/binlogs\"", "", Some("exactly one of")),
+            ("binlog_dir = \"/backup/binlogs\"", "binlog_dir = \"/b\"\nbinlog_files = [\"/b/x\"]", Some("exactly one")),
+            ("mode = \"never\"", "mode = \"initial\"", Some("no table to snapshot")),
+            ("kind = \"files\"", "kind = \"files\"\nstart_after = \"0-1-100\"", None),
+            ("kind = \"files\"", "kind = \"files\"\nstart_after = \"3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5\"", None),
+            ("kind = \"files\"", "kind = \"files\"\nstart_after = \"yesterday\"", Some("neither a MySQL GTID set")),
+        ];
+        for (from, to, error) in cases {
+            let result = Config::parse(&FILES.replace(from, to));
+            match error {
+                None => assert!(result.is_ok(), "{to}: {result:?}"),
+                Some(e) => assert!(result.unwrap_err().to_string().contains(e), "{to}"),
+            }
+        }
+        let live = MINIMAL.replace("server_id = 5401", "server_id = 5401\nbinlog_dir = \"/b\"");
+        assert!(Config::parse(&live).unwrap_err().to_string().contains("only with"));
+        let no_host = MINIMAL.replace("host = \"127.0.0.1\"", "");
+        assert!(Config::parse(&no_host).unwrap_err().to_string().contains("source.host"));
+    }
+
     #[test]
     fn example_config_in_repo_is_valid() {
         let text = include_str!("../connector.toml");
