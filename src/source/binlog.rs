@@ -79,6 +79,8 @@ pub struct ReaderSettings {
 /// Event type codes that mysql_common does not parse (MariaDB) or that we treat specially.
 mod event_type {
     pub const XA_PREPARE: u8 = 38;
+    /// MySQL 8.0.20+ binlog_transaction_compression: a whole transaction in one event.
+    pub const TRANSACTION_PAYLOAD: u8 = 40;
     /// MySQL 8.0.26+ heartbeat with a 64-bit position; mysql_common 0.37 does not know it.
     pub const HEARTBEAT_V2: u8 = 41;
     pub const MARIADB_ANNOTATE_ROWS: u8 = 160;
@@ -153,6 +155,11 @@ pub struct ChangeDecoder {
     skip_seen: Option<Position>,
     /// Inside a TRANSACTION_PAYLOAD: the payload event's end, which is the coordinate of every inner event.
     payload_end: Option<u32>,
+    /// Decompress TRANSACTION_PAYLOADs here (binlog files). The live stream does not: mysql_async follows
+    /// each payload event with its inner events itself.
+    expand_payloads: bool,
+    /// Live stream: bytes of inner events still to come after a TRANSACTION_PAYLOAD.
+    payload_left: u64,
     /// table_id -> decoder and TABLE_MAP for outbox tables, `None` for other tables.
     tables: HashMap<u64, Option<(Arc<OutboxTable>, TableMapEvent<'static>)>>,
     outbox_names: HashSet<TableName>,
@@ -268,6 +275,8 @@ impl ChangeDecoder {
             tx_skipped: false,
             skip_seen: None,
             payload_end: None,
+            expand_payloads: false,
+            payload_left: 0,
             tables: HashMap::new(),
             pending: VecDeque::new(),
         }
@@ -285,6 +294,12 @@ impl ChangeDecoder {
     /// backwards. For sources that do not start at the resume point themselves (binlog files).
     pub fn skip_seen(&mut self) {
         self.skip_seen = Some(self.position.clone());
+    }
+
+    /// Decompresses TRANSACTION_PAYLOAD events and decodes their inner events here, for sources that do not
+    /// (binlog files). Without it the inner events must follow the payload event, as mysql_async sends them.
+    pub fn expand_payloads(&mut self) {
+        self.expand_payloads = true;
     }
 
     /// True between transactions: a stop here loses nothing and repeats nothing.
@@ -315,8 +330,24 @@ impl ChangeDecoder {
     /// Definite errors for undecodable outbox rows and unsupported constructs on the outbox table, with
     /// the binlog coordinate.
     pub fn handle(&mut self, event: &Event) -> Result<()> {
-        self.handle_inner(event)
-            .map_err(|e| e.context(format_args!("binlog {}:{}", self.position.coord.file, event.header().log_pos())))
+        let inner = self.payload_left > 0;
+        let result = if inner && event.header().log_pos() != 0 {
+            Err(Error::definite(format!(
+                "the TRANSACTION_PAYLOAD ending at {} was not followed by its {} remaining bytes of events: its \
+                 rows cannot be read. Set binlog_transaction_compression=OFF on the server and report this",
+                self.payload_end.unwrap_or(0),
+                self.payload_left
+            )))
+        } else {
+            self.handle_inner(event)
+        };
+        if inner {
+            self.payload_left = self.payload_left.saturating_sub(u64::from(event.header().event_size()));
+            if self.payload_left == 0 {
+                self.payload_end = None;
+            }
+        }
+        result.map_err(|e| e.context(format_args!("binlog {}:{}", self.position.coord.file, event.header().log_pos())))
     }
 
     /// Coordinate of an event: its own end, or the enclosing TRANSACTION_PAYLOAD's.
@@ -351,6 +382,7 @@ impl ChangeDecoder {
                 self.end_group();
                 return Ok(());
             }
+            event_type::TRANSACTION_PAYLOAD => check_payload_header(event.data())?,
             _ => {}
         }
         let data = event
@@ -443,6 +475,18 @@ impl ChangeDecoder {
 
     /// MySQL 8.0 transaction compression: one event holding a whole transaction's events, without checksums.
     fn on_payload(&mut self, event: &Event, payload: &TransactionPayloadEvent<'_>) -> Result<()> {
+        if !self.expand_payloads {
+            // The inner events follow, each with log_pos 0; until their bytes are through, they sit at the
+            // payload's end.
+            if payload.uncompressed_size() == 0 {
+                return Err(Error::definite(
+                    "a TRANSACTION_PAYLOAD without its uncompressed size: cannot tell where its events end",
+                ));
+            }
+            self.payload_end = Some(event.header().log_pos());
+            self.payload_left = payload.uncompressed_size();
+            return Ok(());
+        }
         let mut footer = event.fde().footer();
         footer.set_checksum_enabled(false);
         let fde = event.fde().clone().with_footer(footer);
@@ -594,6 +638,42 @@ fn already_seen(resume: &Position, gtid: Option<&TxGtid>, coord: &BinlogCoord) -
         // (the files reader starts at the resume file), earlier transactions in it are skipped here.
         (Gtids::None, _) => coord.file == resume.coord.file && coord.pos < resume.coord.pos,
         _ => false,
+    }
+}
+
+/// Rejects a TRANSACTION_PAYLOAD header that mysql_common 0.37 would panic on: it unwraps the compression
+/// type, so an unknown algorithm (a newer server, a damaged file) must be caught before it parses.
+fn check_payload_header(mut data: &[u8]) -> Result<()> {
+    fn lenenc(data: &mut &[u8]) -> Option<u64> {
+        let (&first, rest) = data.split_first()?;
+        let (value, used) = match first {
+            0..=250 => (u64::from(first), 0),
+            0xfc => (u64::from(u16::from_le_bytes(rest.get(..2)?.try_into().ok()?)), 2),
+            0xfd => (u64::from_le_bytes([rest.get(..3)?, &[0; 5][..]].concat().try_into().ok()?), 3),
+            0xfe => (u64::from_le_bytes(rest.get(..8)?.try_into().ok()?), 8),
+            _ => return None,
+        };
+        *data = rest.get(used..)?;
+        Some(value)
+    }
+    let bad = |what: &str| Error::definite(format!("malformed TRANSACTION_PAYLOAD header: {what}"));
+    loop {
+        let field = lenenc(&mut data).ok_or_else(|| bad("truncated"))?;
+        if field == 0 {
+            return Ok(());
+        }
+        let length = lenenc(&mut data).ok_or_else(|| bad("truncated"))?;
+        if field == 2 {
+            let algorithm = lenenc(&mut data).ok_or_else(|| bad("truncated"))?;
+            if algorithm != 0 && algorithm != 255 {
+                return Err(Error::definite(format!(
+                    "TRANSACTION_PAYLOAD compressed with algorithm {algorithm}, which outbox-cdc cannot \
+                     decompress (it reads zstd and uncompressed payloads)"
+                )));
+            }
+        } else {
+            data = data.get(length as usize..).ok_or_else(|| bad("truncated"))?;
+        }
     }
 }
 

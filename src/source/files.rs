@@ -54,6 +54,10 @@ const MAGIC: [u8; 4] = [0xfe, b'b', b'i', b'n'];
 /// MariaDB's START_ENCRYPTION event: the rest of the file is encrypted.
 const MARIADB_START_ENCRYPTION: u8 = 164;
 const MARIADB_GTID_LIST: u8 = 163;
+const MARIADB_GTID: u8 = 162;
+const MYSQL_GTID: u8 = 33;
+const MYSQL_PREVIOUS_GTIDS: u8 = 35;
+const MYSQL_GTID_TAGGED: u8 = 42;
 
 /// What the beginning of a binlog file says about the server that wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -267,19 +271,20 @@ pub fn scan(path: &Path) -> Result<Scan> {
         if type_code == FORMAT_DESCRIPTION && decoder.is_none() {
             let start = Position { gtids: Gtids::None, coord: BinlogCoord { file: file_name(path), pos: 4 } };
             let mut d = ChangeDecoder::new(settings.clone(), file.checksum, start);
-            d.set_checksum(file.checksum);
+            d.expand_payloads();
             decoder = Some(d);
         }
+        // Only the events the header needs are parsed here; the decoder checks the rest before parsing.
         match type_code {
             MARIADB_GTID_LIST => h.previous = Gtids::MariaDb(mariadb_gtid_list(&event).map_err(|e| file.error(e))?),
-            162 => h.has_gtids = true,
-            _ => match event.read_data() {
+            MARIADB_GTID | MYSQL_GTID | MYSQL_GTID_TAGGED => h.has_gtids = true,
+            MYSQL_PREVIOUS_GTIDS => match event.read_data() {
                 Ok(Some(EventData::PreviousGtidsEvent(prev))) => {
                     h.previous = Gtids::MySql(previous_gtids(&prev).map_err(|e| file.error(e))?)
                 }
-                Ok(Some(EventData::GtidEvent(_))) => h.has_gtids = true,
-                _ => {}
+                other => return Err(file.error(format!("unreadable PREVIOUS_GTIDS: {other:?}"))),
             },
+            _ => {}
         }
         let Some(d) = decoder.as_mut() else {
             return Err(file.error("the file does not start with a FORMAT_DESCRIPTION event"));
@@ -415,6 +420,7 @@ impl FilesReader {
         }
         let mut decoder = ChangeDecoder::new(settings, true, position);
         decoder.skip_seen();
+        decoder.expand_payloads();
         Ok(FilesReader { files, current: None, decoder })
     }
 
