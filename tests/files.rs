@@ -130,6 +130,19 @@ async fn positions_match_the_next_files_gtid_list() {
     let Gtids::MariaDb(final_pos) = &scan(files.last().unwrap()).unwrap().header.previous else { panic!("MariaDB") };
     assert_eq!(final_pos.to_string(), end);
 
+    // Without the second file: a definite error at the third, nothing silently skipped.
+    let mut gap = files.clone();
+    gap.remove(1);
+    let mut reader = FilesReader::start(gap, settings.clone(), start.clone()).unwrap();
+    let error = loop {
+        match reader.next() {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("a missing file must not go unnoticed"),
+            Err(e) => break e,
+        }
+    };
+    assert!(error.is_definite() && error.to_string().contains("missing"), "{error}");
+
     // start_after = the position after the 10th row's transaction: 50 rows remain.
     let mut reader = FilesReader::start(files.clone(), settings.clone(), start.clone()).unwrap();
     let mut seen = 0;

@@ -13,6 +13,9 @@
 //! not opened, earlier transactions in that file are skipped.
 //!
 //! # Invariants
+//! * No file is skipped: each file must continue what was read before it (or the resume position) — its
+//!   PREVIOUS_GTIDS / GTID_LIST is contained in the position, and it is the file the previous one's ROTATE
+//!   named. A gap is a definite error, never a silent jump.
 //! * A transaction is published only if the file holds it whole. Before a file is read, a pre-scan (the
 //!   same decoder, no outbox tables, so no row decoding) finds the end of its last complete transaction
 //!   and checks every event's CRC32. In the last file, bytes after that end (a file still being written,
@@ -395,6 +398,10 @@ pub struct FilesReader {
     /// The file being read and where its last complete transaction ends.
     current: Option<(EventFile, u64)>,
     decoder: ChangeDecoder,
+    /// The file the previous file's ROTATE named.
+    expected_next: Option<String>,
+    /// Flavor of the files read so far.
+    flavor: Option<Flavor>,
 }
 
 impl FilesReader {
@@ -421,7 +428,7 @@ impl FilesReader {
         let mut decoder = ChangeDecoder::new(settings, true, position);
         decoder.skip_seen();
         decoder.expand_payloads();
-        Ok(FilesReader { files, current: None, decoder })
+        Ok(FilesReader { files, current: None, decoder, expected_next: None, flavor: None })
     }
 
     /// The next change; `None` once every file is consumed.
@@ -441,6 +448,7 @@ impl FilesReader {
                     return Ok(None);
                 };
                 let scan = scan(&path)?;
+                self.check_continuity(&path, &scan.header)?;
                 if let Some(tail) = &scan.tail {
                     let bytes = scan.len - scan.complete_end;
                     if !self.files.is_empty() {
@@ -467,6 +475,10 @@ impl FilesReader {
             };
             if file.offset >= *end {
                 tracing::info!(file = %file.path.display(), "binlog file consumed");
+                // A ROTATE at its end named the next file; a STOP (server shutdown) did not.
+                let name = file_name(&file.path);
+                let rotated_to = &self.decoder.position().coord.file;
+                self.expected_next = (*rotated_to != name).then(|| rotated_to.clone());
                 self.current = None;
                 continue;
             }
@@ -486,6 +498,49 @@ impl FilesReader {
     /// Position after the last transaction read.
     pub fn position(&self) -> &Position {
         self.decoder.position()
+    }
+
+    /// Refuses a file that does not continue what was read (or the resume position): a missing file in the
+    /// middle would silently lose its transactions.
+    fn check_continuity(&mut self, path: &Path, header: &FileHeader) -> Result<()> {
+        let flavor = *self.flavor.get_or_insert(header.flavor);
+        if flavor != header.flavor {
+            return Err(Error::definite(format!(
+                "{} was written by {:?}, the files before it by {flavor:?}: configure the files of one server",
+                path.display(),
+                header.flavor
+            )));
+        }
+        let name = file_name(path);
+        if let Some(expected) = self.expected_next.take() {
+            if expected != name {
+                return Err(Error::definite(format!(
+                    "the previous binlog file rotated to {expected}, but the next file configured is {name}: \
+                     {expected} is missing and its transactions would be lost. Add it (or remove the files before \
+                     it and set source.start_after)"
+                )));
+            }
+        }
+        let position = self.decoder.position();
+        let missing = match (&position.gtids, &header.previous) {
+            (Gtids::MySql(have), Gtids::MySql(before)) => {
+                (!before.is_subset(have)).then(|| format!("GTIDs {before} precede it, the position holds {have}"))
+            }
+            (Gtids::MariaDb(have), Gtids::MariaDb(before)) => before
+                .iter()
+                .find(|g| !have.contains(g))
+                .map(|g| format!("GTID {g} precedes it, the position holds {have}")),
+            _ => None,
+        };
+        match missing {
+            Some(detail) => Err(Error::definite(format!(
+                "binlog file {} does not continue from the position {position} ({detail}): transactions between \
+                 them are in files that are not configured, and would be lost. Add the missing files, or — to \
+                 accept the gap — move the state directory away and set source.start_after",
+                path.display()
+            ))),
+            None => Ok(()),
+        }
     }
 }
 

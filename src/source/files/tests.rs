@@ -941,3 +941,38 @@ fn unknown_payload_compression_is_definite() {
     let error = scan(&path).unwrap_err();
     assert!(error.is_definite() && error.to_string().contains("algorithm 7"), "{error}");
 }
+
+/// A missing file is never a silent jump: a file whose PREVIOUS_GTIDS / GTID_LIST the position does not
+/// hold, or that is not the file the previous one rotated to, is a definite error.
+#[test]
+fn gaps_between_files_are_definite() {
+    // The checkpoint is at 0-10-292100, the file starts after 0-10-292196.
+    let path = fixture("mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010");
+    let start = Position {
+        gtids: Gtids::MariaDb(GtidPos::from_str("0-10-292100").unwrap()),
+        coord: BinlogCoord { file: "x".into(), pos: 4 },
+    };
+    let (changes, error) = read_files(&[path], &[], start);
+    let error = error.expect("gap");
+    assert!(error.is_definite() && error.to_string().contains("0-10-292196"), "{error}");
+    assert!(changes.is_empty());
+
+    // MySQL: the set lacks mytag:1-2 that PREVIOUS_GTIDS says came before.
+    let path = fixture("blackbeam-rust_mysql_common/binlog_transaction_with_GTID_TAG.000001");
+    let start = Position {
+        gtids: Gtids::MySql(GtidSet::from_str("55778904-0299-11f1-b1b8-4ef0c4956feb:1-13").unwrap()),
+        coord: BinlogCoord { file: "x".into(), pos: 4 },
+    };
+    let (_, error) = read_files(std::slice::from_ref(&path), &[], start);
+    assert!(error.expect("gap").to_string().contains("does not continue"));
+
+    // The file after a ROTATE is not the one it names (binlog.000005).
+    let dir = tempfile::tempdir().unwrap();
+    let (first, later) = (dir.path().join("binlog.000001"), dir.path().join("binlog.000007"));
+    std::fs::copy(&path, &first).unwrap();
+    std::fs::copy(&path, &later).unwrap();
+    let start = start_position(&first, &scan(&first).unwrap().header, None).unwrap();
+    let (_, error) = read_files(&[first, later], &[], start);
+    let error = error.expect("missing file");
+    assert!(error.is_definite() && error.to_string().contains("is missing"), "{error}");
+}
