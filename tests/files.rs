@@ -87,6 +87,22 @@ async fn files_run_publishes_everything_once_and_exits() {
     assert!(status.success(), "exit {status}\n{}", connector.logs());
     let again = broker.read_all(TOPIC, expected.len() + 1, Duration::from_secs(5));
     assert_eq!(again.len(), expected.len(), "a resumed files run must not publish again");
+
+    // The same position stored by a live run of that server: not silently resumed by files, unless asked.
+    {
+        let store = outbox_cdc::checkpoint::Store::open(&connector.state_dir()).unwrap();
+        let mut cp = store.load().unwrap().unwrap();
+        cp.server.binlog_files = false;
+        store.save(&cp).unwrap();
+    }
+    connector.restart();
+    let status = connector.wait_exit(EXIT_TIMEOUT).expect("exits");
+    assert_eq!(status.code(), Some(2), "{}", connector.logs());
+    assert!(connector.logs().contains("--accept-new-server"), "{}", connector.logs());
+    connector.spawn(["run", "--accept-new-server", "--config"].map(Into::into).into_iter().chain([config.into()]));
+    let status = connector.wait_exit(EXIT_TIMEOUT).expect("exits");
+    assert!(status.success(), "exit {status}\n{}", connector.logs());
+    assert_eq!(broker.read_all(TOPIC, expected.len() + 1, Duration::from_secs(5)).len(), expected.len());
 }
 
 /// The GTID position the connector checkpoints after the last transaction of each file equals the GTID_LIST

@@ -16,8 +16,11 @@
 //! # Events we do not decode
 //! Every event either means something for outbox rows and positions, or is known to mean nothing for them
 //! (statement-format queries, group-replication context, heartbeats, MariaDB's checkpoints). MySQL 8.0's
-//! TRANSACTION_PAYLOAD (binlog_transaction_compression=ON) is decompressed and its inner events go through
-//! the same state machine; its end is the transaction's resume point. An INCIDENT event (the server lost
+//! TRANSACTION_PAYLOAD (binlog_transaction_compression=ON) holds a whole transaction; its inner events go
+//! through the same state machine, and the payload's end is their coordinate and the resume point. On the
+//! live stream mysql_async already follows each payload event with its decompressed inner events, so the
+//! decoder only counts their bytes; for binlog files it decompresses them itself
+//! ([`ChangeDecoder::expand_payloads`]). Either way each row is decoded once. An INCIDENT event (the server lost
 //! events) and an event type we do not know that is not flagged LOG_EVENT_IGNORABLE are definite errors
 //! naming the type and position: skipping them could skip outbox rows.
 //!
