@@ -179,3 +179,46 @@ async fn positions_match_the_next_files_gtid_list() {
     }
     assert_eq!(rest, expected.len() - 10);
 }
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/binlog").join(name)
+}
+
+fn fixture_config(connector: &Connector, broker: &Broker, file: &Path, table: &str) -> PathBuf {
+    let text = format!(
+        "[source]\nkind = \"files\"\nbinlog_files = [{file}]\n\n[outbox]\ntable = {table}\n\n\
+         [kafka]\nbootstrap_servers = {bootstrap}\n\n[state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n",
+        file = toml_str(&file.to_string_lossy()),
+        table = toml_str(table),
+        bootstrap = toml_str(&broker.bootstrap()),
+        state = toml_str(&connector.state_dir().to_string_lossy()),
+    );
+    let path = connector.config_path();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// The binary over files written by MySQL 9.6 (tagged GTIDs) checkpoints the server's GTID set after the
+/// file and exits 0; over MySQL 8.0 files without FULL row metadata, an outbox table there is a definite
+/// error (exit 2) that names the fix.
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_files_checkpoint_and_fail_loud() {
+    let broker = Broker::start(Engine::Memory);
+    let mut connector = Connector::new();
+    let file = fixture("blackbeam-rust_mysql_common/binlog_transaction_with_GTID_TAG.000001");
+    let config = fixture_config(&connector, &broker, &file, "shop.outbox_events");
+    connector.run(&config);
+    let status = connector.wait_exit(EXIT_TIMEOUT).expect("a files run ends by itself");
+    assert!(status.success(), "exit {status}\n{}", connector.logs());
+    let checkpoint = connector.status_json().expect("checkpoint");
+    assert_eq!(checkpoint["position"]["gtids"], "55778904-0299-11f1-b1b8-4ef0c4956feb:1-13:mytag:1-3", "{checkpoint}");
+    assert_eq!(checkpoint["server"]["flavor"], "mysql", "{checkpoint}");
+
+    let mut connector = Connector::new();
+    let file = fixture("blackbeam-rust_mysql_common/minimal_row_metadata.000001");
+    let config = fixture_config(&connector, &broker, &file, "noria.t1");
+    connector.run(&config);
+    let status = connector.wait_exit(EXIT_TIMEOUT).expect("a definite error ends the run");
+    assert_eq!(status.code(), Some(2), "{}", connector.logs());
+    assert!(connector.logs().contains("binlog_row_metadata"), "{}", connector.logs());
+}
