@@ -686,7 +686,7 @@ fn check_payload_header(mut data: &[u8]) -> Result<()> {
 /// `UnexpectedEof` when the input ends inside an event, `InvalidData` for an impossible event size. We read
 /// whole events ourselves because mysql_common 0.37's `Event::read` panics on a short read and underflows on
 /// a size below its header and checksum.
-pub(crate) fn read_event_bytes<R: std::io::Read>(input: &mut R, checksum: bool) -> std::io::Result<Option<Vec<u8>>> {
+pub(crate) fn read_event_bytes<R: std::io::Read>(mut input: R, checksum: bool) -> std::io::Result<Option<Vec<u8>>> {
     use std::io::{Error as IoError, ErrorKind};
     let mut header = [0u8; EVENT_HEADER_LEN];
     let mut got = 0;
@@ -714,14 +714,16 @@ pub(crate) fn read_event_bytes<R: std::io::Read>(input: &mut R, checksum: bool) 
     if size < min || size > MAX_EVENT_BYTES {
         return Err(IoError::new(ErrorKind::InvalidData, format!("event of type {type_code} claims {size} bytes")));
     }
-    let mut bytes = vec![0u8; size];
-    bytes[..EVENT_HEADER_LEN].copy_from_slice(&header);
-    input.read_exact(&mut bytes[EVENT_HEADER_LEN..]).map_err(|e| {
-        IoError::new(
-            e.kind(),
-            format!("the input ends inside an event of type {type_code} that claims {size} bytes: {e}"),
-        )
-    })?;
+    // Grow with what is actually there: a damaged size field must not allocate a gigabyte up front.
+    let mut bytes = Vec::with_capacity(size.min(1 << 20));
+    bytes.extend_from_slice(&header);
+    std::io::Read::read_to_end(&mut input.take((size - EVENT_HEADER_LEN) as u64), &mut bytes)?;
+    if bytes.len() < size {
+        return Err(IoError::new(
+            ErrorKind::UnexpectedEof,
+            format!("the input ends {} bytes into an event of type {type_code} that claims {size} bytes", bytes.len()),
+        ));
+    }
     Ok(Some(bytes))
 }
 

@@ -514,6 +514,20 @@ fn corrupt_files_are_definite_errors() {
     std::fs::write(&path, &bytes).unwrap();
     let error = scan(&path).unwrap_err();
     assert!(error.is_definite() && error.to_string().contains("CRC32"), "{error}");
+
+    // A damaged size field at the end: reported as a torn tail, without allocating what it claims.
+    let mut bytes = std::fs::read(fixture("blackbeam-rust_mysql_common/mysql_type_bit.000001")).unwrap();
+    let len = bytes.len() as u64;
+    let mut header = [0u8; 19];
+    header[4] = 2;
+    header[9..13].copy_from_slice(&900_000_000u32.to_le_bytes());
+    bytes.extend_from_slice(&header);
+    bytes.extend_from_slice(b"short");
+    std::fs::write(&path, &bytes).unwrap();
+    let torn = scan(&path).unwrap();
+    assert_eq!(torn.complete_end, len);
+    assert!(torn.tail.as_deref().is_some_and(|t| t.contains("claims 900000000 bytes")), "{:?}", torn.tail);
+
     let not = dir.path().join("binlog.index");
     std::fs::write(&not, "./binlog.000001\n").unwrap();
     assert!(!starts_with_magic(&not));
