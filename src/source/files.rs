@@ -335,7 +335,12 @@ fn mariadb_gtid_list(event: &Event) -> Result<GtidPos> {
         let entry = body.get(4 + i * 16..4 + (i + 1) * 16).ok_or_else(short)?;
         let u32_at = |o: usize| u32::from_le_bytes(entry[o..o + 4].try_into().expect("4 bytes"));
         let seq_no = u64::from_le_bytes(entry[8..16].try_into().expect("8 bytes"));
-        pos.advance(MariaGtid { domain_id: u32_at(0), server_id: u32_at(4), seq_no });
+        let gtid = MariaGtid { domain_id: u32_at(0), server_id: u32_at(4), seq_no };
+        // The list has one entry per (domain, server): after a failover a domain appears once per server
+        // that wrote to it. The domain's position is its highest sequence number, wherever it sits in the list.
+        if !pos.contains(&gtid) {
+            pos.advance(gtid);
+        }
     }
     Ok(pos)
 }

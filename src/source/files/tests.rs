@@ -1023,3 +1023,20 @@ fn rows_v1_decode_the_whole_sakila_load() {
         ]
     );
 }
+
+/// MariaDB's GTID_LIST names each (domain, server) pair: after a failover, domain 0 appears once per server.
+/// The position takes each domain's highest sequence number, whatever the order. Regression guard: keeping
+/// the last entry would move the resume point back and publish transactions again.
+#[test]
+fn gtid_list_takes_the_highest_sequence_per_domain() {
+    let mut body = 3u32.to_le_bytes().to_vec();
+    for (domain, server, seq) in [(0u32, 2u32, 150u64), (1, 1, 7), (0, 1, 100)] {
+        body.extend_from_slice(&domain.to_le_bytes());
+        body.extend_from_slice(&server.to_le_bytes());
+        body.extend_from_slice(&seq.to_le_bytes());
+    }
+    let file = MySqlFile::new();
+    let bytes = file.event(163, &body, 0, true);
+    let event = parse_event(&file.fde, &bytes).unwrap();
+    assert_eq!(mariadb_gtid_list(&event).unwrap().to_string(), "0-2-150,1-1-7");
+}
