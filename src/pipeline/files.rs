@@ -56,6 +56,9 @@ impl Pipeline {
                         cp.position, first.header.flavor
                     )));
                 }
+                if config.source.start_after.is_some() {
+                    tracing::warn!(position = %cp.position, "source.start_after is ignored: resuming from the checkpoint");
+                }
                 Mark { position: cp.position, timestamp: cp.source_timestamp, snapshot: None }
             }
             None => {
