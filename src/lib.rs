@@ -5,7 +5,8 @@
 //! decodes the inserts into the outbox table, routes each to a Kafka topic keyed by aggregate id, and
 //! stores its binlog position only after Kafka has acknowledged every event up to it.
 //!
-//! See [`pipeline`] for the data flow.
+//! See [`pipeline`] for the data flow. The same path also reads binlog files from disk instead of a server
+//! (`[source] kind = "files"`, [`source::files`]) for forensics and disaster recovery.
 //!
 //! # Delivery guarantee
 //! - **No loss**: the checkpoint ([`checkpoint`]) is the end of the newest source transaction that Kafka

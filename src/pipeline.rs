@@ -31,7 +31,7 @@ use tokio::sync::watch;
 
 use crate::checkpoint::{now_ms, Checkpoint, Mark, Store, TxId, Watermark, CHECKPOINT_VERSION};
 use crate::config::Config;
-use crate::config::SnapshotMode;
+use crate::config::{SnapshotMode, SourceKind};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::publish::{Publisher, SourceRow};
@@ -40,7 +40,11 @@ use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::binlog::{BinlogReader, Change, ReaderSettings, TxStart};
 use crate::source::snapshot::{self, Overlap, Segment, SnapshotState};
-use crate::source::{ensure_position_available, preflight, server_info, start_position, ServerIdentity, SourceConn};
+use crate::source::{
+    ensure_position_available, preflight, server_info, start_position, ServerIdentity, SourceConn, SourceReader,
+};
+
+mod files;
 
 /// How long a graceful stop waits for the current transaction to finish and for acknowledgements.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -183,6 +187,9 @@ impl Pipeline {
 
     async fn run_once(&self, shutdown: &Shutdown) -> Result<()> {
         let config = &self.config;
+        if config.source.kind == SourceKind::Files {
+            return self.run_files(shutdown).await;
+        }
         let mut conn = self.source.connect().await?;
         let info = server_info(&mut conn).await?;
         let mut stored = self.store.load()?;
@@ -287,7 +294,9 @@ impl Pipeline {
             }
             None => None,
         };
-        let mut reader = BinlogReader::start(&self.source, &info, self.reader.clone(), start.position.clone()).await?;
+        let mut reader = SourceReader::Live(
+            BinlogReader::start(&self.source, &info, self.reader.clone(), start.position.clone()).await?,
+        );
         metrics().set_source_connected(true);
         tracing::info!(
             position = %start.position,
@@ -454,7 +463,7 @@ impl Pipeline {
     #[allow(clippy::too_many_arguments)] // the run's moving parts, each borrowed for the phase
     async fn stream(
         &self,
-        reader: &mut BinlogReader,
+        reader: &mut SourceReader,
         sink: &mut KafkaSink,
         publisher: &mut Publisher,
         watermark: &Watermark,
@@ -483,14 +492,18 @@ impl Pipeline {
                 }
                 _ = tick.tick() => checkpointer.flush()?,
                 change = reader.next() => match change? {
-                    Change::Begin(start) => {
+                    None => {
+                        tracing::info!("end of the binlog files: waiting for the last acknowledgements, then exiting");
+                        return Ok(());
+                    }
+                    Some(Change::Begin(start)) => {
                         if let Some(tx) = stream.current.replace(watermark.open()) {
                             watermark.abandon(tx);
                         }
                         stream.start = Some(start);
                         stream.row_index = 0;
                     }
-                    change @ (Change::Row(_) | Change::Undecodable(_)) => {
+                    Some(change @ (Change::Row(_) | Change::Undecodable(_))) => {
                         if let (Change::Row(row), Some(overlap), Some(start)) =
                             (&change, stream.overlap.as_mut(), stream.start.as_ref())
                         {
@@ -518,7 +531,7 @@ impl Pipeline {
                         }
                         crate::failpoint!("row_produced");
                     }
-                    Change::Commit { position, timestamp } => {
+                    Some(Change::Commit { position, timestamp }) => {
                         metrics().transaction_read(timestamp);
                         let tx = stream.current.take().unwrap_or_else(|| watermark.open());
                         if stream.overlap.as_ref().is_some_and(|o| o.expired(&position)) {

@@ -355,7 +355,7 @@ mod tests {
     }
 
     fn server(server_id: u32) -> ServerIdentity {
-        ServerIdentity { flavor: Flavor::MariaDb, server_id, server_uuid: None }
+        ServerIdentity { flavor: Flavor::MariaDb, server_id, server_uuid: None, binlog_files: false }
     }
 
     fn store_checkpoint(dir: &std::path::Path, server_id: u32, snapshot: Option<SnapshotState>) {

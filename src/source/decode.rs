@@ -8,10 +8,20 @@
 //! Values are decoded exactly: strings must be valid UTF-8 (utf8mb4 columns), `DATETIME(n)` keeps its
 //! `n` fractional digits and is never shifted by a time zone, MySQL's binary JSON is converted to JSON text
 //! and MariaDB's JSON (a LONGTEXT) is taken verbatim and validated by the router.
+//!
+//! # Binary JSON text
+//! MySQL's binary JSON is rendered the way MySQL itself prints it (what a `SELECT payload` and so the
+//! snapshot return), not the way mysql_common's `serde_json` conversion does: that conversion refuses
+//! *opaque* scalars (a DECIMAL, DATE, TIME or DATETIME stored inside JSON, e.g. by
+//! `JSON_OBJECT('amount', price)`), and its structured form prints DECIMAL as a string. Here DECIMAL is a
+//! JSON number with its exact digits (`9.00` stays `9.00`), dates and times are strings (`"2012-03-18"`,
+//! `"87:31:46.654321"`, `"2012-03-18 11:30:45.000000"`), other opaque values `"base64:type<N>:<data>"`.
+//! Object members come out sorted by key; JSON objects are unordered.
 
 use std::sync::Arc;
 
 use mysql_common::binlog::events::{OptionalMetaExtractor, RowsEventData, TableMapEvent};
+use mysql_common::binlog::jsonb::{JsonContainer, JsonDom, JsonNumber, JsonScalar};
 use mysql_common::binlog::value::BinlogValue;
 use mysql_common::constants::ColumnType;
 use mysql_common::value::Value;
@@ -281,15 +291,51 @@ fn json(slot: &mut Slot, column: &str) -> Result<Option<String>> {
             _ => unreachable!("matched above"),
         },
         BinlogValue::Jsonb(value) => {
-            let json = serde_json::Value::try_from(value.clone())
-                .map_err(|e| Error::definite(format!("column {column}: cannot convert binary JSON: {e}")))?;
-            Ok(Some(json.to_string()))
+            let dom = value
+                .clone()
+                .parse()
+                .map_err(|e| Error::definite(format!("column {column}: cannot read binary JSON: {e}")))?;
+            let mut out = String::new();
+            json_text(&dom, &mut out);
+            Ok(Some(out))
         }
         BinlogValue::JsonDiff(_) => Err(Error::definite(format!(
             "column {column} arrived as a partial JSON update; outbox rows must be inserted whole \
              (set binlog_row_value_options='')"
         ))),
         other => Err(unexpected(column, other)),
+    }
+}
+
+/// MySQL binary JSON as JSON text (see the module documentation).
+pub fn json_text(dom: &JsonDom, out: &mut String) {
+    let string = |s: &str, out: &mut String| out.push_str(&serde_json::Value::from(s).to_string());
+    match dom {
+        JsonDom::Container(JsonContainer::Array(items)) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                json_text(item, out);
+            }
+            out.push(']');
+        }
+        JsonDom::Container(JsonContainer::Object(members)) => {
+            out.push('{');
+            for (i, (key, value)) in members.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                string(key, out);
+                out.push(':');
+                json_text(value, out);
+            }
+            out.push('}');
+        }
+        JsonDom::Scalar(JsonScalar::Number(JsonNumber::Decimal(d))) => out.push_str(&d.to_string()),
+        // Everything else (strings, dates, opaque values, other numbers) converts without loss.
+        JsonDom::Scalar(scalar) => out.push_str(&serde_json::Value::from(scalar.clone()).to_string()),
     }
 }
 
