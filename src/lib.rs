@@ -22,6 +22,15 @@
 //! per-aggregate order. Every fault scenario of the test suite ends with it; the crash windows a random
 //! kill -9 would hit only by luck are hit on purpose through [`failpoint`]s (test builds only).
 //!
+//! # Poison rows
+//! A row that cannot become a valid record never stops the stream and is never skipped: it goes to a
+//! dead-letter topic and its aggregate is held until an operator releases it ([`quarantine`], [`release`]),
+//! so no consumer sees an aggregate's events out of order.
+//!
+//! # Operations
+//! [`metrics`] and [`http`] (`/metrics`, `/healthz`, `/readyz`), purge-risk monitoring
+//! ([`source::purge`]), [`replay`] and [`prune`].
+//!
 //! # Error model
 //! Every failure is transient (retry from the checkpoint) or definite (stop and tell the operator what to
 //! fix); see [`error`].
