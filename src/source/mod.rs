@@ -269,10 +269,11 @@ pub async fn ensure_position_available(conn: &mut Conn, position: &Position) -> 
     let purged_error = |detail: String| {
         Error::definite(format!(
             "the checkpointed position {position} is no longer in the server's binlogs ({detail}). Events \
-             committed after the checkpoint may be lost from the binlog. Way out: re-snapshot the outbox \
-             table into Kafka (stop the connector, move the state directory away, start with \
-             start_from = \"earliest\" or a snapshot), and raise binlog retention \
-             (binlog_expire_logs_seconds / expire_logs_days) so the connector's downtime fits in it"
+             committed after the checkpoint may be lost from the binlog; only the outbox table still has \
+             them. Way out: re-snapshot the table into Kafka (restart with snapshot.mode = \"when_needed\", \
+             or move the state directory away and start with snapshot.mode = \"initial\"), check the result \
+             with `outbox-cdc audit`, and raise binlog retention (binlog_expire_logs_seconds / \
+             expire_logs_days) so the connector's downtime fits in it"
         ))
     };
     match &position.gtids {
