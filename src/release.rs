@@ -39,6 +39,8 @@ pub struct ReleaseReport {
 }
 
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the dead-letter topic must stay silent after its reported end before the read is complete.
+const QUIET: Duration = Duration::from_secs(1);
 
 /// Releases the hold on one aggregate.
 ///
@@ -166,13 +168,14 @@ fn read_hold(config: &crate::config::KafkaConfig, topic: &str, hold_id: &str) ->
         let (low, high) = consumer
             .fetch_watermarks(topic, p, Duration::from_secs(10))
             .map_err(|e| classify_kafka(&e).context(format_args!("end offsets of {topic}")))?;
+        // Every partition is read, also one reported empty (see the NOTE below).
+        assignment.add_partition_offset(topic, p, Offset::Beginning).map_err(|e| classify_kafka(&e))?;
         if high > low {
-            assignment.add_partition_offset(topic, p, Offset::Beginning).map_err(|e| classify_kafka(&e))?;
             remaining += 1;
         }
         ends.push(high);
     }
-    if remaining == 0 {
+    if partitions == 0 {
         return Ok(Vec::new());
     }
     consumer.assign(&assignment).map_err(|e| classify_kafka(&e))?;
@@ -180,11 +183,21 @@ fn read_hold(config: &crate::config::KafkaConfig, topic: &str, hold_id: &str) ->
     let mut seen = HashSet::new();
     let mut letters = Vec::new();
     let deadline = Instant::now() + READ_TIMEOUT;
-    while remaining > 0 {
+    // NOTE: the end offsets are where reading may stop at the earliest; reading goes on until nothing more
+    // arrives for QUIET, because some brokers (Tansu's memory engine) report a partition's end too low, and
+    // a release that stopped early would lift the hold with held events never republished.
+    let mut quiet_since = Instant::now();
+    loop {
         if Instant::now() >= deadline {
             return Err(Error::transient(format!("reading {topic} did not reach its end within {READ_TIMEOUT:?}")));
         }
-        let Some(message) = consumer.poll(Duration::from_millis(200)) else { continue };
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            if remaining == 0 && quiet_since.elapsed() >= QUIET {
+                break;
+            }
+            continue;
+        };
+        quiet_since = Instant::now();
         let message = message.map_err(|e| classify_kafka(&e).context(format_args!("reading {topic}")))?;
         let p = message.partition() as usize;
         let header = |name: &str| {
