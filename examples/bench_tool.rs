@@ -101,6 +101,12 @@ enum Command {
         /// Also route each row into its Kafka record (JSON envelope, headers), still without Kafka.
         #[arg(long)]
         route: bool,
+        /// Only mysql_async's binlog stream (events framed and parsed by mysql_common), no ChangeDecoder:
+        /// from the first binlog to the server's current end. `--events` gives the rate's numerator.
+        #[arg(long)]
+        stream_only: bool,
+        #[arg(long, default_value_t = 0)]
+        events: u64,
     },
     /// Write business transactions at a fixed rate; report the achieved rate.
     Writer {
@@ -156,7 +162,7 @@ struct WriterArgs {
     rate: u64,
     #[arg(long)]
     seconds: u64,
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     connections: usize,
 }
 
@@ -175,7 +181,8 @@ async fn main() -> anyhow::Result<()> {
         Command::ProduceFloor { kafka, mysql_url, events, max_in_flight_bytes } => {
             produce_floor(&kafka, &mysql_url, events, max_in_flight_bytes).await
         }
-        Command::DecodeFloor { config, gtid, route } => decode_floor(&config, &gtid, route).await,
+        Command::DecodeFloor { config, stream_only: true, events, .. } => stream_floor(&config, events).await,
+        Command::DecodeFloor { config, gtid, route, .. } => decode_floor(&config, &gtid, route).await,
         Command::Writer { writer } => {
             let clock = Clock::new();
             let log = Arc::new(CommitLog::new((writer.rate * writer.seconds) as usize + 1));
@@ -544,6 +551,45 @@ async fn decode_floor(config_path: &std::path::Path, gtid: &str, route: bool) ->
     Ok(())
 }
 
+/// The transport and event-parsing floor: mysql_async's binlog stream alone (MariaDB only), from the first
+/// binlog file to the end coordinate the server reports at start.
+async fn stream_floor(config_path: &std::path::Path, events: u64) -> anyhow::Result<()> {
+    use futures_util::StreamExt;
+    let config = Config::load(config_path).map_err(err)?;
+    let source = SourceConn::from_config(&config).map_err(err)?;
+    let mut conn = source.connect().await.map_err(err)?;
+    let logs: Vec<(String, u64)> = conn.query("SHOW BINARY LOGS").await?;
+    let (first, _) = logs.first().cloned().ok_or_else(|| anyhow!("no binlogs"))?;
+    let status: mysql_async::Row = conn.query_first("SHOW MASTER STATUS").await?.ok_or_else(|| anyhow!("binlog off"))?;
+    let (end_file, end_pos): (String, u64) =
+        (status.get(0).ok_or_else(|| anyhow!("no File"))?, status.get(1).ok_or_else(|| anyhow!("no Position"))?);
+    conn.query_drop("SET @mariadb_slave_capability = 4").await?;
+    let cpu0 = cpu_seconds("self")?;
+    let start = Instant::now();
+    let request = mysql_async::BinlogStreamRequest::new(config.source.server_id + 200).with_filename(first.as_bytes()).with_pos(4);
+    let mut stream = conn.get_binlog_stream(request).await?;
+    let (mut n, mut bytes, mut file) = (0u64, 0u64, first.clone());
+    while let Some(event) = stream.next().await {
+        let event = event?;
+        n += 1;
+        bytes += u64::from(event.header().event_size());
+        if let Ok(Some(mysql_common::binlog::events::EventData::RotateEvent(r))) = event.read_data() {
+            file = String::from_utf8_lossy(r.name_raw()).into_owned();
+        }
+        if file.starts_with(&end_file) && u64::from(event.header().log_pos()) >= end_pos {
+            break;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu_s = cpu_seconds("self")? - cpu0;
+    println!(
+        "{}",
+        json!({ "events": events, "binlog_events": n, "binlog_bytes": bytes, "seconds": seconds,
+                "events_per_s": events as f64 / seconds, "cpu_s": cpu_s })
+    );
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Clock and per-sequence time logs
 
@@ -657,22 +703,11 @@ async fn write_steadily(args: &WriterArgs, clock: &Clock, log: Arc<CommitLog>) -
     Ok(WriterReport { committed: total, achieved_rate: total as f64 / elapsed })
 }
 
-/// One business transaction in one round trip, ending with the GTID it committed as.
+/// One business transaction in one round trip: `shop.write_event` (created by scripts/bench) inserts the
+/// orders row and the outbox row, commits, and returns `@@last_gtid`. A procedure rather than the SQL text
+/// because the server parses a procedure once per connection: the writer must not be what limits the rate.
 fn business_tx_sql(seq: u64) -> String {
-    let id = seq_id(seq);
-    let aggregate = seq % 10_000;
-    format!(
-        "START TRANSACTION;\
-         INSERT INTO shop.orders (customer, amount, created_at) VALUES ('customer-{seq}', 19.99, NOW(6));\
-         INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, payload, headers, occurred_at, next_attempt_at) \
-         VALUES ('{id}', 'order', 'order-{aggregate}', 'OrderCreated', 1, \
-         JSON_OBJECT('order_id', LAST_INSERT_ID(), 'customer', '张三', 'note', '请尽快发货，谢谢！这是一个测试订单。', \
-           'items', JSON_ARRAY(JSON_OBJECT('sku', 'SKU-123456', 'qty', 2, 'price', '19.99'), JSON_OBJECT('sku', 'SKU-654321', 'qty', 1, 'price', '5.50')), \
-           'total', '45.48', 'currency', 'CNY'), \
-         JSON_OBJECT('traceparent', '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'), NOW(6), NOW(6));\
-         COMMIT;\
-         SELECT @@last_gtid"
-    )
+    format!("CALL shop.write_event('{}', {seq})", seq_id(seq))
 }
 
 // ---------------------------------------------------------------------------------------------------------
