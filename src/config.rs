@@ -32,6 +32,9 @@ pub struct Config {
     /// The operations endpoint (`/metrics`, `/healthz`, `/readyz`) and purge-risk monitoring.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// `outbox-cdc prune`: deleting published outbox rows.
+    #[serde(default)]
+    pub prune: PruneConfig,
 }
 
 /// `[metrics]`: the HTTP operations endpoint and purge-risk monitoring.
@@ -75,6 +78,55 @@ fn default_purge_check_interval_ms() -> u64 {
 
 fn default_purge_warn_ratio() -> f64 {
     0.5
+}
+
+/// `[prune]`: how `outbox-cdc prune` deletes rows whose events the connector has checkpointed.
+///
+/// The proof that a row was delivered is read through the `[source]` connection (the replication user
+/// has what it needs); only the `DELETE`s use these credentials, so the replication user never needs
+/// `DELETE` on the outbox table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PruneConfig {
+    /// Server to delete on. Default: `source.host`. Set it to the primary when `[source]` is a replica
+    /// (deletes on a replica would make it diverge, or fail on a `read_only` server).
+    #[serde(default)]
+    pub host: Option<String>,
+    /// TCP port of `host`. Default: `source.port`.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// User with `DELETE` (and `SELECT`) on the outbox table(s). Default: `source.user` with the source
+    /// password; when set, `password` or `password_env` must be set too.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Password of `user` in clear. Prefer `password_env`.
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// Name of an environment variable holding the password of `user`; an error if named but not set.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// Rows deleted per `DELETE` statement (one short transaction each). Small batches keep row locks,
+    /// undo and binlog events small and let replicas keep up. Between 1 and 100000.
+    #[serde(default = "default_prune_batch_rows")]
+    pub batch_rows: usize,
+    /// Pause after each batch, in milliseconds, so that the server, its replicas and the connector (which
+    /// reads every DELETE from the binlog and ignores it) are not flooded. 0 = no pause.
+    #[serde(default = "default_prune_pause_ms")]
+    pub pause_ms: u64,
+}
+
+impl Default for PruneConfig {
+    fn default() -> Self {
+        PruneConfig {
+            host: None,
+            port: None,
+            user: None,
+            password: None,
+            password_env: None,
+            batch_rows: default_prune_batch_rows(),
+            pause_ms: default_prune_pause_ms(),
+        }
+    }
 }
 
 /// `[snapshot]`: rows that exist before the connector's first start.
@@ -137,16 +189,41 @@ pub enum SnapshotLock {
     Global,
 }
 
-/// `[source]`: the database server, ideally a replica.
+/// `[source]`: the database server, ideally a replica — or binlog files on disk.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
-    /// Host name or IP address of the server.
+    /// "server" (default: stream from a live server over the replication protocol) or "files" (read binlog
+    /// files from disk — `binlog_dir` or `binlog_files` — publish what they hold after the checkpoint or
+    /// `start_after`, then exit 0 once everything is acknowledged and checkpointed). With "files" the
+    /// connection settings (`host`, `user`, `server_id`, …) are not used and `[snapshot] mode` must be
+    /// "never".
+    #[serde(default)]
+    pub kind: SourceKind,
+    /// `kind = "files"`: a directory; every file in it that starts with the binlog magic bytes is read, in
+    /// binlog index order (`mysql-bin.000009` before `mysql-bin.000010`). Other files (the `.index`) are
+    /// ignored.
+    #[serde(default)]
+    pub binlog_dir: Option<PathBuf>,
+    /// `kind = "files"`: the binlog files to read (instead of `binlog_dir`); read in binlog index order
+    /// whatever order they are listed in. A file that is not a binlog is an error.
+    #[serde(default)]
+    pub binlog_files: Vec<PathBuf>,
+    /// `kind = "files"`, first run only (a checkpoint takes precedence): transactions already published,
+    /// which are skipped — a MySQL GTID set (`uuid:1-100`) or a MariaDB GTID position (`0-1-100`), the way
+    /// a replica's `gtid_executed` / `gtid_slave_pos` reads. Default: publish everything after the first
+    /// file's PREVIOUS_GTIDS / GTID_LIST.
+    #[serde(default)]
+    pub start_after: Option<String>,
+    /// Host name or IP address of the server. Required with `kind = "server"`.
+    #[serde(default)]
     pub host: String,
     /// TCP port. Default 3306.
     #[serde(default = "default_port")]
     pub port: u16,
     /// User with REPLICATION SLAVE, REPLICATION CLIENT (MariaDB: BINLOG MONITOR) and SELECT on the outbox.
+    /// Required with `kind = "server"`.
+    #[serde(default)]
     pub user: String,
     /// Password in clear. Prefer `password_env`.
     #[serde(default)]
@@ -156,7 +233,8 @@ pub struct SourceConfig {
     #[serde(default)]
     pub password_env: Option<String>,
     /// Replication client id; must be unique among all replicas and CDC clients of the server
-    /// (a duplicate makes the server disconnect the older client).
+    /// (a duplicate makes the server disconnect the older client). Required with `kind = "server"`.
+    #[serde(default)]
     pub server_id: u32,
     /// TLS to the server: "disabled", "required" (encrypt, do not verify) or "verify_identity".
     #[serde(default)]
@@ -186,6 +264,17 @@ pub struct SourceConfig {
     /// Upper bound of the reconnect delay.
     #[serde(default = "default_backoff_max_ms")]
     pub reconnect_max_backoff_ms: u64,
+}
+
+/// Where change events come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// A live server, over the replication protocol.
+    #[default]
+    Server,
+    /// Binlog files on disk.
+    Files,
 }
 
 /// TLS mode of the database connection.
@@ -502,6 +591,12 @@ fn default_state_dir() -> PathBuf {
 fn default_checkpoint_interval_ms() -> u64 {
     1_000
 }
+fn default_prune_batch_rows() -> usize {
+    1_000
+}
+fn default_prune_pause_ms() -> u64 {
+    100
+}
 
 /// librdkafka properties the connector owns: the delivery guarantee depends on them.
 const PINNED_PROPERTIES: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
@@ -532,7 +627,8 @@ impl Config {
         if self.source.password.is_some() && self.source.password_env.is_some() {
             return Err(Error::definite("set either source.password or source.password_env, not both"));
         }
-        if self.source.server_id == 0 {
+        self.validate_source_kind()?;
+        if self.source.kind == SourceKind::Server && self.source.server_id == 0 {
             return Err(Error::definite("source.server_id must be a non-zero id unique among the server's replicas"));
         }
         if self.source.tls != TlsMode::VerifyIdentity && self.source.tls_ca_file.is_some() {
@@ -589,6 +685,59 @@ impl Config {
         }
         if self.source.heartbeat_interval_ms == 0 || self.source.heartbeat_interval_ms > 4_294_967 {
             return Err(Error::definite("source.heartbeat_interval_ms must be between 1 and 4294967"));
+        }
+        if !(1..=100_000).contains(&self.prune.batch_rows) {
+            return Err(Error::definite("prune.batch_rows must be between 1 and 100000"));
+        }
+        if self.prune.password.is_some() && self.prune.password_env.is_some() {
+            return Err(Error::definite("set either prune.password or prune.password_env, not both"));
+        }
+        if self.prune.user.is_none() && (self.prune.password.is_some() || self.prune.password_env.is_some()) {
+            return Err(Error::definite(
+                "prune.password/password_env need prune.user (the default is the source user)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_source_kind(&self) -> Result<()> {
+        let source = &self.source;
+        match source.kind {
+            SourceKind::Server => {
+                if source.binlog_dir.is_some() || !source.binlog_files.is_empty() || source.start_after.is_some() {
+                    return Err(Error::definite(
+                        "source.binlog_dir, source.binlog_files and source.start_after apply only with \
+                         source.kind = \"files\"",
+                    ));
+                }
+                if source.host.is_empty() || source.user.is_empty() {
+                    return Err(Error::definite("source.host and source.user are required (source.kind = \"server\")"));
+                }
+            }
+            SourceKind::Files => {
+                if source.binlog_dir.is_some() != source.binlog_files.is_empty() {
+                    return Err(Error::definite(
+                        "source.kind = \"files\" needs exactly one of source.binlog_dir (a directory) or \
+                         source.binlog_files (a list of files)",
+                    ));
+                }
+                if self.snapshot.mode != SnapshotMode::Never {
+                    return Err(Error::definite(
+                        "source.kind = \"files\" reads only what the binlog files hold; there is no table to \
+                         snapshot. Set [snapshot] mode = \"never\"",
+                    ));
+                }
+                if let Some(after) = &source.start_after {
+                    let mysql = after.parse::<crate::position::mysql::GtidSet>();
+                    let mariadb = after.parse::<crate::position::mariadb::GtidPos>();
+                    if let (Err(a), Err(b)) = (mysql, mariadb) {
+                        return Err(Error::definite(format!(
+                            "source.start_after = {after:?} is neither a MySQL GTID set ({a}) nor a MariaDB \
+                             GTID position ({b})"
+                        )));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -700,6 +849,59 @@ mod tests {
     fn bad_topic_template_is_rejected() {
         let text = format!("{}\ntopic = \"x.${{nope}}\"\n", MINIMAL.trim_end());
         assert!(Config::parse(&text).unwrap_err().to_string().contains("nope"));
+    }
+
+    const FILES: &str = r#"
+        [source]
+        kind = "files"
+        binlog_dir = "/backup/binlogs"
+        [outbox]
+        table = "shop.outbox_events"
+        [kafka]
+        bootstrap_servers = "127.0.0.1:9092"
+        [snapshot]
+        mode = "never"
+    "#;
+
+    /// `kind = "files"` needs no connection settings, exactly one of binlog_dir/binlog_files, no snapshot, and
+    /// a start_after of either GTID kind; the files keys are rejected with a live server.
+    #[test]
+    fn files_source_settings_are_validated() {
+        let c = Config::parse(FILES).unwrap();
+        assert_eq!(c.source.kind, SourceKind::Files);
+        let cases: &[(&str, &str, Option<&str>)] = &[
+            ("binlog_dir = \"/backup/binlogs\"", "binlog_files = [\"/b/mysql-bin.000001\"]", None),
+            ("binlog_dir = \"/backup/binlogs\"", "", Some("exactly one of")),
+            ("binlog_dir = \"/backup/binlogs\"", "binlog_dir = \"/b\"\nbinlog_files = [\"/b/x\"]", Some("exactly one")),
+            ("mode = \"never\"", "mode = \"initial\"", Some("no table to snapshot")),
+            ("kind = \"files\"", "kind = \"files\"\nstart_after = \"0-1-100\"", None),
+            ("kind = \"files\"", "kind = \"files\"\nstart_after = \"3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5\"", None),
+            ("kind = \"files\"", "kind = \"files\"\nstart_after = \"yesterday\"", Some("neither a MySQL GTID set")),
+        ];
+        for (from, to, error) in cases {
+            let result = Config::parse(&FILES.replace(from, to));
+            match error {
+                None => assert!(result.is_ok(), "{to}: {result:?}"),
+                Some(e) => assert!(result.unwrap_err().to_string().contains(e), "{to}"),
+            }
+        }
+        let live = MINIMAL.replace("server_id = 5401", "server_id = 5401\nbinlog_dir = \"/b\"");
+        assert!(Config::parse(&live).unwrap_err().to_string().contains("only with"));
+        let no_host = MINIMAL.replace("host = \"127.0.0.1\"", "");
+        assert!(Config::parse(&no_host).unwrap_err().to_string().contains("source.host"));
+    }
+
+    #[test]
+    fn prune_section_defaults_to_the_source_and_validates() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!((c.prune.batch_rows, c.prune.pause_ms, c.prune.user.as_deref()), (1_000, 100, None));
+        let with = |section: &str| Config::parse(&format!("{MINIMAL}\n[prune]\n{section}\n"));
+        let c = with("user = \"pruner\"\npassword_env = \"PW\"\nbatch_rows = 50\npause_ms = 0").unwrap();
+        assert_eq!((c.prune.user.as_deref(), c.prune.batch_rows, c.prune.pause_ms), (Some("pruner"), 50, 0));
+        for bad in ["batch_rows = 0", "password = \"x\"", "user = \"u\"\npassword = \"x\"\npassword_env = \"PW\""] {
+            assert!(with(bad).is_err(), "{bad}");
+        }
+        assert!(with("bogus = 1").unwrap_err().to_string().contains("bogus"));
     }
 
     #[test]

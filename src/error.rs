@@ -131,10 +131,11 @@ pub fn classify_mysql(err: &mysql_async::Error) -> Error {
             match server.code {
                 FATAL_READING_BINLOG | PURGED_REQUIRED_GTIDS => Error::definite(format!(
                     "{text}. The binlog no longer holds the position this connector needs (purged, or the \
-                     server's history diverged). Events written since the checkpoint may be gone from the \
-                     binlog: re-snapshot the outbox table (delete the state directory, or use \
-                     snapshot.mode = \"when_needed\" once available) and raise the server's binlog retention \
-                     (binlog_expire_logs_seconds / expire_logs_days)"
+                     server's history diverged: RESET MASTER, a restored backup, another server). Events written \
+                     since the checkpoint may be gone from the binlog: re-snapshot the outbox table (move the \
+                     state directory away, or use snapshot.mode = \"when_needed\") and raise the server's binlog \
+                     retention (binlog_expire_logs_seconds / expire_logs_days); check the result with \
+                     `outbox-cdc audit`"
                 )),
                 ACCESS_DENIED => Error::definite(format!("{text}. Check source.user and the password")),
                 DB_ACCESS_DENIED | TABLE_ACCESS_DENIED | SPECIFIC_ACCESS_DENIED => Error::definite(format!(

@@ -5,7 +5,8 @@
 //! decodes the inserts into the outbox table, routes each to a Kafka topic keyed by aggregate id, and
 //! stores its binlog position only after Kafka has acknowledged every event up to it.
 //!
-//! See [`pipeline`] for the data flow.
+//! See [`pipeline`] for the data flow. The same path also reads binlog files from disk instead of a server
+//! (`[source] kind = "files"`, [`source::files`]) for forensics and disaster recovery.
 //!
 //! # Delivery guarantee
 //! - **No loss**: the checkpoint ([`checkpoint`]) is the end of the newest source transaction that Kafka
@@ -16,22 +17,40 @@
 //! - **Per-aggregate order**: events of one aggregate go to one partition (key = aggregate id, murmur2), in
 //!   commit order, kept across retries by the idempotent producer. There is no order across aggregates.
 //!
+//! # Checking the promise
+//! [`audit`] (`outbox-cdc audit`) compares the outbox table with the routed topics: missing ids, duplicates,
+//! per-aggregate order. Every fault scenario of the test suite ends with it; the crash windows a random
+//! kill -9 would hit only by luck are hit on purpose through [`failpoint`]s (test builds only).
+//!
+//! # Poison rows
+//! A row that cannot become a valid record never stops the stream and is never skipped: it goes to a
+//! dead-letter topic and its aggregate is held until an operator releases it ([`quarantine`], [`release`]),
+//! so no consumer sees an aggregate's events out of order.
+//!
+//! # Operations
+//! [`metrics`] and [`http`] (`/metrics`, `/healthz`, `/readyz`), purge-risk monitoring
+//! ([`source::purge`]), [`replay`] and [`prune`].
+//!
 //! # Error model
 //! Every failure is transient (retry from the checkpoint) or definite (stop and tell the operator what to
 //! fix); see [`error`].
 
 pub mod app;
+pub mod audit;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod failpoint;
 pub mod http;
 pub mod metrics;
 pub mod pipeline;
 pub mod position;
 pub mod progress;
+pub mod prune;
 pub mod publish;
 pub mod quarantine;
 pub mod release;
+pub mod replay;
 pub mod router;
 pub mod sink;
 pub mod source;

@@ -3,14 +3,18 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use outbox_cdc::app::{self, RunOptions};
+use outbox_cdc::audit::{AuditOptions, EXIT_AUDIT_FAILED};
 use outbox_cdc::checkpoint::Store;
-use outbox_cdc::config::Config;
+use outbox_cdc::config::{Config, SourceKind};
 use outbox_cdc::error::{Error, EXIT_DEFINITE};
 use outbox_cdc::pipeline::Shutdown;
+use outbox_cdc::prune::{self, PruneOptions};
 use outbox_cdc::release;
+use outbox_cdc::replay::{self, ReplayOptions};
 use outbox_cdc::source::{self, preflight, SourceConn};
 
 #[derive(Debug, Parser)]
@@ -44,6 +48,32 @@ enum Command {
     /// Check the server's settings, privileges and the outbox table; exit 0 when all is well, 2 for a
     /// configuration or server problem, 3 when the server cannot be reached.
     Check,
+    /// Compare the outbox table with what Kafka holds: ids missing from Kafka, duplicated ids, per-aggregate
+    /// order violations, records the table does not have. Exit 0 when nothing is missing or out of order,
+    /// 1 when something is, 2/3 when the audit itself could not run. See docs/RUNBOOK.md.
+    Audit {
+        /// Only rows with occurred_at >= this DATETIME (e.g. "2026-11-30 10:00:00").
+        #[arg(long)]
+        since: Option<String>,
+        /// Only rows with occurred_at < this DATETIME.
+        #[arg(long)]
+        until: Option<String>,
+        /// Only rows matching this SQL condition on the outbox table.
+        #[arg(long = "where")]
+        condition: Option<String>,
+        /// Read this topic instead of the routed ones (repeatable).
+        #[arg(long = "topic")]
+        topics: Vec<String>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// At most this many ids in each list of the report (counts are always complete).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Directory for the temporary spill file (about 150 bytes per row).
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+    },
     /// Print position, lag, purge risk, snapshot progress, quarantined aggregates and the last error
     /// (works while the connector runs).
     Status {
@@ -55,6 +85,47 @@ enum Command {
     Quarantine {
         #[command(subcommand)]
         action: QuarantineAction,
+    },
+    /// Re-publish outbox rows still in the table to separate replay topics, rate limited. Does not touch
+    /// the connector's checkpoint; records carry the header `replay: true`.
+    Replay {
+        /// Only rows with occurred_at at or after this (e.g. "2026-11-30 12:00:00").
+        #[arg(long)]
+        since: Option<String>,
+        /// Only rows with occurred_at before this.
+        #[arg(long)]
+        until: Option<String>,
+        /// Only this aggregate type.
+        #[arg(long)]
+        aggregate_type: Option<String>,
+        /// Only this aggregate id.
+        #[arg(long)]
+        aggregate_id: Option<String>,
+        /// Appended to each row's routed topic.
+        #[arg(long, default_value = replay::DEFAULT_TOPIC_SUFFIX)]
+        topic_suffix: String,
+        /// Send every replayed record to this one topic instead.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Records per second, at most.
+        #[arg(long, default_value_t = 1000)]
+        rate: u32,
+        /// Read and count, produce nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete outbox rows older than the retention window whose events the connector's checkpoint proves
+    /// delivered, in batches ([prune] batch_rows, pause_ms).
+    Prune {
+        /// Retention window, e.g. 7d, 36h, 90m (against the server's UTC_TIMESTAMP).
+        #[arg(long, value_parser = parse_age)]
+        older_than: Duration,
+        /// How long to wait for a running connector's checkpoint to reach the server's position.
+        #[arg(long, value_parser = parse_age, default_value = "30s")]
+        wait: Duration,
+        /// Count the rows that would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -77,6 +148,10 @@ enum QuarantineAction {
         #[arg(long)]
         skip_poison: bool,
     },
+}
+
+fn parse_age(text: &str) -> Result<Duration, String> {
+    prune::parse_age(text).map_err(|e| e.to_string())
 }
 
 fn init_tracing(format: LogFormat) {
@@ -123,6 +198,45 @@ fn main() -> ExitCode {
                 );
                 Ok(())
             }
+            Command::Replay { since, until, aggregate_type, aggregate_id, topic_suffix, topic, rate, dry_run } => {
+                let options = ReplayOptions {
+                    since,
+                    until,
+                    aggregate_type,
+                    aggregate_id,
+                    topic_suffix,
+                    topic,
+                    rate_per_sec: rate,
+                    dry_run,
+                };
+                let report = replay::replay(&config, &options).await?;
+                let verb = if dry_run { "would replay" } else { "replayed" };
+                let topics: Vec<&str> = report.topics.iter().map(String::as_str).collect();
+                println!("{verb} {} record(s), {} bytes, to {}", report.rows, report.bytes, topics.join(", "));
+                Ok(())
+            }
+            Command::Prune { older_than, wait, dry_run } => {
+                let report = prune::prune(&config, &PruneOptions { older_than, wait, dry_run }).await?;
+                let verb = if dry_run { "would delete" } else { "deleted" };
+                println!(
+                    "{verb} {} row(s) with occurred_at < {} (UTC) in {} batch(es); the checkpoint {} covers the \
+                     server's position {}",
+                    report.rows_deleted, report.cutoff, report.batches, report.checkpoint, report.view
+                );
+                Ok(())
+            }
+            Command::Audit { since, until, condition, topics, json, limit, work_dir } => {
+                let opts = AuditOptions {
+                    since,
+                    until,
+                    r#where: condition,
+                    topics,
+                    list_limit: limit,
+                    work_dir,
+                    ..Default::default()
+                };
+                audit(&config, &opts, json).await
+            }
         }
     });
     match result {
@@ -154,6 +268,9 @@ async fn run(config: Config, options: RunOptions) -> Result<(), Error> {
 }
 
 async fn check(config: &Config) -> Result<(), Error> {
+    if config.source.kind == SourceKind::Files {
+        return check_files(config);
+    }
     let source = SourceConn::from_config(config)?;
     let mut conn = source.connect().await?;
     let info = source::server_info(&mut conn).await?;
@@ -171,12 +288,75 @@ async fn check(config: &Config) -> Result<(), Error> {
     Ok(())
 }
 
+/// `check` for `source.kind = "files"`: every file is a complete binlog (the last may end in an incomplete
+/// transaction, which is reported), and where a run would start.
+fn check_files(config: &Config) -> Result<(), Error> {
+    let files = source::files::list_files(config)?;
+    let mut failed = 0;
+    for (i, path) in files.iter().enumerate() {
+        match source::files::scan(path) {
+            Ok(scan) => {
+                let state = match &scan.tail {
+                    None => "complete".to_string(),
+                    Some(tail) if i + 1 == files.len() => {
+                        format!(
+                            "last complete transaction ends at {} of {} bytes ({tail})",
+                            scan.complete_end, scan.len
+                        )
+                    }
+                    Some(tail) => {
+                        failed += 1;
+                        format!("DAMAGED: {tail} after offset {} (later files follow)", scan.complete_end)
+                    }
+                };
+                println!(
+                    "{}: {} server_id={}: {state}",
+                    path.display(),
+                    scan.header.server_version,
+                    scan.header.server_id
+                );
+                if i == 0 {
+                    let start =
+                        source::files::start_position(path, &scan.header, config.source.start_after.as_deref())?;
+                    println!("start without checkpoint: after {start}");
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                println!("{}: {e}", path.display());
+            }
+        }
+    }
+    if let Some(cp) = Store::read_only(&config.state.dir)? {
+        println!("checkpoint: {} ({})", cp.position, preflight::describe_identity(&cp.server));
+    }
+    if failed > 0 {
+        println!("{failed} file(s) failed");
+        std::process::exit(EXIT_DEFINITE);
+    }
+    println!("all files readable");
+    Ok(())
+}
+
 fn quarantine_list(config: &Config, json: bool) -> Result<(), Error> {
     let holds = Store::inspect(&config.state.dir)?.map(|i| i.holds).unwrap_or_default();
     if json {
         println!("{}", serde_json::to_string_pretty(&holds).expect("serializes"));
     } else {
         print!("{}", release::describe(&holds));
+    }
+    Ok(())
+}
+
+async fn audit(config: &Config, opts: &AuditOptions, json: bool) -> Result<(), Error> {
+    let report = outbox_cdc::audit::run(config, opts).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("serializes"));
+    } else {
+        println!("{report}");
+    }
+    if !report.passed() {
+        std::process::exit(EXIT_AUDIT_FAILED);
     }
     Ok(())
 }
@@ -207,7 +387,9 @@ async fn status(config: &Config, json: bool) -> Result<(), Error> {
         }
         None => println!("last committed:  (no transaction checkpointed yet)"),
     }
-    println!("purge risk:      {}", purge_risk(config, cp, now_s).await);
+    if config.source.kind == SourceKind::Server {
+        println!("purge risk:      {}", purge_risk(config, cp, now_s).await);
+    }
     if let Some(snapshot) = &cp.snapshot {
         if snapshot.done && snapshot.segments.len() == 1 {
             println!("snapshot:        done ({} rows)", snapshot.rows_done);

@@ -1,9 +1,9 @@
 //! Telemetry as a contract: every metric name is a constant in [`names`], documented in the README, and
-//! `tests/ops_metrics.rs` asserts that `/metrics` exposes each of them.
+//! `tests/operate.rs` asserts that `/metrics` exposes each of them.
 //!
 //! One process-wide [`Metrics`] ([`metrics()`]) is updated where things happen (reader, router, sink
-//! callbacks, checkpointer) and rendered by the HTTP endpoint ([`crate::http`]). Updates are atomics, plus
-//! one label lookup where a metric has a label.
+//! callbacks, checkpointer) and rendered by the HTTP endpoint ([`crate::http`]). Updates are atomics; a
+//! labelled series is found through a read-locked `&str` map, so the per-event path does not allocate.
 //!
 //! # Labels
 //! `topic`, `partition`, `aggregate_type` and error `kind` only: all bounded by configuration and schema.
@@ -13,8 +13,9 @@
 //! Lag and age gauges are computed when scraped from the timestamps recorded here, so they keep growing
 //! while the pipeline is stuck instead of freezing at the last value it reported.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -171,6 +172,38 @@ pub struct Metrics {
     failed: AtomicBool,
     /// The last error that stopped or restarted the pipeline, for `/readyz` and logs.
     last_error: Mutex<Option<String>>,
+    /// Per-topic handles, looked up by `&str` so the per-event path allocates nothing.
+    topics: Handles<TopicHandles>,
+    /// Per-aggregate-type latency histograms, likewise.
+    latencies: Handles<Histogram>,
+}
+
+/// Handles of one topic's series.
+#[derive(Clone)]
+struct TopicHandles {
+    read: Counter,
+    produced: Counter,
+    acknowledged: Counter,
+    /// By partition number.
+    partitions: Arc<RwLock<Vec<Option<Counter>>>>,
+}
+
+/// Metric handles by label value: a read lock and a `&str` lookup on the hot path; the family lookup (which
+/// allocates the label) happens once per label value.
+struct Handles<T>(RwLock<HashMap<String, T>>);
+
+impl<T: Clone> Handles<T> {
+    fn new() -> Self {
+        Handles(RwLock::new(HashMap::new()))
+    }
+
+    fn get(&self, key: &str, create: impl FnOnce() -> T) -> T {
+        if let Some(h) = self.0.read().unwrap_or_else(|p| p.into_inner()).get(key) {
+            return h.clone();
+        }
+        let mut map = self.0.write().unwrap_or_else(|p| p.into_inner());
+        map.entry(key.to_string()).or_insert_with(create).clone()
+    }
 }
 
 static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -240,6 +273,8 @@ impl Metrics {
             broker_connected: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             last_error: Mutex::new(None),
+            topics: Handles::new(),
+            latencies: Handles::new(),
         }
     }
 
@@ -263,12 +298,24 @@ impl Metrics {
 
     /// One event read from the source, routed to `topic`.
     pub fn event_read(&self, topic: &str) {
-        inc(&self.events_read, topic);
+        self.topic(topic).read.inc();
+    }
+
+    fn topic(&self, topic: &str) -> TopicHandles {
+        self.topics.get(topic, || {
+            let label = TopicLabel { topic: topic.to_string() };
+            TopicHandles {
+                read: self.events_read.get_or_create_owned(&label),
+                produced: self.events_produced.get_or_create_owned(&label),
+                acknowledged: self.events_acknowledged.get_or_create_owned(&label),
+                partitions: Arc::new(RwLock::new(Vec::new())),
+            }
+        })
     }
 
     /// One record handed to the producer.
     pub fn event_produced(&self, topic: &str, bytes: usize) {
-        inc(&self.events_produced, topic);
+        self.topic(topic).produced.inc();
         self.bytes_in_flight.inc_by(bytes as i64);
         self.records_in_flight.inc();
     }
@@ -281,12 +328,30 @@ impl Metrics {
 
     /// Kafka acknowledged one record; `occurred_at_ms` is the row's `occurred_at` for streamed rows.
     pub fn event_acknowledged(&self, topic: &str, partition: i32, aggregate_type: &str, occurred_at_ms: Option<i64>) {
-        inc(&self.events_acknowledged, topic);
-        self.partition_events.get_or_create(&PartitionLabel { topic: topic.to_string(), partition }).inc();
+        let handles = self.topic(topic);
+        handles.acknowledged.inc();
+        if let Ok(index) = usize::try_from(partition) {
+            let known = handles.partitions.read().unwrap_or_else(|p| p.into_inner()).get(index).cloned().flatten();
+            let counter = known.unwrap_or_else(|| {
+                let mut slots = handles.partitions.write().unwrap_or_else(|p| p.into_inner());
+                if slots.len() <= index {
+                    slots.resize(index + 1, None);
+                }
+                slots[index]
+                    .get_or_insert_with(|| {
+                        self.partition_events
+                            .get_or_create_owned(&PartitionLabel { topic: topic.to_string(), partition })
+                    })
+                    .clone()
+            });
+            counter.inc();
+        }
         if let Some(at) = occurred_at_ms {
             let seconds = (now_ms() as i64 - at).max(0) as f64 / 1000.0;
-            let label = AggregateTypeLabel { aggregate_type: aggregate_type.to_string() };
-            self.latency.get_or_create(&label).observe(seconds);
+            let histogram = self.latencies.get(aggregate_type, || {
+                self.latency.get_or_create_owned(&AggregateTypeLabel { aggregate_type: aggregate_type.to_string() })
+            });
+            histogram.observe(seconds);
         }
     }
 
@@ -424,12 +489,6 @@ pub fn parse_occurred_at_ms(text: &str) -> Option<i64> {
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = era * 146_097 + doe - 719_468;
     Some(((days * 24 + h) * 60 + mi) * 60_000 + s * 1000 + millis)
-}
-
-fn inc(family: &Family<TopicLabel, Counter>, topic: &str) {
-    // NOTE: a read-locked lookup; the label String is only allocated here, once per call. Topics are few,
-    // and this keeps call sites simple.
-    family.get_or_create(&TopicLabel { topic: topic.to_string() }).inc();
 }
 
 fn help(name: &str) -> &'static str {

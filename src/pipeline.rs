@@ -31,7 +31,7 @@ use tokio::sync::watch;
 
 use crate::checkpoint::{now_ms, Checkpoint, Mark, Store, TxId, Watermark, CHECKPOINT_VERSION};
 use crate::config::Config;
-use crate::config::SnapshotMode;
+use crate::config::{SnapshotMode, SourceKind};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::publish::{Publisher, SourceRow};
@@ -40,7 +40,11 @@ use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::binlog::{BinlogReader, Change, ReaderSettings, TxStart};
 use crate::source::snapshot::{self, Overlap, Segment, SnapshotState};
-use crate::source::{ensure_position_available, preflight, server_info, start_position, ServerIdentity, SourceConn};
+use crate::source::{
+    ensure_position_available, preflight, server_info, start_position, ServerIdentity, SourceConn, SourceReader,
+};
+
+mod files;
 
 /// How long a graceful stop waits for the current transaction to finish and for acknowledgements.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -132,6 +136,7 @@ impl Checkpointer {
         if self.saved.as_ref() == Some(&mark) {
             return Ok(());
         }
+        crate::failpoint!("ack_before_checkpoint");
         self.save_now(mark)
     }
 
@@ -182,6 +187,9 @@ impl Pipeline {
 
     async fn run_once(&self, shutdown: &Shutdown) -> Result<()> {
         let config = &self.config;
+        if config.source.kind == SourceKind::Files {
+            return self.run_files(shutdown).await;
+        }
         let mut conn = self.source.connect().await?;
         let info = server_info(&mut conn).await?;
         let mut stored = self.store.load()?;
@@ -286,7 +294,9 @@ impl Pipeline {
             }
             None => None,
         };
-        let mut reader = BinlogReader::start(&self.source, &info, self.reader.clone(), start.position.clone()).await?;
+        let mut reader = SourceReader::Live(
+            BinlogReader::start(&self.source, &info, self.reader.clone(), start.position.clone()).await?,
+        );
         metrics().set_source_connected(true);
         tracing::info!(
             position = %start.position,
@@ -334,6 +344,7 @@ impl Pipeline {
             );
             sink.abort();
         }
+        crate::failpoint!("shutdown_drained");
         let flushed = checkpointer.flush();
         let mark = watermark.mark();
         if let Some(mark) = &mark {
@@ -415,18 +426,19 @@ impl Pipeline {
             }
             let tx = watermark.open();
             for (index, (_, row)) in chunk.iter().enumerate() {
-                let origin = Origin {
+                let origin = || Origin {
                     snapshot: true,
                     gtid: Some(cut.gtids.to_string()).filter(|g| !g.is_empty()),
                     file: cut.coord.file.clone(),
                     position: cut.coord.pos,
                     row_index: state.rows_done + index as u64,
                 };
-                let prepared = publisher.prepare(SourceRow::Decoded(row), &origin, |r| sink.fits(r))?;
+                let prepared = publisher.prepare(SourceRow::Decoded(row), origin, |r| sink.fits(r))?;
                 tokio::select! {
                     sent = sink.send(tx, &prepared.record, prepared.occurred_at_ms) => sent?,
                     _ = shutdown.grace_expired() => return Ok(()),
                 }
+                crate::failpoint!("snapshot_row");
             }
             state.rows_done += chunk.len() as u64;
             state.last_key = chunk.last().map(|(k, _)| k.clone());
@@ -451,7 +463,7 @@ impl Pipeline {
     #[allow(clippy::too_many_arguments)] // the run's moving parts, each borrowed for the phase
     async fn stream(
         &self,
-        reader: &mut BinlogReader,
+        reader: &mut SourceReader,
         sink: &mut KafkaSink,
         publisher: &mut Publisher,
         watermark: &Watermark,
@@ -480,14 +492,18 @@ impl Pipeline {
                 }
                 _ = tick.tick() => checkpointer.flush()?,
                 change = reader.next() => match change? {
-                    Change::Begin(start) => {
+                    None => {
+                        tracing::info!("end of the binlog files: waiting for the last acknowledgements, then exiting");
+                        return Ok(());
+                    }
+                    Some(Change::Begin(start)) => {
                         if let Some(tx) = stream.current.replace(watermark.open()) {
                             watermark.abandon(tx);
                         }
                         stream.start = Some(start);
                         stream.row_index = 0;
                     }
-                    change @ (Change::Row(_) | Change::Undecodable(_)) => {
+                    Some(change @ (Change::Row(_) | Change::Undecodable(_))) => {
                         if let (Change::Row(row), Some(overlap), Some(start)) =
                             (&change, stream.overlap.as_mut(), stream.start.as_ref())
                         {
@@ -496,15 +512,16 @@ impl Pipeline {
                                 continue;
                             }
                         }
+                        crate::failpoint!("before_produce");
                         let tx = *stream.current.get_or_insert_with(|| watermark.open());
-                        let origin = stream.origin();
-                        stream.row_index += 1;
+                        let origin = || stream.origin();
                         let row = match &change {
                             Change::Row(row) => SourceRow::Decoded(row),
                             Change::Undecodable(bad) => SourceRow::Undecodable(bad),
                             _ => unreachable!("matched above"),
                         };
-                        let prepared = publisher.prepare(row, &origin, |r| sink.fits(r))?;
+                        let prepared = publisher.prepare(row, origin, |r| sink.fits(r))?;
+                        stream.row_index += 1;
                         tokio::select! {
                             sent = sink.send(tx, &prepared.record, prepared.occurred_at_ms) => sent?,
                             _ = shutdown.grace_expired() => {
@@ -512,8 +529,9 @@ impl Pipeline {
                                 return Ok(());
                             }
                         }
+                        crate::failpoint!("row_produced");
                     }
-                    Change::Commit { position, timestamp } => {
+                    Some(Change::Commit { position, timestamp }) => {
                         metrics().transaction_read(timestamp);
                         let tx = stream.current.take().unwrap_or_else(|| watermark.open());
                         if stream.overlap.as_ref().is_some_and(|o| o.expired(&position)) {

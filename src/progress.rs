@@ -1,4 +1,4 @@
-//! Snapshot progress for humans: a progress bar on a terminal, periodic log lines otherwise.
+//! Progress of long scans (snapshot, audit) for humans: a progress bar on a terminal, periodic log lines otherwise.
 
 use std::io::IsTerminal;
 use std::sync::Mutex;
@@ -9,8 +9,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// How often progress is logged when stderr is not a terminal.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// Rows done out of an estimated total.
+/// Items done out of an estimated total.
 pub struct Progress {
+    /// What is progressing, e.g. "snapshot", as shown on the bar and in log lines.
+    what: &'static str,
     bar: Option<ProgressBar>,
     total: u64,
     started: Instant,
@@ -19,20 +21,25 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Starts reporting; `done` rows were finished by an earlier run.
+    /// Starts reporting snapshot rows; `done` rows were finished by an earlier run.
     pub fn new(total: u64, done: u64) -> Self {
+        Progress::labelled("snapshot", "rows", total, done)
+    }
+
+    /// Starts reporting `what` (counted in `unit`), `done` of them finished already.
+    pub fn labelled(what: &'static str, unit: &str, total: u64, done: u64) -> Self {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = ProgressBar::new(total.max(done));
             bar.set_style(
-                ProgressStyle::with_template(
-                    "snapshot {bar:40.cyan/blue} {human_pos}/{human_len} rows ({per_sec}, ETA {eta})",
-                )
+                ProgressStyle::with_template(&format!(
+                    "{what} {{bar:40.cyan/blue}} {{human_pos}}/{{human_len}} {unit} ({{per_sec}}, ETA {{eta}})"
+                ))
                 .expect("valid template"),
             );
             bar.set_position(done);
             bar
         });
-        Progress { bar, total, started: Instant::now(), first_done: done, last_log: Mutex::new(Instant::now()) }
+        Progress { what, bar, total, started: Instant::now(), first_done: done, last_log: Mutex::new(Instant::now()) }
     }
 
     /// Updates the rows done.
@@ -54,7 +61,8 @@ impl Progress {
                 rows_estimate = self.total,
                 rows_per_s = rate as u64,
                 eta_s = eta_s.round(),
-                "snapshot progress"
+                "{} progress",
+                self.what
             );
         }
     }

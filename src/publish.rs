@@ -54,14 +54,15 @@ impl Publisher {
         })
     }
 
-    /// The record for `row`, read at `origin`. `fits` says whether a record is small enough to produce.
+    /// The record for `row`, read at `origin` (built only for dead letters). `fits` says whether a record is
+    /// small enough to produce.
     ///
     /// # Errors
     /// A definite error for poison with `on_poison = "fail"`, or when a hold cannot be stored.
     pub fn prepare(
         &mut self,
         row: SourceRow<'_>,
-        origin: &Origin,
+        origin: impl FnOnce() -> Origin,
         fits: impl Fn(&KafkaRecord) -> bool,
     ) -> Result<Prepared> {
         let row = match row {
@@ -70,7 +71,7 @@ impl Publisher {
                 let poison = Poison::new(PoisonKind::Undecodable, bad.message.clone());
                 let dead = DeadRow::from_undecodable(bad);
                 let aggregate = bad.aggregate_type.as_deref().zip(bad.aggregate_id.as_deref());
-                return self.dead_letter(bad.id.as_deref(), aggregate, dead, poison, origin);
+                return self.dead_letter(bad.id.as_deref(), aggregate, dead, poison, &origin());
             }
         };
         if let Some(hold) = self.quarantine.hold_of(&row.aggregate_type, &row.aggregate_id) {
@@ -78,11 +79,11 @@ impl Publisher {
                 PoisonKind::Quarantined,
                 format!("aggregate held since event {} ({})", hold.hold_id, hold.kind.as_str()),
             );
-            return self.dead_letter_row(row, poison, origin);
+            return self.dead_letter_row(row, poison, &origin());
         }
         if let Some(refused) = self.quarantine.known_poison(&row.id) {
             let poison = Poison::new(PoisonKind::RejectedByBroker, refused.message.clone());
-            return self.dead_letter_row(row, poison, origin);
+            return self.dead_letter_row(row, poison, &origin());
         }
         match self.router.route(row) {
             Ok(record) if fits(&record) => {
@@ -103,9 +104,9 @@ impl Publisher {
                         self.max_record_bytes
                     ),
                 );
-                self.dead_letter_row(row, poison, origin)
+                self.dead_letter_row(row, poison, &origin())
             }
-            Err(poison) => self.dead_letter_row(row, poison, origin),
+            Err(poison) => self.dead_letter_row(row, poison, &origin()),
         }
     }
 
@@ -164,5 +165,83 @@ impl Publisher {
             self.max_record_bytes,
         );
         Ok(Prepared { record, occurred_at_ms: None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{TableName, ValueFormat};
+    use crate::quarantine::KnownPoison;
+    use crate::router::TopicTemplate;
+
+    fn config(extra: &str) -> Config {
+        Config::parse(&format!(
+            "[source]\nhost = \"h\"\nuser = \"u\"\nserver_id = 7\n[outbox]\ntable = \"shop.outbox_events\"\n{extra}\n\
+             [kafka]\nbootstrap_servers = \"b:9092\"\ndead_letter_topic = \"dlq\"\n"
+        ))
+        .unwrap()
+    }
+
+    fn row(id: &str, aggregate_id: &str) -> OutboxRow {
+        OutboxRow {
+            table: Arc::new(TableName { database: "shop".into(), table: "outbox_events".into() }),
+            id: id.into(),
+            aggregate_type: "order".into(),
+            aggregate_id: aggregate_id.into(),
+            event_type: "Created".into(),
+            schema_version: 1,
+            payload: "{}".into(),
+            headers: None,
+            occurred_at: "2026-11-30T00:00:00.000000".into(),
+            from_snapshot: false,
+        }
+    }
+
+    fn publisher(config: &Config, store: Arc<Store>) -> Publisher {
+        let router =
+            Router::new(TopicTemplate::parse("outbox.event.${aggregate_type}").unwrap(), ValueFormat::Envelope);
+        Publisher::new(config, router, store).unwrap()
+    }
+
+    fn kind(prepared: &Prepared) -> Option<&str> {
+        let header = prepared.record.headers.iter().find(|(k, _)| k == "dead_letter_kind")?;
+        std::str::from_utf8(&header.1).ok()
+    }
+
+    /// A record the broker refused for good takes the dead-letter path on the pass after the restart, holds
+    /// its aggregate (durably: a new publisher on the same store still holds it), and later events of that
+    /// aggregate follow it; other aggregates are untouched.
+    #[test]
+    fn broker_refusal_is_dead_lettered_and_holds_the_aggregate() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        store.add_known_poison(&KnownPoison { id: "e-1".into(), message: "MessageSizeTooLarge".into() }).unwrap();
+        let config = config("");
+        let mut p = publisher(&config, store.clone());
+        let fits = |_: &KafkaRecord| true;
+        let refused = p.prepare(SourceRow::Decoded(&row("e-1", "A")), Origin::default, fits).unwrap();
+        assert_eq!(refused.record.topic, "dlq");
+        assert_eq!(kind(&refused), Some("rejected_by_broker"));
+        assert_eq!(refused.record.key, "A");
+        let other = p.prepare(SourceRow::Decoded(&row("e-2", "B")), Origin::default, fits).unwrap();
+        assert_eq!((other.record.topic.as_str(), kind(&other)), ("outbox.event.order", None));
+        drop(p);
+        let mut p = publisher(&config, store);
+        let follower = p.prepare(SourceRow::Decoded(&row("e-3", "A")), Origin::default, fits).unwrap();
+        assert_eq!((follower.record.topic.as_str(), kind(&follower)), ("dlq", Some("quarantined")));
+    }
+
+    #[test]
+    fn too_large_is_poison_and_fail_mode_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let mut p = publisher(&config(""), store.clone());
+        let too_big = p.prepare(SourceRow::Decoded(&row("e-1", "A")), Origin::default, |_| false).unwrap();
+        assert_eq!(kind(&too_big), Some("too_large"));
+        let mut strict =
+            publisher(&config("on_poison = \"fail\""), Arc::new(Store::open(&dir.path().join("b")).unwrap()));
+        let err = strict.prepare(SourceRow::Decoded(&row("e-9", "")), Origin::default, |_| true).err().unwrap();
+        assert!(err.is_definite() && err.to_string().contains("e-9"), "{err}");
     }
 }

@@ -11,7 +11,7 @@
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::config::ValueFormat;
+use crate::config::{TableName, ValueFormat};
 use crate::error::{Error, Result};
 use crate::quarantine::{Poison, PoisonKind};
 use crate::source::OutboxRow;
@@ -96,17 +96,28 @@ impl TopicTemplate {
 
     /// The topic for a row.
     fn render(&self, row: &OutboxRow) -> String {
+        self.render_parts(&row.table, &row.aggregate_type, &row.event_type)
+    }
+
+    /// The topic for a row of `table` with these column values (what `outbox-cdc audit` uses to find the
+    /// topics the routing can produce to).
+    pub fn render_parts(&self, table: &TableName, aggregate_type: &str, event_type: &str) -> String {
         let mut topic = String::with_capacity(64);
         for segment in &self.segments {
             topic.push_str(match segment {
                 Segment::Literal(s) => s,
-                Segment::AggregateType => &row.aggregate_type,
-                Segment::EventType => &row.event_type,
-                Segment::Database => &row.table.database,
-                Segment::Table => &row.table.table,
+                Segment::AggregateType => aggregate_type,
+                Segment::EventType => event_type,
+                Segment::Database => &table.database,
+                Segment::Table => &table.table,
             });
         }
         topic
+    }
+
+    /// Whether the topic depends on the row's `aggregate_type` and on its `event_type`.
+    pub fn uses_columns(&self) -> (bool, bool) {
+        (self.segments.contains(&Segment::AggregateType), self.segments.contains(&Segment::EventType))
     }
 }
 
@@ -214,7 +225,6 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::config::TableName;
 
     fn row() -> OutboxRow {
         OutboxRow {

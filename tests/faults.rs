@@ -13,6 +13,7 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use common::reliability::{self, checkpoint_seq, mariadb_seq, Duplicates, Recovery};
 use common::{
     audit, AuditReport, Broker, Connector, Engine, Expected, MariaDb, Proxy, Received, Writer, WriterConfig, Written,
 };
@@ -181,26 +182,6 @@ fn audit_clean(name: &str, broker: &Broker, written: &Written, connector: &Conne
     (report, records)
 }
 
-/// The sequence number of `domain` in a MariaDB GTID position such as `0-1-42` or `0-1-42,1-2-7`;
-/// `None` when the domain is absent (an empty position holds no transaction).
-fn mariadb_seq(position: &str, domain: u32) -> Option<u64> {
-    position.split(',').map(str::trim).filter(|g| !g.is_empty()).find_map(|g| {
-        let mut parts = g.split('-');
-        let (d, _server, seq) = (parts.next()?, parts.next()?, parts.next()?);
-        (d.parse::<u32>().ok()? == domain).then(|| seq.parse().expect("numeric GTID sequence"))
-    })
-}
-
-/// The domain-0 sequence number in a checkpoint record (as `status --json` prints it); 0 when there is
-/// no record yet or it holds no transaction of domain 0: resuming from it repeats everything.
-fn checkpoint_seq(record: Option<&serde_json::Value>) -> u64 {
-    let Some(cp) = record else { return 0 };
-    let position = &cp["position"];
-    assert_eq!(position["flavor"], "mariadb", "unexpected checkpoint record: {cp}");
-    let gtids = position["gtids"].as_str().unwrap_or_else(|| panic!("checkpoint without gtids: {cp}"));
-    mariadb_seq(gtids, 0).unwrap_or(0)
-}
-
 /// The stored checkpoint read the way the next `run` reads it: `Store::open` (which repairs a store left
 /// by a crash) on a copy of the state dir, so the connector's own files stay untouched. Used only when
 /// `status --json` cannot read the checkpoint, so that the remaining checks still run; the test
@@ -233,14 +214,14 @@ fn resume_points_per_start(stderr: &str) -> Vec<Vec<u64>> {
     starts
 }
 
-/// kill -9 at random moments under load, ten times. Guards against: losing events that were read but
+/// kill -9 at random moments under load, ten times (twenty with `OUTBOX_CDC_SCENARIO_FULL=1`). Guards against: losing events that were read but
 /// not yet acknowledged at the crash (checkpoint ahead of acknowledgements), reordering an aggregate when
 /// a restart repeats a tail, a checkpoint that moves backwards, and duplicates outside the promised
 /// window — an event may reappear once per restart only if it lies after the checkpoint that restart
 /// resumed from.
 #[tokio::test(flavor = "multi_thread")]
-async fn kill9_at_random_moments_10_cycles() {
-    const CYCLES: usize = 10;
+async fn kill9_at_random_moments() {
+    let cycles = reliability::scaled(10, 20);
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::start(&db, &broker, "");
@@ -249,11 +230,11 @@ async fn kill9_at_random_moments_10_cycles() {
 
     let pauses_ms: Vec<u64> = {
         let mut rng = rand::rng();
-        (0..CYCLES).map(|_| rng.random_range(300..=3000)).collect()
+        (0..cycles).map(|_| rng.random_range(300..=3000)).collect()
     };
     eprintln!("[kill9] pauses before each kill (ms): {pauses_ms:?}");
     // Checkpoint (domain-0 sequence number) each restart resumed from.
-    let mut resumed_from: Vec<u64> = Vec::with_capacity(CYCLES);
+    let mut resumed_from: Vec<u64> = Vec::with_capacity(cycles);
     // Kills after which `status --json` could not read the checkpoint.
     let mut status_failures: Vec<String> = Vec::new();
     for (cycle, pause) in pauses_ms.iter().enumerate() {
@@ -273,6 +254,7 @@ async fn kill9_at_random_moments_10_cycles() {
         resumed_from.push(seq);
         connector.restart();
     }
+    let recovery = Recovery::starts(&db).wait(&connector);
     eprintln!("[kill9] checkpoints resumed from (domain-0 seq): {resumed_from:?}");
     hold_running(&mut connector, Duration::from_secs(1), "after the last restart").await;
     wait_commits(&writer, 200, "after the last restart").await;
@@ -285,7 +267,7 @@ async fn kill9_at_random_moments_10_cycles() {
     // In-process restarts (a transient failure inside one process) also resume from a checkpoint and
     // may repeat what follows it: they widen the window like a kill does.
     let starts = resume_points_per_start(&connector.stderr());
-    assert_eq!(starts.len(), CYCLES + 1, "one start marker per process start");
+    assert_eq!(starts.len(), cycles + 1, "one start marker per process start");
     let mut windows_from: Vec<u64> = resumed_from.clone();
     for (k, runs) in starts.iter().enumerate() {
         if k > 0 {
@@ -331,12 +313,15 @@ async fn kill9_at_random_moments_10_cycles() {
         &outside_window[..outside_window.len().min(10)],
         log_tail(&connector)
     );
+    let run = reliability::closing_audit("kill9", &connector, &written, Duplicates::AfterCheckpoint);
+    let note = format!("{cycles} kill -9 at random moments (0.3-3 s apart) under load");
+    reliability::record("kill -9 at random moments", &written, &run, Some(recovery), &note);
     assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", log_tail(&connector));
     // Last, so that it does not hide the checks above: the operator's view of the checkpoint after a
     // crash, which is when it is needed most.
     assert!(
         status_failures.is_empty(),
-        "`outbox-cdc status --json` could not read the checkpoint after {} of {CYCLES} kills (the restarted \
+        "`outbox-cdc status --json` could not read the checkpoint after {} of {cycles} kills (the restarted \
          connector could): {}",
         status_failures.len(),
         status_failures[0]
@@ -379,23 +364,35 @@ async fn broker_outage(name: &str, fault: BrokerFault, outage: Duration) {
         writer.committed()
     );
     broker.start_again();
+    let recovery = Recovery::starts(&db).wait(&connector);
     hold_running(&mut connector, Duration::from_secs(2), "after the broker came back").await;
     wait_commits(&writer, 300, "after the broker came back").await;
     let written = writer.finish().await;
     assert!(written.errors.is_empty(), "the workload saw errors: {:?}", written.errors);
 
     audit_clean(name, &broker, &written, &connector);
+    let run = reliability::closing_audit(name, &connector, &written, Duplicates::AfterCheckpoint);
+    let (title, note) = match fault {
+        BrokerFault::Stop => {
+            ("broker down", format!("broker (durable SQLite engine) stopped for {outage:?} under load"))
+        }
+        BrokerFault::Kill => {
+            ("broker killed and restarted", format!("broker SIGKILLed under load, back after {outage:?}"))
+        }
+    };
+    reliability::record(title, &written, &run, Some(recovery), &note);
     assert!(connector.is_running(), "the connector exited:\n{}", log_tail(&connector));
     assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", log_tail(&connector));
 }
 
-/// Broker shut down cleanly for 20 s under load, then back (durable SQLite engine). Guards against: the
+/// Broker shut down cleanly for 20 s (30 s with `OUTBOX_CDC_SCENARIO_FULL=1`) under load, then back
+/// (durable SQLite engine). Guards against: the
 /// connector giving up (exiting) on a broker outage instead of waiting, records timed out or dropped
 /// while the broker is away being counted as delivered (loss), and per-aggregate reordering when the
 /// idempotent producer retries after the broker returns.
 #[tokio::test(flavor = "multi_thread")]
-async fn broker_down_20s_under_load_no_restart_needed() {
-    broker_outage("broker_down_20s", BrokerFault::Stop, Duration::from_secs(20)).await;
+async fn broker_down_under_load_no_restart_needed() {
+    broker_outage("broker_down", BrokerFault::Stop, Duration::from_secs(reliability::scaled(20, 30))).await;
 }
 
 /// Broker SIGKILLed under load (requests in flight, no clean close), back after 5 s. Guards against:
@@ -430,6 +427,7 @@ async fn mariadb_restarted_under_load() {
                // Down long enough that the connector's reconnects are refused a few times and the writers' too.
     hold_running(&mut connector, DB_DOWNTIME, "while MariaDB was down").await;
     db.start_again();
+    let recovery = Recovery::starts(&db).wait(&connector);
     wait_commits(&writer, 300, "after the crash").await;
     wait_for(&mut connector, PROGRESS_TIMEOUT, "reconnect after the crash", |c| streaming_runs(c) > runs).await;
     let mut written = writer.finish().await;
@@ -438,6 +436,9 @@ async fn mariadb_restarted_under_load() {
     drop(conn);
 
     audit_clean("mariadb_restart", &broker, &written, &connector);
+    let run = reliability::closing_audit("mariadb_restart", &connector, &written, Duplicates::AfterCheckpoint);
+    let note = format!("MariaDB restarted gracefully, then SIGKILLed and down {DB_DOWNTIME:?}, under load");
+    reliability::record("MariaDB killed and restarted", &written, &run, Some(recovery), &note);
     assert!(connector.is_running(), "the connector exited:\n{}", log_tail(&connector));
     assert!(connector.stderr().contains("transient failure"), "no reconnect logged:\n{}", log_tail(&connector));
     assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", log_tail(&connector));
@@ -483,6 +484,7 @@ async fn replication_connection_cut_without_either_side_dying() {
     let runs = streaming_runs(&connector);
     proxy.blackhole(BLACKHOLE);
     hold_running(&mut connector, BLACKHOLE, "during the blackhole").await;
+    let blackhole_ended = Recovery::starts(&db);
     // Detection is due 3 heartbeats (+1 s) into the silence; its log line comes after the failed run's
     // drain (at most 5 s). Once the blackhole ends an undetected connection simply carries on, so
     // waiting longer would prove nothing.
@@ -492,11 +494,16 @@ async fn replication_connection_cut_without_either_side_dying() {
     if detected {
         wait_for(&mut connector, PROGRESS_TIMEOUT, "reconnect after the blackhole", |c| streaming_runs(c) > runs).await;
     }
+    let recovery = blackhole_ended.wait(&connector);
     wait_commits(&writer, 300, "after the blackhole").await;
     let written = writer.finish().await;
     assert!(written.errors.is_empty(), "the workload saw errors: {:?}", written.errors);
 
     audit_clean("connection_cut", &broker, &written, &connector);
+    let run = reliability::closing_audit("connection_cut", &connector, &written, Duplicates::AfterCheckpoint);
+    let note =
+        format!("replication connection RST twice, then blackholed {BLACKHOLE:?} (heartbeat 1 s) through a proxy");
+    reliability::record("replication connection cut", &written, &run, Some(recovery), &note);
     assert!(connector.is_running(), "the connector exited:\n{}", log_tail(&connector));
     let transient = connector.stderr().matches("transient failure").count();
     assert!(transient >= 2, "expected a logged transient failure per cut, saw {transient}:\n{}", log_tail(&connector));

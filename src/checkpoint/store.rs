@@ -140,6 +140,7 @@ impl Store {
             let mut table = tx.open_table(CHECKPOINTS).map_err(|e| store_error(&self.path, "open table", e))?;
             table.insert(STREAM_KEY, json.as_slice()).map_err(|e| store_error(&self.path, "write", e))?;
         }
+        crate::failpoint!("checkpoint_write");
         tx.commit().map_err(|e| store_error(&self.path, "commit", e))
     }
 
@@ -313,7 +314,7 @@ mod tests {
                 gtids: Gtids::MariaDb("0-1-42".parse().unwrap()),
                 coord: BinlogCoord { file: "bin.000002".into(), pos },
             },
-            server: ServerIdentity { flavor: Flavor::MariaDb, server_id: 1, server_uuid: None },
+            server: ServerIdentity { flavor: Flavor::MariaDb, server_id: 1, server_uuid: None, binlog_files: false },
             source_timestamp: Some(1_700_000_000),
             written_at_ms: 1,
             snapshot: None,

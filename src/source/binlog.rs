@@ -13,6 +13,17 @@
 //! by `BEGIN` queries), resume with `@slave_connect_state` and a plain COM_BINLOG_DUMP, and parse GTID events
 //! from their raw body. ANNOTATE_ROWS events (the SQL text) are not requested: they are half of the bytes.
 //!
+//! # Events we do not decode
+//! Every event either means something for outbox rows and positions, or is known to mean nothing for them
+//! (statement-format queries, group-replication context, heartbeats, MariaDB's checkpoints). MySQL 8.0's
+//! TRANSACTION_PAYLOAD (binlog_transaction_compression=ON) holds a whole transaction; its inner events go
+//! through the same state machine, and the payload's end is their coordinate and the resume point. On the
+//! live stream mysql_async already follows each payload event with its decompressed inner events, so the
+//! decoder only counts their bytes; for binlog files it decompresses them itself
+//! ([`ChangeDecoder::expand_payloads`]). Either way each row is decoded once. An INCIDENT event (the server lost
+//! events) and an event type we do not know that is not flagged LOG_EVENT_IGNORABLE are definite errors
+//! naming the type and position: skipping them could skip outbox rows.
+//!
 //! # Liveness
 //! The server is asked for heartbeats; a connection silent for three heartbeat periods is dead, which is a
 //! transient error (the pipeline reconnects from the acknowledged watermark).
@@ -25,7 +36,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest};
-use mysql_common::binlog::events::{Event, EventData, RowsEventData, TableMapEvent};
+use mysql_common::binlog::events::{
+    Event, EventData, FormatDescriptionEvent, RowsEventData, TableMapEvent, TransactionPayloadEvent,
+};
 use mysql_common::packets::{GnoInterval, Sid};
 
 use super::{OutboxRow, OutboxTable, ServerInfo, SourceConn};
@@ -71,15 +84,28 @@ pub struct ReaderSettings {
 /// Event type codes that mysql_common does not parse (MariaDB) or that we treat specially.
 mod event_type {
     pub const HEARTBEAT: u8 = 27;
-    pub const HEARTBEAT_V2: u8 = 41;
     pub const XA_PREPARE: u8 = 38;
+    /// MySQL 8.0.20+ binlog_transaction_compression: a whole transaction in one event.
+    pub const TRANSACTION_PAYLOAD: u8 = 40;
+    /// MySQL 8.0.26+ heartbeat with a 64-bit position; mysql_common 0.37 does not know it.
+    pub const HEARTBEAT_V2: u8 = 41;
     pub const MARIADB_ANNOTATE_ROWS: u8 = 160;
+    pub const MARIADB_BINLOG_CHECKPOINT: u8 = 161;
     pub const MARIADB_GTID: u8 = 162;
     pub const MARIADB_GTID_LIST: u8 = 163;
+    /// Start of an encrypted binlog file. A server decrypts before sending; only files on disk show it,
+    /// and the files reader refuses them.
+    pub const MARIADB_START_ENCRYPTION: u8 = 164;
     /// MariaDB's compressed query/rows events (`log_bin_compress=ON`): 165..=171.
     pub const MARIADB_COMPRESSED_FIRST: u8 = 165;
     pub const MARIADB_COMPRESSED_LAST: u8 = 171;
 }
+
+/// Event header flag: a server that does not know the event type may skip it (`LOG_EVENT_IGNORABLE_F`).
+const LOG_EVENT_IGNORABLE: u16 = 0x80;
+
+/// Smallest size of a binlog event: the 19-byte v4 header.
+pub(crate) const EVENT_HEADER_LEN: usize = 19;
 
 /// MariaDB GTID event flags (`FL_*` in MariaDB's log_event.h).
 mod mariadb_flags {
@@ -138,6 +164,17 @@ pub struct ChangeDecoder {
     state: TxState,
     tx_gtid: Option<TxGtid>,
     tx_touches_outbox: bool,
+    /// The current transaction is already in the resume position and is read but not emitted.
+    tx_skipped: bool,
+    /// Offline sources only: skip transactions the resume position already holds (see [`Self::skip_seen`]).
+    skip_seen: Option<Position>,
+    /// Inside a TRANSACTION_PAYLOAD: the payload event's end, which is the coordinate of every inner event.
+    payload_end: Option<u32>,
+    /// Decompress TRANSACTION_PAYLOADs here (binlog files). The live stream does not: mysql_async follows
+    /// each payload event with its inner events itself.
+    expand_payloads: bool,
+    /// Live stream: bytes of inner events still to come after a TRANSACTION_PAYLOAD.
+    payload_left: u64,
     /// table_id -> decoder and TABLE_MAP for outbox tables, `None` for other tables.
     tables: HashMap<u64, Option<(Arc<OutboxTable>, TableMapEvent<'static>)>>,
     outbox_names: HashSet<TableName>,
@@ -253,6 +290,11 @@ impl ChangeDecoder {
             state: TxState::Idle,
             tx_gtid: None,
             tx_touches_outbox: false,
+            tx_skipped: false,
+            skip_seen: None,
+            payload_end: None,
+            expand_payloads: false,
+            payload_left: 0,
             tables: HashMap::new(),
             pending: VecDeque::new(),
         }
@@ -261,6 +303,38 @@ impl ChangeDecoder {
     /// Position after the last transaction read.
     pub fn position(&self) -> &Position {
         &self.position
+    }
+
+    /// Skips every transaction the current (resume) position already holds, the rule a server applies to
+    /// COM_BINLOG_DUMP_GTID and `@slave_connect_state`: MySQL GTIDs contained in the set, MariaDB GTIDs at or
+    /// below their domain's sequence number, and without GTIDs transactions that begin before the resume
+    /// coordinate in its file. Skipped transactions produce no changes and never move the GTID position
+    /// backwards. For sources that do not start at the resume point themselves (binlog files).
+    pub fn skip_seen(&mut self) {
+        self.skip_seen = Some(self.position.clone());
+    }
+
+    /// Decompresses TRANSACTION_PAYLOAD events and decodes their inner events here, for sources that do not
+    /// (binlog files). Without it the inner events must follow the payload event, as mysql_async sends them.
+    pub fn expand_payloads(&mut self) {
+        self.expand_payloads = true;
+    }
+
+    /// True between transactions: a stop here loses nothing and repeats nothing.
+    pub fn between_transactions(&self) -> bool {
+        self.state == TxState::Idle && self.pending.is_empty()
+    }
+
+    /// The next events come from the start of binlog file `name` (offline sources open files themselves).
+    pub fn rotate_to(&mut self, name: &str) {
+        if self.position.coord.file != name {
+            self.position.coord = BinlogCoord { file: name.to_string(), pos: 4 };
+        }
+    }
+
+    /// Whether the source sends CRC32 trailers (false after a FORMAT_DESCRIPTION without checksum).
+    pub fn set_checksum(&mut self, checksum: bool) {
+        self.checksum = checksum;
     }
 
     /// The next decoded change, if any.
@@ -274,16 +348,42 @@ impl ChangeDecoder {
     /// Definite errors for undecodable outbox rows and unsupported constructs on the outbox table, with
     /// the binlog coordinate.
     pub fn handle(&mut self, event: &Event) -> Result<()> {
-        self.handle_inner(event)
-            .map_err(|e| e.context(format_args!("binlog {}:{}", self.position.coord.file, event.header().log_pos())))
+        let inner = self.payload_left > 0;
+        let result = if inner && event.header().log_pos() != 0 {
+            Err(Error::definite(format!(
+                "the TRANSACTION_PAYLOAD ending at {} was not followed by its {} remaining bytes of events: its \
+                 rows cannot be read. Set binlog_transaction_compression=OFF on the server and report this",
+                self.payload_end.unwrap_or(0),
+                self.payload_left
+            )))
+        } else {
+            self.handle_inner(event)
+        };
+        if inner {
+            self.payload_left = self.payload_left.saturating_sub(u64::from(event.header().event_size()));
+            if self.payload_left == 0 {
+                self.payload_end = None;
+            }
+        }
+        result.map_err(|e| e.context(format_args!("binlog {}:{}", self.position.coord.file, event.header().log_pos())))
+    }
+
+    /// Coordinate of an event: its own end, or the enclosing TRANSACTION_PAYLOAD's.
+    fn log_pos(&self, event: &Event) -> u32 {
+        self.payload_end.unwrap_or(event.header().log_pos())
     }
 
     fn handle_inner(&mut self, event: &Event) -> Result<()> {
         let header = event.header();
         let type_code = header.event_type_raw();
+        let log_pos = self.log_pos(event);
         match type_code {
             event_type::MARIADB_GTID => return self.on_mariadb_gtid(event),
-            event_type::MARIADB_GTID_LIST | event_type::MARIADB_ANNOTATE_ROWS => return Ok(()),
+            event_type::MARIADB_GTID_LIST
+            | event_type::MARIADB_ANNOTATE_ROWS
+            | event_type::MARIADB_BINLOG_CHECKPOINT
+            | event_type::MARIADB_START_ENCRYPTION
+            | event_type::HEARTBEAT_V2 => return Ok(()),
             event_type::MARIADB_COMPRESSED_FIRST..=event_type::MARIADB_COMPRESSED_LAST => {
                 return Err(Error::definite(
                     "the server writes compressed binlog events (log_bin_compress=ON), which outbox-cdc \
@@ -300,12 +400,22 @@ impl ChangeDecoder {
                 self.end_group();
                 return Ok(());
             }
+            event_type::TRANSACTION_PAYLOAD => check_payload_header(event.data())?,
             _ => {}
         }
         let data = event
             .read_data()
             .map_err(|e| Error::definite(format!("cannot parse binlog event of type {type_code}: {e}")))?;
-        let Some(data) = data else { return Ok(()) };
+        let Some(data) = data else {
+            if header.flags_raw() & LOG_EVENT_IGNORABLE != 0 {
+                return Ok(());
+            }
+            return Err(Error::definite(format!(
+                "unsupported binlog event type {type_code} (not flagged ignorable): outbox-cdc cannot tell \
+                 whether it holds outbox rows, so it stops instead of skipping it. Report the server version \
+                 and this event type"
+            )));
+        };
         match data {
             EventData::FormatDescriptionEvent(_) => self.seen_format_description = true,
             EventData::RotateEvent(rotate) => {
@@ -316,7 +426,7 @@ impl ChangeDecoder {
                     name.truncate(name.len() - 4);
                 }
                 let name = String::from_utf8_lossy(&name).into_owned();
-                if header.log_pos() == 0 || self.state == TxState::Idle {
+                if log_pos == 0 || self.state == TxState::Idle {
                     self.position.coord = BinlogCoord { file: name, pos: rotate.position() };
                 } else {
                     self.position.coord.file = name;
@@ -328,31 +438,27 @@ impl ChangeDecoder {
                     Some(t) => Some(Tag::from_str(t).map_err(|e| Error::definite(format!("GTID tag {t:?}: {e}")))?),
                     None => None,
                 };
-                self.begin(
-                    TxState::AfterGtid,
-                    Some(TxGtid::MySql(Gtid { uuid, tag, gno: gtid.gno() })),
-                    header.log_pos(),
-                );
+                self.begin(TxState::AfterGtid, Some(TxGtid::MySql(Gtid { uuid, tag, gno: gtid.gno() })), log_pos);
             }
-            EventData::AnonymousGtidEvent(_) => self.begin(TxState::AfterGtid, None, header.log_pos()),
+            EventData::AnonymousGtidEvent(_) => self.begin(TxState::AfterGtid, None, log_pos),
             EventData::QueryEvent(query) => {
                 let sql = query.query_raw();
                 match self.state {
                     _ if sql.eq_ignore_ascii_case(b"BEGIN") => {
                         if self.state == TxState::Idle {
-                            self.begin(TxState::Open, None, header.log_pos());
+                            self.begin(TxState::Open, None, log_pos);
                         } else {
                             self.state = TxState::Open;
                         }
                     }
                     TxState::Open if sql.eq_ignore_ascii_case(b"COMMIT") || sql.eq_ignore_ascii_case(b"ROLLBACK") => {
-                        self.commit(header.log_pos(), header.timestamp())
+                        self.commit(log_pos, header.timestamp())
                     }
-                    TxState::AfterGtid | TxState::Standalone => self.commit(header.log_pos(), header.timestamp()),
+                    TxState::AfterGtid | TxState::Standalone => self.commit(log_pos, header.timestamp()),
                     TxState::Idle | TxState::Open => {}
                 }
             }
-            EventData::XidEvent(_) => self.commit(header.log_pos(), header.timestamp()),
+            EventData::XidEvent(_) => self.commit(log_pos, header.timestamp()),
             EventData::TableMapEvent(tme) => {
                 let table_id = tme.table_id();
                 let name =
@@ -367,10 +473,57 @@ impl ChangeDecoder {
                     self.tables.insert(table_id, None);
                 }
             }
-            EventData::RowsEvent(rows) => self.on_rows(rows, header.log_pos())?,
+            EventData::RowsEvent(rows) => self.on_rows(rows, log_pos)?,
+            EventData::TransactionPayloadEvent(payload) => self.on_payload(event, &payload)?,
+            EventData::IncidentEvent(incident) => {
+                return Err(Error::definite(format!(
+                    "the server wrote an INCIDENT event ({:?}: {}): it may have lost changes from its binlog, \
+                     so the binlog cannot prove that no outbox row is missing. Check the server's error log, \
+                     re-snapshot the outbox if rows may be missing, then restart from after this position",
+                    incident.incident_type(),
+                    incident.message()
+                )))
+            }
+            // Statement-format and group-replication events, PREVIOUS_GTIDS, STOP, ROWS_QUERY, heartbeats,
+            // ignorable events: nothing for outbox rows or positions.
             _ => {}
         }
         Ok(())
+    }
+
+    /// MySQL 8.0 transaction compression: one event holding a whole transaction's events, without checksums.
+    fn on_payload(&mut self, event: &Event, payload: &TransactionPayloadEvent<'_>) -> Result<()> {
+        if !self.expand_payloads {
+            // The inner events follow, each with log_pos 0; until their bytes are through, they sit at the
+            // payload's end.
+            if payload.uncompressed_size() == 0 {
+                return Err(Error::definite(
+                    "a TRANSACTION_PAYLOAD without its uncompressed size: cannot tell where its events end",
+                ));
+            }
+            self.payload_end = Some(event.header().log_pos());
+            self.payload_left = payload.uncompressed_size();
+            return Ok(());
+        }
+        let mut footer = event.fde().footer();
+        footer.set_checksum_enabled(false);
+        let fde = event.fde().clone().with_footer(footer);
+        let mut inner = payload.decompressed().map_err(|e| {
+            Error::definite(format!("cannot decompress a TRANSACTION_PAYLOAD ({:?}): {e}", payload.algorithm()))
+        })?;
+        self.payload_end = Some(event.header().log_pos());
+        let result = (|| {
+            while let Some(bytes) = read_event_bytes(&mut inner, false)
+                .map_err(|e| Error::definite(format!("inside a TRANSACTION_PAYLOAD: {e}")))?
+            {
+                let event = parse_event(&fde, &bytes)
+                    .map_err(|e| Error::definite(format!("inside a TRANSACTION_PAYLOAD: {e}")))?;
+                self.handle_inner(&event)?;
+            }
+            Ok(())
+        })();
+        self.payload_end = None;
+        result
     }
 
     fn on_mariadb_gtid(&mut self, event: &Event) -> Result<()> {
@@ -383,7 +536,7 @@ impl ChangeDecoder {
         let flags = body[12];
         let gtid = MariaGtid { domain_id, server_id: event.header().server_id(), seq_no };
         let state = if flags & mariadb_flags::STANDALONE != 0 { TxState::Standalone } else { TxState::Open };
-        self.begin(state, Some(TxGtid::MariaDb(gtid)), event.header().log_pos());
+        self.begin(state, Some(TxGtid::MariaDb(gtid)), self.log_pos(event));
         Ok(())
     }
 
@@ -397,10 +550,23 @@ impl ChangeDecoder {
         self.tx_gtid = gtid.clone();
         self.tx_touches_outbox = false;
         let coord = BinlogCoord { file: self.position.coord.file.clone(), pos: u64::from(log_pos) };
-        self.pending.push_back(Change::Begin(TxStart { gtid, coord }));
+        self.tx_skipped = self.skip_seen.as_ref().is_some_and(|resume| already_seen(resume, gtid.as_ref(), &coord));
+        if !self.tx_skipped {
+            self.pending.push_back(Change::Begin(TxStart { gtid, coord }));
+        }
     }
 
     fn commit(&mut self, log_pos: u32, timestamp: u32) {
+        if std::mem::take(&mut self.tx_skipped) {
+            // Already in the resume position: advancing a MariaDB domain to it would move it backwards.
+            self.tx_gtid = None;
+            self.state = TxState::Idle;
+            self.tx_touches_outbox = false;
+            if log_pos != 0 {
+                self.position.coord.pos = u64::from(log_pos);
+            }
+            return;
+        }
         if let Some(gtid) = self.tx_gtid.take() {
             match (&mut self.position.gtids, gtid) {
                 (Gtids::MySql(set), TxGtid::MySql(g)) => {
@@ -420,6 +586,11 @@ impl ChangeDecoder {
 
     /// Ends a group that has no commit of its own (XA prepare): it produced nothing and moves nothing.
     fn end_group(&mut self) {
+        if std::mem::take(&mut self.tx_skipped) {
+            self.state = TxState::Idle;
+            self.tx_gtid = None;
+            return;
+        }
         self.state = TxState::Idle;
         self.tx_gtid = None;
         self.tx_touches_outbox = false;
@@ -435,6 +606,9 @@ impl ChangeDecoder {
         if self.state == TxState::Idle {
             // Rows outside any group (very old servers without GTID or BEGIN): treat as an implicit group.
             self.begin(TxState::Open, None, log_pos);
+        }
+        if self.tx_skipped {
+            return Ok(());
         }
         self.tx_touches_outbox = true;
         let op = match &rows {
@@ -462,18 +636,123 @@ impl ChangeDecoder {
                 ))),
             };
         }
-        let Some(Some((_, tme))) = self.tables.get(&table_id) else { unreachable!("checked above") };
-        for row in rows.rows(tme) {
-            let (_, after) =
-                row.map_err(|e| Error::definite(format!("cannot decode a row of outbox table {}: {e}", decoder.name)))?;
-            let after = after.ok_or_else(|| Error::definite("insert without an after-image"))?;
-            self.pending.push_back(match decoder.decode_row(after) {
+        for slots in decoder.after_images(&rows) {
+            let slots = slots
+                .map_err(|e| Error::definite(format!("cannot decode a row of outbox table {}: {e}", decoder.name)))?;
+            self.pending.push_back(match decoder.decode(slots) {
                 Ok(row) => Change::Row(row),
                 Err(undecodable) => Change::Undecodable(undecodable),
             });
         }
         Ok(())
     }
+}
+
+/// Whether the resume position already holds the transaction starting at `coord` with `gtid`.
+fn already_seen(resume: &Position, gtid: Option<&TxGtid>, coord: &BinlogCoord) -> bool {
+    match (&resume.gtids, gtid) {
+        (Gtids::MySql(set), Some(TxGtid::MySql(g))) => set.contains(g),
+        (Gtids::MariaDb(pos), Some(TxGtid::MariaDb(g))) => pos.contains(g),
+        // Without GTIDs only the coordinate says where the resume point is: earlier files are never opened
+        // (the files reader starts at the resume file), earlier transactions in it are skipped here.
+        (Gtids::None, _) => coord.file == resume.coord.file && coord.pos < resume.coord.pos,
+        _ => false,
+    }
+}
+
+/// Rejects a TRANSACTION_PAYLOAD header that mysql_common 0.37 would panic on: it unwraps the compression
+/// type, so an unknown algorithm (a newer server, a damaged file) must be caught before it parses.
+fn check_payload_header(mut data: &[u8]) -> Result<()> {
+    fn lenenc(data: &mut &[u8]) -> Option<u64> {
+        let (&first, rest) = data.split_first()?;
+        let (value, used) = match first {
+            0..=250 => (u64::from(first), 0),
+            0xfc => (u64::from(u16::from_le_bytes(rest.get(..2)?.try_into().ok()?)), 2),
+            0xfd => (u64::from_le_bytes([rest.get(..3)?, &[0; 5][..]].concat().try_into().ok()?), 3),
+            0xfe => (u64::from_le_bytes(rest.get(..8)?.try_into().ok()?), 8),
+            _ => return None,
+        };
+        *data = rest.get(used..)?;
+        Some(value)
+    }
+    let bad = |what: &str| Error::definite(format!("malformed TRANSACTION_PAYLOAD header: {what}"));
+    loop {
+        let field = lenenc(&mut data).ok_or_else(|| bad("truncated"))?;
+        if field == 0 {
+            return Ok(());
+        }
+        let length = lenenc(&mut data).ok_or_else(|| bad("truncated"))?;
+        if field == 2 {
+            let algorithm = lenenc(&mut data).ok_or_else(|| bad("truncated"))?;
+            if algorithm != 0 && algorithm != 255 {
+                return Err(Error::definite(format!(
+                    "TRANSACTION_PAYLOAD compressed with algorithm {algorithm}, which outbox-cdc cannot \
+                     decompress (it reads zstd and uncompressed payloads)"
+                )));
+            }
+        } else {
+            data = data.get(length as usize..).ok_or_else(|| bad("truncated"))?;
+        }
+    }
+}
+
+/// Reads the bytes of one whole event (header included) from `input`; `None` at a clean end of input.
+///
+/// # Errors
+/// `UnexpectedEof` when the input ends inside an event, `InvalidData` for an impossible event size. We read
+/// whole events ourselves because mysql_common 0.37's `Event::read` panics on a short read and underflows on
+/// a size below its header and checksum.
+pub(crate) fn read_event_bytes<R: std::io::Read>(mut input: R, checksum: bool) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::{Error as IoError, ErrorKind};
+    let mut header = [0u8; EVENT_HEADER_LEN];
+    let mut got = 0;
+    while got < header.len() {
+        match input.read(&mut header[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => {
+                return Err(IoError::new(
+                    ErrorKind::UnexpectedEof,
+                    format!("the input ends {got} bytes into an event header"),
+                ))
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let size = u32::from_le_bytes(header[9..13].try_into().expect("4 bytes")) as usize;
+    let type_code = header[4];
+    let min = if type_code == FORMAT_DESCRIPTION {
+        EVENT_HEADER_LEN + FDE_MIN_BODY
+    } else {
+        EVENT_HEADER_LEN + if checksum { 4 } else { 0 }
+    };
+    if size < min || size > MAX_EVENT_BYTES {
+        return Err(IoError::new(ErrorKind::InvalidData, format!("event of type {type_code} claims {size} bytes")));
+    }
+    // Grow with what is actually there: a damaged size field must not allocate a gigabyte up front.
+    let mut bytes = Vec::with_capacity(size.min(1 << 20));
+    bytes.extend_from_slice(&header);
+    std::io::Read::read_to_end(&mut input.take((size - EVENT_HEADER_LEN) as u64), &mut bytes)?;
+    if bytes.len() < size {
+        return Err(IoError::new(
+            ErrorKind::UnexpectedEof,
+            format!("the input ends {} bytes into an event of type {type_code} that claims {size} bytes", bytes.len()),
+        ));
+    }
+    Ok(Some(bytes))
+}
+
+/// FORMAT_DESCRIPTION's type code.
+pub(crate) const FORMAT_DESCRIPTION: u8 = 15;
+/// Binlog version (2) + server version (50) + create timestamp (4) + header length (1).
+const FDE_MIN_BODY: usize = 57;
+/// Largest event we accept: MySQL's and MariaDB's `max_allowed_packet` ceiling (1 GiB).
+const MAX_EVENT_BYTES: usize = 1 << 30;
+
+/// Parses one whole event read by [`read_event_bytes`].
+pub(crate) fn parse_event(fde: &FormatDescriptionEvent<'_>, bytes: &[u8]) -> std::io::Result<Event> {
+    Event::read(fde, bytes)
 }
 
 /// A MySQL GTID set as COM_BINLOG_DUMP_GTID wants it.

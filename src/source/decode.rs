@@ -8,17 +8,31 @@
 //! Values are decoded exactly: strings must be valid UTF-8 (utf8mb4 columns), `DATETIME(n)` keeps its
 //! `n` fractional digits and is never shifted by a time zone, MySQL's binary JSON is converted to JSON text
 //! and MariaDB's JSON (a LONGTEXT) is taken verbatim and validated by the router.
+//!
+//! # Binary JSON text
+//! MySQL's binary JSON is rendered the way MySQL itself prints it (what a `SELECT payload` and so the
+//! snapshot return), not the way mysql_common's `serde_json` conversion does: that conversion refuses
+//! *opaque* scalars (a DECIMAL, DATE, TIME or DATETIME stored inside JSON, e.g. by
+//! `JSON_OBJECT('amount', price)`), and its structured form prints DECIMAL as a string. Here DECIMAL is a
+//! JSON number with its exact digits (`9.00` stays `9.00`), dates and times are strings (`"2012-03-18"`,
+//! `"87:31:46.654321"`, `"2012-03-18 11:30:45.000000"`), other opaque values `"base64:type<N>:<data>"`.
+//! Object members come out sorted by key; JSON objects are unordered.
 
 use std::sync::Arc;
 
-use mysql_common::binlog::events::{OptionalMetaExtractor, TableMapEvent};
-use mysql_common::binlog::row::BinlogRow;
+use mysql_common::binlog::events::{OptionalMetaExtractor, RowsEventData, TableMapEvent};
+use mysql_common::binlog::jsonb::{JsonContainer, JsonDom, JsonNumber, JsonScalar};
 use mysql_common::binlog::value::BinlogValue;
 use mysql_common::constants::ColumnType;
 use mysql_common::value::Value;
 
+use super::rows::{AfterImages, RowLayout, Slots};
 use crate::config::{ColumnNames, TableName};
 use crate::error::{Error, Result};
+
+/// The outbox columns in slot order (see [`OutboxTable::decode`]).
+const SLOT_NAMES: [&str; 8] =
+    ["id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers", "occurred_at"];
 
 /// One outbox row, decoded: what the router needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,14 +64,10 @@ pub struct OutboxRow {
 pub struct OutboxTable {
     /// Table name.
     pub name: Arc<TableName>,
-    id: usize,
-    aggregate_type: usize,
-    aggregate_id: usize,
-    event_type: usize,
-    schema_version: usize,
-    payload: usize,
-    headers: Option<usize>,
-    occurred_at: usize,
+    /// Whether the table has a `headers` column.
+    has_headers: bool,
+    /// Where the needed columns are; slots in [`SLOT_NAMES`] order.
+    layout: RowLayout,
     /// Fractional-second digits of `occurred_at` (DATETIME(n)).
     occurred_at_fsp: u8,
 }
@@ -98,39 +108,36 @@ impl OutboxTable {
             }
             _ => 0,
         };
-        Ok(OutboxTable {
-            id: need(&columns.id)?,
-            aggregate_type: need(&columns.aggregate_type)?,
-            aggregate_id: need(&columns.aggregate_id)?,
-            event_type: need(&columns.event_type)?,
-            schema_version: need(&columns.schema_version)?,
-            payload: need(&columns.payload)?,
-            headers: find(&columns.headers, false)?,
+        let headers = find(&columns.headers, false)?;
+        // Slot order is SLOT_NAMES, the order `decode` reads them in; an absent `headers` never matches.
+        let wanted = [
+            need(&columns.id)?,
+            need(&columns.aggregate_type)?,
+            need(&columns.aggregate_id)?,
+            need(&columns.event_type)?,
+            need(&columns.schema_version)?,
+            need(&columns.payload)?,
+            headers.unwrap_or(usize::MAX),
             occurred_at,
-            occurred_at_fsp,
-            name,
-        })
+        ];
+        let layout = RowLayout::new(tme, &wanted)
+            .map_err(|e| Error::definite(format!("cannot read the column layout of {name} from the binlog: {e}")))?;
+        Ok(OutboxTable { has_headers: headers.is_some(), occurred_at_fsp, layout, name })
     }
 
-    /// Decodes the after-image of an inserted row.
+    /// The after-images of an outbox rows event, as value slots for [`OutboxTable::decode`].
+    pub fn after_images<'a>(&'a self, event: &'a RowsEventData<'a>) -> AfterImages<'a> {
+        self.layout.after_images(event)
+    }
+
+    /// Decodes the after-image of an inserted row (its slots from [`OutboxTable::after_images`]).
     ///
     /// # Errors
     /// [`Undecodable`] naming the column when a value is NULL where it must not be, has an unexpected type,
     /// or is not valid UTF-8; it carries the row's values as far as they can be rendered, for the
     /// dead-letter topic.
-    pub fn decode_row(&self, mut row: BinlogRow) -> std::result::Result<OutboxRow, Box<Undecodable>> {
-        // Take every needed value out first, so that a failure can still render the whole row.
-        let mut take = |i: usize| row.take(i).map(BinlogValue::into_owned);
-        let mut values: [(&'static str, Slot); 8] = [
-            ("id", take(self.id)),
-            ("aggregate_type", take(self.aggregate_type)),
-            ("aggregate_id", take(self.aggregate_id)),
-            ("event_type", take(self.event_type)),
-            ("schema_version", take(self.schema_version)),
-            ("payload", take(self.payload)),
-            ("headers", self.headers.and_then(&mut take)),
-            ("occurred_at", take(self.occurred_at)),
-        ];
+    pub fn decode(&self, slots: Slots) -> std::result::Result<OutboxRow, Box<Undecodable>> {
+        let mut values: Vec<(&'static str, Slot)> = SLOT_NAMES.iter().copied().zip(slots).collect();
         match self.convert(&mut values) {
             Ok(decoded) => Ok(decoded),
             Err(error) => {
@@ -168,10 +175,10 @@ impl OutboxTable {
             return Err(fail(Error::definite("payload is NULL")));
         }
         let (head, tail) = v.split_at_mut(6);
-        let headers = match self.headers {
+        let headers = match self.has_headers {
             // Validate payload before headers moves out: payload is the last fallible step.
-            Some(_) => json(&mut tail[0].1, "headers").map_err(fail)?,
-            None => None,
+            true => json(&mut tail[0].1, "headers").map_err(fail)?,
+            false => None,
         };
         let payload = match json(&mut head[5].1, "payload") {
             Ok(payload) => payload.expect("NULL checked above"),
@@ -284,15 +291,51 @@ fn json(slot: &mut Slot, column: &str) -> Result<Option<String>> {
             _ => unreachable!("matched above"),
         },
         BinlogValue::Jsonb(value) => {
-            let json = serde_json::Value::try_from(value.clone())
-                .map_err(|e| Error::definite(format!("column {column}: cannot convert binary JSON: {e}")))?;
-            Ok(Some(json.to_string()))
+            let dom = value
+                .clone()
+                .parse()
+                .map_err(|e| Error::definite(format!("column {column}: cannot read binary JSON: {e}")))?;
+            let mut out = String::new();
+            json_text(&dom, &mut out);
+            Ok(Some(out))
         }
         BinlogValue::JsonDiff(_) => Err(Error::definite(format!(
             "column {column} arrived as a partial JSON update; outbox rows must be inserted whole \
              (set binlog_row_value_options='')"
         ))),
         other => Err(unexpected(column, other)),
+    }
+}
+
+/// MySQL binary JSON as JSON text (see the module documentation).
+pub fn json_text(dom: &JsonDom, out: &mut String) {
+    let string = |s: &str, out: &mut String| out.push_str(&serde_json::Value::from(s).to_string());
+    match dom {
+        JsonDom::Container(JsonContainer::Array(items)) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                json_text(item, out);
+            }
+            out.push(']');
+        }
+        JsonDom::Container(JsonContainer::Object(members)) => {
+            out.push('{');
+            for (i, (key, value)) in members.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                string(key, out);
+                out.push(':');
+                json_text(value, out);
+            }
+            out.push('}');
+        }
+        JsonDom::Scalar(JsonScalar::Number(JsonNumber::Decimal(d))) => out.push_str(&d.to_string()),
+        // Everything else (strings, dates, opaque values, other numbers) converts without loss.
+        JsonDom::Scalar(scalar) => out.push_str(&serde_json::Value::from(scalar.clone()).to_string()),
     }
 }
 

@@ -3,8 +3,10 @@
 
 pub mod binlog;
 pub mod decode;
+pub mod files;
 pub mod preflight;
 pub mod purge;
+pub mod rows;
 pub mod snapshot;
 
 use std::str::FromStr;
@@ -81,6 +83,27 @@ impl SourceConn {
     }
 }
 
+/// Where a stream reads changes from: the live replication stream or binlog files.
+pub enum SourceReader {
+    /// A replication connection.
+    Live(binlog::BinlogReader),
+    /// Binlog files on disk.
+    Files(files::FilesReader),
+}
+
+impl SourceReader {
+    /// The next change; `None` when the source is exhausted (binlog files only; a server never is).
+    ///
+    /// # Errors
+    /// As [`binlog::BinlogReader::next`] and [`files::FilesReader::next`].
+    pub async fn next(&mut self) -> Result<Option<binlog::Change>> {
+        match self {
+            SourceReader::Live(reader) => reader.next().await.map(Some),
+            SourceReader::Files(reader) => reader.next(),
+        }
+    }
+}
+
 /// Who the server is: stored with the checkpoint so that the connector never resumes a position against
 /// a different server by accident.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,6 +115,10 @@ pub struct ServerIdentity {
     /// `@@server_uuid` (MySQL only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_uuid: Option<String>,
+    /// Read from binlog files (`source.kind = "files"`), not from the live server: a checkpoint of one
+    /// never silently resumes the other.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub binlog_files: bool,
 }
 
 /// What the connector learns about the server when it connects.
@@ -121,7 +148,7 @@ pub async fn server_info(conn: &mut Conn) -> Result<ServerInfo> {
         Flavor::MariaDb => None,
     };
     Ok(ServerInfo {
-        identity: ServerIdentity { flavor, server_id, server_uuid },
+        identity: ServerIdentity { flavor, server_id, server_uuid, binlog_files: false },
         version,
         checksum: !checksum.eq_ignore_ascii_case("NONE"),
     })

@@ -241,9 +241,10 @@ pub fn describe_identity(id: &ServerIdentity) -> String {
         Flavor::MySql => "MySQL",
         Flavor::MariaDb => "MariaDB",
     };
+    let files = if id.binlog_files { " (binlog files)" } else { "" };
     match &id.server_uuid {
-        Some(uuid) => format!("{flavor} server_id={} server_uuid={uuid}", id.server_id),
-        None => format!("{flavor} server_id={}", id.server_id),
+        Some(uuid) => format!("{flavor} server_id={} server_uuid={uuid}{files}", id.server_id),
+        None => format!("{flavor} server_id={}{files}", id.server_id),
     }
 }
 

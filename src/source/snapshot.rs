@@ -359,6 +359,12 @@ impl Scanner {
         Ok((key, outbox))
     }
 
+    /// The connection that holds the read view, for callers that run their own queries in the same view
+    /// (`prune` selects the rows its proof covers through it).
+    pub fn view_conn(&mut self) -> &mut Conn {
+        &mut self.conn
+    }
+
     /// Ends the read view.
     pub async fn close(mut self) {
         let _ = self.conn.query_drop("COMMIT").await;
@@ -454,7 +460,12 @@ impl Overlap {
         let mut boundary_inside_aggregate = false;
         let state = self.state.clone();
         for (i, s) in state.segments.iter().enumerate().skip(1) {
-            let after = s.after.as_ref().expect("resumed segments start after a key");
+            // A snapshot killed before its first acknowledged key resumes from the very start: that segment
+            // covers every key, superseding the earlier ones.
+            let Some(after) = s.after.as_ref() else {
+                segment = i;
+                continue;
+            };
             let greater = if after.table != table {
                 table > after.table
             } else {

@@ -16,6 +16,38 @@ use tempfile::TempDir;
 const TERMINATE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `outbox-cdc status` may take.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `outbox-cdc audit` may take (it reads the whole table and every routed topic).
+const AUDIT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What `outbox-cdc audit --json` said.
+#[derive(Debug, Clone)]
+pub struct AuditRun {
+    /// Its exit code (0 passed, 1 missing or out of order, 2/3 the audit could not run).
+    pub code: Option<i32>,
+    /// The JSON report (`Null` when it printed none).
+    pub report: serde_json::Value,
+    /// Its stderr (logs).
+    pub stderr: String,
+}
+
+impl AuditRun {
+    /// A count field of the report (0 when absent).
+    pub fn count(&self, field: &str) -> u64 {
+        self.report[field].as_u64().unwrap_or(0)
+    }
+
+    /// The ids of the report's `duplicates` list with their counts.
+    pub fn duplicates(&self) -> Vec<(String, u64)> {
+        self.report["duplicates"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|d| (d["id"].as_str().unwrap_or_default().to_owned(), d["count"].as_u64().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
 
 /// Writes `<dir>/connector.toml` for `db` and `broker` (user `cdc`, a random replica `server_id` in
 /// `1000..60000`, topic `outbox.event.${aggregate_type}`, state in `<dir>/state`), with
@@ -129,6 +161,41 @@ impl Connector {
     pub fn env(&mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> &mut Self {
         self.envs.push((key.into(), value.into()));
         self
+    }
+
+    /// Removes an environment variable set with [`Connector::env`] from the next starts.
+    pub fn remove_env(&mut self, key: &str) -> &mut Self {
+        self.envs.retain(|(k, _)| k != key);
+        self
+    }
+
+    /// Runs `outbox-cdc audit --json --limit 1000000 --config <config_path> <extra args>` as a separate
+    /// process (the connector process is not touched) and returns its exit code and report.
+    ///
+    /// # Panics
+    /// When the audit does not finish within 300 s, or prints no JSON although it exited 0 or 1.
+    pub fn audit(&self, extra_args: &[&str]) -> AuditRun {
+        let out = self.dir.path().join("audit.json");
+        let err = self.dir.path().join("audit.stderr.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-cdc"));
+        cmd.args(["audit", "--json", "--limit", "1000000", "--config"])
+            .arg(self.config_path())
+            .args(extra_args)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("create audit.json"))
+            .stderr(std::fs::File::create(&err).expect("create audit.stderr.log"));
+        let mut child = process::spawn(cmd).expect("start outbox-cdc audit");
+        let Some(status) = process::wait_timeout(&mut child, AUDIT_TIMEOUT) else {
+            process::kill_now(&mut child);
+            panic!("outbox-cdc audit did not finish within {AUDIT_TIMEOUT:?}:\n{}", read_lossy(&err));
+        };
+        let (stdout, stderr) = (read_lossy(&out), read_lossy(&err));
+        let report = serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null);
+        if matches!(status.code(), Some(0 | 1)) {
+            assert!(report.is_object(), "outbox-cdc audit exited {status} without a JSON report:\n{stdout}\n{stderr}");
+        }
+        AuditRun { code: status.code(), report, stderr }
     }
 
     /// Starts `outbox-cdc run --config <config>`.
@@ -267,9 +334,14 @@ impl Connector {
         if out.trim_start().starts_with("no checkpoint") {
             return Ok(None);
         }
-        serde_json::from_str(&out)
-            .map(Some)
-            .map_err(|e| format!("outbox-cdc status --json printed no JSON ({e}):\nstdout: {out}\nstderr: {err}"))
+        let mut value: serde_json::Value = serde_json::from_str(&out)
+            .map_err(|e| format!("outbox-cdc status --json printed no JSON ({e}):\nstdout: {out}\nstderr: {err}"))?;
+        // The checkpoint record only: `holds` and `last_error` sit beside it and change without it.
+        if let Some(object) = value.as_object_mut() {
+            object.remove("holds");
+            object.remove("last_error");
+        }
+        Ok(Some(value))
     }
 
     /// Everything the process(es) wrote so far: stdout then stderr, with start markers.

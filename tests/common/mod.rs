@@ -31,6 +31,7 @@ pub mod connector;
 pub mod mariadb;
 pub mod process;
 pub mod proxy;
+pub mod reliability;
 pub mod workload;
 
 #[allow(unused_imports)]
@@ -38,7 +39,7 @@ pub use audit::{audit, AuditReport, Expected};
 #[allow(unused_imports)]
 pub use broker::{Broker, Engine, Received};
 #[allow(unused_imports)]
-pub use connector::{write_config, Connector};
+pub use connector::{write_config, AuditRun, Connector};
 #[allow(unused_imports)]
 pub use mariadb::{purge_binlogs_before_current, MariaDb, MariaDbBuilder};
 #[allow(unused_imports)]
