@@ -380,9 +380,15 @@ fn with_id(record: &KafkaRecord, id: &str) -> OwnedHeaders {
     headers
 }
 
-/// Event ids that carry a sequence number, shaped like the UUIDs the workload uses (36 characters).
+/// Event ids that carry a sequence number, shaped like the UUIDs the workload uses (36 characters). The
+/// first group tells runs apart (the outbox id is the table's primary key).
 fn seq_id(seq: u64) -> String {
-    format!("00000000-0000-4000-8000-{seq:012}")
+    static RUN: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let run = RUN.get_or_init(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as u32).unwrap_or(0)
+            ^ std::process::id()
+    });
+    format!("{run:08x}-0000-4000-8000-{seq:012}")
 }
 
 fn id_seq(id: &[u8]) -> Option<u64> {
@@ -800,12 +806,21 @@ async fn latency(writer: &WriterArgs, kafka: &KafkaArgs, state: Option<PathBuf>,
     let first = (writer.rate * warmup_s) as u64;
     let mut lat = Vec::new();
     let mut missing = 0u64;
+    // (commit second since start, latency ms) of every measured event, for the slowest list.
+    let mut timed = Vec::new();
     for seq in first..total as u64 {
         match (log.committed_ns.get(seq), arrivals.get(seq)) {
-            (Some(c), Some(a)) => lat.push((a as f64 - c as f64) / 1e6),
+            (Some(c), Some(a)) => {
+                let ms = (a as f64 - c as f64) / 1e6;
+                lat.push(ms);
+                timed.push((c as f64 / 1e9, ms));
+            }
             _ => missing += 1,
         }
     }
+    // The slowest events and when they were committed: periodic spikes point at a periodic cause.
+    timed.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap());
+    let slowest: Vec<String> = timed.iter().take(12).map(|(at, ms)| format!("{at:.2}s:{ms:.0}ms")).collect();
     // Checkpoint lag: for each measured transaction, the first sample whose position covers it.
     let samples = samples.lock().unwrap();
     let mut lag = Vec::new();
@@ -827,7 +842,7 @@ async fn latency(writer: &WriterArgs, kafka: &KafkaArgs, state: Option<PathBuf>,
         "{}",
         json!({ "target_rate": writer.rate, "achieved_rate": report.achieved_rate, "seconds": writer.seconds,
                 "warmup_s": warmup_s, "missing": missing, "commit_to_consumable": summary(lat),
-                "commit_to_checkpoint": summary(lag) })
+                "commit_to_checkpoint": summary(lag), "slowest": slowest })
     );
     Ok(())
 }
