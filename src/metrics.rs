@@ -298,10 +298,25 @@ impl Metrics {
 
     /// One event read from the source, routed to `topic`.
     pub fn event_read(&self, topic: &str) {
-        self.topic(topic).read.inc();
+        self.with_topic(topic, |h| h.read.inc());
     }
 
-    fn topic(&self, topic: &str) -> TopicHandles {
+    /// Runs `f` on `topic`'s handles.
+    fn with_topic<R>(&self, topic: &str, f: impl FnOnce(&TopicHandles) -> R) -> R {
+        thread_local! {
+            // The last topic this thread counted: events come in runs of one topic, and this skips the
+            // lock, the hash and the reference counts for them.
+            static LAST: std::cell::RefCell<Option<(String, TopicHandles)>> = const { std::cell::RefCell::new(None) };
+        }
+        LAST.with_borrow_mut(|last| {
+            if last.as_ref().is_none_or(|(name, _)| name != topic) {
+                *last = Some((topic.to_string(), self.lookup_topic(topic)));
+            }
+            f(&last.as_ref().expect("set above").1)
+        })
+    }
+
+    fn lookup_topic(&self, topic: &str) -> TopicHandles {
         self.topics.get(topic, || {
             let label = TopicLabel { topic: topic.to_string() };
             TopicHandles {
@@ -315,7 +330,7 @@ impl Metrics {
 
     /// One record handed to the producer.
     pub fn event_produced(&self, topic: &str, bytes: usize) {
-        self.topic(topic).produced.inc();
+        self.with_topic(topic, |h| h.produced.inc());
         self.bytes_in_flight.inc_by(bytes as i64);
         self.records_in_flight.inc();
     }
@@ -328,12 +343,14 @@ impl Metrics {
 
     /// Kafka acknowledged one record; `occurred_at_ms` is the row's `occurred_at` for streamed rows.
     pub fn event_acknowledged(&self, topic: &str, partition: i32, aggregate_type: &str, occurred_at_ms: Option<i64>) {
-        let handles = self.topic(topic);
-        handles.acknowledged.inc();
+        let handles = self.with_topic(topic, |h| {
+            h.acknowledged.inc();
+            h.partitions.clone()
+        });
         if let Ok(index) = usize::try_from(partition) {
-            let known = handles.partitions.read().unwrap_or_else(|p| p.into_inner()).get(index).cloned().flatten();
+            let known = handles.read().unwrap_or_else(|p| p.into_inner()).get(index).cloned().flatten();
             let counter = known.unwrap_or_else(|| {
-                let mut slots = handles.partitions.write().unwrap_or_else(|p| p.into_inner());
+                let mut slots = handles.write().unwrap_or_else(|p| p.into_inner());
                 if slots.len() <= index {
                     slots.resize(index + 1, None);
                 }

@@ -473,6 +473,9 @@ impl Pipeline {
     ) -> Result<()> {
         let mut tick = tokio::time::interval(Duration::from_millis(self.config.state.checkpoint_interval_ms));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Made once and polled by reference: a fresh shutdown future per change was measurable at 100k/s.
+        let mut requested = std::pin::pin!(shutdown.requested());
+        let mut grace = std::pin::pin!(shutdown.grace_expired());
         loop {
             if let Some(error) = watermark.take_failure() {
                 return Err(error);
@@ -480,13 +483,13 @@ impl Pipeline {
             let stopping = shutdown.requested_at().is_some();
             tokio::select! {
                 biased;
-                _ = shutdown.requested(), if !stopping => {
+                _ = &mut requested, if !stopping => {
                     if stream.current.is_none() {
                         return Ok(());
                     }
                     tracing::info!("stopping after the current source transaction");
                 }
-                _ = shutdown.grace_expired(), if stopping => {
+                _ = &mut grace, if stopping => {
                     tracing::warn!("the current source transaction did not finish within the shutdown grace period; it will be read again after restart");
                     return Ok(());
                 }
@@ -524,7 +527,7 @@ impl Pipeline {
                         stream.row_index += 1;
                         tokio::select! {
                             sent = sink.send(tx, &prepared.record, prepared.occurred_at_ms) => sent?,
-                            _ = shutdown.grace_expired() => {
+                            _ = &mut grace => {
                                 tracing::warn!("Kafka did not accept records within the shutdown grace period");
                                 return Ok(());
                             }

@@ -164,31 +164,34 @@ impl OutboxTable {
     /// (only `headers` and `payload` are moved, last and after validation), so a failed row still renders
     /// whole.
     fn convert(&self, v: &mut [(&'static str, Slot)]) -> Result<OutboxRow> {
-        let id = text(&v[0].1, "id")?;
-        let fail = |e: Error| e.context(format_args!("id={id}"));
-        let aggregate_type = text(&v[1].1, "aggregate_type").map_err(fail)?;
-        let aggregate_id = text(&v[2].1, "aggregate_id").map_err(fail)?;
-        let event_type = text(&v[3].1, "event_type").map_err(fail)?;
-        let schema_version = small_uint(&v[4].1, "schema_version").map_err(fail)?;
-        let occurred_at = datetime(&v[7].1, self.occurred_at_fsp, "occurred_at").map_err(fail)?;
+        // Everything that can fail runs before a short column moves out of its slot; payload and headers
+        // move while being validated and are put back if a later step fails. A failed row therefore
+        // still renders whole, and a good one is converted without copying its values.
+        check_text(&v[0].1, "id")?;
+        let fail = |v: &[(&'static str, Slot)], e: Error| e.context(format_args!("id={}", id_of(v)));
+        check_text(&v[1].1, "aggregate_type").map_err(|e| fail(v, e))?;
+        check_text(&v[2].1, "aggregate_id").map_err(|e| fail(v, e))?;
+        check_text(&v[3].1, "event_type").map_err(|e| fail(v, e))?;
+        let schema_version = small_uint(&v[4].1, "schema_version").map_err(|e| fail(v, e))?;
+        let occurred_at = datetime(&v[7].1, self.occurred_at_fsp, "occurred_at").map_err(|e| fail(v, e))?;
         if matches!(v[5].1, Some(BinlogValue::Value(Value::NULL))) {
-            return Err(fail(Error::definite("payload is NULL")));
+            return Err(fail(v, Error::definite("payload is NULL")));
         }
-        let (head, tail) = v.split_at_mut(6);
+        let payload = json(&mut v[5].1, "payload").map_err(|e| fail(v, e))?.expect("NULL checked above");
         let headers = match self.has_headers {
-            // Validate payload before headers moves out: payload is the last fallible step.
-            true => json(&mut tail[0].1, "headers").map_err(fail)?,
+            true => match json(&mut v[6].1, "headers") {
+                Ok(headers) => headers,
+                Err(e) => {
+                    v[5].1 = Some(BinlogValue::Value(Value::Bytes(payload.into_bytes())));
+                    return Err(fail(v, e));
+                }
+            },
             false => None,
         };
-        let payload = match json(&mut head[5].1, "payload") {
-            Ok(payload) => payload.expect("NULL checked above"),
-            Err(e) => {
-                if let Some(h) = &headers {
-                    tail[0].1 = Some(BinlogValue::Value(Value::Bytes(h.clone().into_bytes())));
-                }
-                return Err(fail(e));
-            }
-        };
+        let id = take_text(&mut v[0].1);
+        let aggregate_type = take_text(&mut v[1].1);
+        let aggregate_id = take_text(&mut v[2].1);
+        let event_type = take_text(&mut v[3].1);
         Ok(OutboxRow {
             table: self.name.clone(),
             id,
@@ -255,15 +258,34 @@ fn unexpected(column: &str, value: &BinlogValue<'_>) -> Error {
 }
 
 /// A short text column, copied (the slot keeps its value for rendering).
-fn text(slot: &Slot, column: &str) -> Result<String> {
+/// The event id of a row being converted, for error messages.
+fn id_of(v: &[(&'static str, Slot)]) -> String {
+    match &v[0].1 {
+        Some(BinlogValue::Value(Value::Bytes(b))) => String::from_utf8_lossy(b).into_owned(),
+        Some(other) => format!("{other:?}"),
+        None => "?".to_string(),
+    }
+}
+
+/// Checks a short text column without moving it (see [`OutboxTable::convert`]).
+fn check_text(slot: &Slot, column: &str) -> Result<()> {
     match slot.as_ref().ok_or_else(|| missing(column))? {
         BinlogValue::Value(Value::Bytes(bytes)) => std::str::from_utf8(bytes)
-            .map(String::from)
+            .map(|_| ())
             .map_err(|_| Error::definite(format!("column {column} is not valid UTF-8 (use a utf8mb4 column)"))),
-        BinlogValue::Value(Value::Int(i)) => Ok(i.to_string()),
-        BinlogValue::Value(Value::UInt(u)) => Ok(u.to_string()),
+        BinlogValue::Value(Value::Int(_) | Value::UInt(_)) => Ok(()),
         BinlogValue::Value(Value::NULL) => Err(Error::definite(format!("column {column} is NULL"))),
         other => Err(unexpected(column, other)),
+    }
+}
+
+/// Moves a column that [`check_text`] accepted out of its slot.
+fn take_text(slot: &mut Slot) -> String {
+    match slot.take() {
+        Some(BinlogValue::Value(Value::Bytes(bytes))) => String::from_utf8(bytes).expect("checked by check_text"),
+        Some(BinlogValue::Value(Value::Int(i))) => i.to_string(),
+        Some(BinlogValue::Value(Value::UInt(u))) => u.to_string(),
+        _ => unreachable!("checked by check_text"),
     }
 }
 
@@ -283,11 +305,15 @@ fn small_uint(slot: &Slot, column: &str) -> Result<u16> {
 fn json(slot: &mut Slot, column: &str) -> Result<Option<String>> {
     match slot.as_ref().ok_or_else(|| missing(column))? {
         BinlogValue::Value(Value::NULL) => Ok(None),
-        BinlogValue::Value(Value::Bytes(bytes)) if std::str::from_utf8(bytes).is_err() => {
-            Err(Error::definite(format!("column {column} is not valid UTF-8")))
-        }
+        // Moved out and validated once; on failure the bytes go back into the slot for the dead letter.
         BinlogValue::Value(Value::Bytes(_)) => match slot.take() {
-            Some(BinlogValue::Value(Value::Bytes(bytes))) => Ok(Some(String::from_utf8(bytes).expect("checked above"))),
+            Some(BinlogValue::Value(Value::Bytes(bytes))) => match String::from_utf8(bytes) {
+                Ok(text) => Ok(Some(text)),
+                Err(e) => {
+                    *slot = Some(BinlogValue::Value(Value::Bytes(e.into_bytes())));
+                    Err(Error::definite(format!("column {column} is not valid UTF-8")))
+                }
+            },
             _ => unreachable!("matched above"),
         },
         BinlogValue::Jsonb(value) => {
@@ -352,14 +378,14 @@ fn datetime(slot: &Slot, fsp: u8, column: &str) -> Result<String> {
 /// ISO-8601 without zone, with exactly `fsp` fractional digits (the column's declared precision).
 #[allow(clippy::too_many_arguments)]
 pub fn format_datetime(y: u16, mo: u8, d: u8, h: u8, mi: u8, s: u8, micros: u32, fsp: u8) -> String {
-    let base = format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}");
-    match fsp.min(6) {
-        0 => base,
-        n => {
-            let frac = format!("{micros:06}");
-            format!("{base}.{}", &frac[..n as usize])
-        }
+    use std::fmt::Write;
+    let mut out = String::with_capacity(26);
+    write!(out, "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}").expect("writing to a String");
+    let digits = usize::from(fsp.min(6));
+    if digits > 0 {
+        write!(out, ".{:0width$}", micros / 10u32.pow(6 - digits as u32), width = digits).expect("writing to a String");
     }
+    out
 }
 
 #[cfg(test)]
