@@ -74,6 +74,12 @@ enum Command {
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 1800)]
         timeout_s: u64,
+        /// Also note when the connector's /metrics (host:port) first counts this many acknowledged events:
+        /// the time to the last ack, without the checkpoint cadence.
+        #[arg(long)]
+        metrics: Option<String>,
+        #[arg(long, default_value_t = 0)]
+        acked: u64,
         /// The command.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -169,14 +175,14 @@ struct WriterArgs {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::RunUntil { state, gtid, gtid_file, snapshot_done, rss_csv, pid_file, timeout_s, cmd } => {
+        Command::RunUntil { state, gtid, gtid_file, snapshot_done, rss_csv, pid_file, timeout_s, metrics, acked, cmd } => {
             let target = match (gtid, gtid_file, snapshot_done) {
                 (Some(g), None, false) => Target::Gtid(g),
                 (None, Some(f), false) => Target::GtidFile(f),
                 (None, None, true) => Target::SnapshotDone,
                 _ => bail!("give exactly one of --gtid, --gtid-file, --snapshot-done"),
             };
-            tokio::task::spawn_blocking(move || run_until(&state, target, rss_csv, pid_file, timeout_s, &cmd)).await?
+            tokio::task::spawn_blocking(move || run_until(&state, target, rss_csv, pid_file, timeout_s, metrics.map(|m| (m, acked)), &cmd)).await?
         }
         Command::ProduceFloor { kafka, mysql_url, events, max_in_flight_bytes } => {
             produce_floor(&kafka, &mysql_url, events, max_in_flight_bytes).await
@@ -240,8 +246,10 @@ fn run_until(
     rss_csv: Option<PathBuf>,
     pid_file: Option<PathBuf>,
     timeout_s: u64,
+    acked_target: Option<(String, u64)>,
     cmd: &[String],
 ) -> anyhow::Result<()> {
+    let mut acked_at: Option<f64> = None;
     let start = Instant::now();
     let mut child = std::process::Command::new(&cmd[0]).args(&cmd[1..]).spawn().context("starting the command")?;
     let pid = child.id().to_string();
@@ -279,6 +287,11 @@ fn run_until(
                 gtid = std::fs::read_to_string(f).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
             }
         }
+        if let (None, Some((addr, n))) = (acked_at, &acked_target) {
+            if acknowledged(addr).is_some_and(|a| a >= *n) {
+                acked_at = Some(start.elapsed().as_secs_f64());
+            }
+        }
         // A read error (the writer holds the file mid-commit) is just another poll.
         let done = match Store::read_only(state) {
             Ok(Some(cp)) => match &target {
@@ -297,9 +310,26 @@ fn run_until(
     child.wait()?;
     println!(
         "{}",
-        json!({ "seconds": seconds, "cpu_s": cpu_s, "peak_rss_kb": peak_kb, "max_sampled_rss_kb": max_sampled_kb })
+        json!({ "seconds": seconds, "cpu_s": cpu_s, "peak_rss_kb": peak_kb, "max_sampled_rss_kb": max_sampled_kb,
+                "acked_seconds": acked_at })
     );
     Ok(())
+}
+
+/// The connector's count of acknowledged events, from its /metrics endpoint (plain HTTP/1.0).
+fn acknowledged(addr: &str) -> Option<u64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    let sum: f64 = body
+        .lines()
+        .filter(|l| l.starts_with("outbox_cdc_events_acknowledged_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    Some(sum as u64)
 }
 
 // ---------------------------------------------------------------------------------------------------------
