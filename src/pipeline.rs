@@ -481,6 +481,10 @@ impl Pipeline {
                 return Err(error);
             }
             let stopping = shutdown.requested_at().is_some();
+            if stopping && stream.current.is_none() {
+                // Requested before this loop first ran (e.g. during the snapshot): nothing to finish.
+                return Ok(());
+            }
             tokio::select! {
                 biased;
                 _ = &mut requested, if !stopping => {
