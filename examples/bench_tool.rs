@@ -175,14 +175,28 @@ struct WriterArgs {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::RunUntil { state, gtid, gtid_file, snapshot_done, rss_csv, pid_file, timeout_s, metrics, acked, cmd } => {
+        Command::RunUntil {
+            state,
+            gtid,
+            gtid_file,
+            snapshot_done,
+            rss_csv,
+            pid_file,
+            timeout_s,
+            metrics,
+            acked,
+            cmd,
+        } => {
             let target = match (gtid, gtid_file, snapshot_done) {
                 (Some(g), None, false) => Target::Gtid(g),
                 (None, Some(f), false) => Target::GtidFile(f),
                 (None, None, true) => Target::SnapshotDone,
                 _ => bail!("give exactly one of --gtid, --gtid-file, --snapshot-done"),
             };
-            tokio::task::spawn_blocking(move || run_until(&state, target, rss_csv, pid_file, timeout_s, metrics.map(|m| (m, acked)), &cmd)).await?
+            tokio::task::spawn_blocking(move || {
+                run_until(&state, target, rss_csv, pid_file, timeout_s, metrics.map(|m| (m, acked)), &cmd)
+            })
+            .await?
         }
         Command::ProduceFloor { kafka, mysql_url, events, max_in_flight_bytes } => {
             produce_floor(&kafka, &mysql_url, events, max_in_flight_bytes).await
@@ -193,7 +207,10 @@ async fn main() -> anyhow::Result<()> {
             let clock = Clock::new();
             let log = Arc::new(CommitLog::new((writer.rate * writer.seconds) as usize + 1));
             let report = write_steadily(&writer, &clock, log).await?;
-            println!("{}", json!({ "target_rate": writer.rate, "achieved_rate": report.achieved_rate, "committed": report.committed }));
+            println!(
+                "{}",
+                json!({ "target_rate": writer.rate, "achieved_rate": report.achieved_rate, "committed": report.committed })
+            );
             Ok(())
         }
         Command::Latency { writer, kafka, state, warmup_s } => latency(&writer, &kafka, state, warmup_s).await,
@@ -335,11 +352,14 @@ fn acknowledged(addr: &str) -> Option<u64> {
 // ---------------------------------------------------------------------------------------------------------
 // The connector's records, built from real outbox rows
 
+/// id, aggregate_type, aggregate_id, event_type, schema_version, payload, headers, occurred_at.
+type OutboxColumns = (String, String, String, String, u16, String, Option<String>, String);
+
 /// Up to `limit` rows of the outbox table, routed exactly as the connector routes them (default topic
 /// template replaced by `topic`, envelope value format).
 async fn connector_records(mysql_url: &str, topic: &str, limit: usize) -> anyhow::Result<Vec<KafkaRecord>> {
     let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(mysql_url)?).await?;
-    let rows: Vec<(String, String, String, String, u16, String, Option<String>, String)> = conn
+    let rows: Vec<OutboxColumns> = conn
         .query(format!(
             "SELECT id, aggregate_type, aggregate_id, event_type, schema_version, payload, headers, \
              DATE_FORMAT(occurred_at, '%Y-%m-%dT%H:%i:%s.%f') FROM shop.outbox_events LIMIT {limit}"
@@ -388,8 +408,7 @@ fn producer_config(bootstrap: &str) -> ClientConfig {
 }
 
 async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> anyhow::Result<()> {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", bootstrap).create()?;
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
     for r in admin.create_topics([&new], &opts).await? {
@@ -596,13 +615,16 @@ async fn stream_floor(config_path: &std::path::Path, events: u64) -> anyhow::Res
     let mut conn = source.connect().await.map_err(err)?;
     let logs: Vec<(String, u64)> = conn.query("SHOW BINARY LOGS").await?;
     let (first, _) = logs.first().cloned().ok_or_else(|| anyhow!("no binlogs"))?;
-    let status: mysql_async::Row = conn.query_first("SHOW MASTER STATUS").await?.ok_or_else(|| anyhow!("binlog off"))?;
+    let status: mysql_async::Row =
+        conn.query_first("SHOW MASTER STATUS").await?.ok_or_else(|| anyhow!("binlog off"))?;
     let (end_file, end_pos): (String, u64) =
         (status.get(0).ok_or_else(|| anyhow!("no File"))?, status.get(1).ok_or_else(|| anyhow!("no Position"))?);
     conn.query_drop("SET @mariadb_slave_capability = 4").await?;
     let cpu0 = cpu_seconds("self")?;
     let start = Instant::now();
-    let request = mysql_async::BinlogStreamRequest::new(config.source.server_id + 200).with_filename(first.as_bytes()).with_pos(4);
+    let request = mysql_async::BinlogStreamRequest::new(config.source.server_id + 200)
+        .with_filename(first.as_bytes())
+        .with_pos(4);
     let mut stream = conn.get_binlog_stream(request).await?;
     let (mut n, mut bytes, mut file) = (0u64, 0u64, first.clone());
     while let Some(event) = stream.next().await {
@@ -805,7 +827,8 @@ async fn latency(writer: &WriterArgs, kafka: &KafkaArgs, state: Option<PathBuf>,
     let clock = Clock::new();
     let total = (writer.rate * writer.seconds) as usize;
     create_topic(&kafka.bootstrap, &kafka.topic, kafka.partitions).await?;
-    let (arrivals, stop, seen) = (Arc::new(TimeLog::new(total)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
+    let (arrivals, stop, seen) =
+        (Arc::new(TimeLog::new(total)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
     let consumer = consume_arrivals(kafka, clock, arrivals.clone(), stop.clone(), seen.clone())?;
     // Checkpoint samples: (instant, GTID seq_no covered).
     let samples = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
@@ -833,7 +856,7 @@ async fn latency(writer: &WriterArgs, kafka: &KafkaArgs, state: Option<PathBuf>,
     if let Some(s) = sampler {
         s.join().map_err(|_| anyhow!("sampler panicked"))?;
     }
-    let first = (writer.rate * warmup_s) as u64;
+    let first = writer.rate * warmup_s;
     let mut lat = Vec::new();
     let mut missing = 0u64;
     // (commit second since start, latency ms) of every measured event, for the slowest list.
@@ -856,7 +879,8 @@ async fn latency(writer: &WriterArgs, kafka: &KafkaArgs, state: Option<PathBuf>,
     let mut lag = Vec::new();
     if !samples.is_empty() {
         for seq in first..total as u64 {
-            let (Some(c), gtid) = (log.committed_ns.get(seq), log.gtid_seq[seq as usize].load(Ordering::Relaxed)) else {
+            let (Some(c), gtid) = (log.committed_ns.get(seq), log.gtid_seq[seq as usize].load(Ordering::Relaxed))
+            else {
                 continue;
             };
             if gtid == 0 {
@@ -880,12 +904,19 @@ async fn latency(writer: &WriterArgs, kafka: &KafkaArgs, state: Option<PathBuf>,
 // ---------------------------------------------------------------------------------------------------------
 // broker-latency
 
-async fn broker_latency(kafka: &KafkaArgs, mysql_url: &str, rate: u64, seconds: u64, warmup_s: u64) -> anyhow::Result<()> {
+async fn broker_latency(
+    kafka: &KafkaArgs,
+    mysql_url: &str,
+    rate: u64,
+    seconds: u64,
+    warmup_s: u64,
+) -> anyhow::Result<()> {
     let records = connector_records(mysql_url, &kafka.topic, 10_000).await?;
     create_topic(&kafka.bootstrap, &kafka.topic, kafka.partitions).await?;
     let clock = Clock::new();
     let total = (rate * seconds) as usize;
-    let (arrivals, stop, seen) = (Arc::new(TimeLog::new(total)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
+    let (arrivals, stop, seen) =
+        (Arc::new(TimeLog::new(total)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
     let consumer = consume_arrivals(kafka, clock, arrivals.clone(), stop.clone(), seen.clone())?;
     let acks = Arc::new(TimeLog::new(total));
     let sent = Arc::new(TimeLog::new(total));
@@ -921,9 +952,7 @@ async fn broker_latency(kafka: &KafkaArgs, mysql_url: &str, rate: u64, seconds: 
     consumer.join().map_err(|_| anyhow!("consumer panicked"))?;
     let first = rate * warmup_s;
     let collect = |log: &TimeLog| -> Vec<f64> {
-        (first..total as u64)
-            .filter_map(|s| Some((log.get(s)? as f64 - sent.get(s)? as f64) / 1e6))
-            .collect()
+        (first..total as u64).filter_map(|s| Some((log.get(s)? as f64 - sent.get(s)? as f64) / 1e6)).collect()
     };
     println!(
         "{}",

@@ -482,17 +482,16 @@ impl Pipeline {
             }
             let stopping = shutdown.requested_at().is_some();
             if stopping && stream.current.is_none() {
-                // Requested before this loop first ran (e.g. during the snapshot): nothing to finish.
+                // Between transactions (also when requested before this loop first ran, e.g. during the
+                // snapshot): nothing to finish.
                 return Ok(());
             }
             tokio::select! {
                 biased;
-                _ = &mut requested, if !stopping => {
-                    if stream.current.is_none() {
-                        return Ok(());
-                    }
+                // Between transactions the check at the top of the loop returns on the next turn.
+                _ = &mut requested, if !stopping => if stream.current.is_some() {
                     tracing::info!("stopping after the current source transaction");
-                }
+                },
                 _ = &mut grace, if stopping => {
                     tracing::warn!("the current source transaction did not finish within the shutdown grace period; it will be read again after restart");
                     return Ok(());
