@@ -264,6 +264,10 @@ pub struct SourceConfig {
     /// Upper bound of the reconnect delay.
     #[serde(default = "default_backoff_max_ms")]
     pub reconnect_max_backoff_ms: u64,
+    /// Bytes of decoded changes the binlog reader may hold ahead of the producer (it reads and decodes on a
+    /// task of its own). Counts towards the memory bound together with `kafka.max_in_flight_bytes`.
+    #[serde(default = "default_read_ahead_bytes")]
+    pub read_ahead_bytes: usize,
 }
 
 /// Where change events come from.
@@ -444,8 +448,9 @@ pub struct KafkaConfig {
     /// Topic-level configs for created topics, e.g. `{ "min.insync.replicas" = "2" }`.
     #[serde(default)]
     pub topic_config: BTreeMap<String, String>,
-    /// Upper bound, in bytes, of records handed to the producer and not yet acknowledged. When reached, the
-    /// binlog reader waits: a slow broker slows the reader instead of growing memory.
+    /// Upper bound, in bytes, of records handed to the producer and not yet acknowledged, each counted with
+    /// ~1 KB for librdkafka's own bookkeeping of it. When reached, the binlog reader waits: a slow broker
+    /// slows the reader instead of growing memory.
     #[serde(default = "default_max_in_flight_bytes")]
     pub max_in_flight_bytes: usize,
     /// Largest record the connector produces, in bytes (librdkafka `message.max.bytes`); also set as
@@ -579,6 +584,9 @@ fn default_replication_factor() -> i32 {
 fn default_max_in_flight_bytes() -> usize {
     16 * 1024 * 1024
 }
+fn default_read_ahead_bytes() -> usize {
+    1024 * 1024
+}
 fn default_chunk_rows() -> usize {
     10_000
 }
@@ -670,6 +678,9 @@ impl Config {
         }
         if self.kafka.topic_partitions < 1 {
             return Err(Error::definite("kafka.topic_partitions must be at least 1"));
+        }
+        if !(256 * 1024..=1024 * 1024 * 1024).contains(&self.source.read_ahead_bytes) {
+            return Err(Error::definite("source.read_ahead_bytes must be between 256 KiB and 1 GiB"));
         }
         if self.kafka.max_in_flight_bytes < 1024 * 1024 {
             return Err(Error::definite("kafka.max_in_flight_bytes must be at least 1 MiB"));

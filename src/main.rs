@@ -176,7 +176,7 @@ fn init_tracing(format: LogFormat) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
     let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {

@@ -493,9 +493,14 @@ pub fn parse_occurred_at_ms(text: &str) -> Option<i64> {
     let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
     let mut millis = 0;
     if b.len() > 20 && b[19] == b'.' {
-        let frac = &text[20..];
-        let digits: String = frac.chars().chain(std::iter::repeat('0')).take(3).collect();
-        millis = digits.parse().ok()?;
+        for i in 20..23 {
+            let digit = match b.get(i) {
+                Some(c) if c.is_ascii_digit() => i64::from(c - b'0'),
+                Some(_) => return None,
+                None => 0,
+            };
+            millis = millis * 10 + digit;
+        }
     }
     // Days from the civil date (Howard Hinnant's algorithm).
     let y = if mo <= 2 { y - 1 } else { y };

@@ -24,12 +24,13 @@
 //! for up to [`SHUTDOWN_GRACE`]), waits for every record to be acknowledged, writes a final checkpoint and
 //! returns: a restart then neither loses nor repeats an event.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::checkpoint::{now_ms, Checkpoint, Mark, Store, TxId, Watermark, CHECKPOINT_VERSION};
+use crate::checkpoint::{Mark, Store, TxId, Watermark};
 use crate::config::Config;
 use crate::config::{SnapshotMode, SourceKind};
 use crate::error::{Error, Result};
@@ -41,10 +42,15 @@ use crate::sink::KafkaSink;
 use crate::source::binlog::{BinlogReader, Change, ReaderSettings, TxStart};
 use crate::source::snapshot::{self, Overlap, Segment, SnapshotState};
 use crate::source::{
-    ensure_position_available, preflight, server_info, start_position, ServerIdentity, SourceConn, SourceReader,
+    ensure_position_available, preflight, server_info, start_position, SourceConn, SourceReader,
 };
 
+mod checkpointer;
 mod files;
+mod read_ahead;
+
+use checkpointer::Checkpointer;
+use read_ahead::ReadAhead;
 
 /// How long a graceful stop waits for the current transaction to finish and for acknowledgements.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -55,17 +61,21 @@ const FAILURE_DRAIN: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct Shutdown {
     rx: watch::Receiver<Option<Instant>>,
+    /// Set with the watch value: polled per change without the watch's lock.
+    requested: Arc<AtomicBool>,
 }
 
 /// Triggers a [`Shutdown`].
 #[derive(Debug)]
 pub struct ShutdownTrigger {
     tx: watch::Sender<Option<Instant>>,
+    requested: Arc<AtomicBool>,
 }
 
 impl ShutdownTrigger {
     /// Requests shutdown (idempotent).
     pub fn trigger(&self) {
+        self.requested.store(true, Ordering::Release);
         self.tx.send_if_modified(|at| {
             if at.is_none() {
                 *at = Some(Instant::now());
@@ -81,7 +91,13 @@ impl Shutdown {
     /// A new signal and its trigger.
     pub fn new() -> (ShutdownTrigger, Shutdown) {
         let (tx, rx) = watch::channel(None);
-        (ShutdownTrigger { tx }, Shutdown { rx })
+        let requested = Arc::new(AtomicBool::new(false));
+        (ShutdownTrigger { tx, requested: requested.clone() }, Shutdown { rx, requested })
+    }
+
+    /// Whether shutdown was requested (cheap).
+    pub fn is_requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
     }
 
     /// When shutdown was requested.
@@ -117,44 +133,6 @@ pub struct Pipeline {
     pub store: Arc<Store>,
     /// Resume even when the checkpoint belongs to another server (`--accept-new-server`).
     pub accept_new_server: bool,
-}
-
-/// Turns the watermark into stored checkpoints.
-struct Checkpointer {
-    store: Arc<Store>,
-    watermark: Arc<Watermark>,
-    server: ServerIdentity,
-    saved: Option<Mark>,
-}
-
-impl Checkpointer {
-    /// Writes the watermark if it moved.
-    fn flush(&mut self) -> Result<()> {
-        let Some(mark) = self.watermark.mark() else {
-            return Ok(());
-        };
-        if self.saved.as_ref() == Some(&mark) {
-            return Ok(());
-        }
-        crate::failpoint!("ack_before_checkpoint");
-        self.save_now(mark)
-    }
-
-    /// Writes `mark` at once, whatever the watermark says (start points that must be durable first).
-    fn save_now(&mut self, mark: Mark) -> Result<()> {
-        self.store.save(&Checkpoint {
-            version: CHECKPOINT_VERSION,
-            position: mark.position.clone(),
-            server: self.server.clone(),
-            source_timestamp: mark.timestamp,
-            written_at_ms: now_ms(),
-            snapshot: mark.snapshot.as_deref().cloned(),
-        })?;
-        tracing::debug!(position = %mark.position, "checkpoint written");
-        metrics().checkpoint_written(mark.timestamp);
-        self.saved = Some(mark);
-        Ok(())
-    }
 }
 
 /// What the stream starts from.
@@ -226,12 +204,7 @@ impl Pipeline {
         }
         report.into_result()?;
 
-        let mut checkpointer = Checkpointer {
-            store: self.store.clone(),
-            watermark: Arc::new(Watermark::new(None)),
-            server: info.identity.clone(),
-            saved: None,
-        };
+        let checkpointer = Checkpointer::new(self.store.clone(), info.identity.clone());
         let plan = match stored {
             Some(cp) => match cp.snapshot {
                 Some(state) if !state.done => Plan::Snapshot(Some(state)),
@@ -255,16 +228,16 @@ impl Pipeline {
         drop(conn);
 
         let watermark = Arc::new(Watermark::new(None));
-        checkpointer.watermark = watermark.clone();
         let mut sink = KafkaSink::new(&config.kafka, watermark.clone())?;
         let mut publisher = Publisher::new(config, self.router.clone(), self.store.clone())?;
+        let mut periodic = checkpointer.every(watermark.clone(), self.checkpoint_interval());
         let start = match plan {
             Plan::Stream(mark) => Some(mark),
             Plan::Snapshot(progress) => {
                 let result = self
-                    .snapshot(&info, progress, &mut sink, &mut publisher, &watermark, &mut checkpointer, shutdown)
+                    .snapshot(&info, progress, &mut sink, &mut publisher, &watermark, &checkpointer, &mut periodic, shutdown)
                     .await;
-                let done = self.settle(result, &sink, &watermark, &mut checkpointer).await?;
+                let done = self.settle(result, &sink, &watermark, &checkpointer).await?;
                 match done {
                     Some(mark) if config.snapshot.mode != SnapshotMode::InitialOnly => Some(mark),
                     Some(_) => {
@@ -287,16 +260,17 @@ impl Pipeline {
         }
 
         watermark.reset(start.clone());
-        checkpointer.saved = Some(start.clone());
+        checkpointer.already_saved(start.clone());
         let overlap = match &start.snapshot {
             Some(state) => {
                 Overlap::new(state.clone(), &self.source, config.outbox_tables()?, &config.outbox.columns).await?
             }
             None => None,
         };
-        let mut reader = SourceReader::Live(
+        let reader = SourceReader::Live(
             BinlogReader::start(&self.source, &info, self.reader.clone(), start.position.clone()).await?,
         );
+        let mut reader = ReadAhead::spawn(reader, config.source.read_ahead_bytes);
         metrics().set_source_connected(true);
         tracing::info!(
             position = %start.position,
@@ -306,12 +280,13 @@ impl Pipeline {
         );
         let mut stream = StreamState { current: None, start: None, overlap, row_index: 0 };
         let result = self
-            .stream(&mut reader, &mut sink, &mut publisher, &watermark, &mut checkpointer, &mut stream, shutdown)
+            .stream(&mut reader, &mut sink, &mut publisher, &watermark, &mut periodic, &mut stream, shutdown)
             .await;
+        drop(reader);
         if let Some(tx) = stream.current.take() {
             watermark.abandon(tx);
         }
-        self.settle(result, &sink, &watermark, &mut checkpointer).await.map(|_| ())
+        self.settle(result, &sink, &watermark, &checkpointer).await.map(|_| ())
     }
 
     /// After a phase: waits for acknowledgements (briefly after a failure), writes the final checkpoint,
@@ -321,18 +296,18 @@ impl Pipeline {
         result: Result<()>,
         sink: &KafkaSink,
         watermark: &Watermark,
-        checkpointer: &mut Checkpointer,
+        checkpointer: &Checkpointer,
     ) -> Result<Option<Mark>> {
         let limit = if result.is_ok() { SHUTDOWN_GRACE } else { FAILURE_DRAIN };
         let deadline = Instant::now() + limit;
-        let step = Duration::from_millis(self.config.state.checkpoint_interval_ms);
+        let step = self.checkpoint_interval();
         // Keep checkpointing while acknowledgements arrive: a crash during a long drain keeps its progress.
         let drained = loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if sink.drain(step.min(remaining)).await {
                 break true;
             }
-            checkpointer.flush()?;
+            checkpointer.flush(watermark)?;
             if remaining.is_zero() || watermark.failed() {
                 break false;
             }
@@ -345,7 +320,7 @@ impl Pipeline {
             sink.abort();
         }
         crate::failpoint!("shutdown_drained");
-        let flushed = checkpointer.flush();
+        let flushed = checkpointer.flush(watermark);
         let mark = watermark.mark();
         if let Some(mark) = &mark {
             tracing::info!(position = %mark.position, "checkpoint");
@@ -368,7 +343,8 @@ impl Pipeline {
         sink: &mut KafkaSink,
         publisher: &mut Publisher,
         watermark: &Watermark,
-        checkpointer: &mut Checkpointer,
+        checkpointer: &Checkpointer,
+        periodic: &mut checkpointer::Periodic,
         shutdown: &Shutdown,
     ) -> Result<()> {
         let config = &self.config;
@@ -406,13 +382,11 @@ impl Pipeline {
             timestamp: None,
             snapshot: Some(Arc::new(state.clone())),
         })?;
-        watermark.reset(checkpointer.saved.clone().expect("just saved"));
+        watermark.reset(checkpointer.saved().expect("just saved"));
 
         let progress_bar = crate::progress::Progress::new(state.rows_estimate, state.rows_done);
-        let mut last_flush = Instant::now();
-        let interval = Duration::from_millis(config.state.checkpoint_interval_ms);
         loop {
-            if let Some(error) = watermark.take_failure() {
+            if let Some(error) = watermark.take_failure().or_else(|| periodic.failure()) {
                 return Err(error);
             }
             if shutdown.requested_at().is_some() {
@@ -446,10 +420,6 @@ impl Pipeline {
             metrics().snapshot_progress(state.rows_done, state.rows_estimate);
             watermark
                 .close(tx, Mark { position: cut.clone(), timestamp: None, snapshot: Some(Arc::new(state.clone())) });
-            if last_flush.elapsed() >= interval {
-                checkpointer.flush()?;
-                last_flush = Instant::now();
-            }
         }
         scanner.close().await;
         state.done = true;
@@ -463,40 +433,35 @@ impl Pipeline {
     #[allow(clippy::too_many_arguments)] // the run's moving parts, each borrowed for the phase
     async fn stream(
         &self,
-        reader: &mut SourceReader,
+        reader: &mut ReadAhead,
         sink: &mut KafkaSink,
         publisher: &mut Publisher,
         watermark: &Watermark,
-        checkpointer: &mut Checkpointer,
+        periodic: &mut checkpointer::Periodic,
         stream: &mut StreamState,
         shutdown: &Shutdown,
     ) -> Result<()> {
-        let mut tick = tokio::time::interval(Duration::from_millis(self.config.state.checkpoint_interval_ms));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Made once and polled by reference: a fresh shutdown future per change was measurable at 100k/s.
         let mut requested = std::pin::pin!(shutdown.requested());
         let mut grace = std::pin::pin!(shutdown.grace_expired());
         loop {
-            if let Some(error) = watermark.take_failure() {
+            if let Some(error) = watermark.take_failure().or_else(|| periodic.failure()) {
                 return Err(error);
             }
-            let stopping = shutdown.requested_at().is_some();
+            let stopping = shutdown.is_requested();
             if stopping && stream.current.is_none() {
                 // Between transactions (also when requested before this loop first ran, e.g. during the
                 // snapshot): nothing to finish.
                 return Ok(());
             }
             tokio::select! {
+                // Changes before the shutdown notice: while changes flow, the check above sees a shutdown
+                // on the next turn; the notice only wakes a loop that waits for the source.
                 biased;
-                // Between transactions the check at the top of the loop returns on the next turn.
-                _ = &mut requested, if !stopping => if stream.current.is_some() {
-                    tracing::info!("stopping after the current source transaction");
-                },
                 _ = &mut grace, if stopping => {
                     tracing::warn!("the current source transaction did not finish within the shutdown grace period; it will be read again after restart");
                     return Ok(());
                 }
-                _ = tick.tick() => checkpointer.flush()?,
                 change = reader.next() => match change? {
                     None => {
                         tracing::info!("end of the binlog files: waiting for the last acknowledgements, then exiting");
@@ -551,8 +516,17 @@ impl Pipeline {
                         }
                     }
                 },
+                _ = &mut requested, if !stopping => if stream.current.is_some() {
+                    tracing::info!("stopping after the current source transaction");
+                },
             }
         }
+    }
+}
+
+impl Pipeline {
+    fn checkpoint_interval(&self) -> Duration {
+        Duration::from_millis(self.config.state.checkpoint_interval_ms)
     }
 }
 

@@ -18,6 +18,7 @@
 //!   stays a prefix.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use crate::error::Error;
@@ -69,12 +70,14 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct Watermark {
     inner: Mutex<Inner>,
+    /// Mirrors `inner.failure.is_some()`, read without the lock on the per-record path.
+    failed: AtomicBool,
 }
 
 impl Watermark {
     /// A watermark starting at `position` (the resume point: everything before it is already in Kafka).
     pub fn new(start: Option<Mark>) -> Self {
-        Watermark { inner: Mutex::new(Inner { watermark: start, ..Inner::default() }) }
+        Watermark { inner: Mutex::new(Inner { watermark: start, ..Inner::default() }), failed: AtomicBool::new(false) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -139,6 +142,7 @@ impl Watermark {
         let mut inner = self.lock();
         if inner.failure.is_none() {
             inner.failure = Some(error);
+            self.failed.store(true, Ordering::Release);
         }
     }
 
@@ -149,12 +153,17 @@ impl Watermark {
 
     /// Takes the first delivery failure, if one happened.
     pub fn take_failure(&self) -> Option<Error> {
-        self.lock().failure.take()
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut inner = self.lock();
+        self.failed.store(false, Ordering::Release);
+        inner.failure.take()
     }
 
-    /// True when a delivery failed.
+    /// True when a delivery failed (and the failure was not taken yet).
     pub fn failed(&self) -> bool {
-        self.lock().failure.is_some()
+        self.failed.load(Ordering::Acquire)
     }
 
     /// Records handed to the producer and not yet settled.

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::{Checkpointer, Pipeline, Shutdown, StreamState};
+use super::{Checkpointer, Pipeline, ReadAhead, Shutdown, StreamState};
 use crate::checkpoint::{Mark, Watermark};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
@@ -23,12 +23,7 @@ impl Pipeline {
         let config = &self.config;
         let (paths, first) = files::inspect(config)?;
         let identity = files::identity(&first.header);
-        let mut checkpointer = Checkpointer {
-            store: self.store.clone(),
-            watermark: Arc::new(Watermark::new(None)),
-            server: identity.clone(),
-            saved: None,
-        };
+        let checkpointer = Checkpointer::new(self.store.clone(), identity.clone());
         let start = match self.store.load()? {
             Some(cp) => {
                 if cp.server != identity {
@@ -73,11 +68,11 @@ impl Pipeline {
         };
 
         let watermark = Arc::new(Watermark::new(None));
-        checkpointer.watermark = watermark.clone();
         let mut sink = KafkaSink::new(&config.kafka, watermark.clone())?;
         let mut publisher = Publisher::new(config, self.router.clone(), self.store.clone())?;
         watermark.reset(start.clone());
-        checkpointer.saved = Some(start.clone());
+        checkpointer.already_saved(start.clone());
+        let mut periodic = checkpointer.every(watermark.clone(), self.checkpoint_interval());
         tracing::info!(
             position = %start.position,
             files = paths.len(),
@@ -85,16 +80,18 @@ impl Pipeline {
             version = %first.header.server_version,
             "reading binlog files"
         );
-        let mut reader = SourceReader::Files(FilesReader::start(paths, self.reader.clone(), start.position)?);
+        let reader = SourceReader::Files(FilesReader::start(paths, self.reader.clone(), start.position)?);
+        let mut reader = ReadAhead::spawn(reader, config.source.read_ahead_bytes);
         metrics().set_source_connected(true);
         let mut stream = StreamState { current: None, start: None, overlap: None, row_index: 0 };
         let result = self
-            .stream(&mut reader, &mut sink, &mut publisher, &watermark, &mut checkpointer, &mut stream, shutdown)
+            .stream(&mut reader, &mut sink, &mut publisher, &watermark, &mut periodic, &mut stream, shutdown)
             .await;
+        drop(reader);
         if let Some(tx) = stream.current.take() {
             watermark.abandon(tx);
         }
-        self.settle(result, &sink, &watermark, &mut checkpointer).await?;
+        self.settle(result, &sink, &watermark, &checkpointer).await?;
         if watermark.unsettled() > 0 {
             // Exit 0 must mean "everything in the files is in Kafka": resume from the checkpoint instead.
             return Err(Error::transient("records of the binlog files were not acknowledged in time; resuming"));

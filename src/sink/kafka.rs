@@ -160,6 +160,12 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// Headroom for librdkafka's per-record framing when checking a record against `message.max.bytes`.
 const RECORD_OVERHEAD_BYTES: usize = 512;
 
+/// Memory a record costs in librdkafka beyond its own bytes until it is acknowledged: the message struct,
+/// one allocation per header, its copy in the uncompressed and the compressed batch. Measured with the
+/// broker paused (docs/PERFORMANCE.md, "Memory under pressure"): ~1 KB per 630-byte record. Counted in the
+/// in-flight budget so that `max_in_flight_bytes` bounds memory, not just record bytes.
+const IN_FLIGHT_OVERHEAD_BYTES: usize = 1024;
+
 impl KafkaSink {
     /// Creates the producer.
     ///
@@ -232,7 +238,7 @@ impl KafkaSink {
             self.ensure_topic(&record.topic).await?;
             self.known_topics.insert(record.topic.clone());
         }
-        let permits = record.size_bytes().clamp(1, self.max_in_flight_bytes) as u32;
+        let permits = (record.size_bytes() + IN_FLIGHT_OVERHEAD_BYTES).min(self.max_in_flight_bytes) as u32;
         self.budget.acquire_many(permits).await.expect("the budget semaphore is never closed").forget();
         self.watermark.add_record(tx);
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());

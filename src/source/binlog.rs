@@ -33,7 +33,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest};
 use mysql_common::binlog::events::{
@@ -186,8 +186,10 @@ pub struct BinlogReader {
     stream: BinlogStream,
     decoder: ChangeDecoder,
     idle_timeout: Duration,
-    /// When the last event (or heartbeat) arrived.
+    /// When the reader last started waiting after receiving events (≈ when the last event arrived).
     last_event: std::time::Instant,
+    /// An event arrived since `last_event` was taken.
+    received: bool,
 }
 
 impl BinlogReader {
@@ -238,6 +240,7 @@ impl BinlogReader {
             idle_timeout: settings.heartbeat * 3 + Duration::from_secs(1),
             decoder: ChangeDecoder::new(settings, info.checksum, position),
             last_event: std::time::Instant::now(),
+            received: false,
         })
     }
 
@@ -251,25 +254,37 @@ impl BinlogReader {
             if let Some(change) = self.decoder.pop() {
                 return Ok(change);
             }
-            // NOTE: the deadline counts from the last event received, not from this call: the pipeline
-            // cancels and re-issues `next()` whenever another branch of its select fires (checkpoint
-            // ticks), which must not restart the silence timer.
-            let deadline = tokio::time::Instant::from_std(self.last_event + self.idle_timeout);
-            let event = match tokio::time::timeout_at(deadline, self.stream.next()).await {
-                Ok(Some(Ok(event))) => event,
-                Ok(Some(Err(e))) => {
+            // An event that is already there needs no timer: the clock is read only when the reader is
+            // about to wait (reading it per event was measurable).
+            let next = match self.stream.next().now_or_never() {
+                Some(next) => next,
+                None => {
+                    if std::mem::take(&mut self.received) {
+                        self.last_event = std::time::Instant::now();
+                    }
+                    // NOTE: the deadline counts from the last event received, not from this call: the
+                    // pipeline may cancel and re-issue `next()`, which must not restart the silence timer.
+                    let deadline = tokio::time::Instant::from_std(self.last_event + self.idle_timeout);
+                    match tokio::time::timeout_at(deadline, self.stream.next()).await {
+                        Ok(next) => next,
+                        Err(_) => {
+                            return Err(Error::transient(format!(
+                                "no binlog event or heartbeat for {:?}: the replication connection is dead",
+                                self.idle_timeout
+                            )))
+                        }
+                    }
+                }
+            };
+            let event = match next {
+                Some(Ok(event)) => event,
+                Some(Err(e)) => {
                     return Err(classify_mysql(&e)
                         .context(format_args!("reading the binlog after {}", self.decoder.position())))
                 }
-                Ok(None) => return Err(Error::transient("the server closed the replication stream")),
-                Err(_) => {
-                    return Err(Error::transient(format!(
-                        "no binlog event or heartbeat for {:?}: the replication connection is dead",
-                        self.idle_timeout
-                    )))
-                }
+                None => return Err(Error::transient("the server closed the replication stream")),
             };
-            self.last_event = std::time::Instant::now();
+            self.received = true;
             if matches!(event.header().event_type_raw(), event_type::HEARTBEAT | event_type::HEARTBEAT_V2) {
                 crate::metrics::metrics().heartbeat();
             }

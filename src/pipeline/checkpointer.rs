@@ -1,0 +1,135 @@
+//! Turns the acknowledged watermark into stored checkpoints, off the pipeline's task.
+//!
+//! A checkpoint write is an fsync'd redb commit, milliseconds to tens of milliseconds on a busy disk. The
+//! periodic writes run on tokio's blocking pool ([`Checkpointer::every`]), so the reader and the producer
+//! never stall on the disk, and a run that waits for Kafka budget still checkpoints what was acknowledged.
+//!
+//! # Invariants
+//! - Writes are serialised by a lock held from reading the watermark to the end of the commit: as the
+//!   watermark only moves forward, a stored checkpoint never goes backwards, whichever write comes last.
+//! - Only a position the watermark reached (everything before it acknowledged) or an explicit start point
+//!   ([`Checkpointer::save_now`]) is ever written.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio::task::JoinHandle;
+
+use crate::checkpoint::{now_ms, Checkpoint, Mark, Store, Watermark, CHECKPOINT_VERSION};
+use crate::error::{Error, Result};
+use crate::metrics::metrics;
+use crate::source::ServerIdentity;
+
+/// Writes checkpoints of one run; shared by the run and its periodic writer.
+pub(super) struct Checkpointer {
+    store: Arc<Store>,
+    server: ServerIdentity,
+    /// The last mark written. Held while writing.
+    saved: Mutex<Option<Mark>>,
+}
+
+impl Checkpointer {
+    pub(super) fn new(store: Arc<Store>, server: ServerIdentity) -> Arc<Self> {
+        Arc::new(Checkpointer { store, server, saved: Mutex::new(None) })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Mark>> {
+        // A panic mid-write leaves `saved` at a mark that was or was not written; either only costs a
+        // redundant write later.
+        self.saved.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The last mark written (or declared durable with [`Checkpointer::already_saved`]).
+    pub(super) fn saved(&self) -> Option<Mark> {
+        self.lock().clone()
+    }
+
+    /// Declares `mark` durable without writing it (the run resumes from the stored checkpoint).
+    pub(super) fn already_saved(&self, mark: Mark) {
+        *self.lock() = Some(mark);
+    }
+
+    /// Writes the watermark if it moved since the last write.
+    pub(super) fn flush(&self, watermark: &Watermark) -> Result<()> {
+        let mut saved = self.lock();
+        let Some(mark) = watermark.mark() else {
+            return Ok(());
+        };
+        if saved.as_ref() == Some(&mark) {
+            return Ok(());
+        }
+        crate::failpoint!("ack_before_checkpoint");
+        self.write(&mut saved, mark)
+    }
+
+    /// Writes `mark` at once, whatever the watermark says (start points that must be durable first).
+    pub(super) fn save_now(&self, mark: Mark) -> Result<()> {
+        let mut saved = self.lock();
+        self.write(&mut saved, mark)
+    }
+
+    fn write(&self, saved: &mut Option<Mark>, mark: Mark) -> Result<()> {
+        self.store.save(&Checkpoint {
+            version: CHECKPOINT_VERSION,
+            position: mark.position.clone(),
+            server: self.server.clone(),
+            source_timestamp: mark.timestamp,
+            written_at_ms: now_ms(),
+            snapshot: mark.snapshot.as_deref().cloned(),
+        })?;
+        tracing::debug!(position = %mark.position, "checkpoint written");
+        metrics().checkpoint_written(mark.timestamp);
+        *saved = Some(mark);
+        Ok(())
+    }
+
+    /// Flushes `watermark` every `interval` on the blocking pool until the returned handle is dropped.
+    pub(super) fn every(self: &Arc<Self>, watermark: Arc<Watermark>, interval: Duration) -> Periodic {
+        let task = tokio::spawn(flush_every(self.clone(), watermark, interval));
+        Periodic { task: Some(task) }
+    }
+}
+
+/// Returns only when a write failed.
+async fn flush_every(checkpointer: Arc<Checkpointer>, watermark: Arc<Watermark>, interval: Duration) -> Result<()> {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // the first tick is immediate
+    loop {
+        tick.tick().await;
+        let (checkpointer, watermark) = (checkpointer.clone(), watermark.clone());
+        tokio::task::spawn_blocking(move || checkpointer.flush(&watermark))
+            .await
+            .map_err(|e| Error::transient(format!("the checkpoint writer failed: {e}")))??;
+    }
+}
+
+/// The periodic checkpoint writer of a run; stops when dropped (a write in progress completes).
+pub(super) struct Periodic {
+    task: Option<JoinHandle<Result<()>>>,
+}
+
+impl Periodic {
+    /// The error that stopped the writer, once (a failed write ends the run: restarting from the last
+    /// stored checkpoint is safe, running on with checkpoints silently stale is not).
+    pub(super) fn failure(&mut self) -> Option<Error> {
+        if !self.task.as_ref()?.is_finished() {
+            return None;
+        }
+        let result = self.task.take()?.now_or_never()?;
+        match result {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(error),
+            Err(join) => Some(Error::transient(format!("the checkpoint writer failed: {join}"))),
+        }
+    }
+}
+
+impl Drop for Periodic {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
