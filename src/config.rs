@@ -141,7 +141,7 @@ pub struct SnapshotConfig {
     /// Optional SQL condition restricting the snapshot, e.g. `published_at IS NULL`.
     #[serde(default)]
     pub r#where: Option<String>,
-    /// Rows per keyset chunk.
+    /// Rows per keyset chunk (one chunk is read ahead while the previous one is produced).
     #[serde(default = "default_chunk_rows")]
     pub chunk_rows: usize,
     /// MySQL only: the brief lock that makes the snapshot's GTID read exact. "tables" (default,
@@ -588,7 +588,7 @@ fn default_read_ahead_bytes() -> usize {
     1024 * 1024
 }
 fn default_chunk_rows() -> usize {
-    10_000
+    2_000
 }
 fn default_max_record_bytes() -> usize {
     16 * 1024 * 1024

@@ -385,21 +385,21 @@ impl Pipeline {
         watermark.reset(checkpointer.saved().expect("just saved"));
 
         let progress_bar = crate::progress::Progress::new(state.rows_estimate, state.rows_done);
+        let mut scanner = scanner.prefetch();
+        let mut grace = std::pin::pin!(shutdown.grace_expired());
         loop {
             if let Some(error) = watermark.take_failure().or_else(|| periodic.failure()) {
                 return Err(error);
             }
-            if shutdown.requested_at().is_some() {
+            if shutdown.is_requested() {
                 tracing::info!(rows_done = state.rows_done, "stopping the snapshot; it resumes from here");
-                scanner.close().await;
                 return Ok(());
             }
-            let chunk = scanner.next_chunk().await?;
-            if chunk.is_empty() {
+            let Some(chunk) = scanner.next_chunk().await? else {
                 break;
-            }
+            };
             let tx = watermark.open();
-            for (index, (_, row)) in chunk.iter().enumerate() {
+            for (index, row) in chunk.rows.iter().enumerate() {
                 let origin = || Origin {
                     snapshot: true,
                     gtid: Some(cut.gtids.to_string()).filter(|g| !g.is_empty()),
@@ -409,19 +409,19 @@ impl Pipeline {
                 };
                 let prepared = publisher.prepare(SourceRow::Decoded(row), origin, |r| sink.fits(r))?;
                 tokio::select! {
+                    biased;
                     sent = sink.send(tx, &prepared.record, prepared.occurred_at_ms) => sent?,
-                    _ = shutdown.grace_expired() => return Ok(()),
+                    _ = &mut grace => return Ok(()),
                 }
                 crate::failpoint!("snapshot_row");
             }
-            state.rows_done += chunk.len() as u64;
-            state.last_key = chunk.last().map(|(k, _)| k.clone());
+            state.rows_done += chunk.rows.len() as u64;
+            state.last_key = Some(chunk.last_key);
             progress_bar.set(state.rows_done);
             metrics().snapshot_progress(state.rows_done, state.rows_estimate);
             watermark
                 .close(tx, Mark { position: cut.clone(), timestamp: None, snapshot: Some(Arc::new(state.clone())) });
         }
-        scanner.close().await;
         state.done = true;
         let tx = watermark.open();
         watermark.close(tx, Mark { position: cut, timestamp: None, snapshot: Some(Arc::new(state.clone())) });

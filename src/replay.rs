@@ -189,11 +189,10 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
         let mut pacer = Pacer::new(options.rate_per_sec);
         let mut report = ReplayReport::default();
         loop {
-            let chunk = scanner.next_chunk().await?;
-            if chunk.is_empty() {
+            let Some(chunk) = scanner.next_chunk().await? else {
                 break;
-            }
-            for (_, mut row) in chunk {
+            };
+            for mut row in chunk.rows {
                 row.from_snapshot = false;
                 let mut record = router.route(&row)?;
                 let live = std::mem::take(&mut record.topic);

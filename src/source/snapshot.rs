@@ -110,6 +110,15 @@ pub fn view_contains(view: &Position, start: &TxStart) -> bool {
     }
 }
 
+/// Rows of one keyset query, in scan order.
+#[derive(Debug)]
+pub struct Chunk {
+    /// The rows.
+    pub rows: Vec<OutboxRow>,
+    /// The key of the last one: the scan continues after it.
+    pub last_key: SnapshotKey,
+}
+
 /// Reads the outbox tables inside one consistent-snapshot transaction.
 pub struct Scanner {
     conn: Conn,
@@ -224,26 +233,34 @@ impl Scanner {
         Ok(total)
     }
 
-    /// The next chunk of rows in key order; empty when the snapshot is complete.
+    /// The next chunk of rows in key order; `None` when the snapshot is complete.
     ///
     /// # Errors
     /// Classified query errors; definite errors for rows that cannot be decoded.
-    pub async fn next_chunk(&mut self) -> Result<Vec<(SnapshotKey, OutboxRow)>> {
+    pub async fn next_chunk(&mut self) -> Result<Option<Chunk>> {
         while self.table < self.tables.len() {
             let rows = self.query_chunk().await?;
-            if rows.is_empty() {
+            let Some(last) = rows.last() else {
                 self.table += 1;
                 self.after = None;
                 continue;
-            }
-            let decoded = rows.into_iter().map(|row| self.decode(row)).collect::<Result<Vec<_>>>()?;
-            self.after = decoded.last().map(|(k, _)| k.clone());
-            return Ok(decoded);
+            };
+            let last_key = SnapshotKey {
+                table: self.table,
+                aggregate_type: last.aggregate_type.clone(),
+                aggregate_id: last.aggregate_id.clone(),
+                // Back to the server's text: decoding turned its one space into the ISO `T`.
+                occurred_at: last.occurred_at.replacen('T', " ", 1),
+                id: last.id.clone(),
+            };
+            self.after = Some(last_key.clone());
+            return Ok(Some(Chunk { rows, last_key }));
         }
-        Ok(Vec::new())
+        Ok(None)
     }
 
-    async fn query_chunk(&mut self) -> Result<Vec<Row>> {
+    /// Runs the next keyset query and decodes its rows as they arrive.
+    async fn query_chunk(&mut self) -> Result<Vec<OutboxRow>> {
         let headers = self.columns.headers.clone();
         let has_headers = match self.headers_present {
             Some((table, present)) if table == self.table => present,
@@ -298,10 +315,13 @@ impl Scanner {
             let _ = write!(sql, " WHERE {}", conditions.join(" AND "));
         }
         let _ = write!(sql, " ORDER BY {} LIMIT {}", key_cols.join(", "), self.chunk_rows);
-        let rows: Vec<Row> =
-            if params.is_empty() { self.conn.query(sql).await } else { self.conn.exec(sql, params).await }
-                .map_err(|e| classify_mysql(&e).context(format_args!("snapshot scan of {table}")))?;
-        Ok(rows)
+        let failed = |e: mysql_async::Error| classify_mysql(&e).context(format_args!("snapshot scan of {table}"));
+        let capacity = self.chunk_rows.min(4096);
+        if params.is_empty() {
+            decode_all(self.conn.query_iter(sql).await.map_err(failed)?, &table, capacity).await
+        } else {
+            decode_all(self.conn.exec_iter(sql, params).await.map_err(failed)?, &table, capacity).await
+        }
     }
 
     async fn has_column(&mut self, name: &str) -> Result<bool> {
@@ -317,46 +337,22 @@ impl Scanner {
         Ok(found.is_some())
     }
 
-    fn decode(&self, row: Row) -> Result<(SnapshotKey, OutboxRow)> {
-        let table = self.tables[self.table].clone();
-        let text = |i: usize, what: &str| -> Result<Option<String>> {
-            match row.as_ref(i) {
-                None | Some(mysql_async::Value::NULL) => Ok(None),
-                Some(mysql_async::Value::Bytes(b)) => String::from_utf8(b.clone())
-                    .map(Some)
-                    .map_err(|_| Error::definite(format!("snapshot of {table}: column {what} is not valid UTF-8"))),
-                Some(other) => Ok(Some(other.as_sql(true).trim_matches('\'').to_string())),
+    /// Scans on a task of its own, one chunk ahead of the caller: the server runs the next keyset query
+    /// while the caller produces the current chunk. At most three chunks are in memory (one being read, one
+    /// waiting, one with the caller). The read view ends when the scan is complete or the result is dropped.
+    pub fn prefetch(mut self) -> Prefetch {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let task = tokio::spawn(async move {
+            loop {
+                let next = self.next_chunk().await;
+                let more = matches!(next, Ok(Some(_)));
+                if tx.send(next).await.is_err() || !more {
+                    break;
+                }
             }
-        };
-        let need = |i: usize, what: &str| -> Result<String> {
-            text(i, what)?.ok_or_else(|| Error::definite(format!("snapshot of {table}: column {what} is NULL")))
-        };
-        let id = need(3, "id")?;
-        let occurred_at = need(2, "occurred_at")?;
-        let version = need(5, "schema_version")?;
-        let schema_version = version.parse::<u16>().map_err(|_| {
-            Error::definite(format!("outbox row id={id} in {table}: schema_version {version} is not in 0..=65535"))
-        })?;
-        let key = SnapshotKey {
-            table: self.table,
-            aggregate_type: need(0, "aggregate_type")?,
-            aggregate_id: need(1, "aggregate_id")?,
-            occurred_at: occurred_at.clone(),
-            id: id.clone(),
-        };
-        let outbox = OutboxRow {
-            table: table.clone(),
-            aggregate_type: key.aggregate_type.clone(),
-            aggregate_id: key.aggregate_id.clone(),
-            event_type: need(4, "event_type")?,
-            schema_version,
-            payload: need(6, "payload")?,
-            headers: text(7, "headers")?,
-            occurred_at: occurred_at.replacen(' ', "T", 1),
-            id,
-            from_snapshot: true,
-        };
-        Ok((key, outbox))
+            self.close().await;
+        });
+        Prefetch { rx, task }
     }
 
     /// The connection that holds the read view, for callers that run their own queries in the same view
@@ -369,6 +365,82 @@ impl Scanner {
     pub async fn close(mut self) {
         let _ = self.conn.query_drop("COMMIT").await;
         let _ = self.conn.disconnect().await;
+    }
+}
+
+/// Decodes a chunk's rows as they arrive.
+async fn decode_all<P: mysql_async::prelude::Protocol>(
+    mut result: mysql_async::QueryResult<'_, 'static, P>,
+    table: &Arc<TableName>,
+    capacity: usize,
+) -> Result<Vec<OutboxRow>> {
+    let mut rows = Vec::with_capacity(capacity);
+    while let Some(row) =
+        result.next().await.map_err(|e| classify_mysql(&e).context(format_args!("snapshot scan of {table}")))?
+    {
+        rows.push(decode(table, row)?);
+    }
+    Ok(rows)
+}
+
+/// Decodes one scanned row (columns in the order of [`Scanner::query_chunk`]'s SELECT), moving its values.
+fn decode(table: &Arc<TableName>, mut row: Row) -> Result<OutboxRow> {
+    let mut text = |i: usize, what: &str| -> Result<Option<String>> {
+        match row.take::<mysql_async::Value, _>(i) {
+            None | Some(mysql_async::Value::NULL) => Ok(None),
+            Some(mysql_async::Value::Bytes(b)) => String::from_utf8(b)
+                .map(Some)
+                .map_err(|_| Error::definite(format!("snapshot of {table}: column {what} is not valid UTF-8"))),
+            Some(other) => Ok(Some(other.as_sql(true).trim_matches('\'').to_string())),
+        }
+    };
+    let id = need(text(3, "id")?, table, "id")?;
+    let mut occurred_at = need(text(2, "occurred_at")?, table, "occurred_at")?;
+    let version = need(text(5, "schema_version")?, table, "schema_version")?;
+    let schema_version = version.parse::<u16>().map_err(|_| {
+        Error::definite(format!("outbox row id={id} in {table}: schema_version {version} is not in 0..=65535"))
+    })?;
+    if let Some(space) = occurred_at.find(' ') {
+        occurred_at.replace_range(space..=space, "T");
+    }
+    Ok(OutboxRow {
+        table: table.clone(),
+        aggregate_type: need(text(0, "aggregate_type")?, table, "aggregate_type")?,
+        aggregate_id: need(text(1, "aggregate_id")?, table, "aggregate_id")?,
+        event_type: need(text(4, "event_type")?, table, "event_type")?,
+        schema_version,
+        payload: need(text(6, "payload")?, table, "payload")?,
+        headers: text(7, "headers")?,
+        occurred_at,
+        id,
+        from_snapshot: true,
+    })
+}
+
+/// A column that must not be NULL.
+fn need(value: Option<String>, table: &TableName, what: &str) -> Result<String> {
+    value.ok_or_else(|| Error::definite(format!("snapshot of {table}: column {what} is NULL")))
+}
+
+/// A [`Scanner`] running one chunk ahead ([`Scanner::prefetch`]).
+pub struct Prefetch {
+    rx: tokio::sync::mpsc::Receiver<Result<Option<Chunk>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Prefetch {
+    /// As [`Scanner::next_chunk`]. Cancel-safe.
+    ///
+    /// # Errors
+    /// The scanner's errors.
+    pub async fn next_chunk(&mut self) -> Result<Option<Chunk>> {
+        self.rx.recv().await.unwrap_or_else(|| Err(Error::transient("the snapshot scan task stopped unexpectedly")))
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
