@@ -37,6 +37,10 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use serde_json::json;
 
+/// The connector's allocator: the floors measure its decoder and producer the way the binary runs them.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use outbox_cdc::checkpoint::Store;
 use outbox_cdc::config::{Config, TableName};
 use outbox_cdc::router::{KafkaRecord, Router, TopicTemplate};
@@ -489,7 +493,8 @@ fn send_blocking(
     seq: u64,
     limit: usize,
 ) -> anyhow::Result<()> {
-    let bytes = record.size_bytes();
+    // Counted as the connector's sink counts it: the record plus librdkafka's per-record overhead.
+    let bytes = record.size_bytes() + outbox_cdc::sink::IN_FLIGHT_OVERHEAD_BYTES;
     if limit > 0 {
         let budget = producer.context();
         let mut used = budget.used.lock().unwrap();

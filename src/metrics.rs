@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Mutex, OnceLock, RwLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -184,8 +184,17 @@ struct TopicHandles {
     read: Counter,
     produced: Counter,
     acknowledged: Counter,
-    /// By partition number.
-    partitions: Arc<RwLock<Vec<Option<Counter>>>>,
+}
+
+/// What the delivery-callback thread last counted: acknowledgements come in runs of one topic and one
+/// aggregate type, and this skips the family lookups (a lock and a hash each) for them.
+#[derive(Default)]
+struct AckCache {
+    topic: String,
+    /// The topic's per-partition counters, by partition number.
+    partitions: Vec<Option<Counter>>,
+    aggregate_type: String,
+    latency: Option<Histogram>,
 }
 
 /// Metric handles by label value: a read lock and a `&str` lookup on the hot path; the family lookup (which
@@ -323,7 +332,6 @@ impl Metrics {
                 read: self.events_read.get_or_create_owned(&label),
                 produced: self.events_produced.get_or_create_owned(&label),
                 acknowledged: self.events_acknowledged.get_or_create_owned(&label),
-                partitions: Arc::new(RwLock::new(Vec::new())),
             }
         })
     }
@@ -343,33 +351,38 @@ impl Metrics {
 
     /// Kafka acknowledged one record; `occurred_at_ms` is the row's `occurred_at` for streamed rows.
     pub fn event_acknowledged(&self, topic: &str, partition: i32, aggregate_type: &str, occurred_at_ms: Option<i64>) {
-        let handles = self.with_topic(topic, |h| {
-            h.acknowledged.inc();
-            h.partitions.clone()
-        });
-        if let Ok(index) = usize::try_from(partition) {
-            let known = handles.read().unwrap_or_else(|p| p.into_inner()).get(index).cloned().flatten();
-            let counter = known.unwrap_or_else(|| {
-                let mut slots = handles.write().unwrap_or_else(|p| p.into_inner());
-                if slots.len() <= index {
-                    slots.resize(index + 1, None);
+        thread_local! {
+            static ACK: std::cell::RefCell<AckCache> = std::cell::RefCell::new(AckCache::default());
+        }
+        self.with_topic(topic, |h| h.acknowledged.inc());
+        ACK.with_borrow_mut(|cache| {
+            if cache.topic != topic {
+                topic.clone_into(&mut cache.topic);
+                cache.partitions.clear();
+            }
+            if let Ok(index) = usize::try_from(partition) {
+                if cache.partitions.len() <= index {
+                    cache.partitions.resize(index + 1, None);
                 }
-                slots[index]
+                cache.partitions[index]
                     .get_or_insert_with(|| {
                         self.partition_events
                             .get_or_create_owned(&PartitionLabel { topic: topic.to_string(), partition })
                     })
-                    .clone()
-            });
-            counter.inc();
-        }
-        if let Some(at) = occurred_at_ms {
-            let seconds = (now_ms() as i64 - at).max(0) as f64 / 1000.0;
-            let histogram = self.latencies.get(aggregate_type, || {
-                self.latency.get_or_create_owned(&AggregateTypeLabel { aggregate_type: aggregate_type.to_string() })
-            });
-            histogram.observe(seconds);
-        }
+                    .inc();
+            }
+            if let Some(at) = occurred_at_ms {
+                if cache.latency.is_none() || cache.aggregate_type != aggregate_type {
+                    aggregate_type.clone_into(&mut cache.aggregate_type);
+                    cache.latency = Some(self.latencies.get(aggregate_type, || {
+                        self.latency
+                            .get_or_create_owned(&AggregateTypeLabel { aggregate_type: aggregate_type.to_string() })
+                    }));
+                }
+                let seconds = (now_ms() as i64 - at).max(0) as f64 / 1000.0;
+                cache.latency.as_ref().expect("set above").observe(seconds);
+            }
+        });
     }
 
     /// A delivery failed with librdkafka error `kind`.

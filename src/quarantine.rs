@@ -286,18 +286,18 @@ pub fn dead_letter_record(
         }
         reason.truncate(end);
     }
-    let mut hdrs = vec![(headers::KIND.to_string(), letter.kind.as_str().as_bytes().to_vec())];
-    hdrs.push((headers::REASON.to_string(), reason.into_bytes()));
+    let mut hdrs = vec![(headers::KIND.into(), letter.kind.as_str().as_bytes().to_vec())];
+    hdrs.push((headers::REASON.into(), reason.into_bytes()));
     if let Some(id) = event_id {
-        hdrs.push((headers::ID.to_string(), id.as_bytes().to_vec()));
+        hdrs.push((headers::ID.into(), id.as_bytes().to_vec()));
     }
     if let Some(t) = aggregate_type {
-        hdrs.push((headers::AGGREGATE_TYPE.to_string(), t.as_bytes().to_vec()));
+        hdrs.push((headers::AGGREGATE_TYPE.into(), t.as_bytes().to_vec()));
     }
     if let Some(hold) = &letter.hold_id {
-        hdrs.push((headers::HOLD.to_string(), hold.as_bytes().to_vec()));
+        hdrs.push((headers::HOLD.into(), hold.as_bytes().to_vec()));
     }
-    hdrs.push((headers::ORIGIN.to_string(), letter.origin.to_string().into_bytes()));
+    hdrs.push((headers::ORIGIN.into(), letter.origin.to_string().into_bytes()));
     KafkaRecord { topic: topic.to_string(), key: key.to_string(), value, headers: hdrs }
 }
 

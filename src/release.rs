@@ -100,7 +100,7 @@ pub async fn release(
             });
         match routed {
             Ok(mut record) => {
-                record.headers.push((headers::RELEASED_FROM.to_string(), hold.hold_id.as_bytes().to_vec()));
+                record.headers.push((headers::RELEASED_FROM.into(), hold.hold_id.as_bytes().to_vec()));
                 records.push(record);
             }
             Err(poison) if skip_poison => {

@@ -212,8 +212,8 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
                         record.topic, row.id
                     )));
                 }
-                record.headers.push(("replay".to_string(), b"true".to_vec()));
-                record.headers.push(("replayed_at".to_string(), replayed_at.clone().into_bytes()));
+                record.headers.push(("replay".into(), b"true".to_vec()));
+                record.headers.push(("replayed_at".into(), replayed_at.clone().into_bytes()));
                 if let Some(sink) = sink.as_mut() {
                     pacer.ready().await;
                     sink.send(tx, &record, None).await?;

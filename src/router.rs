@@ -16,6 +16,9 @@ use crate::error::{Error, Result};
 use crate::quarantine::{Poison, PoisonKind};
 use crate::source::OutboxRow;
 
+/// A header name: the connector's own are static (no allocation per record).
+pub type HeaderName = std::borrow::Cow<'static, str>;
+
 /// A record ready for the producer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KafkaRecord {
@@ -26,7 +29,7 @@ pub struct KafkaRecord {
     /// Serialized value.
     pub value: Vec<u8>,
     /// Headers in order.
-    pub headers: Vec<(String, Vec<u8>)>,
+    pub headers: Vec<(HeaderName, Vec<u8>)>,
 }
 
 impl KafkaRecord {
@@ -197,14 +200,13 @@ impl Router {
             }
             ValueFormat::Payload => payload.get().as_bytes().to_vec(),
         };
-        let mut headers = vec![
-            ("id".to_string(), row.id.as_bytes().to_vec()),
-            ("event_type".to_string(), row.event_type.as_bytes().to_vec()),
-            ("aggregate_type".to_string(), row.aggregate_type.as_bytes().to_vec()),
-            ("schema_version".to_string(), row.schema_version.to_string().into_bytes()),
-        ];
+        let mut headers: Vec<(HeaderName, Vec<u8>)> = Vec::with_capacity(6);
+        headers.push(("id".into(), row.id.as_bytes().to_vec()));
+        headers.push(("event_type".into(), row.event_type.as_bytes().to_vec()));
+        headers.push(("aggregate_type".into(), row.aggregate_type.as_bytes().to_vec()));
+        headers.push(("schema_version".into(), row.schema_version.to_string().into_bytes()));
         if row.from_snapshot {
-            headers.push(("source".to_string(), b"snapshot".to_vec()));
+            headers.push(("source".into(), b"snapshot".to_vec()));
         }
         if let Some(extra) = &row.headers {
             let object: serde_json::Map<String, serde_json::Value> = match serde_json::from_str(extra) {
@@ -220,7 +222,7 @@ impl Router {
             };
             for (name, value) in object {
                 if let serde_json::Value::String(s) = value {
-                    headers.push((name, s.into_bytes()));
+                    headers.push((name.into(), s.into_bytes()));
                 }
             }
         }
@@ -282,7 +284,7 @@ mod tests {
     #[test]
     fn headers_carry_metadata_and_string_entries_only() {
         let rec = router("t", ValueFormat::Envelope).route(&row()).unwrap();
-        let names: Vec<&str> = rec.headers.iter().map(|(k, _)| k.as_str()).collect();
+        let names: Vec<&str> = rec.headers.iter().map(|(k, _)| k.as_ref()).collect();
         assert_eq!(names, ["id", "event_type", "aggregate_type", "schema_version", "traceparent"]);
         assert_eq!(rec.headers[3].1, b"3");
         assert_eq!(rec.headers[4].1, b"00-abc-01");
@@ -293,7 +295,7 @@ mod tests {
         let mut r = row();
         r.from_snapshot = true;
         let rec = router("t", ValueFormat::Envelope).route(&r).unwrap();
-        assert_eq!(rec.headers[4], ("source".to_string(), b"snapshot".to_vec()));
+        assert_eq!(rec.headers[4], ("source".into(), b"snapshot".to_vec()));
         assert_eq!(rec.value, router("t", ValueFormat::Envelope).route(&row()).unwrap().value);
     }
 

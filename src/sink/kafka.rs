@@ -164,7 +164,7 @@ const RECORD_OVERHEAD_BYTES: usize = 512;
 /// one allocation per header, its copy in the uncompressed and the compressed batch. Measured with the
 /// broker paused (docs/PERFORMANCE.md, "Memory under pressure"): ~1 KB per 630-byte record. Counted in the
 /// in-flight budget so that `max_in_flight_bytes` bounds memory, not just record bytes.
-const IN_FLIGHT_OVERHEAD_BYTES: usize = 1024;
+pub const IN_FLIGHT_OVERHEAD_BYTES: usize = 1024;
 
 impl KafkaSink {
     /// Creates the producer.

@@ -2,7 +2,7 @@
 
 pub mod kafka;
 
-pub use kafka::KafkaSink;
+pub use kafka::{KafkaSink, IN_FLIGHT_OVERHEAD_BYTES};
 
 use crate::checkpoint::TxId;
 
