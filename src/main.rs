@@ -176,6 +176,9 @@ fn init_tracing(format: LogFormat) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
+    // The pipeline runs on this thread (block_on); one worker runs the binlog reader task and the small
+    // ones (HTTP, probes, timers). A second worker only spun looking for work to steal, on 2-core machines
+    // shared with the database and the broker (docs/PERFORMANCE.md).
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build();
     let runtime = match runtime {
         Ok(r) => r,

@@ -21,7 +21,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::checkpoint::now_ms;
@@ -178,6 +178,13 @@ pub struct Metrics {
     latencies: Handles<Histogram>,
 }
 
+/// End-to-end latency buckets: fine where latency targets live (1-100 ms), coarse out to minutes (a
+/// connector catching up after an outage).
+const LATENCY_BUCKETS_SECONDS: [f64; 26] = [
+    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
 /// Handles of one topic's series.
 #[derive(Clone)]
 struct TopicHandles {
@@ -254,8 +261,7 @@ impl Metrics {
             latency: reg!(
                 names::END_TO_END_LATENCY_SECONDS,
                 Family::<AggregateTypeLabel, Histogram>::new_with_constructor(|| {
-                    // 1 ms .. ~65 s.
-                    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+                    Histogram::new(LATENCY_BUCKETS_SECONDS.iter().copied())
                 })
             ),
             bytes_in_flight: reg!(names::BYTES_IN_FLIGHT, Gauge::default()),

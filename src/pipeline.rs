@@ -1,17 +1,19 @@
 //! One run of the streaming pipeline: from the last checkpoint until shutdown or the first error.
 //!
 //! ```text
-//!  binlog ──► BinlogReader ──Change──► Router ──KafkaRecord──► KafkaSink ──► librdkafka ──► broker
-//!                 │  Begin/Commit(position)                       │ register            │ ack
-//!                 └──────────────────────────────► Watermark ◄────┘◄── Delivered ───────┘
-//!                                                     │ every checkpoint_interval_ms
-//!                                                     ▼
-//!                                              Checkpointer ──► Store (redb, fsync)
+//!  binlog ─► BinlogReader ─► ReadAhead ═batches═► Router ─► KafkaSink ─► librdkafka ─► broker
+//!       (own task: read, decode)   │ Begin/Commit         │ register        │ ack
+//!                                  └─────────────► Watermark ◄─┘◄── Delivered ─┘
+//!                                                      │ every checkpoint_interval_ms
+//!                                                      ▼
+//!                                   Checkpointer (blocking pool) ─► Store (redb, fsync)
 //! ```
 //!
-//! The reader, router and sink run on one task: decoding and routing are cheap, and the sink's byte budget
-//! is the one place that waits, so back-pressure reaches the binlog socket directly. librdkafka's threads
-//! do the network I/O and call back with acknowledgements.
+//! Two stages on two tasks: the reader decodes ahead into batches bounded in bytes
+//! ([`read_ahead`]), the pipeline's task routes and produces. The sink's byte budget is the one place that
+//! waits, and the read-ahead budget passes that back-pressure on to the binlog socket. Checkpoints are
+//! written off both tasks ([`checkpointer`]), so neither ever waits for an fsync. librdkafka's threads do
+//! the network I/O and call back with acknowledgements.
 //!
 //! # Error handling
 //! Any error ends the run. The transaction being read is abandoned (it will be read again), in-flight
@@ -41,9 +43,7 @@ use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::binlog::{BinlogReader, Change, ReaderSettings, TxStart};
 use crate::source::snapshot::{self, Overlap, Segment, SnapshotState};
-use crate::source::{
-    ensure_position_available, preflight, server_info, start_position, SourceConn, SourceReader,
-};
+use crate::source::{ensure_position_available, preflight, server_info, start_position, SourceConn, SourceReader};
 
 mod checkpointer;
 mod files;
@@ -235,7 +235,16 @@ impl Pipeline {
             Plan::Stream(mark) => Some(mark),
             Plan::Snapshot(progress) => {
                 let result = self
-                    .snapshot(&info, progress, &mut sink, &mut publisher, &watermark, &checkpointer, &mut periodic, shutdown)
+                    .snapshot(
+                        &info,
+                        progress,
+                        &mut sink,
+                        &mut publisher,
+                        &watermark,
+                        &checkpointer,
+                        &mut periodic,
+                        shutdown,
+                    )
                     .await;
                 let done = self.settle(result, &sink, &watermark, &checkpointer).await?;
                 match done {
@@ -279,9 +288,8 @@ impl Pipeline {
             "streaming"
         );
         let mut stream = StreamState { current: None, start: None, overlap, row_index: 0 };
-        let result = self
-            .stream(&mut reader, &mut sink, &mut publisher, &watermark, &mut periodic, &mut stream, shutdown)
-            .await;
+        let result =
+            self.stream(&mut reader, &mut sink, &mut publisher, &watermark, &mut periodic, &mut stream, shutdown).await;
         drop(reader);
         if let Some(tx) = stream.current.take() {
             watermark.abandon(tx);

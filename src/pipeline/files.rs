@@ -84,9 +84,8 @@ impl Pipeline {
         let mut reader = ReadAhead::spawn(reader, config.source.read_ahead_bytes);
         metrics().set_source_connected(true);
         let mut stream = StreamState { current: None, start: None, overlap: None, row_index: 0 };
-        let result = self
-            .stream(&mut reader, &mut sink, &mut publisher, &watermark, &mut periodic, &mut stream, shutdown)
-            .await;
+        let result =
+            self.stream(&mut reader, &mut sink, &mut publisher, &watermark, &mut periodic, &mut stream, shutdown).await;
         drop(reader);
         if let Some(tx) = stream.current.take() {
             watermark.abandon(tx);

@@ -47,7 +47,10 @@ impl Changes for SourceReader {
 
 /// What the reader task sends.
 enum Item {
-    Batch { changes: Vec<Change>, permits: u32 },
+    Batch {
+        changes: Vec<Change>,
+        permits: u32,
+    },
     /// The source is exhausted (binlog files only).
     End,
     Failed(Error),
@@ -156,9 +159,7 @@ fn size_of_change(change: &Change) -> usize {
                     + row.headers.as_ref().map_or(0, String::len)
                     + row.occurred_at.len()
             }
-            Change::Undecodable(bad) => {
-                bad.message.len() + serde_json::to_vec(&bad.image).map_or(0, |json| json.len())
-            }
+            Change::Undecodable(bad) => bad.message.len() + serde_json::to_vec(&bad.image).map_or(0, |json| json.len()),
             Change::Begin(start) => start.coord.file.len(),
             Change::Commit { .. } => 0,
         }
