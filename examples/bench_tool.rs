@@ -43,6 +43,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use outbox_cdc::checkpoint::Store;
 use outbox_cdc::config::{Config, TableName};
+use outbox_cdc::position::mariadb::GtidPos;
+use outbox_cdc::position::Gtids;
 use outbox_cdc::router::{KafkaRecord, Router, TopicTemplate};
 use outbox_cdc::source::binlog::{BinlogReader, Change, ReaderSettings};
 use outbox_cdc::source::{server_info, start_position, OutboxRow, SourceConn};
@@ -60,7 +62,7 @@ enum Command {
         /// The connector's state directory.
         #[arg(long)]
         state: PathBuf,
-        /// Stop when the checkpoint's GTID position equals this.
+        /// Stop when the checkpoint's GTID position covers this one (MariaDB notation).
         #[arg(long)]
         gtid: Option<String>,
         /// Like --gtid, read from this file once it exists (the target is known only later).
@@ -255,6 +257,15 @@ fn status_kb(pid: &str, field: &str) -> Option<u64> {
 // ---------------------------------------------------------------------------------------------------------
 // run-until
 
+/// Whether the checkpoint's GTIDs include every GTID of `target` (MariaDB notation, as the bench loads it);
+/// the checkpoint may be past the target when more was committed after it.
+fn covers(checkpoint: &Gtids, target: &str) -> bool {
+    match (checkpoint, target.parse::<GtidPos>()) {
+        (Gtids::MariaDb(pos), Ok(target)) => target.iter().all(|g| pos.contains(&g)),
+        _ => false,
+    }
+}
+
 enum Target {
     Gtid(String),
     GtidFile(PathBuf),
@@ -317,7 +328,7 @@ fn run_until(
         let done = match Store::read_only(state) {
             Ok(Some(cp)) => match &target {
                 Target::SnapshotDone => cp.snapshot.as_ref().is_some_and(|s| s.done),
-                _ => gtid.as_deref() == Some(cp.position.gtids.to_string().as_str()),
+                _ => gtid.as_deref().is_some_and(|g| covers(&cp.position.gtids, g)),
             },
             _ => false,
         };
