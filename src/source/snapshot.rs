@@ -49,6 +49,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 use serde::{Deserialize, Serialize};
 
+use super::decode::format_datetime;
 use super::{OutboxRow, ServerInfo, SourceConn};
 use crate::config::{ColumnNames, Config, SnapshotLock, TableName};
 use crate::error::{classify_mysql, Error, Result};
@@ -384,7 +385,16 @@ async fn decode_all<P: mysql_async::prelude::Protocol>(
 }
 
 /// Decodes one scanned row (columns in the order of [`Scanner::query_chunk`]'s SELECT), moving its values.
+///
+/// `occurred_at` comes as text from the first chunk's plain query and as a date value from the later
+/// chunks' prepared statements; both are written like the stream writes it, with the column's declared
+/// fractional digits, so an event's `occurred_at` does not depend on how it was read.
 fn decode(table: &Arc<TableName>, mut row: Row) -> Result<OutboxRow> {
+    if let Some(mysql_async::Value::Date(y, mo, d, h, mi, s, us)) = row.as_ref(2) {
+        let fsp = row.columns_ref().get(2).map_or(0, |c| c.decimals());
+        let text = format_datetime(*y, *mo, *d, *h, *mi, *s, *us, fsp);
+        row.place(2, mysql_async::Value::Bytes(text.into_bytes()));
+    }
     let mut text = |i: usize, what: &str| -> Result<Option<String>> {
         match row.take::<mysql_async::Value, _>(i) {
             None | Some(mysql_async::Value::NULL) => Ok(None),
@@ -581,5 +591,66 @@ impl Overlap {
             .await
             .map_err(|e| classify_mysql(&e).context("comparing snapshot keys"))?;
         Ok(result.flatten() == Some(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mysql_common::constants::ColumnType;
+    use mysql_common::packets::Column;
+    use mysql_common::value::Value;
+
+    use super::*;
+
+    /// A scanned row as the SELECT returns it, with `occurred_at` as given and declared with `fsp` digits.
+    fn scanned(occurred_at: Value, fsp: u8) -> Row {
+        let text = || Column::new(ColumnType::MYSQL_TYPE_VAR_STRING);
+        let columns: Arc<[Column]> = Arc::from(vec![
+            text(),
+            text(),
+            Column::new(ColumnType::MYSQL_TYPE_DATETIME).with_decimals(fsp),
+            text(),
+            text(),
+            Column::new(ColumnType::MYSQL_TYPE_SHORT),
+            text(),
+            text(),
+        ]);
+        let values = vec![
+            Value::Bytes(b"order".to_vec()),
+            Value::Bytes(b"order-1".to_vec()),
+            occurred_at,
+            Value::Bytes(b"7c1f2b9e-0000-4000-8000-000000000001".to_vec()),
+            Value::Bytes(b"OrderCreated".to_vec()),
+            Value::UInt(3),
+            Value::Bytes(br#"{"total":"45.48"}"#.to_vec()),
+            Value::NULL,
+        ];
+        mysql_common::row::new_row(values, columns)
+    }
+
+    #[test]
+    fn occurred_at_reads_the_same_from_text_and_binary_rows() {
+        let table = Arc::new(TableName { database: "shop".into(), table: "outbox_events".into() });
+        let cases = [
+            (Value::Bytes(b"2026-01-02 03:04:05.000000".to_vec()), 6, "2026-01-02T03:04:05.000000"),
+            (Value::Date(2026, 1, 2, 3, 4, 5, 0), 6, "2026-01-02T03:04:05.000000"),
+            (Value::Bytes(b"2026-01-02 03:04:05.120".to_vec()), 3, "2026-01-02T03:04:05.120"),
+            (Value::Date(2026, 1, 2, 3, 4, 5, 120_000), 3, "2026-01-02T03:04:05.120"),
+            (Value::Bytes(b"2026-01-02 03:04:05".to_vec()), 0, "2026-01-02T03:04:05"),
+            (Value::Date(2026, 1, 2, 3, 4, 5, 0), 0, "2026-01-02T03:04:05"),
+        ];
+        for (value, fsp, expected) in cases {
+            let row = decode(&table, scanned(value.clone(), fsp)).unwrap();
+            assert_eq!(row.occurred_at, expected, "{value:?} with {fsp} digits");
+            assert_eq!((row.schema_version, row.headers.as_deref()), (3, None));
+            assert!(row.from_snapshot);
+        }
+    }
+
+    #[test]
+    fn null_occurred_at_is_a_definite_error() {
+        let table = Arc::new(TableName { database: "shop".into(), table: "outbox_events".into() });
+        let err = decode(&table, scanned(Value::NULL, 6)).unwrap_err();
+        assert!(err.to_string().contains("occurred_at is NULL"), "{err}");
     }
 }
