@@ -36,11 +36,11 @@ async fn seed(db: &MariaDb, n: usize, aggregates: usize) -> Expected {
     Expected::from_orders(per)
 }
 
-/// Appends the stream's expectation (written after the snapshot rows) to the snapshot's.
 /// The seeded rows' `occurred_at` as every event must carry it: the column's six fractional digits, even
 /// when they are zero and whether the snapshot read the row as text (first chunk) or as a binary value.
 const SEEDED_AT: &str = "2026-01-01T00:00:00.000000";
 
+/// Appends the stream's expectation (written after the snapshot rows) to the snapshot's.
 fn then(mut first: Expected, second: &Expected) -> Expected {
     for (agg, ids) in &second.per_aggregate {
         first.per_aggregate.entry(agg.clone()).or_default().extend(ids.iter().cloned());

@@ -386,21 +386,20 @@ async fn decode_all<P: mysql_async::prelude::Protocol>(
 
 /// Decodes one scanned row (columns in the order of [`Scanner::query_chunk`]'s SELECT), moving its values.
 ///
-/// `occurred_at` comes as text from the first chunk's plain query and as a date value from the later
-/// chunks' prepared statements; both are written like the stream writes it, with the column's declared
+/// The first chunk's plain query returns every value as text; the later chunks' prepared statements return
+/// typed values. A DATETIME (`occurred_at`) is written like the stream writes it, with the column's declared
 /// fractional digits, so an event's `occurred_at` does not depend on how it was read.
 fn decode(table: &Arc<TableName>, mut row: Row) -> Result<OutboxRow> {
-    if let Some(mysql_async::Value::Date(y, mo, d, h, mi, s, us)) = row.as_ref(2) {
-        let fsp = row.columns_ref().get(2).map_or(0, |c| c.decimals());
-        let text = format_datetime(*y, *mo, *d, *h, *mi, *s, *us, fsp);
-        row.place(2, mysql_async::Value::Bytes(text.into_bytes()));
-    }
     let mut text = |i: usize, what: &str| -> Result<Option<String>> {
         match row.take::<mysql_async::Value, _>(i) {
             None | Some(mysql_async::Value::NULL) => Ok(None),
             Some(mysql_async::Value::Bytes(b)) => String::from_utf8(b)
                 .map(Some)
                 .map_err(|_| Error::definite(format!("snapshot of {table}: column {what} is not valid UTF-8"))),
+            Some(mysql_async::Value::Date(y, mo, d, h, mi, s, us)) => {
+                let fsp = row.columns_ref().get(i).map_or(0, |c| c.decimals());
+                Ok(Some(format_datetime(y, mo, d, h, mi, s, us, fsp)))
+            }
             Some(other) => Ok(Some(other.as_sql(true).trim_matches('\'').to_string())),
         }
     };
