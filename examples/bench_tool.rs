@@ -107,7 +107,7 @@ enum Command {
         /// A connector configuration (source and outbox sections are used).
         #[arg(long)]
         config: PathBuf,
-        /// Stop after the transaction that brings the GTID position to this.
+        /// Stop after the transaction whose position covers this one (MariaDB notation).
         #[arg(long)]
         gtid: String,
         /// Also route each row into its Kafka record (JSON envelope, headers), still without Kafka.
@@ -257,13 +257,9 @@ fn status_kb(pid: &str, field: &str) -> Option<u64> {
 // ---------------------------------------------------------------------------------------------------------
 // run-until
 
-/// Whether the checkpoint's GTIDs include every GTID of `target` (MariaDB notation, as the bench loads it);
-/// the checkpoint may be past the target when more was committed after it.
-fn covers(checkpoint: &Gtids, target: &str) -> bool {
-    match (checkpoint, target.parse::<GtidPos>()) {
-        (Gtids::MariaDb(pos), Ok(target)) => target.iter().all(|g| pos.contains(&g)),
-        _ => false,
-    }
+/// A target GTID position in MariaDB notation (what the bench's MariaDB reports).
+fn mariadb_gtids(text: &str) -> anyhow::Result<Gtids> {
+    Ok(Gtids::MariaDb(text.trim().parse::<GtidPos>().map_err(|e| anyhow!("GTID position {text:?}: {e}"))?))
 }
 
 enum Target {
@@ -292,7 +288,7 @@ fn run_until(
     let mut max_sampled_kb = 0u64;
     let mut next_sample = start;
     let mut gtid = match &target {
-        Target::Gtid(g) => Some(g.clone()),
+        Target::Gtid(g) => Some(mariadb_gtids(g)?),
         _ => None,
     };
     let (seconds, cpu_s, peak_kb) = loop {
@@ -316,7 +312,10 @@ fn run_until(
         }
         if gtid.is_none() {
             if let Target::GtidFile(f) = &target {
-                gtid = std::fs::read_to_string(f).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+                // Complete once its line is: a prefix of a GTID would be covered too early.
+                if let Some(line) = std::fs::read_to_string(f).ok().filter(|s| s.ends_with('\n')) {
+                    gtid = Some(mariadb_gtids(&line)?);
+                }
             }
         }
         if let (None, Some((addr, n))) = (acked_at, &acked_target) {
@@ -328,7 +327,8 @@ fn run_until(
         let done = match Store::read_only(state) {
             Ok(Some(cp)) => match &target {
                 Target::SnapshotDone => cp.snapshot.as_ref().is_some_and(|s| s.done),
-                _ => gtid.as_deref().is_some_and(|g| covers(&cp.position.gtids, g)),
+                // The checkpoint may be past the target when more was committed after it.
+                _ => gtid.as_ref().is_some_and(|g| g.is_within(&cp.position.gtids) == Some(true)),
             },
             _ => false,
         };
@@ -588,6 +588,7 @@ async fn decode_floor(config_path: &std::path::Path, gtid: &str, route: bool) ->
         heartbeat: Duration::from_millis(config.source.heartbeat_interval_ms),
     });
     let router = Router::new(TopicTemplate::parse(&config.kafka.topic).map_err(err)?, config.kafka.value_format);
+    let target = mariadb_gtids(gtid)?;
     let cpu0 = cpu_seconds("self")?;
     let start = Instant::now();
     let mut reader = BinlogReader::start(&source, &info, settings, position).await.map_err(err)?;
@@ -605,7 +606,7 @@ async fn decode_floor(config_path: &std::path::Path, gtid: &str, route: bool) ->
             Change::Undecodable(_) => bail!("undecodable row in the benchmark workload"),
             Change::Commit { position, .. } => {
                 txs += 1;
-                if position.gtids.to_string() == gtid {
+                if target.is_within(&position.gtids) == Some(true) {
                     break;
                 }
             }

@@ -106,11 +106,9 @@ pub struct PruneReport {
 /// positions cannot be compared (different kinds).
 pub fn checkpoint_covers(checkpoint: &Position, cut: &Position) -> Option<bool> {
     match (&cut.gtids, &checkpoint.gtids) {
-        (Gtids::MySql(c), Gtids::MySql(p)) => Some(c.is_subset(p)),
-        (Gtids::MariaDb(c), Gtids::MariaDb(p)) => Some(c.iter().all(|g| p.contains(&g))),
         // NOTE: a position is a transaction boundary; a cut equal to the checkpoint is covered.
         (Gtids::None, Gtids::None) => Some(cut.coord <= checkpoint.coord),
-        _ => None,
+        (cut, checkpoint) => cut.is_within(checkpoint),
     }
 }
 

@@ -272,6 +272,16 @@ impl Gtids {
         }
     }
 
+    /// Whether every transaction recorded here is also recorded in `other`; `None` when the two cannot be
+    /// compared by GTIDs (different server families, or no GTIDs: compare file coordinates then).
+    pub fn is_within(&self, other: &Gtids) -> Option<bool> {
+        match (self, other) {
+            (Gtids::MySql(a), Gtids::MySql(b)) => Some(a.is_subset(b)),
+            (Gtids::MariaDb(a), Gtids::MariaDb(b)) => Some(a.iter().all(|g| b.contains(&g))),
+            _ => None,
+        }
+    }
+
     /// The server family these GTIDs belong to; `None` when there are no GTIDs.
     pub fn flavor(&self) -> Option<Flavor> {
         match self {

@@ -512,11 +512,10 @@ impl Overlap {
 
     /// True once the stream is past every segment's view: the rule can never skip again.
     pub fn expired(&self, stream: &Position) -> bool {
-        self.state.segments.iter().all(|s| match (&s.view.gtids, &stream.gtids) {
-            (Gtids::MariaDb(v), Gtids::MariaDb(p)) => v.iter().all(|g| p.contains(&g)),
-            (Gtids::MySql(v), Gtids::MySql(p)) => v.is_subset(p),
-            _ => s.view.coord <= stream.coord,
-        })
+        self.state
+            .segments
+            .iter()
+            .all(|s| s.view.gtids.is_within(&stream.gtids).unwrap_or(s.view.coord <= stream.coord))
     }
 
     /// Whether the snapshot already emitted `row`, read by the stream in the transaction at `start`.
