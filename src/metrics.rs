@@ -198,6 +198,8 @@ struct TopicHandles {
 #[derive(Default)]
 struct AckCache {
     topic: String,
+    /// The topic's acknowledged-events counter.
+    acknowledged: Option<Counter>,
     /// The topic's per-partition counters, by partition number.
     partitions: Vec<Option<Counter>>,
     aggregate_type: String,
@@ -360,12 +362,13 @@ impl Metrics {
         thread_local! {
             static ACK: std::cell::RefCell<AckCache> = std::cell::RefCell::new(AckCache::default());
         }
-        self.with_topic(topic, |h| h.acknowledged.inc());
         ACK.with_borrow_mut(|cache| {
-            if cache.topic != topic {
+            if cache.acknowledged.is_none() || cache.topic != topic {
                 topic.clone_into(&mut cache.topic);
+                cache.acknowledged = Some(self.lookup_topic(topic).acknowledged);
                 cache.partitions.clear();
             }
+            cache.acknowledged.as_ref().expect("set above").inc();
             if let Ok(index) = usize::try_from(partition) {
                 if cache.partitions.len() <= index {
                     cache.partitions.resize(index + 1, None);
