@@ -284,8 +284,12 @@ async fn check(config: &Config) -> Result<(), Error> {
     let info = source::server_info(&mut conn).await?;
     let checkpoint = Store::read_only(&config.state.dir)?;
     println!("server: {} ({})", preflight::describe_identity(&info.identity), info.version);
-    let report =
-        preflight::check(&mut conn, &info, config, checkpoint.as_ref().map(|c| (&c.server, &c.position))).await?;
+    let resume = checkpoint.as_ref().map(|c| preflight::Resume {
+        server: &c.server,
+        position: &c.position,
+        end_event: c.end_event,
+    });
+    let report = preflight::check(&mut conn, &info, config, resume).await?;
     print!("{report}");
     let failed = report.failures().count();
     if failed > 0 {

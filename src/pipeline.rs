@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::checkpoint::{Mark, Store, TxId, Watermark};
+use crate::checkpoint::{Checkpoint, Mark, Store, TxId, Watermark};
 use crate::config::Config;
 use crate::config::{SnapshotMode, SourceKind};
 use crate::error::{Error, Result};
@@ -42,8 +42,11 @@ use crate::quarantine::Origin;
 use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::binlog::{BinlogReader, Change, ReaderSettings, TxStart};
+use crate::source::history::{self, Comparison};
 use crate::source::snapshot::{self, Overlap, Segment, SnapshotState};
-use crate::source::{ensure_position_available, preflight, server_info, start_position, SourceConn, SourceReader};
+use crate::source::{
+    ensure_position_available, preflight, server_info, start_position, ServerInfo, SourceConn, SourceReader,
+};
 
 mod checkpointer;
 mod files;
@@ -163,6 +166,20 @@ impl Pipeline {
         result
     }
 
+    /// The checkpoint can be resumed here: the server's binlog is the history it was read from, and still
+    /// holds its position (`snapshot.mode = "when_needed"` snapshots again when not).
+    async fn ensure_resumable(&self, conn: &mut mysql_async::Conn, info: &ServerInfo, cp: &Checkpoint) -> Result<()> {
+        if let (Some(end), true) = (cp.end_event, cp.server == info.identity) {
+            let server_id = self.config.source.server_id;
+            if let Comparison::Diverged(detail) =
+                history::compare(conn, info.identity.flavor, server_id, &cp.position, end).await?
+            {
+                return Err(history::diverged_error(&cp.position, &detail));
+            }
+        }
+        ensure_position_available(conn, &cp.position).await
+    }
+
     async fn run_once(&self, shutdown: &Shutdown) -> Result<()> {
         let config = &self.config;
         if config.source.kind == SourceKind::Files {
@@ -180,25 +197,27 @@ impl Pipeline {
                 );
             }
             if config.snapshot.mode == SnapshotMode::WhenNeeded {
-                if let Err(e) = ensure_position_available(&mut conn, &cp.position).await {
+                if let Err(e) = self.ensure_resumable(&mut conn, &info, cp).await {
                     if !e.is_definite() {
                         return Err(e);
                     }
                     tracing::error!(
                         error = %e,
-                        "the checkpoint's position was purged from the server's binlogs; taking a new \
-                         snapshot (snapshot.mode = \"when_needed\"). Events committed while the connector \
-                         was behind are recovered from the table; rows already deleted from it are not"
+                        "the checkpoint cannot be resumed on this server; taking a new snapshot \
+                         (snapshot.mode = \"when_needed\"). Events committed since the checkpoint are recovered \
+                         from the table; rows already deleted from it are not"
                     );
                     stored = None;
                 }
             }
         }
-        let checked = stored.as_ref().map(|cp| {
-            let server = if self.accept_new_server { info.identity.clone() } else { cp.server.clone() };
-            (server, cp.position.clone())
+        let resume = stored.as_ref().map(|cp| preflight::Resume {
+            server: if self.accept_new_server { &info.identity } else { &cp.server },
+            position: &cp.position,
+            // Another server's files are its own: nothing there to compare the checkpoint's last event with.
+            end_event: cp.end_event.filter(|_| cp.server == info.identity),
         });
-        let report = preflight::check(&mut conn, &info, config, checked.as_ref().map(|(s, p)| (s, p))).await?;
+        let report = preflight::check(&mut conn, &info, config, resume).await?;
         for finding in report.findings.iter().filter(|f| f.status == preflight::Status::Warn) {
             tracing::warn!(setting = %finding.setting, actual = %finding.actual, fix = %finding.fix, "preflight warning");
         }
@@ -211,6 +230,7 @@ impl Pipeline {
                 snapshot => Plan::Stream(Mark {
                     position: cp.position,
                     timestamp: cp.source_timestamp,
+                    end_event: cp.end_event,
                     snapshot: snapshot.map(Arc::new),
                 }),
             },
@@ -219,7 +239,7 @@ impl Pipeline {
                 tracing::info!(%position, start_from = ?config.source.start_from, "no checkpoint: starting fresh");
                 // Store the start point at once: a crash before the first acknowledgement must resume
                 // here, not at a later "current" position that would skip what was committed meanwhile.
-                let mark = Mark { position, timestamp: None, snapshot: None };
+                let mark = Mark { position, timestamp: None, end_event: None, snapshot: None };
                 checkpointer.save_now(mark.clone())?;
                 Plan::Stream(mark)
             }
@@ -388,6 +408,7 @@ impl Pipeline {
         checkpointer.save_now(Mark {
             position: cut.clone(),
             timestamp: None,
+            end_event: None,
             snapshot: Some(Arc::new(state.clone())),
         })?;
         watermark.reset(checkpointer.saved().expect("just saved"));
@@ -427,12 +448,22 @@ impl Pipeline {
             state.last_key = Some(chunk.last_key);
             progress_bar.set(state.rows_done);
             metrics().snapshot_progress(state.rows_done, state.rows_estimate);
-            watermark
-                .close(tx, Mark { position: cut.clone(), timestamp: None, snapshot: Some(Arc::new(state.clone())) });
+            watermark.close(
+                tx,
+                Mark {
+                    position: cut.clone(),
+                    timestamp: None,
+                    end_event: None,
+                    snapshot: Some(Arc::new(state.clone())),
+                },
+            );
         }
         state.done = true;
         let tx = watermark.open();
-        watermark.close(tx, Mark { position: cut, timestamp: None, snapshot: Some(Arc::new(state.clone())) });
+        watermark.close(
+            tx,
+            Mark { position: cut, timestamp: None, end_event: None, snapshot: Some(Arc::new(state.clone())) },
+        );
         progress_bar.finish(state.rows_done);
         tracing::info!(rows = state.rows_done, "snapshot read; waiting for the last acknowledgements");
         Ok(())
@@ -510,7 +541,7 @@ impl Pipeline {
                         }
                         crate::failpoint!("row_produced");
                     }
-                    Some(Change::Commit { position, timestamp }) => {
+                    Some(Change::Commit { position, timestamp, end_event }) => {
                         metrics().transaction_read(timestamp);
                         let tx = stream.current.take().unwrap_or_else(|| watermark.open());
                         if stream.overlap.as_ref().is_some_and(|o| o.expired(&position)) {
@@ -518,7 +549,8 @@ impl Pipeline {
                             stream.overlap = None;
                         }
                         let snapshot = stream.overlap.as_ref().map(|o| o.state().clone());
-                        watermark.close(tx, Mark { position, timestamp: (timestamp != 0).then_some(timestamp), snapshot });
+                        let timestamp = (timestamp != 0).then_some(timestamp);
+                        watermark.close(tx, Mark { position, timestamp, end_event, snapshot });
                         if stopping {
                             return Ok(());
                         }

@@ -364,6 +364,7 @@ mod tests {
                 position: pos(maria("0-1-42"), "b.000001", 4),
                 server: server(server_id),
                 source_timestamp: None,
+                end_event: None,
                 written_at_ms: 1,
                 snapshot,
             })

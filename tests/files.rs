@@ -223,3 +223,57 @@ async fn mysql_files_checkpoint_and_fail_loud() {
     assert_eq!(status.code(), Some(2), "{}", connector.logs());
     assert!(connector.logs().contains("binlog_row_metadata"), "{}", connector.logs());
 }
+
+/// The end event a commit records from a binlog file is the event the live server sends back for that file
+/// and offset (`source::history::compare`, the check before every resume): each compares `Same`; another
+/// CRC-32 at the same place, or a length that puts the start where no event begins, `Diverged`; a file the
+/// server no longer has, `FileGone`.
+#[tokio::test(flavor = "multi_thread")]
+async fn end_events_compare_with_the_live_binlog() {
+    use outbox_cdc::position::{BinlogCoord, Flavor, Position};
+    use outbox_cdc::source::history::{compare, Comparison, EndEvent};
+
+    let db = MariaDb::start();
+    let mut conn = db.conn().await;
+    for i in 0..5 {
+        business_tx(&mut conn, &format!("A-{i}")).await.expect("business transaction");
+    }
+    let (file, _): (String, u64) = conn.query_first("SHOW BINARY LOGS").await.unwrap().unwrap();
+    // The file is complete once the server writes the next one.
+    conn.query_drop("FLUSH BINARY LOGS").await.unwrap();
+    let path = db.datadir().join(&file);
+    let start = start_position(&path, &scan(&path).unwrap().header, None).unwrap();
+    let settings = std::sync::Arc::new(ReaderSettings {
+        server_id: 1,
+        tables: Vec::new(),
+        columns: Default::default(),
+        on_update: Default::default(),
+        heartbeat: Duration::from_secs(1),
+    });
+    let mut reader = FilesReader::start(vec![path], settings, start).unwrap();
+    let mut ends: Vec<(Position, EndEvent)> = Vec::new();
+    while let Some(change) = reader.next().unwrap() {
+        if let Change::Commit { position, end_event, .. } = change {
+            ends.push((position.clone(), end_event.unwrap_or_else(|| panic!("no end event at {position}"))));
+        }
+    }
+    assert!(ends.len() >= 5, "{ends:?}");
+    async fn compared(conn: &mut mysql_async::Conn, position: &Position, end: EndEvent) -> Comparison {
+        compare(conn, Flavor::MariaDb, 4242, position, end).await.unwrap()
+    }
+    for (position, end) in &ends {
+        assert_eq!(compared(&mut conn, position, *end).await, Comparison::Same, "{position}");
+    }
+    let (position, end) = ends.last().unwrap().clone();
+    match compared(&mut conn, &position, EndEvent { crc32: end.crc32 ^ 1, ..end }).await {
+        Comparison::Diverged(detail) => assert!(detail.contains("has an event of type 16"), "{detail}"),
+        other => panic!("another CRC-32 compared {other:?}"),
+    }
+    match compared(&mut conn, &position, EndEvent { len: end.len + 3, ..end }).await {
+        Comparison::Diverged(detail) => eprintln!("[history] a start inside an event: {detail}"),
+        other => panic!("a start inside an event compared {other:?}"),
+    }
+    let purged =
+        Position { coord: BinlogCoord { file: "mysql-bin.999999".into(), ..position.coord.clone() }, ..position };
+    assert_eq!(compared(&mut conn, &purged, end).await, Comparison::FileGone);
+}

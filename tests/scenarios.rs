@@ -388,8 +388,11 @@ fn merge(mut a: Written, b: Written) -> Written {
 
 /// The server's identity changes under the checkpoint: first `RESET MASTER` (binlogs and GTIDs start
 /// over on the same server), then a different server. Each time the connector must refuse to resume, exit
-/// 2 and say why, leaving the checkpoint alone. Recovery: move the state directory away and start with an
-/// initial snapshot; nothing is missing.
+/// 2 and say why, leaving the checkpoint alone. After `RESET MASTER` it is refused twice: while the new
+/// history is shorter than the checkpoint, and once it has written past the checkpoint's GTID, when the
+/// server itself would resume there without complaint and only the checkpoint's end event tells the
+/// histories apart (regression: that resume skipped the new history's first transactions silently).
+/// Recovery: restart with `snapshot.mode = "when_needed"`, which snapshots again; nothing is missing.
 #[tokio::test(flavor = "multi_thread")]
 async fn server_identity_changed_is_refused() {
     let db = MariaDb::start();
@@ -405,17 +408,28 @@ async fn server_identity_changed_is_refused() {
     );
     assert!(connector.terminate().success(), "{}", log_tail(&connector));
     let checkpoint = connector.status_json();
+    let checkpointed = stored_seq(&connector);
 
     db.sql("RESET MASTER");
+    let mut refuse = |when: &str| {
+        let logged = connector.stderr().len();
+        connector.restart();
+        let status =
+            connector.wait_exit(EXIT_TIMEOUT).unwrap_or_else(|| panic!("must stop {when}:\n{}", log_tail(&connector)));
+        assert_eq!(status.code(), Some(2), "RESET MASTER must be refused {when}:\n{}", log_tail(&connector));
+        let stderr = connector.stderr();
+        let message = stderr[logged..].lines().find(|l| l.contains("history diverged")).unwrap_or_default().to_owned();
+        eprintln!("[identity] {when}: {message}");
+        assert!(!message.is_empty(), "the refusal must say why:\n{}", log_tail(&connector));
+        assert_eq!(connector.status_json(), checkpoint, "a refused start must not touch the checkpoint");
+    };
+    refuse("before the new history reaches the checkpoint's GTID");
     let writer = Writer::start(db.opts_root(), workload());
-    wait_commits(&writer, 200, "after RESET MASTER").await;
-    connector.restart();
-    let status = connector.wait_exit(EXIT_TIMEOUT).unwrap_or_else(|| panic!("must stop:\n{}", log_tail(&connector)));
-    assert_eq!(status.code(), Some(2), "RESET MASTER must be refused:\n{}", log_tail(&connector));
-    let reset_message = connector.stderr().lines().rev().find(|l| l.contains("ERROR")).unwrap_or_default().to_owned();
-    eprintln!("[identity] after RESET MASTER: {reset_message}");
-    assert!(reset_message.contains("history diverged"), "the refusal must say why: {reset_message}");
-    assert_eq!(connector.status_json(), checkpoint, "a refused start must not touch the checkpoint");
+    assert!(
+        common::wait_until(PROGRESS_TIMEOUT, || reliability::db_seq(&db) > checkpointed + 50),
+        "the new history did not pass GTID sequence {checkpointed}"
+    );
+    refuse("after the new history passed the checkpoint's GTID");
 
     let other = MariaDb::builder().server_id(db.server_id() + 1).start();
     let config = connector.write_config(&other, &broker, "");
@@ -426,16 +440,23 @@ async fn server_identity_changed_is_refused() {
     assert_eq!(connector.status_json(), checkpoint, "a refused start must not touch the checkpoint");
     drop(other);
 
-    // The operator's way out: keep the old state for the record, snapshot the table again.
-    std::fs::rename(connector.state_dir(), connector.dir().join("state.old")).expect("move the state away");
-    let config = connector.write_config(&db, &broker, "[snapshot]\nmode = \"initial\"\n");
+    // The way out the refusal names: snapshot.mode = "when_needed" snapshots the table again when the
+    // checkpoint cannot be resumed (moving the state directory away and starting afresh does the same).
+    let logged = connector.stderr().len();
+    let config = connector.write_config(&db, &broker, "[snapshot]\nmode = \"when_needed\"\n");
     connector.run(&config);
     let recovery = Recovery::starts(&db).wait(&connector);
+    assert!(
+        connector.stderr()[logged..].contains("cannot be resumed on this server; taking a new snapshot"),
+        "{}",
+        log_tail(&connector)
+    );
     wait_commits(&writer, 300, "after the recovery").await;
     let written = merge(first, writer.finish().await);
     let run = reliability::closing_audit("identity_changed", &connector, &written, Duplicates::Reported);
-    let note = "RESET MASTER, then a different server: both refused with exit 2, checkpoint untouched; recovered \
-                by moving state/ away and snapshotting again (republishes the table)";
+    let note = "RESET MASTER (before and after the new history reaches the checkpoint's GTID), then a different \
+                server: all refused with exit 2, checkpoint untouched; recovered with snapshot.mode = when_needed \
+                (snapshots the table again, so it republishes it)";
     reliability::record("server identity changed (RESET MASTER, other server)", &written, &run, Some(recovery), note);
     assert!(connector.terminate().success(), "{}", log_tail(&connector));
 }

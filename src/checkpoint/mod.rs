@@ -27,6 +27,7 @@ pub use store::Store;
 pub use watermark::{Mark, TxId, Watermark};
 
 use crate::position::Position;
+use crate::source::history::EndEvent;
 use crate::source::ServerIdentity;
 
 /// The stored record, as JSON (readable by `outbox-cdc status`).
@@ -41,6 +42,10 @@ pub struct Checkpoint {
     /// Commit time (server clock, Unix seconds) of the last checkpointed transaction, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_timestamp: Option<u32>,
+    /// The binlog event that ended that transaction, compared with the server's binlog before a resume so
+    /// that a checkpoint never resumes in another history of the server (`source::history`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_event: Option<EndEvent>,
     /// When this record was written (Unix milliseconds).
     pub written_at_ms: u64,
     /// Initial snapshot in progress, or finished with its overlap rule still in force.

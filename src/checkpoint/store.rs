@@ -316,6 +316,7 @@ mod tests {
             },
             server: ServerIdentity { flavor: Flavor::MariaDb, server_id: 1, server_uuid: None, binlog_files: false },
             source_timestamp: Some(1_700_000_000),
+            end_event: Some(crate::source::history::EndEvent { len: 31, crc32: 0x8d2f_11a0 }),
             written_at_ms: 1,
             snapshot: None,
         }

@@ -24,6 +24,7 @@ use std::sync::Mutex;
 use crate::error::Error;
 use crate::position::Position;
 use crate::sink::Delivered;
+use crate::source::history::EndEvent;
 
 /// Identifies a registered source transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -36,6 +37,8 @@ pub struct Mark {
     pub position: Position,
     /// Its commit time (server clock, Unix seconds), when known.
     pub timestamp: Option<u32>,
+    /// The binlog event that ends it, when a transaction ends here (not at a snapshot's start point).
+    pub end_event: Option<EndEvent>,
     /// Snapshot progress at this point (during a snapshot, and while its overlap rule is in force).
     pub snapshot: Option<std::sync::Arc<crate::source::snapshot::SnapshotState>>,
 }
@@ -210,6 +213,7 @@ mod tests {
         Mark {
             position: Position { gtids: Gtids::None, coord: BinlogCoord { file: "bin.000001".into(), pos: n } },
             timestamp: None,
+            end_event: None,
             snapshot: None,
         }
     }

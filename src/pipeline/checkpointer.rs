@@ -75,6 +75,7 @@ impl Checkpointer {
             position: mark.position.clone(),
             server: self.server.clone(),
             source_timestamp: mark.timestamp,
+            end_event: mark.end_event,
             written_at_ms: now_ms(),
             snapshot: mark.snapshot.as_deref().cloned(),
         })?;

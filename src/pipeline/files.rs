@@ -56,12 +56,12 @@ impl Pipeline {
                 if config.source.start_after.is_some() {
                     tracing::warn!(position = %cp.position, "source.start_after is ignored: resuming from the checkpoint");
                 }
-                Mark { position: cp.position, timestamp: cp.source_timestamp, snapshot: None }
+                Mark { position: cp.position, timestamp: cp.source_timestamp, end_event: cp.end_event, snapshot: None }
             }
             None => {
                 let position = files::start_position(&paths[0], &first.header, config.source.start_after.as_deref())?;
                 tracing::info!(%position, "no checkpoint: publishing what the binlog files hold after this position");
-                let mark = Mark { position, timestamp: None, snapshot: None };
+                let mark = Mark { position, timestamp: None, end_event: None, snapshot: None };
                 checkpointer.save_now(mark.clone())?;
                 mark
             }

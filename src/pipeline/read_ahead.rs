@@ -201,7 +201,7 @@ mod tests {
 
     fn commit(pos: u64) -> Change {
         let coord = BinlogCoord { file: "bin.000001".into(), pos };
-        Change::Commit { position: Position { gtids: Gtids::None, coord }, timestamp: 0 }
+        Change::Commit { position: Position { gtids: Gtids::None, coord }, timestamp: 0, end_event: None }
     }
 
     fn row(n: usize, payload_bytes: usize) -> Change {

@@ -41,6 +41,7 @@ use mysql_common::binlog::events::{
 };
 use mysql_common::packets::{GnoInterval, Sid};
 
+use super::history::EndEvent;
 use super::{OutboxRow, OutboxTable, ServerInfo, SourceConn};
 use crate::config::{ColumnNames, OnUpdate, TableName};
 use crate::error::{classify_mysql, Error, Result};
@@ -63,6 +64,9 @@ pub enum Change {
         position: Position,
         /// Commit time (server clock, seconds since the epoch).
         timestamp: u32,
+        /// The event that ended it in the binlog, to recognise this history on resume; `None` for a group
+        /// that ends without a commit event (XA PREPARE).
+        end_event: Option<EndEvent>,
     },
 }
 
@@ -175,6 +179,8 @@ pub struct ChangeDecoder {
     expand_payloads: bool,
     /// Live stream: bytes of inner events still to come after a TRANSACTION_PAYLOAD.
     payload_left: u64,
+    /// Inside a TRANSACTION_PAYLOAD: the payload event's fingerprint, which ends every transaction in it.
+    payload_event: Option<EndEvent>,
     /// table_id -> decoder and TABLE_MAP for outbox tables, `None` for other tables.
     tables: HashMap<u64, Option<(Arc<OutboxTable>, TableMapEvent<'static>)>>,
     outbox_names: HashSet<TableName>,
@@ -310,6 +316,7 @@ impl ChangeDecoder {
             payload_end: None,
             expand_payloads: false,
             payload_left: 0,
+            payload_event: None,
             tables: HashMap::new(),
             pending: VecDeque::new(),
         }
@@ -467,13 +474,15 @@ impl ChangeDecoder {
                         }
                     }
                     TxState::Open if sql.eq_ignore_ascii_case(b"COMMIT") || sql.eq_ignore_ascii_case(b"ROLLBACK") => {
-                        self.commit(log_pos, header.timestamp())
+                        self.commit(log_pos, header.timestamp(), self.end_event(event))
                     }
-                    TxState::AfterGtid | TxState::Standalone => self.commit(log_pos, header.timestamp()),
+                    TxState::AfterGtid | TxState::Standalone => {
+                        self.commit(log_pos, header.timestamp(), self.end_event(event))
+                    }
                     TxState::Idle | TxState::Open => {}
                 }
             }
-            EventData::XidEvent(_) => self.commit(log_pos, header.timestamp()),
+            EventData::XidEvent(_) => self.commit(log_pos, header.timestamp(), self.end_event(event)),
             EventData::TableMapEvent(tme) => {
                 let table_id = tme.table_id();
                 let name =
@@ -517,6 +526,7 @@ impl ChangeDecoder {
                 ));
             }
             self.payload_end = Some(event.header().log_pos());
+            self.payload_event = Some(EndEvent::of(event));
             self.payload_left = payload.uncompressed_size();
             return Ok(());
         }
@@ -527,6 +537,7 @@ impl ChangeDecoder {
             Error::definite(format!("cannot decompress a TRANSACTION_PAYLOAD ({:?}): {e}", payload.algorithm()))
         })?;
         self.payload_end = Some(event.header().log_pos());
+        self.payload_event = Some(EndEvent::of(event));
         let result = (|| {
             while let Some(bytes) = read_event_bytes(&mut inner, false)
                 .map_err(|e| Error::definite(format!("inside a TRANSACTION_PAYLOAD: {e}")))?
@@ -571,7 +582,16 @@ impl ChangeDecoder {
         }
     }
 
-    fn commit(&mut self, log_pos: u32, timestamp: u32) {
+    /// The fingerprint of the top-level event that `event` is, or is inside.
+    fn end_event(&self, event: &Event) -> Option<EndEvent> {
+        if self.payload_end.is_some() {
+            self.payload_event
+        } else {
+            Some(EndEvent::of(event))
+        }
+    }
+
+    fn commit(&mut self, log_pos: u32, timestamp: u32, end_event: Option<EndEvent>) {
         if std::mem::take(&mut self.tx_skipped) {
             // Already in the resume position: advancing a MariaDB domain to it would move it backwards.
             self.tx_gtid = None;
@@ -596,7 +616,7 @@ impl ChangeDecoder {
         }
         self.state = TxState::Idle;
         self.tx_touches_outbox = false;
-        self.pending.push_back(Change::Commit { position: self.position.clone(), timestamp });
+        self.pending.push_back(Change::Commit { position: self.position.clone(), timestamp, end_event });
     }
 
     /// Ends a group that has no commit of its own (XA prepare): it produced nothing and moves nothing.
@@ -609,7 +629,7 @@ impl ChangeDecoder {
         self.state = TxState::Idle;
         self.tx_gtid = None;
         self.tx_touches_outbox = false;
-        self.pending.push_back(Change::Commit { position: self.position.clone(), timestamp: 0 });
+        self.pending.push_back(Change::Commit { position: self.position.clone(), timestamp: 0, end_event: None });
     }
 
     fn on_rows(&mut self, rows: RowsEventData<'_>, log_pos: u32) -> Result<()> {

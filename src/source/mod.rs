@@ -4,6 +4,7 @@
 pub mod binlog;
 pub mod decode;
 pub mod files;
+pub mod history;
 pub mod preflight;
 pub mod purge;
 pub mod rows;

@@ -6,6 +6,7 @@ use std::fmt;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
+use super::history::{self, Comparison, EndEvent};
 use super::{ServerIdentity, ServerInfo};
 use crate::config::{ColumnNames, Config, ResumeBy, TableName};
 use crate::error::{classify_mysql, Error, Result};
@@ -120,6 +121,18 @@ fn shown(value: &Option<String>) -> String {
     value.clone().unwrap_or_else(|| "(not supported by this server)".into())
 }
 
+/// The checkpoint a run would resume from, as preflight checks it.
+#[derive(Debug, Clone, Copy)]
+pub struct Resume<'a> {
+    /// The server it must belong to (the connected one, under `--accept-new-server`).
+    pub server: &'a ServerIdentity,
+    /// Where the stream resumes.
+    pub position: &'a Position,
+    /// The binlog event that ended the checkpoint's transaction, compared with the server's binlog when the
+    /// checkpoint was written on this server.
+    pub end_event: Option<EndEvent>,
+}
+
 /// Runs every check. Only connection-level problems are errors; findings go into the report.
 ///
 /// # Errors
@@ -128,7 +141,7 @@ pub async fn check(
     conn: &mut Conn,
     info: &ServerInfo,
     config: &Config,
-    checkpoint: Option<(&ServerIdentity, &Position)>,
+    checkpoint: Option<Resume<'_>>,
 ) -> Result<Report> {
     let mut report = Report::default();
     let flavor = info.identity.flavor;
@@ -214,7 +227,7 @@ pub async fn check(
         check_table(conn, &table, &config.outbox.columns, &mut report).await?;
     }
 
-    if let Some((server, position)) = checkpoint {
+    if let Some(Resume { server, position, end_event }) = checkpoint {
         let same = *server == info.identity;
         report.push(
             "checkpoint server",
@@ -224,6 +237,9 @@ pub async fn check(
             "the checkpoint belongs to another server; if this is a planned failover within the same GTID \
              topology, restart with --accept-new-server, otherwise move the state directory away",
         );
+        if let (true, Some(end)) = (same, end_event) {
+            check_history(conn, info, config, position, end, &mut report).await?;
+        }
         match super::ensure_position_available(conn, position).await {
             Ok(()) => report.push("checkpoint position", "still in the server's binlogs", "available", true, ""),
             Err(e) if e.is_definite() => {
@@ -233,6 +249,31 @@ pub async fn check(
         }
     }
     Ok(report)
+}
+
+/// The checkpoint's last event, compared with what the server's binlog has at its place.
+async fn check_history(
+    conn: &mut Conn,
+    info: &ServerInfo,
+    config: &Config,
+    position: &Position,
+    end: EndEvent,
+    report: &mut Report,
+) -> Result<()> {
+    const SETTING: &str = "checkpoint history";
+    let expected = format!("the transaction that ends at {}", position.coord);
+    match history::compare(conn, info.identity.flavor, config.source.server_id, position, end).await? {
+        Comparison::Same => report.push(SETTING, &expected, "the same transaction", true, ""),
+        Comparison::FileGone => report.push(SETTING, &expected, "binlog file purged, not compared", true, ""),
+        Comparison::Diverged(detail) => report.push(
+            SETTING,
+            &expected,
+            "another transaction",
+            false,
+            &history::diverged_error(position, &detail).to_string(),
+        ),
+    }
+    Ok(())
 }
 
 /// `flavor server_id=N uuid=…` for messages.

@@ -907,6 +907,54 @@ fn compressed_transactions_reach_the_decoder_once() {
     assert!(error.unwrap().to_string().contains("binlog_row_metadata"));
 }
 
+/// The end event a commit carries (what a resume compares with the server's binlog) is the top-level event
+/// that ends the transaction in the file, byte for byte: its offset and length from the commit position, and
+/// its CRC-32 equal to the trailer the server wrote (the same polynomial over the same bytes), or, in a file
+/// without checksums, to the CRC-32 of the whole event. A compressed transaction ends with its
+/// TRANSACTION_PAYLOAD, from files (expanded here) and from the live stream (expanded by mysql_async) alike.
+#[test]
+fn commits_carry_the_bytes_of_their_end_event() {
+    // (file, whether the server wrote CRC32 trailers, the event types that end its transactions)
+    let cases: [(&str, bool, &[u8]); 5] = [
+        ("mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010", true, &[2, 16]),
+        ("rust-us-mysql-cdc-rs/5.7__33_35_gtid_prev_gtid.log.bin", true, &[2, 16]),
+        ("blackbeam-rust_mysql_common/transaction_compression.000001", true, &[40]),
+        ("blackbeam-rust_mysql_common/binlog_transaction_with_GTID_TAG.000001", true, &[16]),
+        ("osheroff-mysql-binlog-connector-java/mysql-bin.checksum-none", false, &[2, 16]),
+    ];
+    for (name, checksummed, end_types) in cases {
+        let path = fixture(name);
+        let bytes = std::fs::read(&path).unwrap();
+        let start = Position { gtids: Gtids::None, coord: BinlogCoord { file: file_name(&path), pos: 4 } };
+        let (files, error) = read_files(std::slice::from_ref(&path), &[], start);
+        assert!(error.is_none(), "{name}: {error:?}");
+        let (live, error) = live_replay(&path, &[]);
+        assert!(error.is_none(), "{name}: {error:?}");
+        for changes in [&files, &live] {
+            let mut checked = 0;
+            for change in changes.iter() {
+                let Change::Commit { position, end_event, .. } = change else { continue };
+                let end = end_event.unwrap_or_else(|| panic!("{name}: commit at {position} without its end event"));
+                let end_pos = position.coord.pos as usize;
+                let event = &bytes[end_pos - end.len as usize..end_pos];
+                let le32 = |at: usize| u32::from_le_bytes(event[at..at + 4].try_into().unwrap());
+                assert!(end_types.contains(&event[4]), "{name}: ends with an event of type {}", event[4]);
+                assert_eq!((le32(9), le32(13) as usize), (end.len, end_pos), "{name}: event_size and log_pos");
+                let expected = if checksummed {
+                    let trailer = le32(event.len() - 4);
+                    assert_eq!(crc32fast::hash(&event[..event.len() - 4]), trailer, "{name}: the server's CRC32");
+                    trailer
+                } else {
+                    crc32fast::hash(event)
+                };
+                assert_eq!(end.crc32, expected, "{name}: CRC-32 of the event ending at {end_pos}");
+                checked += 1;
+            }
+            assert!(checked > 0, "{name}: no commit");
+        }
+    }
+}
+
 /// An outbox transaction inside a TRANSACTION_PAYLOAD yields its rows exactly once, from files (expanded by
 /// the decoder) and live (expanded by mysql_async), and commits at the payload's end.
 #[test]
