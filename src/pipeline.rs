@@ -166,18 +166,30 @@ impl Pipeline {
         result
     }
 
-    /// The checkpoint can be resumed here: the server's binlog is the history it was read from, and still
-    /// holds its position (`snapshot.mode = "when_needed"` snapshots again when not).
-    async fn ensure_resumable(&self, conn: &mut mysql_async::Conn, info: &ServerInfo, cp: &Checkpoint) -> Result<()> {
+    /// Why the checkpoint cannot be resumed here, if it cannot: the server's binlog is another history than
+    /// the one it was read from, or no longer holds its position.
+    ///
+    /// # Errors
+    /// When the server could not be asked (connection, privileges): no reason to snapshot again.
+    async fn unresumable(
+        &self,
+        conn: &mut mysql_async::Conn,
+        info: &ServerInfo,
+        cp: &Checkpoint,
+    ) -> Result<Option<Error>> {
         if let (Some(end), true) = (cp.end_event, cp.server == info.identity) {
             let server_id = self.config.source.server_id;
             if let Comparison::Diverged(detail) =
                 history::compare(conn, info.identity.flavor, server_id, &cp.position, end).await?
             {
-                return Err(history::diverged_error(&cp.position, &detail));
+                return Ok(Some(history::diverged_error(&cp.position, &detail)));
             }
         }
-        ensure_position_available(conn, &cp.position).await
+        match ensure_position_available(conn, &cp.position).await {
+            Ok(()) => Ok(None),
+            Err(e) if e.is_definite() => Ok(Some(e)),
+            Err(e) => Err(e),
+        }
     }
 
     async fn run_once(&self, shutdown: &Shutdown) -> Result<()> {
@@ -197,10 +209,7 @@ impl Pipeline {
                 );
             }
             if config.snapshot.mode == SnapshotMode::WhenNeeded {
-                if let Err(e) = self.ensure_resumable(&mut conn, &info, cp).await {
-                    if !e.is_definite() {
-                        return Err(e);
-                    }
+                if let Some(e) = self.unresumable(&mut conn, &info, cp).await? {
                     tracing::error!(
                         error = %e,
                         "the checkpoint cannot be resumed on this server; taking a new snapshot \

@@ -26,6 +26,7 @@ use mysql_common::binlog::events::Event;
 use serde::{Deserialize, Serialize};
 
 use super::binlog::EVENT_HEADER_LEN;
+use crate::error::mysql_codes::FATAL_READING_BINLOG;
 use crate::error::{classify_mysql, Error, Result};
 use crate::position::{Flavor, Position};
 
@@ -81,8 +82,8 @@ const LOG_EVENT_ARTIFICIAL: u16 = 0x20;
 /// `replica_server_id` is the connector's replication id.
 ///
 /// # Errors
-/// Transient for connection problems and a server that does not answer in time; definite for query errors
-/// such as a missing privilege. A different history is not an error here: it is [`Comparison::Diverged`].
+/// Transient for connection problems and a server that does not answer in time; definite for other server
+/// errors, such as a missing privilege. A different history is not an error: it is [`Comparison::Diverged`].
 pub async fn compare(
     conn: &mut Conn,
     flavor: Flavor,
@@ -119,19 +120,25 @@ pub async fn compare(
             dump.query_drop("SET @mariadb_slave_capability = 4").await.map_err(|e| classify_mysql(&e))?;
         }
         let request = BinlogStreamRequest::new(replica_server_id).with_filename(coord.file.as_bytes()).with_pos(start);
-        let mut stream = dump.get_binlog_stream(request).await.map_err(|e| classify_mysql(&e))?;
+        // NOTE: the file is listed and long enough, so a server that cannot read an event at `start` (1236)
+        // is telling us that no event starts there in this history.
+        let no_event = |e: &mysql_async::Error| match e {
+            mysql_async::Error::Server(server) if server.code == FATAL_READING_BINLOG => Some(Comparison::Diverged(
+                format!("no event starts at {}:{start} (the server says: {})", coord.file, server.message),
+            )),
+            _ => None,
+        };
+        let mut stream = match dump.get_binlog_stream(request).await {
+            Ok(stream) => stream,
+            Err(e) => return no_event(&e).ok_or_else(|| classify_mysql(&e)),
+        };
         let found = loop {
             let event = match stream.next().await {
                 Some(Ok(event)) => event,
-                // NOTE: the file is listed and long enough, so a server that cannot read an event at `start`
-                // is telling us that no event starts there in this history.
-                Some(Err(mysql_async::Error::Server(server))) => {
-                    break Comparison::Diverged(format!(
-                        "no event starts at {}:{start} (the server says: {})",
-                        coord.file, server.message
-                    ))
-                }
-                Some(Err(e)) => return Err(classify_mysql(&e)),
+                Some(Err(e)) => match no_event(&e) {
+                    Some(diverged) => break diverged,
+                    None => return Err(classify_mysql(&e)),
+                },
                 None => return Err(Error::transient("the server closed the binlog dump before sending an event")),
             };
             let header = event.header();
