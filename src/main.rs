@@ -399,6 +399,13 @@ async fn status(config: &Config, json: bool) -> Result<(), Error> {
         }
         None => println!("last committed:  (no transaction checkpointed yet)"),
     }
+    if let Some(end) = cp.end_event {
+        let start = cp.position.coord.pos.saturating_sub(u64::from(end.len));
+        println!(
+            "end event:       {} B at {}:{start}, CRC-32 {:08x} (compared with the server's binlog before a resume)",
+            end.len, cp.position.coord.file, end.crc32
+        );
+    }
     if config.source.kind == SourceKind::Server {
         println!("purge risk:      {}", purge_risk(config, cp, now_s).await);
     }

@@ -311,6 +311,7 @@ async fn purge_risk_is_reported_before_the_binlog_is_gone() {
     let percent: f64 = line.split_whitespace().nth(2).and_then(|p| p.trim_end_matches('%').parse().ok()).unwrap();
     assert!(percent >= 50.0, "{line}");
     assert!(line.contains("retention 20 s"), "{line}");
+    assert!(out.lines().any(|l| l.starts_with("end event:") && l.contains(" B at mysql-bin.")), "{out}");
 
     connector.restart();
     assert!(wait_until(Duration::from_secs(30), || connector.logs().contains("purge risk")), "{}", connector.logs());
