@@ -44,9 +44,7 @@ use crate::sink::KafkaSink;
 use crate::source::binlog::{BinlogReader, Change, ReaderSettings, TxStart};
 use crate::source::history::{self, Comparison};
 use crate::source::snapshot::{self, Overlap, Segment, SnapshotState};
-use crate::source::{
-    ensure_position_available, preflight, server_info, start_position, ServerInfo, SourceConn, SourceReader,
-};
+use crate::source::{position_purged, preflight, server_info, start_position, ServerInfo, SourceConn, SourceReader};
 
 mod checkpointer;
 mod files;
@@ -185,11 +183,7 @@ impl Pipeline {
                 return Ok(Some(history::diverged_error(&cp.position, &detail)));
             }
         }
-        match ensure_position_available(conn, &cp.position).await {
-            Ok(()) => Ok(None),
-            Err(e) if e.is_definite() => Ok(Some(e)),
-            Err(e) => Err(e),
-        }
+        position_purged(conn, &cp.position).await
     }
 
     async fn run_once(&self, shutdown: &Shutdown) -> Result<()> {

@@ -13,7 +13,7 @@
 //! file-position binlog dump, and a difference is a definite error.
 //!
 //! It cannot compare when the file is gone (purged; whether the position is still resumable is then
-//! [`super::ensure_position_available`]'s question), nor on another server (`--accept-new-server`: its files
+//! [`super::position_purged`]'s question), nor on another server (`--accept-new-server`: its files
 //! are its own), nor for checkpoints written before this record existed, or at a snapshot's start point,
 //! which no transaction ends.
 

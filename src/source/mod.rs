@@ -261,12 +261,12 @@ pub async fn binary_logs(conn: &mut Conn) -> Result<Vec<(String, u64)>> {
     Ok(rows.into_iter().filter_map(|r| Some((r.get::<String, _>(0)?, r.get::<u64, _>(1)?))).collect())
 }
 
-/// Checks that the server's binlogs still hold `position`, so that resuming from it cannot silently skip
-/// transactions. Purged is a definite error that names the way out.
+/// Whether the server's binlogs still hold `position`, so that resuming from it cannot silently skip
+/// transactions: `Some` definite error naming the way out when they do not.
 ///
 /// # Errors
-/// A definite error when the position is gone; classified query errors otherwise.
-pub async fn ensure_position_available(conn: &mut Conn, position: &Position) -> Result<()> {
+/// Classified query errors: the server could not be asked, which says nothing about a purge.
+pub async fn position_purged(conn: &mut Conn, position: &Position) -> Result<Option<Error>> {
     let purged_error = |detail: String| {
         Error::definite(format!(
             "the checkpointed position {position} is no longer in the server's binlogs ({detail}). Events \
@@ -286,7 +286,7 @@ pub async fn ensure_position_available(conn: &mut Conn, position: &Position) -> 
                 .unwrap_or_default();
             let purged = parse_gtid_set(&purged)?;
             if !purged.is_subset(set) {
-                return Err(purged_error(format!("the server purged GTIDs {purged}")));
+                return Ok(Some(purged_error(format!("the server purged GTIDs {purged}"))));
             }
         }
         Gtids::MariaDb(pos) => {
@@ -297,7 +297,7 @@ pub async fn ensure_position_available(conn: &mut Conn, position: &Position) -> 
             // transactions between our position and the oldest binlog's start are gone.
             for gtid in oldest.iter() {
                 if !pos.contains(&gtid) {
-                    return Err(purged_error(format!("the oldest binlog {} starts after GTID {gtid}", first.0)));
+                    return Ok(Some(purged_error(format!("the oldest binlog {} starts after GTID {gtid}", first.0))));
                 }
             }
         }
@@ -305,12 +305,12 @@ pub async fn ensure_position_available(conn: &mut Conn, position: &Position) -> 
             let logs = binary_logs(conn).await?;
             if !logs.iter().any(|(name, _)| *name == position.coord.file) {
                 let oldest = logs.first().map(|l| l.0.as_str()).unwrap_or("none");
-                return Err(purged_error(format!(
+                return Ok(Some(purged_error(format!(
                     "binlog file {} is gone; the oldest is {oldest}",
                     position.coord.file
-                )));
+                ))));
             }
         }
     }
-    Ok(())
+    Ok(None)
 }

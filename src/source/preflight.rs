@@ -240,12 +240,15 @@ pub async fn check(
         if let (true, Some(end)) = (same, end_event) {
             check_history(conn, info, config, position, end, &mut report).await?;
         }
-        match super::ensure_position_available(conn, position).await {
-            Ok(()) => report.push("checkpoint position", "still in the server's binlogs", "available", true, ""),
-            Err(e) if e.is_definite() => {
-                report.push("checkpoint position", "still in the server's binlogs", "purged", false, &e.to_string())
-            }
-            Err(e) => return Err(e),
+        match super::position_purged(conn, position).await? {
+            None => report.push("checkpoint position", "still in the server's binlogs", "available", true, ""),
+            Some(purged) => report.push(
+                "checkpoint position",
+                "still in the server's binlogs",
+                "purged",
+                false,
+                &purged.to_string(),
+            ),
         }
     }
     Ok(report)
