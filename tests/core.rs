@@ -206,6 +206,11 @@ async fn purged_binlog_is_a_definite_error() {
     business_tx(&mut conn, "A-1").await.unwrap();
     assert_eq!(broker.read_all(TOPIC, 1, READ_TIMEOUT).len(), 1, "{}", connector.logs());
     assert!(connector.terminate().success());
+    // `check` reads the checkpoint's last event back from the server: the same transaction.
+    let (status, out, err) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("[ok  ] checkpoint history: expected the transaction that ends at mysql-bin."), "{out}");
+    assert!(out.contains("actual the same transaction"), "{out}");
 
     // While the connector is down: more events, then the binlogs holding them are purged.
     for _ in 0..3 {
@@ -213,6 +218,11 @@ async fn purged_binlog_is_a_definite_error() {
         conn.query_drop("FLUSH BINARY LOGS").await.unwrap();
     }
     common::purge_binlogs_before_current(&mut conn).await;
+    // Nothing left to compare the checkpoint with, and its position is gone.
+    let (status, out, _) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert_eq!(status.code(), Some(2), "{out}");
+    assert!(out.contains("actual binlog file purged, not compared"), "{out}");
+    assert!(out.contains("[FAIL] checkpoint position"), "{out}");
 
     connector.restart();
     let status = connector
