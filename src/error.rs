@@ -27,7 +27,7 @@ pub enum Class {
 }
 
 /// An error with its class and an operator-facing message.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub struct Error {
     class: Class,
     message: String,

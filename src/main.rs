@@ -284,12 +284,14 @@ async fn check(config: &Config) -> Result<(), Error> {
     let info = source::server_info(&mut conn).await?;
     let checkpoint = Store::read_only(&config.state.dir)?;
     println!("server: {} ({})", preflight::describe_identity(&info.identity), info.version);
-    let resume = checkpoint.as_ref().map(|c| preflight::Resume {
-        server: &c.server,
-        position: &c.position,
-        end_event: c.end_event,
-    });
-    let report = preflight::check(&mut conn, &info, config, resume).await?;
+    let checked = match &checkpoint {
+        Some(c) => {
+            let resume = preflight::Resume { server: &c.server, position: &c.position, end_event: c.end_event };
+            Some(preflight::ResumeCheck::run(&mut conn, &info, config, resume).await?)
+        }
+        None => None,
+    };
+    let report = preflight::check(&mut conn, &info, config, checked.as_ref()).await?;
     print!("{report}");
     let failed = report.failures().count();
     if failed > 0 {

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::checkpoint::{Checkpoint, Mark, Store, TxId, Watermark};
+use crate::checkpoint::{Mark, Store, TxId, Watermark};
 use crate::config::Config;
 use crate::config::{SnapshotMode, SourceKind};
 use crate::error::{Error, Result};
@@ -42,9 +42,8 @@ use crate::quarantine::Origin;
 use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::binlog::{BinlogReader, Change, ReaderSettings, TxStart};
-use crate::source::history::{self, Comparison};
 use crate::source::snapshot::{self, Overlap, Segment, SnapshotState};
-use crate::source::{position_purged, preflight, server_info, start_position, ServerInfo, SourceConn, SourceReader};
+use crate::source::{preflight, server_info, start_position, SourceConn, SourceReader};
 
 mod checkpointer;
 mod files;
@@ -164,28 +163,6 @@ impl Pipeline {
         result
     }
 
-    /// Why the checkpoint cannot be resumed here, if it cannot: the server's binlog is another history than
-    /// the one it was read from, or no longer holds its position.
-    ///
-    /// # Errors
-    /// When the server could not be asked (connection, privileges): no reason to snapshot again.
-    async fn unresumable(
-        &self,
-        conn: &mut mysql_async::Conn,
-        info: &ServerInfo,
-        cp: &Checkpoint,
-    ) -> Result<Option<Error>> {
-        if let (Some(end), true) = (cp.end_event, cp.server == info.identity) {
-            let server_id = self.config.source.server_id;
-            if let Comparison::Diverged(detail) =
-                history::compare(conn, info.identity.flavor, server_id, &cp.position, end).await?
-            {
-                return Ok(Some(history::diverged_error(&cp.position, &detail)));
-            }
-        }
-        position_purged(conn, &cp.position).await
-    }
-
     async fn run_once(&self, shutdown: &Shutdown) -> Result<()> {
         let config = &self.config;
         if config.source.kind == SourceKind::Files {
@@ -193,7 +170,8 @@ impl Pipeline {
         }
         let mut conn = self.source.connect().await?;
         let info = server_info(&mut conn).await?;
-        let mut stored = self.store.load()?;
+        let stored = self.store.load()?;
+        let mut checked = None;
         if let Some(cp) = &stored {
             if cp.server != info.identity && self.accept_new_server {
                 tracing::warn!(
@@ -202,29 +180,33 @@ impl Pipeline {
                     "resuming a checkpoint of another server (--accept-new-server)"
                 );
             }
-            if config.snapshot.mode == SnapshotMode::WhenNeeded {
-                if let Some(e) = self.unresumable(&mut conn, &info, cp).await? {
-                    tracing::error!(
-                        error = %e,
-                        "the checkpoint cannot be resumed on this server; taking a new snapshot \
-                         (snapshot.mode = \"when_needed\"). Events committed since the checkpoint are recovered \
-                         from the table; rows already deleted from it are not"
-                    );
-                    stored = None;
-                }
+            let resume = preflight::Resume {
+                server: if self.accept_new_server { &info.identity } else { &cp.server },
+                position: &cp.position,
+                // Another server's files are its own: nothing there to compare the checkpoint's last event with.
+                end_event: cp.end_event.filter(|_| cp.server == info.identity),
+            };
+            checked = Some(preflight::ResumeCheck::run(&mut conn, &info, config, resume).await?);
+        }
+        let mut snapshot_again = false;
+        if let (Some(checked), SnapshotMode::WhenNeeded) = (&checked, config.snapshot.mode) {
+            if let Some(e) = checked.unresumable()? {
+                tracing::error!(
+                    error = %e,
+                    "the checkpoint cannot be resumed on this server; taking a new snapshot \
+                     (snapshot.mode = \"when_needed\"). Events committed since the checkpoint are recovered \
+                     from the table; rows already deleted from it are not"
+                );
+                snapshot_again = true;
             }
         }
-        let resume = stored.as_ref().map(|cp| preflight::Resume {
-            server: if self.accept_new_server { &info.identity } else { &cp.server },
-            position: &cp.position,
-            // Another server's files are its own: nothing there to compare the checkpoint's last event with.
-            end_event: cp.end_event.filter(|_| cp.server == info.identity),
-        });
-        let report = preflight::check(&mut conn, &info, config, resume).await?;
+        let checked = checked.filter(|_| !snapshot_again);
+        let report = preflight::check(&mut conn, &info, config, checked.as_ref()).await?;
         for finding in report.findings.iter().filter(|f| f.status == preflight::Status::Warn) {
             tracing::warn!(setting = %finding.setting, actual = %finding.actual, fix = %finding.fix, "preflight warning");
         }
         report.into_result()?;
+        let stored = stored.filter(|_| !snapshot_again);
 
         let checkpointer = Checkpointer::new(self.store.clone(), info.identity.clone());
         let plan = match stored {
@@ -242,7 +224,7 @@ impl Pipeline {
                 tracing::info!(%position, start_from = ?config.source.start_from, "no checkpoint: starting fresh");
                 // Store the start point at once: a crash before the first acknowledgement must resume
                 // here, not at a later "current" position that would skip what was committed meanwhile.
-                let mark = Mark { position, timestamp: None, end_event: None, snapshot: None };
+                let mark = Mark::boundary(position, None);
                 checkpointer.save_now(mark.clone())?;
                 Plan::Stream(mark)
             }
@@ -408,12 +390,7 @@ impl Pipeline {
         let cut = state.cut().clone();
         // The new segment must be durable before any of its rows is produced: a crash must not resume
         // with a segment list that misses the view those rows came from.
-        checkpointer.save_now(Mark {
-            position: cut.clone(),
-            timestamp: None,
-            end_event: None,
-            snapshot: Some(Arc::new(state.clone())),
-        })?;
+        checkpointer.save_now(Mark::boundary(cut.clone(), Some(Arc::new(state.clone()))))?;
         watermark.reset(checkpointer.saved().expect("just saved"));
 
         let progress_bar = crate::progress::Progress::new(state.rows_estimate, state.rows_done);
@@ -451,22 +428,11 @@ impl Pipeline {
             state.last_key = Some(chunk.last_key);
             progress_bar.set(state.rows_done);
             metrics().snapshot_progress(state.rows_done, state.rows_estimate);
-            watermark.close(
-                tx,
-                Mark {
-                    position: cut.clone(),
-                    timestamp: None,
-                    end_event: None,
-                    snapshot: Some(Arc::new(state.clone())),
-                },
-            );
+            watermark.close(tx, Mark::boundary(cut.clone(), Some(Arc::new(state.clone()))));
         }
         state.done = true;
         let tx = watermark.open();
-        watermark.close(
-            tx,
-            Mark { position: cut, timestamp: None, end_event: None, snapshot: Some(Arc::new(state.clone())) },
-        );
+        watermark.close(tx, Mark::boundary(cut, Some(Arc::new(state.clone()))));
         progress_bar.finish(state.rows_done);
         tracing::info!(rows = state.rows_done, "snapshot read; waiting for the last acknowledgements");
         Ok(())

@@ -43,6 +43,17 @@ pub struct Mark {
     pub snapshot: Option<std::sync::Arc<crate::source::snapshot::SnapshotState>>,
 }
 
+impl Mark {
+    /// A point no transaction of the stream ends at (a start point, a snapshot's cut): no commit time, no end
+    /// event.
+    pub fn boundary(
+        position: Position,
+        snapshot: Option<std::sync::Arc<crate::source::snapshot::SnapshotState>>,
+    ) -> Self {
+        Mark { position, timestamp: None, end_event: None, snapshot }
+    }
+}
+
 #[derive(Debug)]
 enum End {
     Open,
@@ -210,12 +221,7 @@ mod tests {
     use crate::position::{BinlogCoord, Gtids};
 
     fn pos(n: u64) -> Mark {
-        Mark {
-            position: Position { gtids: Gtids::None, coord: BinlogCoord { file: "bin.000001".into(), pos: n } },
-            timestamp: None,
-            end_event: None,
-            snapshot: None,
-        }
+        Mark::boundary(Position { gtids: Gtids::None, coord: BinlogCoord { file: "bin.000001".into(), pos: n } }, None)
     }
 
     fn at(w: &Watermark) -> Option<u64> {

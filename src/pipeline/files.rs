@@ -61,7 +61,7 @@ impl Pipeline {
             None => {
                 let position = files::start_position(&paths[0], &first.header, config.source.start_after.as_deref())?;
                 tracing::info!(%position, "no checkpoint: publishing what the binlog files hold after this position");
-                let mark = Mark { position, timestamp: None, end_event: None, snapshot: None };
+                let mark = Mark::boundary(position, None);
                 checkpointer.save_now(mark.clone())?;
                 mark
             }

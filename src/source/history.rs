@@ -46,6 +46,8 @@ impl EndEvent {
     /// TRANSACTION_PAYLOAD event, not the events inside it).
     pub fn of(event: &Event) -> Self {
         let header = event.header();
+        // NOTE: the v4 header laid out on the stack, not through mysql_common's `MySerialize` (which writes
+        // into a Vec): this runs once per transaction on the reader's hot path.
         let mut bytes = [0u8; EVENT_HEADER_LEN];
         bytes[0..4].copy_from_slice(&header.timestamp().to_le_bytes());
         bytes[4] = header.event_type_raw();

@@ -141,7 +141,7 @@ pub async fn check(
     conn: &mut Conn,
     info: &ServerInfo,
     config: &Config,
-    checkpoint: Option<Resume<'_>>,
+    checkpoint: Option<&ResumeCheck<'_>>,
 ) -> Result<Report> {
     let mut report = Report::default();
     let flavor = info.identity.flavor;
@@ -227,20 +227,86 @@ pub async fn check(
         check_table(conn, &table, &config.outbox.columns, &mut report).await?;
     }
 
-    if let Some(Resume { server, position, end_event }) = checkpoint {
-        let same = *server == info.identity;
+    if let Some(checked) = checkpoint {
+        checked.report(info, &mut report);
+    }
+    Ok(report)
+}
+
+/// What the server says about resuming a checkpoint, asked once: preflight reports it, and
+/// `snapshot.mode = "when_needed"` acts on it.
+pub struct ResumeCheck<'a> {
+    resume: Resume<'a>,
+    /// The checkpoint's end event compared with the server's binlog; `None` when there was nothing to compare.
+    history: Option<Result<Comparison>>,
+    /// Why the server's binlogs no longer hold the checkpoint's position, if they do not.
+    purged: Option<Error>,
+}
+
+impl<'a> ResumeCheck<'a> {
+    /// Compares the checkpoint's end event with the server's binlog (when it was written on this server) and
+    /// looks for a purge.
+    ///
+    /// # Errors
+    /// Transient errors of the comparison, and classified query errors of the purge check.
+    pub async fn run(conn: &mut Conn, info: &ServerInfo, config: &Config, resume: Resume<'a>) -> Result<Self> {
+        let history = match resume.end_event {
+            Some(end) if *resume.server == info.identity => {
+                match history::compare(conn, info.identity.flavor, config.source.server_id, resume.position, end).await
+                {
+                    Err(e) if !e.is_definite() => return Err(e),
+                    compared => Some(compared),
+                }
+            }
+            _ => None,
+        };
+        let purged = super::position_purged(conn, resume.position).await?;
+        Ok(ResumeCheck { resume, history, purged })
+    }
+
+    /// Why the checkpoint cannot be resumed on this server, if it cannot: the server's binlog is another
+    /// history than the one it was read from, or no longer holds its position.
+    ///
+    /// # Errors
+    /// The history could not be compared (a server error, such as a missing privilege): no reason to
+    /// snapshot again.
+    pub fn unresumable(&self) -> Result<Option<Error>> {
+        match &self.history {
+            Some(Err(e)) => Err(e.clone()),
+            Some(Ok(Comparison::Diverged(detail))) => Ok(Some(history::diverged_error(self.resume.position, detail))),
+            _ => Ok(self.purged.clone()),
+        }
+    }
+
+    fn report(&self, info: &ServerInfo, report: &mut Report) {
+        let Resume { server, position, .. } = self.resume;
         report.push(
             "checkpoint server",
             &describe_identity(server),
             &describe_identity(&info.identity),
-            same,
+            *server == info.identity,
             "the checkpoint belongs to another server; if this is a planned failover within the same GTID \
              topology, restart with --accept-new-server, otherwise move the state directory away",
         );
-        if let (true, Some(end)) = (same, end_event) {
-            check_history(conn, info, config, position, end, &mut report).await?;
+        const HISTORY: &str = "checkpoint history";
+        let expected = format!("the transaction that ends at {}", position.coord);
+        match &self.history {
+            None => {}
+            Some(Ok(Comparison::Same)) => report.push(HISTORY, &expected, "the same transaction", true, ""),
+            Some(Ok(Comparison::FileGone)) => {
+                report.push(HISTORY, &expected, "binlog file purged, not compared", true, "")
+            }
+            // A missing privilege, say, has its own finding; the comparison waits for it.
+            Some(Err(e)) => report.warn(HISTORY, &expected, "not compared", &e.to_string()),
+            Some(Ok(Comparison::Diverged(detail))) => report.push(
+                HISTORY,
+                &expected,
+                "another transaction",
+                false,
+                &history::diverged_error(position, detail).to_string(),
+            ),
         }
-        match super::position_purged(conn, position).await? {
+        match &self.purged {
             None => report.push("checkpoint position", "still in the server's binlogs", "available", true, ""),
             Some(purged) => report.push(
                 "checkpoint position",
@@ -251,35 +317,6 @@ pub async fn check(
             ),
         }
     }
-    Ok(report)
-}
-
-/// The checkpoint's last event, compared with what the server's binlog has at its place.
-async fn check_history(
-    conn: &mut Conn,
-    info: &ServerInfo,
-    config: &Config,
-    position: &Position,
-    end: EndEvent,
-    report: &mut Report,
-) -> Result<()> {
-    const SETTING: &str = "checkpoint history";
-    let expected = format!("the transaction that ends at {}", position.coord);
-    match history::compare(conn, info.identity.flavor, config.source.server_id, position, end).await {
-        Ok(Comparison::Same) => report.push(SETTING, &expected, "the same transaction", true, ""),
-        Ok(Comparison::FileGone) => report.push(SETTING, &expected, "binlog file purged, not compared", true, ""),
-        // A missing privilege, say, has its own finding; the comparison waits for it.
-        Err(e) if e.is_definite() => report.warn(SETTING, &expected, "not compared", &e.to_string()),
-        Err(e) => return Err(e),
-        Ok(Comparison::Diverged(detail)) => report.push(
-            SETTING,
-            &expected,
-            "another transaction",
-            false,
-            &history::diverged_error(position, &detail).to_string(),
-        ),
-    }
-    Ok(())
 }
 
 /// `flavor server_id=N uuid=…` for messages.
