@@ -474,15 +474,13 @@ impl ChangeDecoder {
                         }
                     }
                     TxState::Open if sql.eq_ignore_ascii_case(b"COMMIT") || sql.eq_ignore_ascii_case(b"ROLLBACK") => {
-                        self.commit(log_pos, header.timestamp(), self.end_event(event))
+                        self.commit(event, log_pos)
                     }
-                    TxState::AfterGtid | TxState::Standalone => {
-                        self.commit(log_pos, header.timestamp(), self.end_event(event))
-                    }
+                    TxState::AfterGtid | TxState::Standalone => self.commit(event, log_pos),
                     TxState::Idle | TxState::Open => {}
                 }
             }
-            EventData::XidEvent(_) => self.commit(log_pos, header.timestamp(), self.end_event(event)),
+            EventData::XidEvent(_) => self.commit(event, log_pos),
             EventData::TableMapEvent(tme) => {
                 let table_id = tme.table_id();
                 let name =
@@ -582,16 +580,8 @@ impl ChangeDecoder {
         }
     }
 
-    /// The fingerprint of the top-level event that `event` is, or is inside.
-    fn end_event(&self, event: &Event) -> Option<EndEvent> {
-        if self.payload_end.is_some() {
-            self.payload_event
-        } else {
-            Some(EndEvent::of(event))
-        }
-    }
-
-    fn commit(&mut self, log_pos: u32, timestamp: u32, end_event: Option<EndEvent>) {
+    /// Ends the current transaction with `event`, its commit event (XID, or COMMIT or a standalone statement).
+    fn commit(&mut self, event: &Event, log_pos: u32) {
         if std::mem::take(&mut self.tx_skipped) {
             // Already in the resume position: advancing a MariaDB domain to it would move it backwards.
             self.tx_gtid = None;
@@ -616,6 +606,9 @@ impl ChangeDecoder {
         }
         self.state = TxState::Idle;
         self.tx_touches_outbox = false;
+        // The top-level event that ends the transaction: the commit event, or the payload it is inside.
+        let end_event = if self.payload_end.is_some() { self.payload_event } else { Some(EndEvent::of(event)) };
+        let timestamp = event.header().timestamp();
         self.pending.push_back(Change::Commit { position: self.position.clone(), timestamp, end_event });
     }
 
