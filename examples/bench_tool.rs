@@ -37,9 +37,11 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use serde_json::json;
 
-/// The connector's allocator: the floors measure its decoder and producer the way the binary runs them.
+/// The connector's allocator, tuned the same way: the floors measure its decoder and producer the way the
+/// binary runs them.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+outbox_cdc::tune_allocator_before_main!();
 
 use outbox_cdc::checkpoint::Store;
 use outbox_cdc::config::{Config, TableName};
@@ -180,6 +182,7 @@ struct WriterArgs {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
+    outbox_cdc::allocator::tune();
     match Cli::parse().command {
         Command::RunUntil {
             state,

@@ -35,6 +35,7 @@
 //! Every failure is transient (retry from the checkpoint) or definite (stop and tell the operator what to
 //! fix); see [`error`].
 
+pub mod allocator;
 pub mod app;
 pub mod audit;
 pub mod checkpoint;

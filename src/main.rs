@@ -17,10 +17,12 @@ use outbox_cdc::release;
 use outbox_cdc::replay::{self, ReplayOptions};
 use outbox_cdc::source::{self, preflight, SourceConn};
 
-/// mimalloc instead of glibc malloc: the hot path allocates per event on one thread and frees on
-/// librdkafka's, which glibc serialises on arena locks (measured in the catch-up profile, docs/PERFORMANCE.md).
+/// mimalloc instead of glibc malloc, for Rust and (its `override` feature) librdkafka alike: the hot path
+/// allocates per event on one thread and frees on another, which glibc serves from its arena under a lock
+/// (see [`outbox_cdc::allocator`]).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+outbox_cdc::tune_allocator_before_main!();
 
 #[derive(Debug, Parser)]
 #[command(name = "outbox-cdc", version, about = "Transactional outbox CDC: MySQL/MariaDB binlog to Kafka")]
@@ -174,6 +176,7 @@ fn init_tracing(format: LogFormat) {
 }
 
 fn main() -> ExitCode {
+    outbox_cdc::allocator::tune();
     let cli = Cli::parse();
     init_tracing(cli.log_format);
     // The pipeline runs on this thread (block_on); one worker runs the binlog reader task and the small
