@@ -50,7 +50,7 @@ fn files_config(connector: &Connector, broker: &Broker, binlogs: &Path) -> PathB
     let text = format!(
         "[source]\nkind = \"files\"\nbinlog_dir = {dir}\n\n[outbox]\ntable = \"shop.outbox_events\"\n\n\
          [kafka]\nbootstrap_servers = {bootstrap}\ntopic = \"outbox.event.${{aggregate_type}}\"\n\n\
-         [state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n",
+         [state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
         dir = toml_str(&binlogs.to_string_lossy()),
         bootstrap = toml_str(&broker.bootstrap()),
         state = toml_str(&connector.state_dir().to_string_lossy()),
@@ -188,7 +188,8 @@ fn fixture(name: &str) -> PathBuf {
 fn fixture_config(connector: &Connector, broker: &Broker, file: &Path, table: &str) -> PathBuf {
     let text = format!(
         "[source]\nkind = \"files\"\nbinlog_files = [{file}]\n\n[outbox]\ntable = {table}\n\n\
-         [kafka]\nbootstrap_servers = {bootstrap}\n\n[state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n",
+         [kafka]\nbootstrap_servers = {bootstrap}\n\n[state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n\n\
+         [metrics]\nlisten = \"127.0.0.1:0\"\n",
         file = toml_str(&file.to_string_lossy()),
         table = toml_str(table),
         bootstrap = toml_str(&broker.bootstrap()),
