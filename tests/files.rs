@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::connector::toml_str;
+use common::connector::{toml_str, EPHEMERAL_METRICS};
 use common::{business_tx, Broker, Connector, Engine, Expected, MariaDb};
 use mysql_async::prelude::Queryable;
 use outbox_cdc::position::Gtids;
@@ -50,7 +50,7 @@ fn files_config(connector: &Connector, broker: &Broker, binlogs: &Path) -> PathB
     let text = format!(
         "[source]\nkind = \"files\"\nbinlog_dir = {dir}\n\n[outbox]\ntable = \"shop.outbox_events\"\n\n\
          [kafka]\nbootstrap_servers = {bootstrap}\ntopic = \"outbox.event.${{aggregate_type}}\"\n\n\
-         [state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
+         [state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n{EPHEMERAL_METRICS}",
         dir = toml_str(&binlogs.to_string_lossy()),
         bootstrap = toml_str(&broker.bootstrap()),
         state = toml_str(&connector.state_dir().to_string_lossy()),
@@ -188,8 +188,8 @@ fn fixture(name: &str) -> PathBuf {
 fn fixture_config(connector: &Connector, broker: &Broker, file: &Path, table: &str) -> PathBuf {
     let text = format!(
         "[source]\nkind = \"files\"\nbinlog_files = [{file}]\n\n[outbox]\ntable = {table}\n\n\
-         [kafka]\nbootstrap_servers = {bootstrap}\n\n[state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n\n\
-         [metrics]\nlisten = \"127.0.0.1:0\"\n",
+         [kafka]\nbootstrap_servers = {bootstrap}\n\n[state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n\
+         {EPHEMERAL_METRICS}",
         file = toml_str(&file.to_string_lossy()),
         table = toml_str(table),
         bootstrap = toml_str(&broker.bootstrap()),

@@ -49,6 +49,10 @@ impl AuditRun {
     }
 }
 
+/// The `[metrics]` table of every test config that does not choose its own: an ephemeral port, so that
+/// connectors running in parallel never collide.
+pub const EPHEMERAL_METRICS: &str = "\n[metrics]\nlisten = \"127.0.0.1:0\"\n";
+
 /// Writes `<dir>/connector.toml` for `db` and `broker` (user `cdc`, a random replica `server_id` in
 /// `1000..60000`, topic `outbox.event.${aggregate_type}`, state in `<dir>/state`), with
 /// `extra_toml` appended verbatim. Returns the file's path.
@@ -81,8 +85,8 @@ pub fn write_config(dir: &Path, db: &MariaDb, broker: &Broker, extra_toml: &str)
         state = toml_str(&dir.join("state").to_string_lossy()),
         // Tests of the stream start without a snapshot unless they configure one.
         snapshot = if extra_toml.contains("[snapshot]") { "" } else { "\n[snapshot]\nmode = \"never\"\n" },
-        // An ephemeral port: parallel connectors never collide; tests that scrape set their own.
-        metrics = if extra_toml.contains("[metrics]") { "" } else { "\n[metrics]\nlisten = \"127.0.0.1:0\"\n" },
+        // Tests that scrape set their own.
+        metrics = if extra_toml.contains("[metrics]") { "" } else { EPHEMERAL_METRICS },
     );
     let path = dir.join("connector.toml");
     std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
