@@ -419,7 +419,7 @@ impl Pipeline {
                 let prepared = publisher.prepare(SourceRow::Decoded(row), origin, |r| sink.fits(r))?;
                 tokio::select! {
                     biased;
-                    sent = sink.send(tx, &prepared.record, prepared.occurred_at_ms) => sent?,
+                    sent = sink.send(tx, prepared.record, prepared.occurred_at_ms) => sent?,
                     _ = &mut grace => return Ok(()),
                 }
                 crate::failpoint!("snapshot_row");
@@ -502,7 +502,7 @@ impl Pipeline {
                         let prepared = publisher.prepare(row, origin, |r| sink.fits(r))?;
                         stream.row_index += 1;
                         tokio::select! {
-                            sent = sink.send(tx, &prepared.record, prepared.occurred_at_ms) => sent?,
+                            sent = sink.send(tx, prepared.record, prepared.occurred_at_ms) => sent?,
                             _ = &mut grace => {
                                 tracing::warn!("Kafka did not accept records within the shutdown grace period");
                                 return Ok(());

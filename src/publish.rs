@@ -21,9 +21,9 @@ pub enum SourceRow<'a> {
 }
 
 /// A record ready for the sink.
-pub struct Prepared {
+pub struct Prepared<'a> {
     /// The record.
-    pub record: KafkaRecord,
+    pub record: &'a KafkaRecord,
     /// The row's `occurred_at` in Unix ms, for streamed rows on their normal topic (latency metric).
     pub occurred_at_ms: Option<i64>,
 }
@@ -36,6 +36,8 @@ pub struct Publisher {
     on_poison: OnPoison,
     dead_letter_topic: String,
     max_record_bytes: usize,
+    /// The record [`Publisher::prepare`] returns: routed into in place, so its buffers are reused.
+    record: KafkaRecord,
 }
 
 impl Publisher {
@@ -51,6 +53,7 @@ impl Publisher {
             on_poison: config.outbox.on_poison,
             dead_letter_topic: config.kafka.dead_letter_topic.clone(),
             max_record_bytes: config.kafka.max_record_bytes,
+            record: KafkaRecord::default(),
         })
     }
 
@@ -64,7 +67,7 @@ impl Publisher {
         row: SourceRow<'_>,
         origin: impl FnOnce() -> Origin,
         fits: impl Fn(&KafkaRecord) -> bool,
-    ) -> Result<Prepared> {
+    ) -> Result<Prepared<'_>> {
         let row = match row {
             SourceRow::Decoded(row) => row,
             SourceRow::Undecodable(bad) => {
@@ -85,13 +88,14 @@ impl Publisher {
             let poison = Poison::new(PoisonKind::RejectedByBroker, refused.message.clone());
             return self.dead_letter_row(row, poison, &origin());
         }
-        match self.router.route(row) {
-            Ok(record) if fits(&record) => {
-                metrics().event_read(&record.topic);
+        match self.router.route_into(row, &mut self.record) {
+            Ok(()) if fits(&self.record) => {
+                metrics().event_read(&self.record.topic);
                 let occurred_at_ms = if row.from_snapshot { None } else { parse_occurred_at_ms(&row.occurred_at) };
-                Ok(Prepared { record, occurred_at_ms })
+                Ok(Prepared { record: &self.record, occurred_at_ms })
             }
-            Ok(record) => {
+            Ok(()) => {
+                let record = &self.record;
                 let poison = Poison::new(
                     PoisonKind::TooLarge,
                     format!(
@@ -110,7 +114,7 @@ impl Publisher {
         }
     }
 
-    fn dead_letter_row(&mut self, row: &OutboxRow, poison: Poison, origin: &Origin) -> Result<Prepared> {
+    fn dead_letter_row(&mut self, row: &OutboxRow, poison: Poison, origin: &Origin) -> Result<Prepared<'_>> {
         let aggregate = Some((row.aggregate_type.as_str(), row.aggregate_id.as_str()));
         self.dead_letter(Some(&row.id), aggregate, DeadRow::from_row(row), poison, origin)
     }
@@ -122,7 +126,7 @@ impl Publisher {
         row: DeadRow,
         poison: Poison,
         origin: &Origin,
-    ) -> Result<Prepared> {
+    ) -> Result<Prepared<'_>> {
         if self.on_poison == OnPoison::Fail && poison.kind != PoisonKind::Quarantined {
             return Err(Error::definite(format!(
                 "{poison} at {origin} (outbox.on_poison = \"fail\"). Fix or remove the row, or set \
@@ -156,7 +160,7 @@ impl Publisher {
             row,
         };
         let key = aggregate.map(|(_, aggregate_id)| aggregate_id).filter(|k| !k.is_empty()).or(id).unwrap_or("");
-        let record = dead_letter_record(
+        self.record = dead_letter_record(
             &self.dead_letter_topic,
             key,
             id,
@@ -164,7 +168,7 @@ impl Publisher {
             &letter,
             self.max_record_bytes,
         );
-        Ok(Prepared { record, occurred_at_ms: None })
+        Ok(Prepared { record: &self.record, occurred_at_ms: None })
     }
 }
 
@@ -204,7 +208,7 @@ mod tests {
         Publisher::new(config, router, store).unwrap()
     }
 
-    fn kind(prepared: &Prepared) -> Option<&str> {
+    fn kind<'a>(prepared: &'a Prepared<'_>) -> Option<&'a str> {
         let header = prepared.record.headers.iter().find(|(k, _)| k == "dead_letter_kind")?;
         std::str::from_utf8(&header.1).ok()
     }

@@ -8,6 +8,8 @@
 //! - Headers: `id`, `event_type`, `aggregate_type`, `schema_version`, `source: snapshot` for rows read by the
 //!   initial snapshot, then each top-level string entry of the row's `headers` JSON object (e.g. `traceparent`).
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -17,10 +19,10 @@ use crate::quarantine::{Poison, PoisonKind};
 use crate::source::OutboxRow;
 
 /// A header name: the connector's own are static (no allocation per record).
-pub type HeaderName = std::borrow::Cow<'static, str>;
+pub type HeaderName = Cow<'static, str>;
 
 /// A record ready for the producer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KafkaRecord {
     /// Destination topic.
     pub topic: String,
@@ -97,15 +99,17 @@ impl TopicTemplate {
         Ok(TopicTemplate { segments })
     }
 
-    /// The topic for a row.
-    fn render(&self, row: &OutboxRow) -> String {
-        self.render_parts(&row.table, &row.aggregate_type, &row.event_type)
-    }
-
     /// The topic for a row of `table` with these column values (what `outbox-cdc audit` uses to find the
     /// topics the routing can produce to).
     pub fn render_parts(&self, table: &TableName, aggregate_type: &str, event_type: &str) -> String {
         let mut topic = String::with_capacity(64);
+        self.render_into(&mut topic, table, aggregate_type, event_type);
+        topic
+    }
+
+    /// Renders the topic into `topic`, replacing its contents.
+    fn render_into(&self, topic: &mut String, table: &TableName, aggregate_type: &str, event_type: &str) {
+        topic.clear();
         for segment in &self.segments {
             topic.push_str(match segment {
                 Segment::Literal(s) => s,
@@ -115,7 +119,6 @@ impl TopicTemplate {
                 Segment::Table => &table.table,
             });
         }
-        topic
     }
 
     /// Whether the topic depends on the row's `aggregate_type` and on its `event_type`.
@@ -164,14 +167,25 @@ impl Router {
     /// A [`Poison`] verdict naming the row's id when the routed topic is not a legal Kafka topic name, the
     /// aggregate id is empty, or the payload/headers are not valid JSON.
     pub fn route(&self, row: &OutboxRow) -> Result<KafkaRecord, Poison> {
+        let mut record = KafkaRecord::default();
+        self.route_into(row, &mut record)?;
+        Ok(record)
+    }
+
+    /// Routes one row into `record`, reusing its buffers: the streaming path routes every row into the same
+    /// record, which librdkafka copies, so a row costs no allocation here once the buffers have grown.
+    ///
+    /// # Errors
+    /// As [`Router::route`]; `record` then holds a partial result.
+    pub fn route_into(&self, row: &OutboxRow, record: &mut KafkaRecord) -> Result<(), Poison> {
         let poison = |kind: PoisonKind, what: String| {
             Poison::new(kind, format!("outbox row id={} in {} cannot become a Kafka record: {what}", row.id, row.table))
         };
-        let topic = self.template.render(row);
-        if !is_legal_topic(&topic) {
+        self.template.render_into(&mut record.topic, &row.table, &row.aggregate_type, &row.event_type);
+        if !is_legal_topic(&record.topic) {
             return Err(poison(
                 PoisonKind::IllegalTopic,
-                format!("routed topic {topic:?} is not a legal Kafka topic name (1-249 of [a-zA-Z0-9._-])"),
+                format!("routed topic {:?} is not a legal Kafka topic name (1-249 of [a-zA-Z0-9._-])", record.topic),
             ));
         }
         if row.aggregate_id.is_empty() {
@@ -179,12 +193,19 @@ impl Router {
         }
         let payload: &RawValue = serde_json::from_str(&row.payload)
             .map_err(|e| poison(PoisonKind::InvalidPayload, format!("payload is not valid JSON: {e}")))?;
-        let value = match self.value_format {
+        let extra = match &row.headers {
+            Some(text) => extra_headers(text).map_err(|what| poison(PoisonKind::InvalidHeaders, what))?,
+            None => Vec::new(),
+        };
+        record.key.clear();
+        record.key.push_str(&row.aggregate_id);
+        record.value.clear();
+        match self.value_format {
             ValueFormat::Envelope => {
-                // Sized once: the envelope is the payload plus a few short fields.
-                let mut value = Vec::with_capacity(row.payload.len() + 192 + row.id.len() + row.aggregate_id.len());
+                // The envelope is the payload plus a few short fields.
+                record.value.reserve(row.payload.len() + 192 + row.id.len() + row.aggregate_id.len());
                 serde_json::to_writer(
-                    &mut value,
+                    &mut record.value,
                     &Envelope {
                         event_id: &row.id,
                         event_type: &row.event_type,
@@ -196,37 +217,164 @@ impl Router {
                     },
                 )
                 .expect("serializing strings and raw JSON cannot fail");
-                value
             }
-            ValueFormat::Payload => payload.get().as_bytes().to_vec(),
-        };
-        let mut headers: Vec<(HeaderName, Vec<u8>)> = Vec::with_capacity(6);
-        headers.push(("id".into(), row.id.as_bytes().to_vec()));
-        headers.push(("event_type".into(), row.event_type.as_bytes().to_vec()));
-        headers.push(("aggregate_type".into(), row.aggregate_type.as_bytes().to_vec()));
-        headers.push(("schema_version".into(), row.schema_version.to_string().into_bytes()));
+            ValueFormat::Payload => record.value.extend_from_slice(payload.get().as_bytes()),
+        }
+        let mut headers = HeaderWriter { headers: &mut record.headers, len: 0 };
+        headers.put_static("id", row.id.as_bytes());
+        headers.put_static("event_type", row.event_type.as_bytes());
+        headers.put_static("aggregate_type", row.aggregate_type.as_bytes());
+        headers.put_static("schema_version", itoa_u16(row.schema_version, &mut [0; 5]));
         if row.from_snapshot {
-            headers.push(("source".into(), b"snapshot".to_vec()));
+            headers.put_static("source", b"snapshot");
         }
-        if let Some(extra) = &row.headers {
-            let object: serde_json::Map<String, serde_json::Value> = match serde_json::from_str(extra) {
-                Ok(serde_json::Value::Object(map)) => map,
-                Ok(serde_json::Value::Null) => serde_json::Map::new(),
-                Ok(other) => {
-                    return Err(poison(
-                        PoisonKind::InvalidHeaders,
-                        format!("headers must be a JSON object, found {other}"),
-                    ))
+        for (name, value) in &extra {
+            headers.put(name, value.as_bytes());
+        }
+        headers.finish();
+        Ok(())
+    }
+}
+
+/// `n` in decimal, written into `buf`.
+fn itoa_u16(mut n: u16, buf: &mut [u8; 5]) -> &[u8] {
+    let mut start = buf.len();
+    loop {
+        start -= 1;
+        buf[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[start..];
+        }
+    }
+}
+
+/// Writes a record's headers over the previous record's, reusing their buffers.
+struct HeaderWriter<'a> {
+    headers: &'a mut Vec<(HeaderName, Vec<u8>)>,
+    /// Headers written so far.
+    len: usize,
+}
+
+impl HeaderWriter<'_> {
+    fn next_slot(&mut self) -> &mut (HeaderName, Vec<u8>) {
+        if self.len == self.headers.len() {
+            self.headers.push((HeaderName::Borrowed(""), Vec::new()));
+        }
+        self.len += 1;
+        &mut self.headers[self.len - 1]
+    }
+
+    fn put_static(&mut self, name: &'static str, value: &[u8]) {
+        let (slot_name, slot_value) = self.next_slot();
+        *slot_name = HeaderName::Borrowed(name);
+        slot_value.clear();
+        slot_value.extend_from_slice(value);
+    }
+
+    fn put(&mut self, name: &str, value: &[u8]) {
+        let (slot_name, slot_value) = self.next_slot();
+        match slot_name {
+            HeaderName::Owned(owned) => {
+                owned.clear();
+                owned.push_str(name);
+            }
+            HeaderName::Borrowed(_) => *slot_name = HeaderName::Owned(name.to_owned()),
+        }
+        slot_value.clear();
+        slot_value.extend_from_slice(value);
+    }
+
+    /// Drops the previous record's headers beyond this one's.
+    fn finish(self) {
+        self.headers.truncate(self.len);
+    }
+}
+
+/// The string entries of a row's `headers` JSON object, in key order (a repeated key counts once, with its
+/// last value, as in a JSON object); entries of other types are left out. `null` has none.
+///
+/// Parsed without building a `serde_json::Map`: names and values borrow from `text` unless escaped.
+///
+/// # Errors
+/// What is wrong with `text`, when it is not a JSON object or `null`.
+fn extra_headers(text: &str) -> Result<Vec<TextEntry<'_>>, String> {
+    let mut entries = match serde_json::from_str::<HeaderObject<'_>>(text) {
+        Ok(HeaderObject(entries)) => entries,
+        // Cold path: the strict parse above says only that it failed; this one says why.
+        Err(_) => {
+            return Err(match serde_json::from_str::<serde_json::Value>(text) {
+                Ok(other) => format!("headers must be a JSON object, found {other}"),
+                Err(e) => format!("headers is not valid JSON: {e}"),
+            })
+        }
+    };
+    let mut strings = Vec::with_capacity(entries.len());
+    entries.sort_by(|a, b| a.0.cmp(&b.0)); // stable: the last of equal keys stays last
+    let mut entries = entries.into_iter().peekable();
+    while let Some((name, value)) = entries.next() {
+        if entries.peek().is_some_and(|(next, _)| *next == name) {
+            continue; // overridden by a later entry of the same key
+        }
+        if value.get().starts_with('"') {
+            let BorrowedStr(value) = serde_json::from_str(value.get()).map_err(|e| e.to_string())?;
+            strings.push((name, value));
+        }
+    }
+    Ok(strings)
+}
+
+/// A header name and text value from the `headers` column.
+type TextEntry<'a> = (Cow<'a, str>, Cow<'a, str>);
+
+/// A JSON object's entries with their values unparsed; `null` is an empty object.
+struct HeaderObject<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for HeaderObject<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = HeaderObject<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object or null")
+            }
+            fn visit_unit<E>(self) -> std::result::Result<Self::Value, E> {
+                Ok(HeaderObject(Vec::new()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<Self::Value, A::Error> {
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(4));
+                while let Some(BorrowedStr(name)) = map.next_key()? {
+                    entries.push((name, map.next_value()?));
                 }
-                Err(e) => return Err(poison(PoisonKind::InvalidHeaders, format!("headers is not valid JSON: {e}"))),
-            };
-            for (name, value) in object {
-                if let serde_json::Value::String(s) = value {
-                    headers.push((name.into(), s.into_bytes()));
-                }
+                Ok(HeaderObject(entries))
             }
         }
-        Ok(KafkaRecord { topic, key: row.aggregate_id.clone(), value, headers })
+        deserializer.deserialize_any(Visit)
+    }
+}
+
+/// A JSON string, borrowed from the input unless it has escapes.
+struct BorrowedStr<'a>(Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for BorrowedStr<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = BorrowedStr<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> std::result::Result<Self::Value, E> {
+                Ok(BorrowedStr(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> std::result::Result<Self::Value, E> {
+                Ok(BorrowedStr(Cow::Owned(s.to_owned())))
+            }
+            fn visit_string<E>(self, s: String) -> std::result::Result<Self::Value, E> {
+                Ok(BorrowedStr(Cow::Owned(s)))
+            }
+        }
+        deserializer.deserialize_str(Visit)
     }
 }
 
@@ -288,6 +436,52 @@ mod tests {
         assert_eq!(names, ["id", "event_type", "aggregate_type", "schema_version", "traceparent"]);
         assert_eq!(rec.headers[3].1, b"3");
         assert_eq!(rec.headers[4].1, b"00-abc-01");
+    }
+
+    /// The `headers` column is read as a JSON object would be: key order, the last of repeated keys, escapes
+    /// decoded, only string values; nested values and `null` add nothing.
+    #[test]
+    fn header_column_entries() {
+        let cases: [(&str, &[(&str, &str)]); 6] = [
+            (r#"{"b": "2", "a": "1"}"#, &[("a", "1"), ("b", "2")]),
+            (r#"{"a": "1", "a": 5}"#, &[]),
+            (r#"{"a": 5, "a": "x"}"#, &[("a", "x")]),
+            (
+                r#"{"t\u00e9": "line\nbreak \"q\"", "n": null, "o": {"x": "y"}, "l": ["z"]}"#,
+                &[("té", "line\nbreak \"q\"")],
+            ),
+            ("null", &[]),
+            ("{}", &[]),
+        ];
+        for (text, want) in cases {
+            let mut r = row();
+            r.headers = Some(text.into());
+            let rec = router("t", ValueFormat::Envelope).route(&r).unwrap();
+            let extra: Vec<(&str, &str)> =
+                rec.headers[4..].iter().map(|(k, v)| (k.as_ref(), std::str::from_utf8(v).unwrap())).collect();
+            assert_eq!(extra, want, "{text}");
+        }
+    }
+
+    /// Routing into a record that held a previous row's record leaves nothing of it behind.
+    #[test]
+    fn route_into_reuses_without_leftovers() {
+        let router = router("${aggregate_type}.${event_type}", ValueFormat::Envelope);
+        let mut big = row();
+        big.from_snapshot = true;
+        big.headers = Some(r#"{"traceparent": "00-abc-01", "tenant": "t-1", "z": "last"}"#.into());
+        big.payload = format!(r#"{{"pad": "{}"}}"#, "x".repeat(1000));
+        let mut small = row();
+        small.aggregate_type = "o".into();
+        small.aggregate_id = "B".into();
+        small.schema_version = 12;
+        small.headers = Some(r#"{"a": "1"}"#.into());
+        let mut reused = KafkaRecord::default();
+        for r in [&big, &small, &big, &row(), &small] {
+            router.route_into(r, &mut reused).unwrap();
+            assert_eq!(reused, router.route(r).unwrap());
+        }
+        assert_eq!(std::str::from_utf8(&reused.headers[3].1), Ok("12"));
     }
 
     #[test]
