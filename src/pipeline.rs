@@ -509,6 +509,7 @@ impl Pipeline {
                             }
                         }
                         crate::failpoint!("row_produced");
+                        reader.recycle(change);
                     }
                     Some(Change::Commit { position, timestamp, end_event }) => {
                         metrics().transaction_read(timestamp);
