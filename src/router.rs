@@ -18,6 +18,9 @@ use crate::error::{Error, Result};
 use crate::quarantine::{Poison, PoisonKind};
 use crate::source::OutboxRow;
 
+/// Where a routed record's `aggregate_type` header is: the sink's delivery callback looks there first.
+pub const AGGREGATE_TYPE_HEADER_INDEX: usize = 2;
+
 /// A header name: the connector's own are static (no allocation per record).
 pub type HeaderName = Cow<'static, str>;
 
@@ -434,6 +437,7 @@ mod tests {
         let rec = router("t", ValueFormat::Envelope).route(&row()).unwrap();
         let names: Vec<&str> = rec.headers.iter().map(|(k, _)| k.as_ref()).collect();
         assert_eq!(names, ["id", "event_type", "aggregate_type", "schema_version", "traceparent"]);
+        assert_eq!(names[AGGREGATE_TYPE_HEADER_INDEX], "aggregate_type");
         assert_eq!(rec.headers[3].1, b"3");
         assert_eq!(rec.headers[4].1, b"00-abc-01");
     }

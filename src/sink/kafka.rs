@@ -84,7 +84,11 @@ impl ProducerContext for SinkContext {
         match result {
             Ok(message) => {
                 self.watermark.settle(Delivered::new(in_flight.tx));
-                let aggregate_type = header(message, "aggregate_type").unwrap_or("");
+                // Only the latency histogram needs it (by aggregate type), and only streamed rows have one.
+                let aggregate_type = match in_flight.occurred_at_ms {
+                    Some(_) => aggregate_type(message).unwrap_or(""),
+                    None => "",
+                };
                 m.event_acknowledged(message.topic(), message.partition(), aggregate_type, in_flight.occurred_at_ms);
             }
             Err((error, message)) => {
@@ -115,6 +119,16 @@ async fn probe_brokers(producer: std::sync::Weak<ThreadedProducer<SinkContext>>)
             tokio::task::spawn_blocking(move || p.client().fetch_metadata(None, EVERY).is_ok()).await.unwrap_or(false);
         metrics().set_broker_connected(reachable);
         tokio::time::sleep(EVERY).await;
+    }
+}
+
+/// The `aggregate_type` header's value: looked up where the router puts it first (a linear search by name
+/// costs a fifth of the delivery callbacks' time at 100k records/s).
+fn aggregate_type<'a>(message: &'a rdkafka::message::BorrowedMessage<'_>) -> Option<&'a str> {
+    use rdkafka::message::Headers;
+    match message.headers()?.try_get(crate::router::AGGREGATE_TYPE_HEADER_INDEX) {
+        Some(h) if h.key == "aggregate_type" => h.value.and_then(|v| std::str::from_utf8(v).ok()),
+        _ => header(message, "aggregate_type"),
     }
 }
 
