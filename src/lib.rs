@@ -53,5 +53,6 @@ pub mod quarantine;
 pub mod release;
 pub mod replay;
 pub mod router;
+pub mod scheduling;
 pub mod sink;
 pub mod source;

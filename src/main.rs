@@ -190,6 +190,13 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if let Command::Run { .. } = cli.command {
+        // After the runtime started the worker that runs the binlog reader, before anything starts the
+        // producer's threads (see `outbox_cdc::scheduling`).
+        if let Err(e) = outbox_cdc::scheduling::yield_wakeups() {
+            tracing::debug!(error = %e, "cannot make the pipeline's threads SCHED_BATCH; running without");
+        }
+    }
     let result = runtime.block_on(async {
         let config = Config::load(&cli.config)?;
         match cli.command {
