@@ -21,7 +21,7 @@
 //! lines cover it without a dependency or a registry to configure.
 
 /// Crashes the process here when the `failpoints` feature is on and `OUTBOX_CDC_FAILPOINT` names this
-/// point (see [`crate::failpoint`]); nothing at all otherwise.
+/// point (see [`crate::failpoint`](mod@crate::failpoint)); nothing at all otherwise.
 #[macro_export]
 macro_rules! failpoint {
     ($name:literal) => {

@@ -20,7 +20,7 @@
 //! # Checking the promise
 //! [`audit`] (`outbox-cdc audit`) compares the outbox table with the routed topics: missing ids, duplicates,
 //! per-aggregate order. Every fault scenario of the test suite ends with it; the crash windows a random
-//! kill -9 would hit only by luck are hit on purpose through [`failpoint`]s (test builds only).
+//! kill -9 would hit only by luck are hit on purpose through [failpoints](mod@failpoint) (test builds only).
 //!
 //! # Poison rows
 //! A row that cannot become a valid record never stops the stream and is never skipped: it goes to a
@@ -34,6 +34,10 @@
 //! # Error model
 //! Every failure is transient (retry from the checkpoint) or definite (stop and tell the operator what to
 //! fix); see [`error`].
+
+// These docs are for the connector's maintainers, read with `cargo doc --document-private-items`: module
+// essays link to the private items they explain.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod allocator;
 pub mod app;

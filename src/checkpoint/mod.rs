@@ -2,7 +2,8 @@
 //!
 //! Only an acknowledgement can move the checkpoint. The Kafka sink is the only code that can create a
 //! [`crate::sink::Delivered`] proof; the [`Watermark`] is the only code that turns proofs, in source order,
-//! into a position; [`Checkpointer::flush`] is the only code that writes that position to the [`Store`].
+//! into a position; `Checkpointer::flush` (in `pipeline/checkpointer.rs`) is the only code that writes that
+//! position to the [`Store`].
 //!
 //! # Invariants
 //! - A stored position is always the end of a source transaction whose records, and every earlier
