@@ -150,6 +150,11 @@ pub struct SnapshotConfig {
     /// no lock.
     #[serde(default)]
     pub lock: SnapshotLock,
+    /// MySQL only: how long (seconds, at least 1) the snapshot's lock may wait behind an open transaction
+    /// on the outbox tables. While it waits, the application's new outbox inserts wait behind it; when the
+    /// time is up the connector gives up, logs why, and retries with back-off. Default 10.
+    #[serde(default = "default_lock_wait_timeout_s")]
+    pub lock_wait_timeout_s: u32,
 }
 
 impl Default for SnapshotConfig {
@@ -159,6 +164,7 @@ impl Default for SnapshotConfig {
             r#where: None,
             chunk_rows: default_chunk_rows(),
             lock: SnapshotLock::default(),
+            lock_wait_timeout_s: default_lock_wait_timeout_s(),
         }
     }
 }
@@ -541,7 +547,7 @@ impl fmt::Display for TableName {
 }
 
 impl TableName {
-    fn parse(s: &str) -> Result<Self> {
+    pub(crate) fn parse(s: &str) -> Result<Self> {
         match s.split_once('.') {
             Some((db, t)) if !db.is_empty() && !t.is_empty() && !t.contains('.') => {
                 Ok(TableName { database: db.to_string(), table: t.to_string() })
@@ -587,6 +593,10 @@ fn default_max_in_flight_bytes() -> usize {
 fn default_read_ahead_bytes() -> usize {
     1024 * 1024
 }
+fn default_lock_wait_timeout_s() -> u32 {
+    10
+}
+
 fn default_chunk_rows() -> usize {
     2_000
 }

@@ -446,6 +446,9 @@ async fn status(config: &Config, json: bool) -> Result<(), Error> {
                 snapshot.segments.len(),
                 snapshot.cut()
             );
+            if !snapshot.tables.is_empty() {
+                println!("snapshot tables: {} (a resume needs this [outbox] list)", snapshot.tables.join(", "));
+            }
         }
     }
     let age_ms = outbox_cdc::checkpoint::now_ms().saturating_sub(cp.written_at_ms);

@@ -43,7 +43,8 @@ use crate::quarantine::Origin;
 use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::binlog::{BinlogReader, Change, ReaderSettings, TxStart};
-use crate::source::snapshot::{self, Overlap, Segment, SnapshotState};
+use crate::source::overlap::Overlap;
+use crate::source::snapshot::{self, Segment, SnapshotState};
 use crate::source::{preflight, server_info, start_position, SourceConn, SourceReader};
 
 mod checkpointer;
@@ -362,6 +363,10 @@ impl Pipeline {
         shutdown: &Shutdown,
     ) -> Result<()> {
         let config = &self.config;
+        let tables = config.outbox_tables()?;
+        if let Some(progress) = &progress {
+            progress.check_tables(&tables)?;
+        }
         let after = progress.as_ref().and_then(|p| p.last_key.clone());
         let (mut scanner, view) = snapshot::open(&self.source, info, config, after.clone()).await?;
         metrics().set_source_connected(true);
@@ -385,6 +390,7 @@ impl Pipeline {
                     rows_done: 0,
                     rows_estimate,
                     done: false,
+                    tables: tables.iter().map(ToString::to_string).collect(),
                 }
             }
         };

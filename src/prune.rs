@@ -392,6 +392,7 @@ mod tests {
             rows_done: 10,
             rows_estimate: 100,
             done: false,
+            tables: vec!["shop.outbox_events".into()],
         };
         store_checkpoint(dir.path(), 2, Some(unfinished.clone()));
         let err = usable_checkpoint(&config, &server(2)).unwrap_err();

@@ -304,3 +304,228 @@ async fn when_needed_resnapshots_after_purge() {
     assert!(connector.logs().contains("taking a new snapshot"), "{}", connector.logs());
     connector.terminate();
 }
+
+/// The stored checkpoint's snapshot progress, from `outbox-cdc status --json`.
+fn snapshot_status(connector: &Connector) -> serde_json::Value {
+    connector.status_json().map(|s| s["snapshot"].clone()).unwrap_or_default()
+}
+
+/// A snapshot killed mid-scan over `aggregate_id BIGINT`, with rows for small aggregate ids committed while
+/// the connector was down: the resumed scan skips them (20 < 100 in the column's order), so the stream must
+/// publish them. Guards against the overlap rule comparing the key as text ("20" > "100"), which took those
+/// rows for ones the resumed segment had emitted and dropped them: lost, with the checkpoint moving past.
+#[tokio::test(flavor = "multi_thread")]
+async fn resumed_snapshot_over_numeric_aggregate_ids_loses_nothing() {
+    const ROWS: usize = 100_000;
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    conn.query_drop("ALTER TABLE shop.outbox_events MODIFY aggregate_id BIGINT NOT NULL").await.unwrap();
+    // Aggregates 100..=199: every stored key's aggregate id is a three-digit number starting with 1.
+    let mut per: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut from = 1;
+    while from <= ROWS {
+        let to = (from + 9_999).min(ROWS);
+        conn.query_drop(format!(
+            "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
+             payload, occurred_at, next_attempt_at) \
+             SELECT CONCAT('snap-', LPAD(seq, 7, '0')), 'order', 100 + seq % 100, 'Seeded', 1, \
+                    JSON_OBJECT('n', seq), '2026-01-01 00:00:00', NOW(6) FROM seq_{from}_to_{to}"
+        ))
+        .await
+        .unwrap();
+        from = to + 1;
+    }
+    for i in 1..=ROWS {
+        per.entry((100 + i % 100).to_string()).or_default().push(format!("snap-{i:07}"));
+    }
+    let mut connector = Connector::new();
+    let config = connector.write_config(&db, &broker, &snapshot_config("chunk_rows = 100"));
+    let text = std::fs::read_to_string(&config).unwrap().replace("[state]\n", "[state]\ncheckpoint_interval_ms = 20\n");
+    std::fs::write(&config, text).unwrap();
+    // Write 1 is the snapshot's start; crash inside write 4, so writes 2-3 stored acknowledged keys.
+    connector.env("OUTBOX_CDC_FAILPOINT", "checkpoint_write:4");
+    connector.run(&config);
+    let exited = connector.wait_exit(Duration::from_secs(120)).expect("the failpoint must end the process");
+    assert!(!exited.success(), "{}", connector.logs());
+    let progress = snapshot_status(&connector);
+    assert_eq!(progress["done"], false, "the snapshot must be unfinished: {progress}");
+    let last: u64 = progress["last_key"]["aggregate_id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("a stored last key with a numeric aggregate id: {progress}"));
+    assert!((100..200).contains(&last), "{progress}");
+
+    // While the connector is down: one event for each aggregate 2..=98, all before the resumed view.
+    for aggregate in 2..=98 {
+        let id = format!("small-{aggregate:03}");
+        conn.query_drop(format!(
+            "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
+             payload, occurred_at, next_attempt_at) \
+             VALUES ('{id}', 'order', {aggregate}, 'Written', 1, '{{}}', NOW(6), NOW(6))"
+        ))
+        .await
+        .unwrap();
+        per.entry(aggregate.to_string()).or_default().push(id);
+    }
+    connector.remove_env("OUTBOX_CDC_FAILPOINT");
+    connector.restart();
+    wait_streaming(&connector);
+    let expected = Expected::from_orders(per);
+    let (records, _) = common::read_and_audit(&broker, TOPIC, &expected, Duration::from_secs(120), &connector);
+    let both = emitted_by_both(&records);
+    assert!(both.is_empty(), "published by the snapshot and the stream: {both:?}");
+    let logs = connector.logs();
+    assert_eq!(logs.matches("resuming the snapshot after the last acknowledged key").count(), 1, "{logs}");
+    connector.terminate();
+}
+
+/// The overlap rule's key comparison and the resumed scan's `WHERE key > after` agree with the scan's
+/// `ORDER BY` for each column type and collation, including BIGINT values that a comparison through
+/// DOUBLE cannot tell apart. Guards against comparing keys as text or as floating point.
+#[tokio::test(flavor = "multi_thread")]
+async fn key_comparisons_agree_with_the_scan_order() {
+    use outbox_cdc::config::{ColumnNames, TableName};
+    use outbox_cdc::source::key_order::KeyColumns;
+    use std::cmp::Ordering;
+
+    let db = MariaDb::start();
+    let mut conn = db.conn().await;
+    #[rustfmt::skip]
+    let cases: [(&str, &[&str]); 9] = [
+        ("INT", &["2", "10", "1", "-3"]),
+        ("BIGINT", &["20", "100", "3", "-5", "9007199254740993", "9007199254740992"]),
+        ("BIGINT UNSIGNED", &["18446744073709551615", "18446744073709551614", "20", "100"]),
+        ("DECIMAL(20,2)", &["10.50", "9.99", "100.00", "-1.00"]),
+        ("VARCHAR(16) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci", &["a", "B", "A", "b", "ä", "10", "9"]),
+        ("VARCHAR(16) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin", &["a", "B", "A", "b", "ä", "10", "9"]),
+        ("VARCHAR(16) CHARACTER SET latin1 COLLATE latin1_swedish_ci", &["ä", "z", "a", "Z", "o"]),
+        ("ENUM('payment','order','refund')", &["refund", "order", "payment"]),
+        ("DATETIME(6)", &["2026-01-02 00:00:00.000000", "2025-12-31 23:59:59.999999", "2026-01-01 00:00:00.000001"]),
+    ];
+    for (i, (column, values)) in cases.iter().enumerate() {
+        let table = format!("keys_{i}");
+        conn.query_drop(format!(
+            "CREATE TABLE shop.{table} (seq INT AUTO_INCREMENT PRIMARY KEY, aggregate_type VARCHAR(8) NOT NULL, \
+             aggregate_id {column} NOT NULL, occurred_at DATETIME(6) NOT NULL, id CHAR(36) NOT NULL)"
+        ))
+        .await
+        .unwrap();
+        for v in *values {
+            conn.exec_drop(
+                format!(
+                    "INSERT INTO shop.{table} (aggregate_type, aggregate_id, occurred_at, id) \
+                     VALUES ('t', ?, '2026-01-01', 'x')"
+                ),
+                (v,),
+            )
+            .await
+            .unwrap();
+        }
+        // The scan's order, with ties (equal under the collation) sharing a rank.
+        let ranked: Vec<(String, u64)> = conn
+            .query(format!(
+                "SELECT CAST(aggregate_id AS CHAR), DENSE_RANK() OVER (ORDER BY aggregate_id) FROM shop.{table}"
+            ))
+            .await
+            .unwrap();
+        let name = TableName { database: "shop".into(), table: table.clone() };
+        let keys = KeyColumns::load(&mut conn, &name, &ColumnNames::default()).await.unwrap();
+        let key = |v: &str| ["t".to_string(), v.to_string(), "2026-01-01 00:00:00".to_string(), "x".to_string()];
+        for (a, rank_a) in &ranked {
+            let ka = key(a);
+            let ka = [ka[0].as_str(), ka[1].as_str(), ka[2].as_str(), ka[3].as_str()];
+            for (b, rank_b) in &ranked {
+                let kb = key(b);
+                let kb = [kb[0].as_str(), kb[1].as_str(), kb[2].as_str(), kb[3].as_str()];
+                let got = keys.compare(&mut conn, ka, kb).await.unwrap();
+                assert_eq!(got[1], rank_a.cmp(rank_b), "{column}: {a} vs {b}");
+                assert_eq!([got[0], got[2], got[3]], [Ordering::Equal; 3], "{column}: {a} vs {b}");
+            }
+            // The resumed scan's condition on this column, as the scanner types it.
+            let param = keys.columns[1].1.param_sql();
+            let [_, value, _, _] = keys.params(ka).unwrap();
+            let after: u64 = conn
+                .exec_first(format!("SELECT COUNT(*) FROM shop.{table} WHERE aggregate_id > {param}"), (value,))
+                .await
+                .unwrap()
+                .unwrap();
+            let expected = ranked.iter().filter(|(_, r)| r > rank_a).count() as u64;
+            assert_eq!(after, expected, "{column}: rows after {a}");
+        }
+    }
+}
+
+/// An unfinished snapshot resumed after a table was added to `[outbox]` is refused with the fix; with the
+/// original configuration it resumes and finishes, losing nothing. Guards against resuming by the table's
+/// place in the list: the new table `shop.a_outbox` sorts first, so the old place 0 pointed at it and the
+/// scan continued the wrong table from the stored key.
+#[tokio::test(flavor = "multi_thread")]
+async fn resumed_snapshot_refuses_a_changed_table_list() {
+    const ROWS: usize = 50_000;
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let expected = seed(&db, ROWS, 50).await;
+    let mut conn = db.conn().await;
+    conn.query_drop("CREATE TABLE shop.a_outbox LIKE shop.outbox_events").await.unwrap();
+    let mut connector = Connector::new();
+    let config = connector.write_config(&db, &broker, &snapshot_config("chunk_rows = 100"));
+    let original =
+        std::fs::read_to_string(&config).unwrap().replace("[state]\n", "[state]\ncheckpoint_interval_ms = 20\n");
+    std::fs::write(&config, &original).unwrap();
+    connector.env("OUTBOX_CDC_FAILPOINT", "checkpoint_write:4");
+    connector.run(&config);
+    connector.wait_exit(Duration::from_secs(120)).expect("the failpoint must end the process");
+    let progress = snapshot_status(&connector);
+    assert!(progress["last_key"].is_object() && progress["done"] == false, "{progress}");
+    assert_eq!(progress["tables"], serde_json::json!(["shop.outbox_events"]), "{progress}");
+    connector.remove_env("OUTBOX_CDC_FAILPOINT");
+
+    assert!(original.contains("table = \"shop.outbox_events\""), "{original}");
+    let two_tables =
+        original.replace("table = \"shop.outbox_events\"", "tables = [\"shop.outbox_events\", \"shop.a_outbox\"]");
+    std::fs::write(&config, two_tables).unwrap();
+    connector.restart();
+    let exited = connector.wait_exit(Duration::from_secs(120)).expect("a changed table list must stop the run");
+    assert_eq!(exited.code(), Some(2), "{}", connector.logs());
+    let logs = connector.logs();
+    assert!(logs.contains("restore the configuration") && logs.contains("shop.a_outbox"), "{logs}");
+    assert_eq!(snapshot_status(&connector), progress, "the refusal must not touch the checkpoint");
+
+    std::fs::write(&config, &original).unwrap();
+    connector.restart();
+    wait_streaming(&connector);
+    common::read_and_audit(&broker, TOPIC, &expected, READ_TIMEOUT, &connector);
+    connector.terminate();
+}
+
+/// The MySQL snapshot lock (`LOCK TABLES … READ`, also taken by `prune`) gives up after
+/// `snapshot.lock_wait_timeout_s` behind an open outbox transaction, with a transient error that says why,
+/// and leaves the application's inserts unblocked. Guards against waiting `lock_wait_timeout` (a day on
+/// MariaDB, a year on MySQL) while every new outbox insert queues behind the lock.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_lock_wait_is_bounded() {
+    let db = MariaDb::start();
+    let mut open_tx = db.conn().await;
+    open_tx.query_drop("BEGIN").await.unwrap();
+    common::insert_event(&mut open_tx, &common::OutboxRow::new("held")).await.unwrap();
+    let mut locker = db.conn().await;
+    let lock_sql = "LOCK TABLES `shop`.`outbox_events` READ";
+    // Not a performance bound: without the fix the lock waits a day, and this turns the hang into a failure.
+    let taken = tokio::time::timeout(
+        Duration::from_secs(120),
+        outbox_cdc::source::snapshot::take_lock(&mut locker, lock_sql, 1),
+    )
+    .await
+    .expect("the lock wait must be bounded by snapshot.lock_wait_timeout_s");
+    let err = taken.expect_err("the lock cannot be taken while a transaction holds the table");
+    assert!(!err.is_definite(), "giving up is transient (retried with back-off): {err}");
+    assert!(err.to_string().contains("snapshot.lock_wait_timeout_s"), "{err}");
+    // The application is not blocked behind the abandoned lock request.
+    let mut app = db.conn().await;
+    common::insert_event(&mut app, &common::OutboxRow::new("after")).await.unwrap();
+    open_tx.query_drop("COMMIT").await.unwrap();
+    // Once the transaction is gone, the same call takes the lock.
+    outbox_cdc::source::snapshot::take_lock(&mut locker, lock_sql, 1).await.expect("lock after the commit");
+    locker.query_drop("UNLOCK TABLES").await.unwrap();
+}

@@ -5,6 +5,8 @@ pub mod binlog;
 pub mod decode;
 pub mod files;
 pub mod history;
+pub mod key_order;
+pub mod overlap;
 pub mod preflight;
 pub mod purge;
 pub mod rows;

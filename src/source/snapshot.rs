@@ -31,9 +31,14 @@
 //! > the row was already emitted iff the segment whose key range holds `k` has a view that contains `p`.
 //!
 //! Rows of a resumed segment's range committed before its view were scanned; rows committed after it, or
-//! with keys in an earlier segment's range, were not, and the stream emits them. Key comparisons use the
-//! server's collation (it defines the scan order), through a query cached per aggregate. Once the stream
-//! has passed every segment's view, the rule can never skip again and is dropped.
+//! with keys in an earlier segment's range, were not, and the stream emits them. The rule lives in
+//! [`super::overlap`]. Keys are compared in each column's own type and collation ([`super::key_order`]):
+//! the scan's `WHERE key > after` and the rule use the same typed expressions, so they agree with each
+//! other and with `ORDER BY`. Once the stream has passed every segment's view, the rule can never skip
+//! again and is dropped.
+//!
+//! A resumed snapshot must scan the same tables: keys name their table, and the state lists the tables
+//! in scan order ([`SnapshotState::check_tables`] refuses a changed list with the fix).
 //!
 //! **The one assumption:** outbox rows are not deleted or re-keyed before they are checkpointed (the
 //! cleanup job deletes only rows whose events are acknowledged). A row deleted between two views would be
@@ -41,7 +46,6 @@
 //!
 //! Re-emitted on resume: only the unacknowledged in-flight rows after the last checkpointed key.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -50,6 +54,7 @@ use mysql_async::{Conn, Row};
 use serde::{Deserialize, Serialize};
 
 use super::decode::format_datetime;
+use super::key_order::KeyColumns;
 use super::{OutboxRow, ServerInfo, SourceConn};
 use crate::config::{ColumnNames, Config, SnapshotLock, TableName};
 use crate::error::{classify_mysql, Error, Result};
@@ -59,8 +64,8 @@ use crate::source::binlog::TxStart;
 /// A row's place in the scan order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SnapshotKey {
-    /// Index of the table in the configured (sorted) outbox tables.
-    pub table: usize,
+    /// The table being scanned.
+    pub table: KeyTable,
     /// `aggregate_type`.
     pub aggregate_type: String,
     /// `aggregate_id`.
@@ -69,6 +74,58 @@ pub struct SnapshotKey {
     pub occurred_at: String,
     /// Event id.
     pub id: String,
+}
+
+impl SnapshotKey {
+    /// The four key columns' values, in scan order.
+    pub fn columns(&self) -> [&str; 4] {
+        [&self.aggregate_type, &self.aggregate_id, &self.occurred_at, &self.id]
+    }
+}
+
+/// Which table a [`SnapshotKey`] belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum KeyTable {
+    /// `database.table`, as the snapshot scanned it.
+    Name(String),
+    /// Written by earlier versions: the table's place in the configured (sorted) table list, which shifts
+    /// when a table is added or removed. Accepted only while exactly one table is configured
+    /// ([`SnapshotState::check_tables`]).
+    Index(usize),
+}
+
+impl KeyTable {
+    /// The key's table for `table`.
+    pub fn of(table: &TableName) -> KeyTable {
+        KeyTable::Name(table.to_string())
+    }
+
+    /// The table's place in `tables`.
+    ///
+    /// # Errors
+    /// A definite error when the table is not among them.
+    pub fn index_in<T: std::borrow::Borrow<TableName>>(&self, tables: &[T]) -> Result<usize> {
+        let found = match self {
+            KeyTable::Name(name) => tables.iter().position(|t| t.borrow().to_string() == *name),
+            KeyTable::Index(i) => Some(*i).filter(|i| *i < tables.len()),
+        };
+        found.ok_or_else(|| {
+            Error::definite(format!(
+                "the unfinished snapshot was scanning outbox table {self}, which is no longer configured: put it \
+                 back in [outbox] until the snapshot is done, or delete the state directory to snapshot again"
+            ))
+        })
+    }
+}
+
+impl std::fmt::Display for KeyTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyTable::Name(name) => f.write_str(name),
+            KeyTable::Index(i) => write!(f, "number {i} (a checkpoint of an earlier version)"),
+        }
+    }
 }
 
 /// A range of keys scanned in one read view.
@@ -93,12 +150,109 @@ pub struct SnapshotState {
     pub rows_estimate: u64,
     /// Every row was scanned and acknowledged; only the overlap rule is still in force.
     pub done: bool,
+    /// The outbox tables as `database.table`, in scan order. Empty in checkpoints of earlier versions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<String>,
 }
 
 impl SnapshotState {
     /// The cut: where the stream starts.
     pub fn cut(&self) -> &Position {
         &self.segments[0].view
+    }
+
+    /// Refuses to resume an unfinished snapshot over other tables than it started with: a table added
+    /// before the one being scanned would never be scanned, a removed one would shift the rest.
+    ///
+    /// # Errors
+    /// A definite error naming both lists and the fix.
+    pub fn check_tables(&self, configured: &[TableName]) -> Result<()> {
+        let configured: Vec<String> = configured.iter().map(ToString::to_string).collect();
+        let legacy_single = self.tables.is_empty() && configured.len() == 1;
+        if self.tables == configured || legacy_single {
+            return Ok(());
+        }
+        let started = if self.tables.is_empty() {
+            "an unknown list (the checkpoint was written by an earlier version, which did not store it)".to_string()
+        } else {
+            self.tables.join(", ")
+        };
+        Err(Error::definite(format!(
+            "the unfinished snapshot started over the outbox tables {started}, but [outbox] now configures {}: \
+             restore the configuration until the snapshot is done (`outbox-cdc status` shows its progress), or \
+             delete the state directory to snapshot the new list from the start",
+            configured.join(", ")
+        )))
+    }
+
+    /// The tables the snapshot scanned, in scan order; `configured` for checkpoints that did not store them.
+    pub fn tables_or(&self, configured: Vec<TableName>) -> Vec<TableName> {
+        let stored: Option<Vec<TableName>> = self.tables.iter().map(|t| TableName::parse(t).ok()).collect();
+        stored.filter(|t| !t.is_empty()).unwrap_or(configured)
+    }
+}
+
+#[cfg(test)]
+mod table_list_tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<TableName> {
+        list.iter().map(|t| TableName::parse(t).unwrap()).collect()
+    }
+
+    fn state(tables: &[&str]) -> SnapshotState {
+        SnapshotState {
+            segments: Vec::new(),
+            last_key: None,
+            rows_done: 0,
+            rows_estimate: 0,
+            done: false,
+            tables: tables.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    /// Guards against resuming an unfinished snapshot by a table's place in a list that changed: a table
+    /// added before the current one was never scanned, one removed shifted the rest.
+    #[test]
+    fn a_resumed_snapshot_needs_the_table_list_it_started_with() {
+        #[rustfmt::skip]
+        let cases: [(&[&str], &[&str], bool); 6] = [
+            (&["shop.outbox"], &["shop.outbox"], true),
+            (&["a.o", "b.o"], &["a.o", "b.o"], true),
+            (&["b.o"], &["a.o", "b.o"], false),
+            (&["a.o", "b.o"], &["b.o"], false),
+            (&[], &["shop.outbox"], true),
+            (&[], &["a.o", "b.o"], false),
+        ];
+        for (stored, configured, ok) in cases {
+            let result = state(stored).check_tables(&names(configured));
+            assert_eq!(result.is_ok(), ok, "{stored:?} -> {configured:?}: {result:?}");
+            if let Err(e) = result {
+                assert!(e.to_string().contains("restore the configuration"), "{e}");
+            }
+        }
+    }
+
+    /// Keys name their table; keys stored by earlier versions (an index) still load.
+    #[test]
+    fn key_tables_are_names_and_legacy_indexes_still_load() {
+        let tables = names(&["a.o", "b.o"]);
+        let named: SnapshotKey = serde_json::from_str(
+            r#"{"table":"b.o","aggregate_type":"t","aggregate_id":"1","occurred_at":"x","id":"i"}"#,
+        )
+        .unwrap();
+        assert_eq!(named.table.index_in(&tables).unwrap(), 1);
+        let legacy: SnapshotKey =
+            serde_json::from_str(r#"{"table":0,"aggregate_type":"t","aggregate_id":"1","occurred_at":"x","id":"i"}"#)
+                .unwrap();
+        assert_eq!(legacy.table, KeyTable::Index(0));
+        assert_eq!(serde_json::to_value(&named.table).unwrap(), serde_json::json!("b.o"));
+        let gone = KeyTable::Name("c.o".into()).index_in(&tables).unwrap_err();
+        assert!(gone.to_string().contains("no longer configured"), "{gone}");
+        let legacy_state: SnapshotState =
+            serde_json::from_str(r#"{"segments":[],"last_key":null,"rows_done":0,"rows_estimate":0,"done":false}"#)
+                .unwrap();
+        assert!(legacy_state.tables.is_empty());
     }
 }
 
@@ -130,8 +284,8 @@ pub struct Scanner {
     /// Next table to scan, and the key to continue after.
     table: usize,
     after: Option<SnapshotKey>,
-    /// Whether the current table has the optional `headers` column: (table index, present).
-    headers_present: Option<(usize, bool)>,
+    /// The current table's optional `headers` column and key column types: (table index, present, keys).
+    table_info: Option<(usize, bool, KeyColumns)>,
 }
 
 /// Opens a consistent read view and returns it with its exact binlog position.
@@ -174,11 +328,7 @@ pub async fn open(
                 }
                 SnapshotLock::Global => "FLUSH TABLES WITH READ LOCK".to_string(),
             };
-            lock.query_drop(&lock_sql).await.map_err(|e| {
-                classify_mysql(&e).context(format_args!(
-                    "`{lock_sql}` (snapshot.lock): grant LOCK TABLES on the outbox tables, or choose another lock"
-                ))
-            })?;
+            take_lock(&mut lock, &lock_sql, config.snapshot.lock_wait_timeout_s).await?;
             let opened = async {
                 conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY").await.map_err(q)?;
                 super::current_position(&mut conn, info, config.source.resume_by).await
@@ -189,7 +339,7 @@ pub async fn open(
             opened?
         }
     };
-    let table = after.as_ref().map_or(0, |k| k.table);
+    let table = after.as_ref().map(|k| k.table.index_in(&tables)).transpose()?.unwrap_or(0);
     Ok((
         Scanner {
             conn,
@@ -199,10 +349,37 @@ pub async fn open(
             chunk_rows: config.snapshot.chunk_rows,
             table,
             after,
-            headers_present: None,
+            table_info: None,
         },
         position,
     ))
+}
+
+/// Takes the snapshot's brief MySQL lock (`snapshot.lock`) on `conn`, waiting at most `timeout_s` seconds.
+///
+/// A `LOCK TABLES … READ` queues behind any open transaction that wrote to the outbox, and while it waits
+/// every new outbox insert of the application queues behind *it*: with the server's default
+/// `lock_wait_timeout` (one year) a forgotten transaction would stall the application. So the wait is
+/// bounded; giving up is transient, and the run is retried from the checkpoint with back-off.
+///
+/// # Errors
+/// A transient error when the wait timed out (saying so and why), classified query errors otherwise.
+pub async fn take_lock(conn: &mut Conn, lock_sql: &str, timeout_s: u32) -> Result<()> {
+    const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+    conn.query_drop(format!("SET SESSION lock_wait_timeout = {}", timeout_s.max(1)))
+        .await
+        .map_err(|e| classify_mysql(&e).context("bounding the snapshot lock's wait (lock_wait_timeout)"))?;
+    conn.query_drop(lock_sql).await.map_err(|e| match &e {
+        mysql_async::Error::Server(server) if server.code == ER_LOCK_WAIT_TIMEOUT => Error::transient(format!(
+            "`{lock_sql}` (snapshot.lock) waited {timeout_s} s (snapshot.lock_wait_timeout_s) behind a transaction \
+             that holds the outbox table open, and gave up so as not to block the application's outbox inserts \
+             any longer; retrying with back-off. If this repeats, look for a long-running transaction on the \
+             outbox table (information_schema.innodb_trx)"
+        )),
+        _ => classify_mysql(&e).context(format_args!(
+            "`{lock_sql}` (snapshot.lock): grant LOCK TABLES on the outbox tables, or choose another lock"
+        )),
+    })
 }
 
 fn quoted(t: &TableName) -> String {
@@ -247,7 +424,7 @@ impl Scanner {
                 continue;
             };
             let last_key = SnapshotKey {
-                table: self.table,
+                table: KeyTable::of(&self.tables[self.table]),
                 aggregate_type: last.aggregate_type.clone(),
                 aggregate_id: last.aggregate_id.clone(),
                 // Back to the server's text: decoding turned its one space into the ISO `T`.
@@ -263,15 +440,14 @@ impl Scanner {
     /// Runs the next keyset query and decodes its rows as they arrive.
     async fn query_chunk(&mut self) -> Result<Vec<OutboxRow>> {
         let headers = self.columns.headers.clone();
-        let has_headers = match self.headers_present {
-            Some((table, present)) if table == self.table => present,
-            _ => {
-                let present = self.has_column(&headers).await?;
-                self.headers_present = Some((self.table, present));
-                present
-            }
-        };
         let table = self.tables[self.table].clone();
+        if self.table_info.as_ref().is_none_or(|(t, _, _)| *t != self.table) {
+            let present = self.has_column(&headers).await?;
+            let keys = KeyColumns::load(&mut self.conn, &table, &self.columns).await?;
+            self.table_info = Some((self.table, present, keys));
+        }
+        let (_, has_headers, keys) = self.table_info.as_ref().expect("loaded above");
+        let has_headers = *has_headers;
         let c = &self.columns;
         let key_cols = [&c.aggregate_type, &c.aggregate_id, &c.occurred_at, &c.id].map(|n| col(n));
         let mut sql = format!(
@@ -291,26 +467,19 @@ impl Scanner {
             conditions.push(format!("({filter})"));
         }
         let mut params: Vec<mysql_async::Value> = Vec::new();
-        if let Some(after) = self.after.as_ref().filter(|k| k.table == self.table) {
+        if let Some(after) = self.after.as_ref().filter(|k| k.table == KeyTable::of(&table)) {
             // Expanded form of (a, b, c, d) > (?, ?, ?, ?): every optimizer turns it into an index range.
+            // Each value is typed as its column (key_order): the order of `ORDER BY`, not of the text.
+            let [pa, pb, pc, pd] = keys.columns.each_ref().map(|(_, t)| t.param_sql());
             conditions.push(format!(
-                "({a} > ? OR ({a} = ? AND ({b} > ? OR ({b} = ? AND ({c} > ? OR ({c} = ? AND {d} > ?))))))",
+                "({a} > {pa} OR ({a} = {pa} AND ({b} > {pb} OR ({b} = {pb} AND ({c} > {pc} OR ({c} = {pc} AND {d} > {pd}))))))",
                 a = key_cols[0],
                 b = key_cols[1],
                 c = key_cols[2],
                 d = key_cols[3]
             ));
-            for v in [
-                &after.aggregate_type,
-                &after.aggregate_type,
-                &after.aggregate_id,
-                &after.aggregate_id,
-                &after.occurred_at,
-                &after.occurred_at,
-                &after.id,
-            ] {
-                params.push(v.clone().into());
-            }
+            let [va, vb, vc, vd] = keys.params(after.columns())?;
+            params.extend([va.clone(), va, vb.clone(), vb, vc.clone(), vc, vd]);
         }
         if !conditions.is_empty() {
             let _ = write!(sql, " WHERE {}", conditions.join(" AND "));
@@ -450,145 +619,6 @@ impl Prefetch {
 impl Drop for Prefetch {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-/// A string parameter compared with a column's collation.
-fn text_expr(collation: &str) -> String {
-    let charset = collation.split('_').next().unwrap_or("utf8mb4");
-    format!("CONVERT(? USING {charset}) COLLATE {collation}")
-}
-
-/// The overlap rule for the stream after a resumed snapshot (see the module docs).
-pub struct Overlap {
-    state: Arc<SnapshotState>,
-    conn: Conn,
-    tables: Vec<TableName>,
-    /// Per table: the collations of aggregate_type, aggregate_id and id, which define the scan order.
-    collations: Vec<[String; 3]>,
-    /// Cache: (table, aggregate_type, aggregate_id) -> index of the segment holding that aggregate, when
-    /// no segment boundary falls inside the aggregate.
-    by_aggregate: HashMap<(usize, String, String), usize>,
-}
-
-impl Overlap {
-    /// The rule for a completed snapshot; `None` when it can never skip (a single segment).
-    ///
-    /// # Errors
-    /// Connection errors.
-    pub async fn new(
-        state: Arc<SnapshotState>,
-        source: &SourceConn,
-        tables: Vec<TableName>,
-        columns: &ColumnNames,
-    ) -> Result<Option<Self>> {
-        if state.segments.len() < 2 {
-            return Ok(None);
-        }
-        let mut conn = source.connect().await?;
-        let mut collations = Vec::new();
-        for t in &tables {
-            let mut three: [String; 3] = Default::default();
-            for (slot, name) in three.iter_mut().zip([&columns.aggregate_type, &columns.aggregate_id, &columns.id]) {
-                let collation: Option<Option<String>> = conn
-                    .exec_first(
-                        "SELECT COLLATION_NAME FROM information_schema.COLUMNS \
-                         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND COLUMN_NAME = ?",
-                        (&t.database, &t.table, name),
-                    )
-                    .await
-                    .map_err(|e| classify_mysql(&e))?;
-                *slot = collation.flatten().unwrap_or_else(|| "utf8mb4_bin".into());
-            }
-            collations.push(three);
-        }
-        Ok(Some(Overlap { state, conn, tables, collations, by_aggregate: HashMap::new() }))
-    }
-
-    /// The state to keep in checkpoints while the rule is in force.
-    pub fn state(&self) -> &Arc<SnapshotState> {
-        &self.state
-    }
-
-    /// True once the stream is past every segment's view: the rule can never skip again.
-    pub fn expired(&self, stream: &Position) -> bool {
-        self.state
-            .segments
-            .iter()
-            .all(|s| s.view.gtids.is_within(&stream.gtids).unwrap_or(s.view.coord <= stream.coord))
-    }
-
-    /// Whether the snapshot already emitted `row`, read by the stream in the transaction at `start`.
-    ///
-    /// # Errors
-    /// Classified query errors of the key comparison.
-    pub async fn emitted_by_snapshot(&mut self, row: &OutboxRow, start: &TxStart) -> Result<bool> {
-        let Some(table) = self.tables.iter().position(|t| *t == *row.table) else {
-            return Ok(false);
-        };
-        let segment = self.segment_of(table, row).await?;
-        Ok(segment > 0 && view_contains(&self.state.segments[segment].view, start))
-    }
-
-    /// Index of the segment whose key range holds the row's key.
-    async fn segment_of(&mut self, table: usize, row: &OutboxRow) -> Result<usize> {
-        let cache_key = (table, row.aggregate_type.clone(), row.aggregate_id.clone());
-        if let Some(&i) = self.by_aggregate.get(&cache_key) {
-            return Ok(i);
-        }
-        let mut segment = 0;
-        let mut boundary_inside_aggregate = false;
-        let state = self.state.clone();
-        for (i, s) in state.segments.iter().enumerate().skip(1) {
-            // A snapshot killed before its first acknowledged key resumes from the very start: that segment
-            // covers every key, superseding the earlier ones.
-            let Some(after) = s.after.as_ref() else {
-                segment = i;
-                continue;
-            };
-            let greater = if after.table != table {
-                table > after.table
-            } else {
-                let [ct, ca, ci] = self.collations[table].clone();
-                let (t, a, i) = (text_expr(&ct), text_expr(&ca), text_expr(&ci));
-                let same_aggregate: bool = self
-                    .compare(
-                        &format!("({t} = {t} AND {a} = {a})"),
-                        [&row.aggregate_type, &after.aggregate_type, &row.aggregate_id, &after.aggregate_id],
-                    )
-                    .await?;
-                boundary_inside_aggregate |= same_aggregate;
-                let key = [&row.aggregate_type, &row.aggregate_id, &row.occurred_at.replacen('T', " ", 1), &row.id];
-                let k = [&after.aggregate_type, &after.aggregate_id, &after.occurred_at, &after.id];
-                let d = "CAST(? AS DATETIME(6))";
-                self.compare(
-                    &format!(
-                        "({t} > {t} OR ({t} = {t} AND ({a} > {a} OR ({a} = {a} AND ({d} > {d} \
-                         OR ({d} = {d} AND {i} > {i}))))))"
-                    ),
-                    [key[0], k[0], key[0], k[0], key[1], k[1], key[1], k[1], key[2], k[2], key[2], k[2], key[3], k[3]],
-                )
-                .await?
-            };
-            if greater {
-                segment = i;
-            }
-        }
-        if !boundary_inside_aggregate {
-            self.by_aggregate.insert(cache_key, segment);
-        }
-        Ok(segment)
-    }
-
-    /// Evaluates a boolean expression over string parameters with the server's collation rules.
-    async fn compare<const N: usize>(&mut self, expr: &str, params: [&String; N]) -> Result<bool> {
-        let params: Vec<mysql_async::Value> = params.iter().map(|s| (*s).clone().into()).collect();
-        let result: Option<Option<i64>> = self
-            .conn
-            .exec_first(format!("SELECT {expr}"), params)
-            .await
-            .map_err(|e| classify_mysql(&e).context("comparing snapshot keys"))?;
-        Ok(result.flatten() == Some(1))
     }
 }
 
