@@ -1,6 +1,6 @@
 //! Holds against a real MariaDB and a real broker, at their edges: an oversized poison row released from
-//! the table after `prune` (which keeps a held aggregate's rows), a crash right after a poison row (the
-//! restart must not divert the events before it), and a dead-letter topic that lost a hold's first record
+//! the table after `prune` (which keeps a held aggregate's rows), a crash right after a poison row in the
+//! stream and in the snapshot (the restart must not divert the events before it), and a dead-letter topic that lost a hold's first record
 //! (release must refuse, not lift the hold silently).
 
 mod common;
@@ -145,6 +145,53 @@ async fn a_restart_after_a_poison_row_keeps_the_events_before_it_in_order() {
     let mut connector = Connector::new();
     let config = write_config(&connector, &db, &broker, "");
     connector.env(outbox_cdc::failpoint::ENV, "row_produced:2");
+    connector.run(&config);
+    let status = connector.wait_exit(READ_TIMEOUT).expect("the failpoint crashes the connector");
+    assert!(!status.success(), "{}", connector.logs());
+    connector.remove_env(outbox_cdc::failpoint::ENV);
+    connector.restart();
+
+    let dead = broker.read_all(DLQ, 2, READ_TIMEOUT);
+    let normal = broker.read_all(TOPIC, 1, READ_TIMEOUT);
+    assert!(connector.terminate().success());
+    let held = ids(&dead, "P-1");
+    assert!(!held.contains(&before.id), "the event before the poison row was diverted: {held:?}\n{}", connector.logs());
+    assert!(held.contains(&poison.id) && held.contains(&after.id), "{held:?}");
+    assert!(ids(&normal, "P-1").contains(&before.id));
+
+    raise_limit(&config);
+    let (status, out, err) = connector.command(&["quarantine", "release", "order", "P-1"], CLI_TIMEOUT).unwrap();
+    assert!(status.success(), "{out}{err}");
+    let normal = broker.read_all(TOPIC, 3, READ_TIMEOUT);
+    assert_in_order(&ids(&normal, "P-1"), &[&before.id, &poison.id, &after.id], &connector.logs());
+}
+
+/// The same crash in the initial snapshot (issue 16, item 5): the `snapshot_row` failpoint aborts right
+/// after the poison row's dead letter, before its chunk is acknowledged, so the resumed snapshot scans the
+/// aggregate's earlier row again; it must go to the normal topic, not behind the poison row.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumed_snapshot_keeps_the_events_before_a_poison_row_in_order() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    // The snapshot scans one aggregate in occurred_at order.
+    let at = |second: u32| {
+        db.sql(&format!(
+            "SELECT DATE_FORMAT(UTC_TIMESTAMP(6) - INTERVAL 1 HOUR + INTERVAL {second} SECOND, '%Y-%m-%d %H:%i:%s.%f')"
+        ))
+        .trim()
+        .to_owned()
+    };
+    let before = OutboxRow::new("P-1").occurred_at(at(1));
+    let poison = big("P-1").occurred_at(at(2));
+    let after = OutboxRow::new("P-1").occurred_at(at(3));
+    for row in [&before, &poison, &after] {
+        insert_event(&mut conn, row).await.unwrap();
+    }
+
+    let mut connector = Connector::new();
+    let config = write_config(&connector, &db, &broker, "[snapshot]\nmode = \"initial\"\nchunk_rows = 500\n");
+    connector.env(outbox_cdc::failpoint::ENV, "snapshot_row:2");
     connector.run(&config);
     let status = connector.wait_exit(READ_TIMEOUT).expect("the failpoint crashes the connector");
     assert!(!status.success(), "{}", connector.logs());
