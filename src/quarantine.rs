@@ -210,7 +210,7 @@ impl Hold {
 
     /// Whether a row read at `origin` with event id `id` is at or after this hold's start (table in the
     /// module doc). Only asked while the hold is ahead.
-    pub fn starts_at_or_before(&self, origin: &Origin, id: Option<&str>) -> bool {
+    pub fn covers(&self, origin: &Origin, id: Option<&str>) -> bool {
         let Some(start) = &self.start else { return true };
         match (start.snapshot, origin.snapshot) {
             (true, true) => match self.first_event() {
@@ -505,7 +505,7 @@ impl Quarantine {
     pub fn divert(&mut self, aggregate_type: &str, aggregate_id: &str, id: &str, origin: &Origin) -> Option<&Hold> {
         let hold = self.holds.get(aggregate_type)?.get(aggregate_id)?;
         if !self.ahead.is_empty() && self.ahead.contains(&hold.hold_id) {
-            if !hold.starts_at_or_before(origin, Some(id)) {
+            if !hold.covers(origin, Some(id)) {
                 return None;
             }
             self.ahead.remove(&hold.hold_id);
@@ -695,7 +695,7 @@ mod tests {
             ("a hold stored without a start", &old, streamed(Some("0-1-1"), "bin.000001", 4, 0), Some("e-0"), true),
         ];
         for (name, hold, origin, id, expected) in cases {
-            assert_eq!(hold.starts_at_or_before(origin, *id), *expected, "{name}");
+            assert_eq!(hold.covers(origin, *id), *expected, "{name}");
         }
     }
 
@@ -761,7 +761,7 @@ mod tests {
             "kind":"too_large","reason":"r","origin":"gtid 0-1-5 bin.000001:4 row 0","held_at_ms":1764547200000}"#;
         let hold: Hold = serde_json::from_str(json).unwrap();
         assert_eq!((hold.first_event(), hold.start.as_ref()), (Some("e-7"), None));
-        assert!(hold.starts_at_or_before(&streamed(Some("0-1-1"), "bin.000001", 4, 0), None));
+        assert!(hold.covers(&streamed(Some("0-1-1"), "bin.000001", 4, 0), None));
         let unknown: Hold = serde_json::from_str(&json.replace("e-7@", "unknown@")).unwrap();
         assert_eq!(unknown.first_event(), None);
         let new = hold_at(Some("e-7"), Some(streamed(Some("0-1-5"), "bin.000001", 4, 0)));
