@@ -21,7 +21,8 @@
 //! among those read: every later record of the hold is behind it in the same partition. If it is missing,
 //! an unknown number of the records after it may be missing too, and nothing in the topic says which: the
 //! release refuses (definite error, exit 2) with the missing id, the partition's first offset, and the ways
-//! out, and lifts nothing.
+//! out, and lifts nothing. `--accept-missing` is the operator's decision to release anyway (after
+//! recovering the missing events from the table): it republishes what was read and lifts the hold.
 //!
 //! Held events are kept in memory between steps 1 and 5: a hold is one aggregate's events since its
 //! poison row, which operators release within hours, not millions of events.
@@ -51,6 +52,8 @@ pub struct ReleaseReport {
     pub republished: u64,
     /// Poison events dropped with `--skip-poison` (they stay in the dead-letter topic).
     pub skipped: Vec<String>,
+    /// With `--accept-missing`: the hold's first event, which the dead-letter topic no longer held.
+    pub missing_first: Option<String>,
 }
 
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -60,14 +63,16 @@ const QUIET: Duration = Duration::from_secs(1);
 /// Releases the hold on one aggregate.
 ///
 /// # Errors
-/// Definite when the store is in use by a running connector, the aggregate has no hold, or a held event is
-/// still poison without `skip_poison`; transient for Kafka trouble (nothing is removed then, and running
+/// Definite when the store is in use by a running connector, the aggregate has no hold, the dead-letter
+/// topic no longer holds the hold's first event without `accept_missing`, or a held event is still poison
+/// without `skip_poison`; transient for Kafka trouble (nothing is removed then, and running
 /// the release again is safe: consumers may see the republished events twice, in order).
 pub async fn release(
     config: &Config,
     aggregate_type: &str,
     aggregate_id: &str,
     skip_poison: bool,
+    accept_missing: bool,
 ) -> Result<ReleaseReport> {
     let store = Store::open(&config.state.dir).map_err(|e| {
         e.context(
@@ -90,7 +95,14 @@ pub async fn release(
     let read = tokio::task::spawn_blocking(move || read_hold(&config_kafka, &topic, &hold_id))
         .await
         .map_err(|e| Error::transient(format!("reading the dead-letter topic: {e}")))??;
-    check_whole(&hold, &read, &config.kafka.dead_letter_topic)?;
+    let mut report = ReleaseReport::default();
+    if let Err(refusal) = check_whole(&hold, &read, &config.kafka.dead_letter_topic) {
+        if !accept_missing {
+            return Err(refusal);
+        }
+        tracing::warn!(%refusal, "--accept-missing: releasing what the dead-letter topic still holds");
+        report.missing_first = Some(hold.first_event().unwrap_or("?").to_string());
+    }
     let mut letters = read.letters;
     let payloads = payloads_from_table(config, &letters).await?;
     for letter in letters.iter_mut().filter(|l| l.lacks_payload()) {
@@ -104,7 +116,6 @@ pub async fn release(
     let router = Router::new(TopicTemplate::parse(&config.kafka.topic)?, config.kafka.value_format);
     let watermark = Arc::new(Watermark::new(None));
     let mut sink = KafkaSink::new(&config.kafka, watermark.clone())?;
-    let mut report = ReleaseReport::default();
     let mut records = Vec::with_capacity(letters.len());
     let mut ids = Vec::with_capacity(letters.len());
     for letter in &letters {
@@ -222,9 +233,10 @@ fn check_whole(hold: &Hold, read: &HoldRead, topic: &str) -> Result<()> {
          the connector wrote the hold to. Events of the hold after {first} may be missing as well, and nothing \
          in the topic says which. Nothing was republished and the hold stays. If dead_letter_topic was changed, \
          set it back and run the release again. Otherwise the outbox table still holds every row of the \
-         aggregate (prune keeps the rows of held aggregates): republish the aggregate's events from {first} on \
-         with `outbox-cdc replay --aggregate-type {aggregate_type} --aggregate-id {aggregate_id}` (see the \
-         runbook), then remove the hold",
+         aggregate (prune keeps the rows of held aggregates): recover the aggregate's events from {first} on \
+         from there (`outbox-cdc replay --aggregate-type {aggregate_type} --aggregate-id {aggregate_id}` \
+         writes them to a replay topic; see the runbook), then release with --accept-missing, which \
+         republishes what the topic still holds and lifts the hold",
         hold.origin
     )))
 }

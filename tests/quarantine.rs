@@ -248,4 +248,14 @@ async fn release_refuses_when_the_first_record_of_the_hold_is_gone() {
     let (_, out, _) = connector.command(&["quarantine", "list", "--json"], CLI_TIMEOUT).unwrap();
     let holds: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(holds.as_array().map(Vec::len), Some(1), "the hold must stay: {out}");
+    assert!(broker.read_all(TOPIC, 0, Duration::from_secs(3)).is_empty(), "nothing may be republished");
+
+    // The operator's decision (after recovering the poison row's event from the table): release anyway.
+    let (status, out, err) =
+        connector.command(&["quarantine", "release", "order", "P-1", "--accept-missing"], CLI_TIMEOUT).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("1 event(s) republished") && out.contains(&poison.id), "{out}");
+    assert_eq!(ids(&broker.read_all(TOPIC, 1, READ_TIMEOUT), "P-1"), [later.id.as_str()]);
+    let (_, out, _) = connector.command(&["quarantine", "list", "--json"], CLI_TIMEOUT).unwrap();
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap().as_array().map(Vec::len), Some(0), "{out}");
 }
