@@ -154,6 +154,10 @@ enum QuarantineAction {
         /// Drop held events that are still poison (they stay in the dead-letter topic) instead of failing.
         #[arg(long)]
         skip_poison: bool,
+        /// Release even though the dead-letter topic no longer holds the hold's first event (records removed
+        /// by retention or DeleteRecords): republish what it still holds and lift the hold.
+        #[arg(long)]
+        accept_missing: bool,
     },
 }
 
@@ -204,8 +208,11 @@ fn main() -> ExitCode {
             Command::Check => check(&config).await,
             Command::Status { json } => status(&config, json).await,
             Command::Quarantine { action: QuarantineAction::List { json } } => quarantine_list(&config, json),
-            Command::Quarantine { action: QuarantineAction::Release { aggregate_type, aggregate_id, skip_poison } } => {
-                let report = release::release(&config, &aggregate_type, &aggregate_id, skip_poison).await?;
+            Command::Quarantine {
+                action: QuarantineAction::Release { aggregate_type, aggregate_id, skip_poison, accept_missing },
+            } => {
+                let report =
+                    release::release(&config, &aggregate_type, &aggregate_id, skip_poison, accept_missing).await?;
                 println!(
                     "released {aggregate_type}/{aggregate_id}: {} event(s) republished{}",
                     report.republished,
@@ -214,6 +221,9 @@ fn main() -> ExitCode {
                         n => format!(", {n} still-poison event(s) skipped: {}", report.skipped.join(", ")),
                     }
                 );
+                if let Some(first) = report.missing_first {
+                    println!("the hold's first event {first} was not in the dead-letter topic (--accept-missing)");
+                }
                 Ok(())
             }
             Command::Replay { since, until, aggregate_type, aggregate_id, topic_suffix, topic, rate, dry_run } => {

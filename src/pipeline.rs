@@ -39,7 +39,7 @@ use crate::config::{SnapshotMode, SourceKind};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::publish::{Publisher, SourceRow};
-use crate::quarantine::Origin;
+use crate::quarantine::{Origin, ResumePoint};
 use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::binlog::{BinlogReader, Change, ReaderSettings, TxStart};
@@ -294,6 +294,7 @@ impl Pipeline {
             version = %info.version,
             "streaming"
         );
+        publisher.resume(ResumePoint::Stream(&start.position));
         let mut stream = StreamState { current: None, start: None, overlap, row_index: 0 };
         let result =
             self.stream(&mut reader, &mut sink, &mut publisher, &watermark, &mut periodic, &mut stream, shutdown).await;
@@ -395,6 +396,7 @@ impl Pipeline {
             }
         };
         let cut = state.cut().clone();
+        publisher.resume(ResumePoint::Snapshot { rows_done: state.rows_done });
         // The new segment must be durable before any of its rows is produced: a crash must not resume
         // with a segment list that misses the view those rows came from.
         checkpointer.save_now(Mark::boundary(cut.clone(), Some(Arc::new(state.clone()))))?;

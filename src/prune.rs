@@ -43,9 +43,16 @@
 //! apart from published rows; if that matters, keep them out with a longer retention.
 //!
 //! Anything that lets the checkpoint pass an outbox row *without* delivering its event would break this
-//! rule. Poison rows and quarantined events do not: they are delivered to the dead-letter topic (acknowledged
-//! like any record) with their full row, which is what `quarantine release` republishes from, so pruning
-//! their table rows loses nothing.
+//! rule. Poison rows and quarantined events are delivered to the dead-letter topic (acknowledged like any
+//! record), but not always whole: a row too large for a record goes there without its payload, and
+//! `quarantine release` reads that payload back from the table; records of the dead-letter topic can also be
+//! removed by an operator's retention, and then the table is the only copy. So:
+//!
+//! - **Rows of a held aggregate are never deleted**, whatever their age, until `quarantine release` lifts the
+//!   hold. The holds are read from the state store *after* the checkpoint that covers the view's cut: a hold
+//!   is stored before its first record is produced, hence before the checkpoint can pass that row, so every
+//!   hold on a row visible in the view is in that read. (A hold placed later is on rows after the cut, which
+//!   this run does not see.)
 //!
 //! # Time
 //! `occurred_at` is a `DATETIME` without zone. The cutoff is computed by the server as
@@ -140,6 +147,8 @@ pub async fn prune(config: &Config, options: &PruneOptions) -> Result<PruneRepor
     let (mut scanner, cut) = snapshot::open(&source, &info, config, None).await?;
     let result = async {
         let checkpoint = wait_for_coverage(config, &info.identity, first, &cut, options.wait).await?;
+        // Read after the covering checkpoint (see "What delivered covers").
+        let held = held_aggregates(config)?;
         let view = scanner.view_conn();
         let cutoff = cutoff(view, options.older_than).await?;
         tracing::info!(view = %cut, checkpoint = %checkpoint, %cutoff, "the checkpoint covers the read view: pruning");
@@ -147,7 +156,7 @@ pub async fn prune(config: &Config, options: &PruneOptions) -> Result<PruneRepor
         let mut report =
             PruneReport { rows_deleted: 0, batches: 0, cutoff: cutoff.clone(), view: cut.clone(), checkpoint };
         for table in &tables {
-            prune_table(config, table, &cutoff, view, deleter.as_mut(), &mut report).await?;
+            prune_table(config, table, &cutoff, &held, view, deleter.as_mut(), &mut report).await?;
         }
         if let Some(conn) = deleter {
             let _ = conn.disconnect().await;
@@ -187,6 +196,29 @@ fn usable_checkpoint(config: &Config, server: &source::ServerIdentity) -> Result
         ));
     }
     Ok(checkpoint.position)
+}
+
+/// The aggregates on hold, as `(aggregate_type, aggregate_id)`: their rows are kept.
+fn held_aggregates(config: &Config) -> Result<Vec<(String, String)>> {
+    let holds = Store::inspect(&config.state.dir)?.map(|i| i.holds).unwrap_or_default();
+    if !holds.is_empty() {
+        tracing::info!(held = holds.len(), "keeping every row of the aggregates on hold (quarantine list)");
+    }
+    Ok(holds.into_iter().map(|h| (h.aggregate_type, h.aggregate_id)).collect())
+}
+
+/// The condition that leaves the rows of held aggregates out, and its parameters; empty without holds.
+fn not_held(config: &Config, held: &[(String, String)]) -> (String, Vec<Value>) {
+    let (t, i) = (col(&config.outbox.columns.aggregate_type), col(&config.outbox.columns.aggregate_id));
+    let mut sql = String::new();
+    let mut params = Vec::with_capacity(held.len() * 2);
+    for (aggregate_type, aggregate_id) in held {
+        // Compared in the columns' collation: a case-insensitive one keeps more rows, never fewer.
+        sql.push_str(&format!(" AND NOT ({t} = ? AND {i} = ?)"));
+        params.push(Value::from(aggregate_type.as_str()));
+        params.push(Value::from(aggregate_id.as_str()));
+    }
+    (sql, params)
 }
 
 /// Re-reads the checkpoint until it covers `cut`, for up to `wait`.
@@ -262,6 +294,7 @@ async fn prune_table(
     config: &Config,
     table: &TableName,
     cutoff: &str,
+    held: &[(String, String)],
     view: &mut Conn,
     mut deleter: Option<&mut Conn>,
     report: &mut PruneReport,
@@ -269,14 +302,16 @@ async fn prune_table(
     let (id, occurred_at) = (col(&config.outbox.columns.id), col(&config.outbox.columns.occurred_at));
     let batch = config.prune.batch_rows;
     let pause = Duration::from_millis(config.prune.pause_ms);
+    let (not_held, held_params) = not_held(config, held);
     let mut after: Option<Value> = None;
     loop {
         let select = format!(
-            "SELECT {id} FROM {t} WHERE {occurred_at} < ?{keyset} ORDER BY {id} LIMIT {batch}",
+            "SELECT {id} FROM {t} WHERE {occurred_at} < ?{not_held}{keyset} ORDER BY {id} LIMIT {batch}",
             t = quoted(table),
             keyset = if after.is_some() { format!(" AND {id} > ?") } else { String::new() },
         );
         let mut params = vec![Value::from(cutoff)];
+        params.extend(held_params.iter().cloned());
         params.extend(after.clone());
         let ids: Vec<Value> = view
             .exec(select, params)

@@ -7,7 +7,9 @@ use crate::checkpoint::Store;
 use crate::config::{Config, OnPoison};
 use crate::error::{Error, Result};
 use crate::metrics::{metrics, parse_occurred_at_ms};
-use crate::quarantine::{dead_letter_record, new_hold, DeadLetter, DeadRow, Origin, Poison, PoisonKind, Quarantine};
+use crate::quarantine::{
+    dead_letter_record, new_hold, DeadLetter, DeadRow, Origin, Poison, PoisonKind, Quarantine, ResumePoint,
+};
 use crate::router::{KafkaRecord, Router};
 use crate::source::decode::Undecodable;
 use crate::source::OutboxRow;
@@ -57,8 +59,14 @@ impl Publisher {
         })
     }
 
-    /// The record for `row`, read at `origin` (built only for dead letters). `fits` says whether a record is
-    /// small enough to produce.
+    /// A run begins reading at `resume`: holds whose start it reads again divert only from their start on
+    /// (see [`crate::quarantine`]). Without this call every hold diverts every event of its aggregate.
+    pub fn resume(&mut self, resume: ResumePoint<'_>) {
+        self.quarantine.resume(resume);
+    }
+
+    /// The record for `row`, read at `origin` (built only for dead letters and rows of held aggregates).
+    /// `fits` says whether a record is small enough to produce.
     ///
     /// # Errors
     /// A definite error for poison with `on_poison = "fail"`, or when a hold cannot be stored.
@@ -77,16 +85,19 @@ impl Publisher {
                 return self.dead_letter(bad.id.as_deref(), aggregate, dead, poison, &origin());
             }
         };
-        if let Some(hold) = self.quarantine.hold_of(&row.aggregate_type, &row.aggregate_id) {
-            let poison = Poison::new(
-                PoisonKind::Quarantined,
-                format!("aggregate held since event {} ({})", hold.hold_id, hold.kind.as_str()),
-            );
-            return self.dead_letter_row(row, poison, &origin());
+        let mut origin = Lazy::new(origin);
+        if self.quarantine.hold_of(&row.aggregate_type, &row.aggregate_id).is_some() {
+            if let Some(hold) = self.quarantine.divert(&row.aggregate_type, &row.aggregate_id, &row.id, origin.get()) {
+                let poison = Poison::new(
+                    PoisonKind::Quarantined,
+                    format!("aggregate held since event {} ({})", hold.hold_id, hold.kind.as_str()),
+                );
+                return self.dead_letter_row(row, poison, origin.get());
+            }
         }
         if let Some(refused) = self.quarantine.known_poison(&row.id) {
             let poison = Poison::new(PoisonKind::RejectedByBroker, refused.message.clone());
-            return self.dead_letter_row(row, poison, &origin());
+            return self.dead_letter_row(row, poison, origin.get());
         }
         match self.router.route_into(row, &mut self.record) {
             Ok(()) if fits(&self.record) => {
@@ -108,9 +119,9 @@ impl Publisher {
                         self.max_record_bytes
                     ),
                 );
-                self.dead_letter_row(row, poison, &origin())
+                self.dead_letter_row(row, poison, origin.get())
             }
-            Err(poison) => self.dead_letter_row(row, poison, &origin()),
+            Err(poison) => self.dead_letter_row(row, poison, origin.get()),
         }
     }
 
@@ -136,7 +147,7 @@ impl Publisher {
         // The hold must be durable before this record (or any later one of the aggregate) is produced.
         let hold = match aggregate {
             Some((aggregate_type, aggregate_id)) => {
-                let hold = new_hold(aggregate_type, aggregate_id, id.unwrap_or("unknown"), &poison, origin);
+                let hold = new_hold(aggregate_type, aggregate_id, id, &poison, origin);
                 Some(self.quarantine.hold(&self.store, hold)?)
             }
             None => None,
@@ -158,6 +169,7 @@ impl Publisher {
             hold_id: hold.as_ref().map(|h| h.hold_id.clone()),
             origin: serde_json::to_value(origin).expect("serializes"),
             row,
+            payload_omitted: false,
         };
         let key = aggregate.map(|(_, aggregate_id)| aggregate_id).filter(|k| !k.is_empty()).or(id).unwrap_or("");
         self.record = dead_letter_record(
@@ -169,6 +181,26 @@ impl Publisher {
             self.max_record_bytes,
         );
         Ok(Prepared { record: &self.record, occurred_at_ms: None })
+    }
+}
+
+/// An origin built on first use (only rows of held aggregates and dead letters need one).
+struct Lazy<F> {
+    make: Option<F>,
+    value: Option<Origin>,
+}
+
+impl<F: FnOnce() -> Origin> Lazy<F> {
+    fn new(make: F) -> Self {
+        Lazy { make: Some(make), value: None }
+    }
+
+    fn get(&mut self) -> &Origin {
+        if self.value.is_none() {
+            let make = self.make.take().expect("made once");
+            self.value = Some(make());
+        }
+        self.value.as_ref().expect("just made")
     }
 }
 
@@ -234,6 +266,61 @@ mod tests {
         let mut p = publisher(&config, store);
         let follower = p.prepare(SourceRow::Decoded(&row("e-3", "A")), Origin::default, fits).unwrap();
         assert_eq!((follower.record.topic.as_str(), kind(&follower)), ("dlq", Some("quarantined")));
+    }
+
+    fn at(gtid: &str, row_index: u64) -> impl FnOnce() -> Origin {
+        let gtid = gtid.to_string();
+        move || Origin { snapshot: false, gtid: Some(gtid), file: "bin.000001".into(), position: 500, row_index }
+    }
+
+    fn resume_at(gtids: &str) -> crate::position::Position {
+        crate::position::Position {
+            gtids: crate::position::Gtids::MariaDb(gtids.parse().unwrap()),
+            coord: crate::position::BinlogCoord { file: "bin.000001".into(), pos: 4 },
+        }
+    }
+
+    /// Guards against a restart that re-reads the events of a held aggregate from *before* its poison row
+    /// (an earlier transaction not yet checkpointed, an earlier row of the poison row's own transaction)
+    /// and diverts them to the dead-letter topic behind the poison row, where release would republish them
+    /// after it (issue 16, item 5). Only the rows from the hold's start on are diverted; once the run is
+    /// past the start, every row of the aggregate is.
+    #[test]
+    fn a_restart_diverts_only_from_the_start_of_the_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let config = config("");
+        let topic = |p: &Prepared<'_>| (p.record.topic.clone(), kind(p).map(String::from));
+        let normal = ("outbox.event.order".to_string(), None);
+        let quarantined = ("dlq".to_string(), Some("quarantined".to_string()));
+
+        // First run: 0-1-9 writes e-0; 0-1-10 writes e-1, then the poison e-2 (too large), then e-3.
+        let mut p = publisher(&config, store.clone());
+        p.resume(ResumePoint::Stream(&resume_at("0-1-8")));
+        let ok = |_: &KafkaRecord| true;
+        assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-0", "A")), at("0-1-9", 0), ok).unwrap()), normal);
+        assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-1", "A")), at("0-1-10", 0), ok).unwrap()), normal);
+        let poison = p.prepare(SourceRow::Decoded(&row("e-2", "A")), at("0-1-10", 1), |_| false).unwrap();
+        assert_eq!(kind(&poison), Some("too_large"));
+        assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-3", "A")), at("0-1-10", 2), ok).unwrap()), quarantined);
+        drop(p);
+
+        // Crash before any checkpoint past 0-1-8: the restart reads all of it again.
+        let mut p = publisher(&config, store.clone());
+        p.resume(ResumePoint::Stream(&resume_at("0-1-8")));
+        assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-0", "A")), at("0-1-9", 0), ok).unwrap()), normal);
+        assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-1", "A")), at("0-1-10", 0), ok).unwrap()), normal);
+        let other = p.prepare(SourceRow::Decoded(&row("x-1", "B")), at("0-1-10", 1), ok).unwrap();
+        assert_eq!(topic(&other), normal, "another aggregate");
+        assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-2", "A")), at("0-1-10", 1), ok).unwrap()), quarantined);
+        assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-3", "A")), at("0-1-10", 2), ok).unwrap()), quarantined);
+        assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-4", "A")), at("0-1-11", 0), ok).unwrap()), quarantined);
+        drop(p);
+
+        // A run that starts past the hold's transaction diverts everything of the aggregate.
+        let mut p = publisher(&config, store);
+        p.resume(ResumePoint::Stream(&resume_at("0-1-10")));
+        assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-4", "A")), at("0-1-11", 0), ok).unwrap()), quarantined);
     }
 
     #[test]

@@ -5,18 +5,33 @@
 //! [`crate::quarantine`]). Steps:
 //! 1. read the dead-letter topic up to its current end, keeping this hold's records in offset order (one
 //!    key, one partition: source order), first occurrence of each event id only;
-//! 2. route each again; a record that is still poison stops the release (nothing produced) unless
+//! 2. prove that this is the whole hold (below); refuse otherwise, naming what is missing;
+//! 3. read the payloads that had to be left out of oversized dead letters back from the outbox table, by
+//!    event id (`prune` keeps every row of a held aggregate, so they are there);
+//! 4. route each again; a record that is still poison stops the release (nothing produced) unless
 //!    `--skip-poison` drops it, which is logged per event and stays visible in the dead-letter topic;
-//! 3. produce them to their normal topics and wait for every acknowledgement;
-//! 4. remove the hold (and the broker refusals it covered) from the store.
+//! 5. produce them to their normal topics and wait for every acknowledgement;
+//! 6. remove the hold (and the broker refusals it covered) from the store.
 //!
-//! Held events are kept in memory between steps 1 and 3: a hold is one aggregate's events since its
+//! # The whole hold
+//! A hold's records share one key, hence one partition, and Kafka removes records from a partition only
+//! as a prefix (retention, `DeleteRecords`; the connector creates the dead-letter topic with
+//! `retention.ms = -1` and `cleanup.policy = delete`, so only an operator's change removes any). The hold
+//! stores its first event's id, which is its first record. So the hold is whole iff that first record is
+//! among those read: every later record of the hold is behind it in the same partition. If it is missing,
+//! an unknown number of the records after it may be missing too, and nothing in the topic says which: the
+//! release refuses (definite error, exit 2) with the missing id, the partition's first offset, and the ways
+//! out, and lifts nothing. `--accept-missing` is the operator's decision to release anyway (after
+//! recovering the missing events from the table): it republishes what was read and lifts the hold.
+//!
+//! Held events are kept in memory between steps 1 and 5: a hold is one aggregate's events since its
 //! poison row, which operators release within hours, not millions of events.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mysql_async::prelude::Queryable;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
@@ -28,6 +43,7 @@ use crate::quarantine::{headers, DeadLetter, Hold, PoisonKind};
 use crate::router::{KafkaRecord, Router, TopicTemplate};
 use crate::sink::kafka::client_config;
 use crate::sink::KafkaSink;
+use crate::source::SourceConn;
 
 /// What a release did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,6 +52,8 @@ pub struct ReleaseReport {
     pub republished: u64,
     /// Poison events dropped with `--skip-poison` (they stay in the dead-letter topic).
     pub skipped: Vec<String>,
+    /// With `--accept-missing`: the hold's first event, which the dead-letter topic no longer held.
+    pub missing_first: Option<String>,
 }
 
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -45,14 +63,16 @@ const QUIET: Duration = Duration::from_secs(1);
 /// Releases the hold on one aggregate.
 ///
 /// # Errors
-/// Definite when the store is in use by a running connector, the aggregate has no hold, or a held event is
-/// still poison without `skip_poison`; transient for Kafka trouble (nothing is removed then, and running
+/// Definite when the store is in use by a running connector, the aggregate has no hold, the dead-letter
+/// topic no longer holds the hold's first event without `accept_missing`, or a held event is still poison
+/// without `skip_poison`; transient for Kafka trouble (nothing is removed then, and running
 /// the release again is safe: consumers may see the republished events twice, in order).
 pub async fn release(
     config: &Config,
     aggregate_type: &str,
     aggregate_id: &str,
     skip_poison: bool,
+    accept_missing: bool,
 ) -> Result<ReleaseReport> {
     let store = Store::open(&config.state.dir).map_err(|e| {
         e.context(
@@ -72,32 +92,57 @@ pub async fn release(
     let config_kafka = config.kafka.clone();
     let topic = config.kafka.dead_letter_topic.clone();
     let hold_id = hold.hold_id.clone();
-    let letters = tokio::task::spawn_blocking(move || read_hold(&config_kafka, &topic, &hold_id))
+    let read = tokio::task::spawn_blocking(move || read_hold(&config_kafka, &topic, &hold_id))
         .await
         .map_err(|e| Error::transient(format!("reading the dead-letter topic: {e}")))??;
+    let mut report = ReleaseReport::default();
+    if let Err(refusal) = check_whole(&hold, &read, &config.kafka.dead_letter_topic) {
+        if !accept_missing {
+            return Err(refusal);
+        }
+        tracing::warn!(%refusal, "--accept-missing: releasing what the dead-letter topic still holds");
+        report.missing_first = Some(hold.first_event().unwrap_or("?").to_string());
+    }
+    let mut letters = read.letters;
+    let payloads = payloads_from_table(config, &letters).await?;
+    for letter in letters.iter_mut().filter(|l| l.lacks_payload()) {
+        let id = letter.row.columns.get("id").and_then(|v| v.as_str());
+        if let Some(payload) = id.and_then(|id| payloads.get(id)).cloned() {
+            letter.row.columns.insert("payload".into(), payload.into());
+            letter.payload_omitted = false;
+        }
+    }
 
     let router = Router::new(TopicTemplate::parse(&config.kafka.topic)?, config.kafka.value_format);
     let watermark = Arc::new(Watermark::new(None));
     let mut sink = KafkaSink::new(&config.kafka, watermark.clone())?;
-    let mut report = ReleaseReport::default();
     let mut records = Vec::with_capacity(letters.len());
     let mut ids = Vec::with_capacity(letters.len());
     for letter in &letters {
         let id = letter.row.columns.get("id").and_then(|v| v.as_str()).unwrap_or("?").to_string();
-        let routed = letter
-            .row
-            .to_row(letter.origin.get("snapshot").and_then(|v| v.as_bool()).unwrap_or(false))
-            .ok_or_else(|| {
-                crate::quarantine::Poison::new(PoisonKind::Undecodable, format!("event {id} could not be decoded"))
-            })
-            .and_then(|row| router.route(&row))
-            .and_then(|record| match sink.fits(&record) {
-                true => Ok(record),
-                false => Err(crate::quarantine::Poison::new(
-                    PoisonKind::TooLarge,
-                    format!("event {id}: record of {} bytes is over kafka.max_record_bytes", record.size_bytes()),
-                )),
-            });
+        let row = match letter.lacks_payload() {
+            true => Err(crate::quarantine::Poison::new(
+                PoisonKind::TooLarge,
+                format!(
+                    "event {id}: its payload was left out of the dead letter (too large) and the row is no longer \
+                     in {}",
+                    letter.row.table
+                ),
+            )),
+            false => letter
+                .row
+                .to_row(letter.origin.get("snapshot").and_then(|v| v.as_bool()).unwrap_or(false))
+                .ok_or_else(|| {
+                    crate::quarantine::Poison::new(PoisonKind::Undecodable, format!("event {id} could not be decoded"))
+                }),
+        };
+        let routed = row.and_then(|row| router.route(&row)).and_then(|record| match sink.fits(&record) {
+            true => Ok(record),
+            false => Err(crate::quarantine::Poison::new(
+                PoisonKind::TooLarge,
+                format!("event {id}: record of {} bytes is over kafka.max_record_bytes", record.size_bytes()),
+            )),
+        });
         match routed {
             Ok(mut record) => {
                 record.headers.push((headers::RELEASED_FROM.into(), hold.hold_id.as_bytes().to_vec()));
@@ -148,8 +193,100 @@ async fn republish(sink: &mut KafkaSink, watermark: &Watermark, records: &[Kafka
     }
 }
 
+/// What release read of a hold from the dead-letter topic.
+#[derive(Debug, Default)]
+struct HoldRead {
+    /// The hold's records, in offset order, first occurrence of each event id.
+    letters: Vec<DeadLetter>,
+    /// Per partition of the topic: the first offset it still holds (its log start).
+    log_starts: Vec<i64>,
+    /// Where the hold's first record read was: (partition, offset).
+    first_at: Option<(i32, i64)>,
+}
+
+/// The release refusal when the dead-letter topic no longer holds the hold's first record (module doc).
+fn check_whole(hold: &Hold, read: &HoldRead, topic: &str) -> Result<()> {
+    let id_of = |l: &DeadLetter| l.row.columns.get("id").and_then(|v| v.as_str()).map(String::from);
+    let found = match hold.first_event() {
+        Some(first) => read.letters.iter().any(|l| id_of(l).as_deref() == Some(first)),
+        // The first row's id did not decode: its record is the hold's one record of a poison kind.
+        None => read.letters.iter().any(|l| l.kind != PoisonKind::Quarantined),
+    };
+    if found {
+        return Ok(());
+    }
+    let first = hold.first_event().unwrap_or("(its id did not decode)");
+    let (aggregate_type, aggregate_id) = (&hold.aggregate_type, &hold.aggregate_id);
+    let what_was_read = match (read.letters.first().and_then(id_of), read.first_at) {
+        (Some(id), Some((p, offset))) => format!(
+            "{} record(s) of the hold were read, the earliest event {id} at {topic}/{p}@{offset}, whose partition \
+             now starts at offset {}",
+            read.letters.len(),
+            read.log_starts.get(p as usize).copied().unwrap_or(0)
+        ),
+        _ => format!("no record of the hold was read from {topic}"),
+    };
+    Err(Error::definite(format!(
+        "cannot prove the hold on {aggregate_type}/{aggregate_id} is whole: its first event {first} (held since \
+         {}) is not in the dead-letter topic {topic}; {what_was_read}. Records were removed from the topic \
+         (retention.ms, DeleteRecords, or the topic was recreated), or kafka.dead_letter_topic is not the topic \
+         the connector wrote the hold to. Events of the hold after {first} may be missing as well, and nothing \
+         in the topic says which. Nothing was republished and the hold stays. If dead_letter_topic was changed, \
+         set it back and run the release again. Otherwise the outbox table still holds every row of the \
+         aggregate (prune keeps the rows of held aggregates): recover the aggregate's events from {first} on \
+         from there (`outbox-cdc replay --aggregate-type {aggregate_type} --aggregate-id {aggregate_id}` \
+         writes them to a replay topic; see the runbook), then release with --accept-missing, which \
+         republishes what the topic still holds and lifts the hold",
+        hold.origin
+    )))
+}
+
+/// The payloads that oversized dead letters left out, read from the outbox table by event id: id → payload
+/// for the rows still there.
+///
+/// # Errors
+/// Classified server errors.
+async fn payloads_from_table(config: &Config, letters: &[DeadLetter]) -> Result<HashMap<String, String>> {
+    let mut wanted: Vec<(&str, &str)> = Vec::new();
+    for letter in letters.iter().filter(|l| l.lacks_payload()) {
+        if let Some(id) = letter.row.columns.get("id").and_then(|v| v.as_str()) {
+            wanted.push((letter.row.table.as_str(), id));
+        }
+    }
+    let mut payloads = HashMap::new();
+    if wanted.is_empty() {
+        return Ok(payloads);
+    }
+    let mut conn = SourceConn::from_config(config)?.connect().await?;
+    let quote = |name: &str| format!("`{}`", name.replace('`', "``"));
+    let columns = &config.outbox.columns;
+    for (table, id) in wanted {
+        let Some((database, name)) = table.split_once('.') else { continue };
+        let sql = format!(
+            "SELECT {} FROM {}.{} WHERE {} = ?",
+            quote(&columns.payload),
+            quote(database),
+            quote(name),
+            quote(&columns.id)
+        );
+        let payload: Option<Option<String>> = conn
+            .exec_first(sql, (id,))
+            .await
+            .map_err(|e| crate::error::classify_mysql(&e).context(format_args!("reading event {id} from {table}")))?;
+        match payload.flatten() {
+            Some(payload) => {
+                tracing::info!(id, %table, bytes = payload.len(), "payload left out of the dead letter read from the table");
+                payloads.insert(id.to_string(), payload);
+            }
+            None => tracing::warn!(id, %table, "payload left out of the dead letter, and the row is not in the table"),
+        }
+    }
+    let _ = conn.disconnect().await;
+    Ok(payloads)
+}
+
 /// This hold's dead-letter records, in offset order, first occurrence of each event id.
-fn read_hold(config: &crate::config::KafkaConfig, topic: &str, hold_id: &str) -> Result<Vec<DeadLetter>> {
+fn read_hold(config: &crate::config::KafkaConfig, topic: &str, hold_id: &str) -> Result<HoldRead> {
     let mut cc = client_config(config);
     cc.set("group.id", "outbox-cdc-quarantine-release")
         .set("enable.auto.commit", "false")
@@ -164,6 +301,7 @@ fn read_hold(config: &crate::config::KafkaConfig, topic: &str, hold_id: &str) ->
     let mut assignment = TopicPartitionList::new();
     let mut remaining = 0usize;
     let mut ends = Vec::new();
+    let mut log_starts = Vec::new();
     for p in 0..partitions as i32 {
         let (low, high) = consumer
             .fetch_watermarks(topic, p, Duration::from_secs(10))
@@ -174,14 +312,16 @@ fn read_hold(config: &crate::config::KafkaConfig, topic: &str, hold_id: &str) ->
             remaining += 1;
         }
         ends.push(high);
+        log_starts.push(low);
     }
     if partitions == 0 {
-        return Ok(Vec::new());
+        return Ok(HoldRead::default());
     }
     consumer.assign(&assignment).map_err(|e| classify_kafka(&e))?;
     let mut done = vec![false; partitions];
     let mut seen = HashSet::new();
     let mut letters = Vec::new();
+    let mut first_at = None;
     let deadline = Instant::now() + READ_TIMEOUT;
     // NOTE: the end offsets are where reading may stop at the earliest; reading goes on until nothing more
     // arrives for QUIET, because some brokers (Tansu's memory engine) report a partition's end too low, and
@@ -209,6 +349,7 @@ fn read_hold(config: &crate::config::KafkaConfig, topic: &str, hold_id: &str) ->
             })?;
             let id = letter.row.columns.get("id").and_then(|v| v.as_str()).unwrap_or_default().to_string();
             if seen.insert(id) {
+                first_at.get_or_insert((message.partition(), message.offset()));
                 letters.push(letter);
             }
         }
@@ -217,7 +358,7 @@ fn read_hold(config: &crate::config::KafkaConfig, topic: &str, hold_id: &str) ->
             remaining -= 1;
         }
     }
-    Ok(letters)
+    Ok(HoldRead { letters, log_starts, first_at })
 }
 
 /// Human summary of holds for `quarantine list`.

@@ -145,6 +145,23 @@ struct TopicSettings {
     partitions: i32,
     replication_factor: i32,
     config: BTreeMap<String, String>,
+    /// `kafka.dead_letter_topic`: created to keep its records for good (see [`TopicSettings::config_of`]).
+    dead_letter_topic: String,
+}
+
+impl TopicSettings {
+    /// The configuration a topic is created with. The dead-letter topic keeps every record until an
+    /// operator removes it (`retention.ms = -1`, no compaction): `quarantine release` must find a hold's
+    /// first record to prove it republishes the whole hold ([`crate::release`]).
+    fn config_of(&self, topic: &str) -> BTreeMap<String, String> {
+        let mut config = self.config.clone();
+        if topic == self.dead_letter_topic {
+            config.insert("retention.ms".into(), "-1".into());
+            config.insert("retention.bytes".into(), "-1".into());
+            config.insert("cleanup.policy".into(), "delete".into());
+        }
+        config
+    }
 }
 
 /// The Kafka side of the pipeline.
@@ -226,6 +243,7 @@ impl KafkaSink {
                         .or_insert_with(|| config.max_record_bytes.to_string());
                     topic_config
                 },
+                dead_letter_topic: config.dead_letter_topic.clone(),
             },
         })
     }
@@ -317,7 +335,8 @@ impl KafkaSink {
         }
         let replication = TopicReplication::Fixed(self.topics.replication_factor);
         let mut new_topic = NewTopic::new(topic, self.topics.partitions, replication);
-        for (k, v) in &self.topics.config {
+        let config = self.topics.config_of(topic);
+        for (k, v) in &config {
             new_topic = new_topic.set(k, v);
         }
         let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
@@ -359,5 +378,28 @@ impl KafkaSink {
             .map(|t| t.partitions().len())
             .unwrap_or(0);
         Ok(partitions)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards against a dead-letter topic created with the cluster's default retention (7 days): a hold
+    /// released later would have lost its first records ([`crate::release`] then refuses).
+    #[test]
+    fn the_dead_letter_topic_keeps_its_records() {
+        let settings = TopicSettings {
+            create: true,
+            partitions: 1,
+            replication_factor: 1,
+            config: BTreeMap::from([("retention.ms".to_string(), "604800000".to_string())]),
+            dead_letter_topic: "dlq".into(),
+        };
+        let dlq = settings.config_of("dlq");
+        assert_eq!(dlq.get("retention.ms").map(String::as_str), Some("-1"));
+        assert_eq!(dlq.get("retention.bytes").map(String::as_str), Some("-1"));
+        assert_eq!(dlq.get("cleanup.policy").map(String::as_str), Some("delete"));
+        assert_eq!(settings.config_of("orders").get("retention.ms").map(String::as_str), Some("604800000"));
     }
 }
