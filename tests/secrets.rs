@@ -1,7 +1,7 @@
 //! Secrets never leave the config: not on stderr, not in the state store's `last_error`, not in
 //! `outbox-cdc status`, not in `Debug`; and the state directory is the connector's alone. Through the real
-//! binary and the real librdkafka; no database or broker is needed, because each leak happened before either
-//! is reached.
+//! binary and the real librdkafka; most cases need no database or broker, because each leak happened before
+//! either is reached; one runs the live path against a real MariaDB and broker.
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::connector::toml_str;
-use common::Connector;
+use common::{Broker, Connector, Engine, MariaDb};
 use outbox_cdc::config::Config;
 use outbox_cdc::error::{classify_kafka, EXIT_DEFINITE};
 use outbox_cdc::source::SourceConn;
@@ -84,6 +84,44 @@ fn a_misspelled_kafka_password_is_not_printed_nor_stored() {
     let store = std::fs::read(connector.state_dir().join("outbox-cdc.redb")).unwrap();
     assert!(!String::from_utf8_lossy(&store).contains(PASSWORD), "the state store holds the password");
     assert_eq!(mode(&connector.state_dir()), 0o700);
+}
+
+/// The live path: the replication connection is up when the producer is created; nothing is checkpointed
+/// yet, and `status` shows the stored error, without the password.
+#[test]
+fn a_misspelled_kafka_password_is_not_printed_on_the_live_path() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let extra = format!("\n[kafka.properties]\n\"sasl.pasword\" = {}\n", toml_str(PASSWORD));
+    let mut connector = Connector::start(&db, &broker, &extra);
+    let status = connector.wait_exit(TIMEOUT).expect("a configuration error stops the run");
+    assert_eq!(status.code(), Some(EXIT_DEFINITE), "{}", connector.logs());
+    assert!(!connector.logs().contains(PASSWORD), "{}", connector.logs());
+    assert!(connector.stderr().contains("sasl.pasword"), "{}", connector.logs());
+    let (status, out, err) = connector.command(&["status"], TIMEOUT).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("last error") && out.contains("sasl.pasword"), "{out}");
+    assert!(!out.contains(PASSWORD) && !err.contains(PASSWORD), "{out}{err}");
+}
+
+/// Regression: an error that stopped the first run before anything was checkpointed was stored, but
+/// `status` only said "the connector has not started yet".
+#[test]
+fn status_shows_the_last_error_before_any_checkpoint() {
+    let connector = Connector::new();
+    let config = files_config(&connector, "");
+    let missing = connector.dir().join("no-such-binlog.000001");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text.replace(
+        &toml_str(&fixture("mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010").to_string_lossy()),
+        &toml_str(&missing.to_string_lossy()),
+    );
+    std::fs::write(&config, text).unwrap();
+    let (status, out, err) = connector.command(&["run"], TIMEOUT).unwrap();
+    assert_eq!(status.code(), Some(EXIT_DEFINITE), "{out}{err}");
+    let (status, out, err) = connector.command(&["status"], TIMEOUT).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("no checkpoint") && out.contains("last error") && out.contains("no-such-binlog"), "{out}");
 }
 
 /// An existing state directory that others may read is left as it is, with a warning that says so.
