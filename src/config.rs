@@ -3,7 +3,8 @@
 //! The serde structs below are the user-facing reference (their `///` comments are the docs); unknown keys
 //! are rejected. [`Config::load`] parses and validates, so the rest of the program only sees settings that
 //! make sense together. Secrets can come from the environment (`password_env`) and are never logged:
-//! [`Secret`] redacts itself in `Debug`.
+//! [`Secret`] and [`Properties`] redact themselves in `Debug`, and a TOML error never quotes the file (see
+//! [`crate::secret`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -12,6 +13,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+pub use crate::secret::{Properties, Secret};
 
 /// The whole configuration file.
 #[derive(Debug, Clone, Deserialize)]
@@ -465,9 +467,9 @@ pub struct KafkaConfig {
     #[serde(default = "default_max_record_bytes")]
     pub max_record_bytes: usize,
     /// librdkafka properties passed through (TLS, SASL, linger.ms, ...). `enable.idempotence` and `acks` are
-    /// always `true`/`all`; setting them otherwise is rejected.
+    /// always `true`/`all`; setting them otherwise is rejected. `Debug` masks secret-looking values.
     #[serde(default)]
-    pub properties: BTreeMap<String, String>,
+    pub properties: Properties,
     /// Topic for poison rows and the held events of quarantined aggregates (see `outbox.on_poison`).
     /// Created like routed topics. Keyed by aggregate id, so each aggregate's held events stay in order.
     #[serde(default = "default_dead_letter_topic")]
@@ -505,29 +507,6 @@ pub struct StateConfig {
 impl Default for StateConfig {
     fn default() -> Self {
         StateConfig { dir: default_state_dir(), checkpoint_interval_ms: default_checkpoint_interval_ms() }
-    }
-}
-
-/// A string that never appears in logs.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Secret(value.into())
-    }
-
-    /// The secret itself: only for handing to a client library.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"***\"")
     }
 }
 
@@ -635,7 +614,7 @@ impl Config {
     /// # Errors
     /// Definite errors for unknown keys or inconsistent settings.
     pub fn parse(text: &str) -> Result<Config> {
-        let config: Config = toml::from_str(text).map_err(|e| Error::definite(e.to_string()))?;
+        let config: Config = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
         config.validate()?;
         Ok(config)
     }
@@ -789,11 +768,28 @@ impl Config {
     /// A definite error when `password_env` names a variable that is not set.
     pub fn source_password(&self) -> Result<Option<Secret>> {
         match &self.source.password_env {
-            Some(var) => std::env::var(var).map(|v| Some(Secret(v))).map_err(|_| {
+            Some(var) => std::env::var(var).map(|v| Some(Secret::new(v))).map_err(|_| {
                 Error::definite(format!("source.password_env names {var}, but that environment variable is not set"))
             }),
             None => Ok(self.source.password.clone()),
         }
+    }
+}
+
+/// A TOML error as line, column and toml's message, without the source line toml's `Display` quotes
+/// (`5 | pasword = "hunter2"` would print a misspelled password), and with the values of secret-looking
+/// keys masked where the message quotes them (`invalid type: integer `1234``).
+fn toml_error(text: &str, error: &toml::de::Error) -> Error {
+    let message = error.message().trim().replace('\n', "; ");
+    let message = crate::secret::mask_values(&message, &crate::secret::values_in_toml(text));
+    match error.span() {
+        Some(span) => {
+            let before = text.get(..span.start).unwrap_or(text);
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            Error::definite(format!("line {line}, column {column}: {message}"))
+        }
+        None => Error::definite(message),
     }
 }
 
@@ -864,6 +860,45 @@ mod tests {
         let c = Config::parse(MINIMAL).unwrap();
         let dbg = format!("{c:?}");
         assert!(!dbg.contains("\"pw\""), "{dbg}");
+    }
+
+    /// Regression: `[kafka.properties]` printed every value in `Debug`, a SASL password (or a misspelled
+    /// one) included.
+    #[test]
+    fn kafka_property_secrets_are_redacted_in_debug() {
+        let text = format!(
+            "{MINIMAL}\n[kafka.properties]\n\"sasl.password\" = \"hunter2\"\n\"sasl.pasword\" = \"hunter3\"\n\
+             \"linger.ms\" = \"7\"\n[prune]\nuser = \"p\"\npassword = \"hunter4\"\n"
+        );
+        let c = Config::parse(&text).unwrap();
+        let dbg = format!("{c:?}");
+        for secret in ["hunter2", "hunter3", "hunter4"] {
+            assert!(!dbg.contains(secret), "{secret} in {dbg}");
+        }
+        assert!(dbg.contains(r#""linger.ms": "7""#), "{dbg}");
+        assert_eq!(c.kafka.properties.get("sasl.password").map(String::as_str), Some("hunter2"));
+    }
+
+    /// Regression: a TOML error quoted the offending line, so a misspelled `pasword = "hunter2"` printed
+    /// the password; a type error quoted the value (`invalid type: integer `12345``). The error still says
+    /// where and what is wrong.
+    #[test]
+    fn toml_errors_name_the_place_but_never_a_secret_value() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("password = \"pw\"", "pasword = \"hunter2\"", "unknown field `pasword`"),
+            ("password = \"pw\"", "password = 12345", "invalid type: integer `***`"),
+            ("password = \"pw\"", "pasword = hunter2", "line 5, column"),
+            ("password = \"pw\"", "password = \"hunter2", "line 5, column"),
+        ];
+        for (from, to, expected) in cases {
+            let text = MINIMAL.replace(from, to);
+            let err = Config::parse(&text).unwrap_err().to_string();
+            assert!(err.contains(expected), "{to}: {err}");
+            assert!(err.starts_with("line 5, column "), "{to}: {err}");
+            for secret in ["hunter2", "12345"] {
+                assert!(!err.contains(secret), "{to}: {err}");
+            }
+        }
     }
 
     #[test]

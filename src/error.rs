@@ -11,6 +11,10 @@
 //! Each upstream client's errors are classified exactly once, here: [`classify_mysql`] and
 //! [`classify_kafka`]. Everything else constructs [`Error::definite`] or [`Error::transient`] itself with a
 //! message written for the operator.
+//!
+//! Every message passes through [`crate::secret::redact`] when the error is built, so whatever shows or
+//! stores an error (the log, the state store's `last_error`, `outbox-cdc status`) never sees the value of a
+//! secret-looking key.
 
 use std::fmt;
 
@@ -42,19 +46,27 @@ impl fmt::Display for Error {
 }
 
 impl Error {
+    fn new(class: Class, message: String, refused: Option<Box<crate::quarantine::KnownPoison>>) -> Self {
+        let message = match crate::secret::redact(&message) {
+            std::borrow::Cow::Borrowed(_) => message,
+            std::borrow::Cow::Owned(redacted) => redacted,
+        };
+        Error { class, message, refused }
+    }
+
     /// An error that retrying from the last acknowledged position may cure.
     pub fn transient(message: impl Into<String>) -> Self {
-        Error { class: Class::Transient, message: message.into(), refused: None }
+        Error::new(Class::Transient, message.into(), None)
     }
 
     /// The broker refused event `id` for a reason retrying cannot cure. Transient for the pipeline (it
     /// restarts from the checkpoint), which then routes that event to the dead-letter path.
     pub fn refused_record(id: String, message: String) -> Self {
-        Error {
-            class: Class::Transient,
-            message: format!("Kafka refused event {id} for good: {message}; it goes to the dead-letter path"),
-            refused: Some(Box::new(crate::quarantine::KnownPoison { id, message })),
-        }
+        Error::new(
+            Class::Transient,
+            format!("Kafka refused event {id} for good: {message}; it goes to the dead-letter path"),
+            Some(Box::new(crate::quarantine::KnownPoison { id, message })),
+        )
     }
 
     /// The refused record, for [`Error::refused_record`] errors.
@@ -64,7 +76,7 @@ impl Error {
 
     /// An error that needs an operator: the message must say what to do.
     pub fn definite(message: impl Into<String>) -> Self {
-        Error { class: Class::Definite, message: message.into(), refused: None }
+        Error::new(Class::Definite, message.into(), None)
     }
 
     /// The class of this error.
@@ -79,7 +91,7 @@ impl Error {
 
     /// Prefixes the message with what was being done, keeping the class.
     pub fn context(self, what: impl fmt::Display) -> Self {
-        Error { class: self.class, message: format!("{what}: {}", self.message), refused: self.refused }
+        Error::new(self.class, format!("{what}: {}", self.message), self.refused)
     }
 
     /// Process exit code for this error: 2 for definite (configuration or server problem), 3 for transient.
@@ -178,7 +190,24 @@ pub fn classify_kafka(err: &rdkafka::error::KafkaError) -> Error {
     };
     let text = err.to_string();
     match err {
-        K::ClientCreation(_) | K::ClientConfig(..) => Error::definite(format!("Kafka client configuration: {text}")),
+        // rust-rdkafka's text repeats the property's value after its key, so a typo such as `sasl.pasword`
+        // would print the password: librdkafka's own description names the key (and the value where the
+        // value is what is wrong), and a secret-looking key's value is masked in it.
+        K::ClientConfig(_, description, key, value) => {
+            let description = match crate::secret::is_secret_key(key) && !value.is_empty() {
+                true => description.replace(value.as_str(), crate::secret::REDACTED),
+                false => description.clone(),
+            };
+            let description = match description.contains(key.as_str()) {
+                true => description,
+                false => format!("{key}: {description}"),
+            };
+            Error::definite(format!(
+                "Kafka client configuration: {description}; fix [kafka.properties] (librdkafka's \
+                 CONFIGURATION.md lists the properties and their values)"
+            ))
+        }
+        K::ClientCreation(_) => Error::definite(format!("Kafka client configuration: {text}")),
         K::MessageProduction(code) if definite_code(*code) => {
             Error::definite(format!("Kafka rejected a record: {text}"))
         }

@@ -58,5 +58,6 @@ pub mod release;
 pub mod replay;
 pub mod router;
 pub mod scheduling;
+pub mod secret;
 pub mod sink;
 pub mod source;

@@ -400,14 +400,22 @@ async fn status(config: &Config, json: bool) -> Result<(), Error> {
         println!("no checkpoint in {} (the connector has not started yet)", config.state.dir.display());
         return Ok(());
     };
+    // Messages are redacted when an error is built; a record written by an older version may not be.
+    let last_error = inspection.last_error.map(|mut e| {
+        e.message = outbox_cdc::secret::redact(&e.message).into_owned();
+        e
+    });
     let Some(cp) = &inspection.checkpoint else {
         println!("no checkpoint in {} (the connector has not started yet)", config.state.dir.display());
+        if let (false, Some(e)) = (json, &last_error) {
+            println!("last error ({}): {}", e.class, e.message);
+        }
         return Ok(());
     };
     if json {
         let mut value = serde_json::to_value(cp).expect("serializes");
         value["holds"] = serde_json::to_value(&inspection.holds).expect("serializes");
-        value["last_error"] = serde_json::to_value(&inspection.last_error).expect("serializes");
+        value["last_error"] = serde_json::to_value(&last_error).expect("serializes");
         println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
         return Ok(());
     }
@@ -467,7 +475,7 @@ async fn status(config: &Config, json: bool) -> Result<(), Error> {
         0 => println!("quarantine:      none"),
         n => println!("quarantine:      {n} aggregate(s) held (outbox-cdc quarantine list)"),
     }
-    match &inspection.last_error {
+    match &last_error {
         Some(e) => {
             let ago = outbox_cdc::checkpoint::now_ms().saturating_sub(e.at_ms) / 1000;
             println!("last error:      {ago} s ago ({}): {}", e.class, e.message);

@@ -56,8 +56,9 @@ impl Store {
     /// A definite error when the directory cannot be created or the database is locked by another
     /// connector or corrupt.
     pub fn open(dir: &Path) -> Result<Store> {
-        std::fs::create_dir_all(dir).map_err(|e| store_error(dir, "cannot create the directory", e))?;
+        create_private_dir(dir)?;
         let path = dir.join(FILE_NAME);
+        create_private_file(&path)?;
         let db = Database::builder().set_concurrency_mode(redb::ConcurrencyMode::SingleWriter).create(&path).map_err(
             |e| match e {
                 redb::DatabaseError::DatabaseAlreadyOpen => {
@@ -237,6 +238,47 @@ impl Store {
     }
 }
 
+/// Creates `dir` (and missing parents) with mode 0700: the store is the connector's alone.
+///
+/// An existing directory keeps its mode, with a warning when others may read it. It is not tightened: the
+/// operator may have opened it on purpose (a monitoring account in the group running `outbox-cdc status`),
+/// or it is a volume whose mode the platform owns (Kubernetes' `fsGroup` makes it group-accessible, and a
+/// process that does not own it cannot chmod it); a connector silently changing what it did not create
+/// would surprise them more than it protects. Nothing secret is stored (see [`crate::secret`]).
+fn create_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::metadata(dir) {
+        Ok(meta) => {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    mode = format_args!("{mode:o}"),
+                    "the state directory is open to other users; `chmod 700` it unless that is intended"
+                );
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| store_error(dir, "cannot create the directory", e)),
+        Err(e) => Err(store_error(dir, "cannot read the directory", e)),
+    }
+}
+
+/// Creates the store file with mode 0600 if it does not exist yet (redb would create it with the umask's
+/// mode, usually 0644); redb initialises an empty file.
+fn create_private_file(path: &Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(store_error(path, "cannot create", e)),
+    }
+}
+
 fn decode<T: serde::de::DeserializeOwned>(path: &Path, bytes: &[u8]) -> Result<T> {
     serde_json::from_slice(bytes).map_err(|e| store_error(path, "unreadable record", e))
 }
@@ -344,6 +386,43 @@ mod tests {
         let _first = Store::open(dir.path()).unwrap();
         let err = Store::open(dir.path()).unwrap_err();
         assert!(err.is_definite());
+    }
+
+    /// The state directory (and parents it creates) and the store file are the owner's only; an existing
+    /// directory keeps the mode it has.
+    #[test]
+    fn state_directory_is_created_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let root = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = root.path().join("parent").join("state");
+        drop(Store::open(&dir).unwrap());
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&root.path().join("parent")), 0o700);
+        assert_eq!(mode(&dir.join(FILE_NAME)), 0o600);
+        assert_eq!(mode(root.path()), 0o755);
+
+        let open = root.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        drop(Store::open(&open).unwrap());
+        assert_eq!(mode(&open), 0o755, "an existing directory is warned about, not changed");
+        assert_eq!(mode(&open.join(FILE_NAME)), 0o600);
+    }
+
+    /// Regression: an rdkafka configuration error with a misspelled secret key was stored as `last_error`
+    /// with the password in it, and `outbox-cdc status` printed it.
+    #[test]
+    fn stored_last_error_never_holds_a_secret_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let error = crate::error::Error::definite("Client config error: \"sasl.pasword\" = \"hunter2\"")
+            .context("starting; password=hunter3");
+        store.set_last_error(&error).unwrap();
+        let stored = store.last_error().unwrap().unwrap().message;
+        assert!(!stored.contains("hunter"), "{stored}");
+        assert!(stored.contains("sasl.pasword"), "{stored}");
     }
 
     #[test]

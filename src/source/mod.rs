@@ -26,10 +26,21 @@ use crate::error::{classify_mysql, Error, Result};
 use crate::position::{mariadb::GtidPos, mysql::GtidSet, BinlogCoord, Flavor, Gtids, Position};
 
 /// How to reach the server, built once from the config.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SourceConn {
     opts: Opts,
     connect_timeout: Duration,
+}
+
+/// Not derived: `mysql_async`'s `Opts` prints the password.
+impl std::fmt::Debug for SourceConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceConn")
+            .field("server", &self.describe())
+            .field("user", &self.opts.user())
+            .field("connect_timeout", &self.connect_timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SourceConn {
