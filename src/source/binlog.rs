@@ -8,6 +8,22 @@
 //! [`Change::Commit`] carries the position right *after* the transaction: the only kind of position the
 //! connector ever stores, so a resume never starts in the middle of a transaction.
 //!
+//! # What a group's end decides
+//! The binlog also holds groups whose rows did not all commit. A group that changed a non-transactional
+//! table is written even when it is rolled back, ending in `ROLLBACK`, and a `ROLLBACK TO SAVEPOINT` inside
+//! it follows the rows it undid. So the rows of a group are held back until its end ([`HOLD_BACK_BYTES`]
+//! at most; past that they stream, and a rollback that would undo rows already handed on is a definite
+//! error): a commit hands them on, a rollback drops them, a rollback to a savepoint drops those since the
+//! savepoint. An XA branch is one group from `XA START` (MySQL: a query after the GTID; MariaDB: a flag of
+//! the GTID) to its XA_PREPARE event, and its outcome is another group later (`XA COMMIT` / `XA ROLLBACK`):
+//! a branch that writes the outbox is refused at its first outbox row, before anything of it is handed on.
+//!
+//! # Writes logged as statements
+//! A session with `binlog_format=STATEMENT` or `MIXED` logs its writes as QUERY events, which carry no
+//! rows to decode. A statement that inserts into an outbox table (or that names one and cannot be placed,
+//! see [`super::statement`]) is a definite error at its event; UPDATE and DELETE statements there follow
+//! `outbox.on_update` like their row-format counterparts. DDL names tables without writing rows and passes.
+//!
 //! # MariaDB
 //! MariaDB needs what mysql_async does not do for it: announce capability 4 (else GTID events are replaced
 //! by `BEGIN` queries), resume with `@slave_connect_state` and a plain COM_BINLOG_DUMP, and parse GTID events
@@ -15,7 +31,7 @@
 //!
 //! # Events we do not decode
 //! Every event either means something for outbox rows and positions, or is known to mean nothing for them
-//! (statement-format queries, group-replication context, heartbeats, MariaDB's checkpoints). MySQL 8.0's
+//! (queries on other tables, group-replication context, heartbeats, MariaDB's checkpoints). MySQL 8.0's
 //! TRANSACTION_PAYLOAD (binlog_transaction_compression=ON) holds a whole transaction; its inner events go
 //! through the same state machine, and the payload's end is their coordinate and the resume point. On the
 //! live stream mysql_async already follows each payload event with its decompressed inner events, so the
@@ -66,7 +82,7 @@ pub enum Change {
         /// Commit time (server clock, seconds since the epoch).
         timestamp: u32,
         /// The event that ended it in the binlog, to recognise this history on resume; `None` for a group
-        /// that ends without a commit event (XA PREPARE).
+        /// that ended without an end event of its own (the next group began).
         end_event: Option<EndEvent>,
     },
 }

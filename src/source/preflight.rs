@@ -572,7 +572,7 @@ async fn check_replica_filters(
 /// order. MariaDB's parallel replication (conservative, optimistic, aggressive) always commits in the
 /// source's order within a replication domain, which is where the connector's positions keep order too.
 async fn check_commit_order(conn: &mut Conn, info: &ServerInfo, report: &mut Report) -> Result<()> {
-    if info.identity.flavor != Flavor::MySql || !replica_status(conn, info).await?.is_some_and(|r| !r.is_empty()) {
+    if info.identity.flavor != Flavor::MySql || replica_status(conn, info).await?.is_none_or(|r| r.is_empty()) {
         return Ok(());
     }
     let (workers_var, preserve_var) = match variable(conn, "replica_parallel_workers").await? {
