@@ -1365,3 +1365,31 @@ fn a_table_name_differing_only_in_case_is_definite_without_the_server() {
     assert!(error.is_definite() && error.to_string().contains("differ only in case"), "{error}");
     assert!(!changes.iter().any(|c| matches!(c, Change::Row(_))), "{changes:?}");
 }
+
+/// A transaction larger than the hold-back (`binlog::HOLD_BACK_BYTES`, 8 MiB) streams on instead of being
+/// buffered whole; a `ROLLBACK` that then undoes rows already handed on is a definite error saying so,
+/// never a silent publish of rolled-back rows as committed.
+#[test]
+fn rollback_past_the_hold_back_is_definite() {
+    let uuid = Uuid::from_str("3e11fa47-71ca-11e1-9e33-c80aa9429562").unwrap();
+    let mut file = MySqlFile::new();
+    file.gtid(&uuid, 1);
+    file.query("BEGIN");
+    file.table_map(91, "shop", "outbox", OUTBOX_COLUMNS);
+    let image = outbox_image("e-big", "o-1");
+    let per_event = 10_000;
+    let events = (9 << 20) / (image.len() * per_event) + 1;
+    for _ in 0..events {
+        file.rows(30, 91, OUTBOX_COLUMNS.len(), &vec![image.clone(); per_event]);
+    }
+    file.query("ROLLBACK");
+    let dir = tempfile::tempdir().unwrap();
+    let path = file.write(dir.path(), "binlog.000001");
+    let start = start_position(&path, &scan(&path).unwrap().header, None).unwrap();
+    let (changes, error) = read_files(&[path], &["shop.outbox"], start);
+    let error = error.expect("definite error");
+    assert!(error.is_definite() && error.to_string().contains("had already handed on"), "{error}");
+    let rows = changes.iter().filter(|c| matches!(c, Change::Row(_))).count();
+    assert!(rows > 0 && rows < events * per_event, "streamed past the hold-back, not all: {rows}");
+    assert!(!changes.iter().any(|c| matches!(c, Change::Commit { .. })), "no commit for a rolled-back group");
+}
