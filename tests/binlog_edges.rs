@@ -14,10 +14,11 @@ const TOPIC: &str = "outbox.event.order";
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A connector whose config names the outbox table `table` (instead of `shop.outbox_events`).
-fn connector_for(db: &MariaDb, broker: &Broker, table: &str) -> Connector {
+/// A connector whose config names the outbox table `table` (instead of `shop.outbox_events`), with
+/// `extra_toml` appended.
+fn connector_for(db: &MariaDb, broker: &Broker, table: &str, extra_toml: &str) -> Connector {
     let connector = Connector::new();
-    let config = connector.write_config(db, broker, "");
+    let config = connector.write_config(db, broker, extra_toml);
     let text = std::fs::read_to_string(&config)
         .unwrap()
         .replace("table = \"shop.outbox_events\"", &format!("table = \"{table}\""));
@@ -49,17 +50,23 @@ async fn lower_case_table_names_1_streams_a_differently_cased_name() {
     assert_eq!(db.sql("SELECT @@lower_case_table_names").trim(), "1");
     let broker = Broker::start(Engine::Memory);
     let mut conn = db.conn().await;
-    let mut connector = connector_for(&db, &broker, "Shop.Outbox_Events");
-    connector.run(&connector.config_path());
+    // Rows before the start come from the snapshot, the rest from the stream: both under the same name.
     let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(business_tx(&mut conn, &format!("A-{}", i % 5)).await.unwrap());
+    }
+    let mut connector = connector_for(&db, &broker, "Shop.Outbox_Events", "[snapshot]\nmode = \"initial\"\n");
+    connector.run(&connector.config_path());
+    assert_eq!(broker.read_all(TOPIC, 20, READ_TIMEOUT).len(), 20, "{}", connector.logs());
     for i in 0..50 {
         ids.push(business_tx(&mut conn, &format!("A-{}", i % 5)).await.unwrap());
     }
-    let records = broker.read_all(TOPIC, 50, READ_TIMEOUT);
+    let records = broker.read_all(TOPIC, 70, READ_TIMEOUT);
+    let streamed = records.iter().filter(|r| r.header_str("source") != Some("snapshot")).count();
+    assert_eq!(streamed, 50, "{}", connector.logs());
     let mut got: Vec<String> = records.iter().filter_map(|r| r.header_str("id").map(str::to_string)).collect();
     got.sort();
     ids.sort();
-    assert_eq!(got.len(), 50, "{}", connector.logs());
     assert_eq!(got, ids, "{}", connector.logs());
     connector.terminate();
 
@@ -78,7 +85,7 @@ async fn lower_case_table_names_0_refuses_a_differently_cased_name() {
     let db = MariaDb::start();
     assert_eq!(db.sql("SELECT @@lower_case_table_names").trim(), "0");
     let broker = Broker::start(Engine::Memory);
-    let mut connector = connector_for(&db, &broker, "shop.Outbox_Events");
+    let mut connector = connector_for(&db, &broker, "shop.Outbox_Events", "");
     let (code, out) = check(&connector);
     assert_eq!(code, Some(2), "{out}");
     assert!(
@@ -101,7 +108,7 @@ async fn lower_case_table_names_2_on_linux_behaves_as_0() {
     let log = std::fs::read_to_string(db.dir().join("mariadbd.out")).unwrap_or_default() + &db.error_log_tail(200);
     assert!(log.contains("lower_case_table_names was set to 2"), "{log}");
     let broker = Broker::start(Engine::Memory);
-    let connector = connector_for(&db, &broker, "shop.Outbox_Events");
+    let connector = connector_for(&db, &broker, "shop.Outbox_Events", "");
     let (code, out) = check(&connector);
     assert_eq!(code, Some(2), "{out}");
     assert!(out.contains("lower_case_table_names=0"), "{out}");
