@@ -8,6 +8,22 @@
 //! [`Change::Commit`] carries the position right *after* the transaction: the only kind of position the
 //! connector ever stores, so a resume never starts in the middle of a transaction.
 //!
+//! # What a group's end decides
+//! The binlog also holds groups whose rows did not all commit. A group that changed a non-transactional
+//! table is written even when it is rolled back, ending in `ROLLBACK`, and a `ROLLBACK TO SAVEPOINT` inside
+//! it follows the rows it undid. So the rows of a group are held back until its end ([`HOLD_BACK_BYTES`]
+//! at most; past that they stream, and a rollback that would undo rows already handed on is a definite
+//! error): a commit hands them on, a rollback drops them, a rollback to a savepoint drops those since the
+//! savepoint. An XA branch is one group from `XA START` (MySQL: a query after the GTID; MariaDB: a flag of
+//! the GTID) to its XA_PREPARE event, and its outcome is another group later (`XA COMMIT` / `XA ROLLBACK`):
+//! a branch that writes the outbox is refused at its first outbox row, before anything of it is handed on.
+//!
+//! # Writes logged as statements
+//! A session with `binlog_format=STATEMENT` or `MIXED` logs its writes as QUERY events, which carry no
+//! rows to decode. A statement that inserts into an outbox table (or that names one and cannot be placed,
+//! see [`super::statement`]) is a definite error at its event; UPDATE and DELETE statements there follow
+//! `outbox.on_update` like their row-format counterparts. DDL names tables without writing rows and passes.
+//!
 //! # MariaDB
 //! MariaDB needs what mysql_async does not do for it: announce capability 4 (else GTID events are replaced
 //! by `BEGIN` queries), resume with `@slave_connect_state` and a plain COM_BINLOG_DUMP, and parse GTID events
@@ -15,7 +31,7 @@
 //!
 //! # Events we do not decode
 //! Every event either means something for outbox rows and positions, or is known to mean nothing for them
-//! (statement-format queries, group-replication context, heartbeats, MariaDB's checkpoints). MySQL 8.0's
+//! (queries on other tables, group-replication context, heartbeats, MariaDB's checkpoints). MySQL 8.0's
 //! TRANSACTION_PAYLOAD (binlog_transaction_compression=ON) holds a whole transaction; its inner events go
 //! through the same state machine, and the payload's end is their coordinate and the resume point. On the
 //! live stream mysql_async already follows each payload event with its decompressed inner events, so the
@@ -28,7 +44,7 @@
 //! The server is asked for heartbeats; a connection silent for three heartbeat periods is dead, which is a
 //! transient error (the pipeline reconnects from the acknowledged watermark).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,7 +58,8 @@ use mysql_common::binlog::events::{
 use mysql_common::packets::{GnoInterval, Sid};
 
 use super::history::EndEvent;
-use super::{OutboxRow, OutboxTable, ServerInfo, SourceConn};
+use super::statement::{self, Statement};
+use super::{NameCase, OutboxRow, OutboxTable, ResolvedTables, ServerInfo, SourceConn};
 use crate::config::{ColumnNames, OnUpdate, TableName};
 use crate::error::{classify_mysql, Error, Result};
 use crate::position::mariadb::MariaGtid;
@@ -65,7 +82,7 @@ pub enum Change {
         /// Commit time (server clock, seconds since the epoch).
         timestamp: u32,
         /// The event that ended it in the binlog, to recognise this history on resume; `None` for a group
-        /// that ends without a commit event (XA PREPARE).
+        /// that ended without an end event of its own (the next group began).
         end_event: Option<EndEvent>,
     },
 }
@@ -114,7 +131,16 @@ pub(crate) const EVENT_HEADER_LEN: usize = 19;
 /// MariaDB GTID event flags (`FL_*` in MariaDB's log_event.h).
 mod mariadb_flags {
     pub const STANDALONE: u8 = 1;
+    /// The group is an XA branch that ends at XA PREPARE (its outcome comes in a later group).
+    pub const PREPARED_XA: u8 = 64;
 }
+
+/// Outbox rows of an open transaction that the decoder keeps back, up to this many bytes of rows events,
+/// until the transaction's end says whether it committed: rows of a group that ends in `ROLLBACK`, or that a
+/// `ROLLBACK TO SAVEPOINT` inside it undoes, are dropped instead of published. Past this size the rows
+/// stream on (a 100k-row transaction is not buffered whole), and a rollback that would undo rows already
+/// handed on is a definite error.
+const HOLD_BACK_BYTES: u64 = 8 << 20;
 
 /// Where the reader is relative to transaction boundaries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,6 +194,15 @@ pub struct ChangeDecoder {
     state: TxState,
     tx_gtid: Option<TxGtid>,
     tx_touches_outbox: bool,
+    /// The current group is an XA branch (`XA START`): its outcome is decided in a later group.
+    tx_xa: bool,
+    /// The current group's rows not yet handed on (see [`HOLD_BACK_BYTES`]), their rows events' bytes,
+    /// and how many of the group's rows were handed on before them.
+    held: Vec<Change>,
+    held_bytes: u64,
+    released: usize,
+    /// Savepoints of the current group: name and the number of the group's rows before it.
+    savepoints: Vec<(String, usize)>,
     /// The current transaction is already in the resume position and is read but not emitted.
     tx_skipped: bool,
     /// Offline sources only: skip transactions the resume position already holds (see [`Self::skip_seen`]).
@@ -183,8 +218,75 @@ pub struct ChangeDecoder {
     payload_event: Option<EndEvent>,
     /// table_id -> decoder and TABLE_MAP for outbox tables, `None` for other tables.
     tables: HashMap<u64, Option<(Arc<OutboxTable>, TableMapEvent<'static>)>>,
-    outbox_names: HashSet<TableName>,
+    outbox_names: OutboxNames,
     pending: VecDeque<Change>,
+}
+
+/// Which tables of the binlog are outbox tables, by the server's rule for names (`lower_case_table_names`).
+#[derive(Debug, Clone, Default)]
+struct OutboxNames {
+    case: NameCase,
+    /// The server's spelling (lower-cased when the server compares names case-insensitively) -> the
+    /// configured name, which is the name rows carry.
+    by_name: HashMap<(String, String), Arc<TableName>>,
+    /// Lower-cased configured names, for near misses and for statements.
+    by_lower: HashMap<(String, String), Arc<TableName>>,
+}
+
+impl OutboxNames {
+    /// Names compared as the server compares them: `tables` are (configured, server spelling) pairs.
+    fn new(case: NameCase, tables: impl IntoIterator<Item = (TableName, TableName)>) -> Self {
+        let mut names = OutboxNames { case, ..Default::default() };
+        for (configured, server) in tables {
+            let configured = Arc::new(configured);
+            let key = match case {
+                NameCase::Insensitive => lower(&server.database, &server.table),
+                NameCase::Sensitive | NameCase::Unknown => (server.database.clone(), server.table.clone()),
+            };
+            names.by_lower.insert(lower(&server.database, &server.table), configured.clone());
+            names.by_name.insert(key, configured);
+        }
+        names
+    }
+
+    /// The configured outbox table that a TABLE_MAP's `database.table` is, if any.
+    ///
+    /// # Errors
+    /// When the server's rule is unknown (binlog files) and the name differs from a configured one only in
+    /// case: it may or may not be the same table, and guessing wrong loses its rows silently.
+    fn table_map(&self, database: &str, table: &str) -> Result<Option<Arc<TableName>>> {
+        let key = match self.case {
+            NameCase::Insensitive => lower(database, table),
+            NameCase::Sensitive | NameCase::Unknown => (database.to_string(), table.to_string()),
+        };
+        if let Some(name) = self.by_name.get(&key) {
+            return Ok(Some(name.clone()));
+        }
+        match (self.case, self.by_lower.get(&lower(database, table))) {
+            (NameCase::Unknown, Some(configured)) => Err(Error::definite(format!(
+                "the binlog has rows of table {database}.{table}, and outbox table {configured} is configured: \
+                 the names differ only in case, and without the server outbox-cdc cannot tell whether they are \
+                 the same table. Write [outbox] table exactly as the binlog spells it"
+            ))),
+            _ => Ok(None),
+        }
+    }
+
+    /// The configured outbox table a statement's target names (`database` `None`: the statement's default
+    /// database), compared case-insensitively: a statement names a table as its author typed it.
+    fn statement_target(&self, default_db: &str, database: Option<&str>, table: &str) -> Option<Arc<TableName>> {
+        self.by_lower.get(&lower(database.unwrap_or(default_db), table)).cloned()
+    }
+
+    /// The configured outbox table whose name appears in `sql` (conservatively, any identifier equal to its
+    /// table name).
+    fn named_in(&self, sql: &[u8]) -> Option<Arc<TableName>> {
+        self.by_lower.iter().find(|((_, table), _)| statement::names_table(sql, table)).map(|(_, t)| t.clone())
+    }
+}
+
+fn lower(database: &str, table: &str) -> (String, String) {
+    (database.to_lowercase(), table.to_lowercase())
 }
 
 /// A replication connection decoding outbox rows.
@@ -224,6 +326,7 @@ impl BinlogReader {
         for sql in &setup {
             c.query_drop(sql).await.map_err(|e| classify_mysql(&e).context(format_args!("`{sql}`")))?;
         }
+        let resolved = super::resolve_tables(&mut c, &settings.tables).await?;
         let mut request = BinlogStreamRequest::new(settings.server_id);
         let sids: Vec<Sid<'static>>;
         match &position.gtids {
@@ -241,10 +344,12 @@ impl BinlogReader {
             .get_binlog_stream(request)
             .await
             .map_err(|e| classify_mysql(&e).context(format_args!("starting the binlog stream at {position}")))?;
+        let mut decoder = ChangeDecoder::new(settings.clone(), info.checksum, position);
+        decoder.use_server_names(&resolved);
         Ok(BinlogReader {
             stream,
             idle_timeout: settings.heartbeat * 3 + Duration::from_secs(1),
-            decoder: ChangeDecoder::new(settings, info.checksum, position),
+            decoder,
             last_event: std::time::Instant::now(),
             received: false,
         })
@@ -303,7 +408,8 @@ impl ChangeDecoder {
     /// A decoder whose position starts at `position` (the resume point).
     pub fn new(settings: Arc<ReaderSettings>, checksum: bool, position: Position) -> Self {
         ChangeDecoder {
-            outbox_names: settings.tables.iter().cloned().collect(),
+            // Until told the server's rule, names must match as configured (binlog files).
+            outbox_names: OutboxNames::new(NameCase::Unknown, settings.tables.iter().map(|t| (t.clone(), t.clone()))),
             settings,
             checksum,
             seen_format_description: false,
@@ -311,6 +417,11 @@ impl ChangeDecoder {
             state: TxState::Idle,
             tx_gtid: None,
             tx_touches_outbox: false,
+            tx_xa: false,
+            held: Vec::new(),
+            held_bytes: 0,
+            released: 0,
+            savepoints: Vec::new(),
             tx_skipped: false,
             skip_seen: None,
             payload_end: None,
@@ -320,6 +431,13 @@ impl ChangeDecoder {
             tables: HashMap::new(),
             pending: VecDeque::new(),
         }
+    }
+
+    /// Matches TABLE_MAP names as the server does, to the configured tables resolved against it.
+    pub fn use_server_names(&mut self, resolved: &ResolvedTables) {
+        self.outbox_names =
+            OutboxNames::new(resolved.case, resolved.tables.iter().map(|t| (t.configured.clone(), t.server.clone())));
+        self.tables.clear();
     }
 
     /// Position after the last transaction read.
@@ -414,12 +532,11 @@ impl ChangeDecoder {
             }
             event_type::XA_PREPARE => {
                 if self.tx_touches_outbox {
-                    return Err(Error::definite(
-                        "an XA transaction wrote to the outbox table; XA transactions are not supported on \
-                         outbox tables (their rows become visible only at XA COMMIT, in another event group)",
-                    ));
+                    return Err(xa_outbox_error());
                 }
-                self.end_group();
+                // The prepared branch is a complete group of the binlog (its GTID is executed); its outcome
+                // is a later group of its own (`XA COMMIT` / `XA ROLLBACK`), read like any other.
+                self.commit(event, log_pos);
                 return Ok(());
             }
             event_type::TRANSACTION_PAYLOAD => check_payload_header(event.data())?,
@@ -463,39 +580,28 @@ impl ChangeDecoder {
                 self.begin(TxState::AfterGtid, Some(TxGtid::MySql(Gtid { uuid, tag, gno: gtid.gno() })), log_pos);
             }
             EventData::AnonymousGtidEvent(_) => self.begin(TxState::AfterGtid, None, log_pos),
-            EventData::QueryEvent(query) => {
-                let sql = query.query_raw();
-                match self.state {
-                    _ if sql.eq_ignore_ascii_case(b"BEGIN") => {
-                        if self.state == TxState::Idle {
-                            self.begin(TxState::Open, None, log_pos);
-                        } else {
-                            self.state = TxState::Open;
-                        }
-                    }
-                    TxState::Open if sql.eq_ignore_ascii_case(b"COMMIT") || sql.eq_ignore_ascii_case(b"ROLLBACK") => {
-                        self.commit(event, log_pos)
-                    }
-                    TxState::AfterGtid | TxState::Standalone => self.commit(event, log_pos),
-                    TxState::Idle | TxState::Open => {}
-                }
+            EventData::QueryEvent(query) => self.on_query(event, query.query_raw(), &query.schema(), log_pos)?,
+            // LOAD DATA logged as a statement (its file travels in BEGIN_LOAD_QUERY/APPEND_BLOCK events).
+            EventData::ExecuteLoadQueryEvent(load) => {
+                self.on_query(event, load.query_raw(), &load.schema(), log_pos)?
             }
             EventData::XidEvent(_) => self.commit(event, log_pos),
             EventData::TableMapEvent(tme) => {
                 let table_id = tme.table_id();
-                let name =
-                    TableName { database: tme.database_name().into_owned(), table: tme.table_name().into_owned() };
-                if self.outbox_names.contains(&name) {
-                    let reuse = matches!(self.tables.get(&table_id), Some(Some((_, known))) if *known == tme);
-                    if !reuse {
-                        let decoder = OutboxTable::from_table_map(Arc::new(name), &tme, &self.settings.columns)?;
-                        self.tables.insert(table_id, Some((Arc::new(decoder), tme.into_owned())));
+                match self.outbox_names.table_map(&tme.database_name(), &tme.table_name())? {
+                    Some(name) => {
+                        let reuse = matches!(self.tables.get(&table_id), Some(Some((_, known))) if *known == tme);
+                        if !reuse {
+                            let decoder = OutboxTable::from_table_map(name, &tme, &self.settings.columns)?;
+                            self.tables.insert(table_id, Some((Arc::new(decoder), tme.into_owned())));
+                        }
                     }
-                } else {
-                    self.tables.insert(table_id, None);
+                    None => {
+                        self.tables.insert(table_id, None);
+                    }
                 }
             }
-            EventData::RowsEvent(rows) => self.on_rows(rows, log_pos)?,
+            EventData::RowsEvent(rows) => self.on_rows(rows, log_pos, header.event_size())?,
             EventData::TransactionPayloadEvent(payload) => self.on_payload(event, &payload)?,
             EventData::IncidentEvent(incident) => {
                 return Err(Error::definite(format!(
@@ -561,6 +667,7 @@ impl ChangeDecoder {
         let gtid = MariaGtid { domain_id, server_id: event.header().server_id(), seq_no };
         let state = if flags & mariadb_flags::STANDALONE != 0 { TxState::Standalone } else { TxState::Open };
         self.begin(state, Some(TxGtid::MariaDb(gtid)), self.log_pos(event));
+        self.tx_xa = flags & mariadb_flags::PREPARED_XA != 0;
         Ok(())
     }
 
@@ -573,6 +680,8 @@ impl ChangeDecoder {
         self.state = state;
         self.tx_gtid = gtid.clone();
         self.tx_touches_outbox = false;
+        self.tx_xa = false;
+        self.clear_group_rows();
         let coord = BinlogCoord { file: self.position.coord.file.clone(), pos: u64::from(log_pos) };
         self.tx_skipped = self.skip_seen.as_ref().is_some_and(|resume| already_seen(resume, gtid.as_ref(), &coord));
         if !self.tx_skipped {
@@ -582,6 +691,68 @@ impl ChangeDecoder {
 
     /// Ends the current transaction with `event`, its commit event (XID, or COMMIT or a standalone statement).
     fn commit(&mut self, event: &Event, log_pos: u32) {
+        self.release_held();
+        self.end(event, log_pos);
+    }
+
+    /// Ends the current transaction with `event`, a `ROLLBACK` (or `XA ROLLBACK`): the binlog holds the
+    /// group because it changed a non-transactional table, and its transactional rows were undone. Its rows
+    /// are dropped; its position is passed like any other.
+    ///
+    /// # Errors
+    /// When rows of the group were already handed on (a group over [`HOLD_BACK_BYTES`]).
+    fn rollback(&mut self, event: &Event, log_pos: u32) -> Result<()> {
+        if self.released > 0 {
+            return Err(rolled_back_error(self.released, "ROLLBACK"));
+        }
+        self.clear_group_rows();
+        self.end(event, log_pos);
+        Ok(())
+    }
+
+    /// `ROLLBACK TO SAVEPOINT name`: drops the rows the group wrote since the savepoint.
+    ///
+    /// # Errors
+    /// When such rows were already handed on, or the savepoint is not known.
+    fn rollback_to(&mut self, name: &str) -> Result<()> {
+        let Some(i) = self.savepoints.iter().rposition(|(n, _)| n.eq_ignore_ascii_case(name)) else {
+            // A savepoint set before the group's first logged event: everything so far may be undone.
+            return match self.released + self.held.len() {
+                0 => Ok(()),
+                n => Err(Error::definite(format!(
+                    "ROLLBACK TO SAVEPOINT {name} undoes a savepoint the binlog does not show; {n} outbox row(s) \
+                     of this transaction may or may not have been rolled back. Report this with the server \
+                     version"
+                ))),
+            };
+        };
+        let rows_before = self.savepoints[i].1;
+        self.savepoints.truncate(i + 1);
+        if rows_before < self.released {
+            return Err(rolled_back_error(self.released - rows_before, "ROLLBACK TO SAVEPOINT"));
+        }
+        self.held.truncate(rows_before - self.released);
+        Ok(())
+    }
+
+    /// Hands the held rows of the current group on.
+    fn release_held(&mut self) {
+        self.released += self.held.len();
+        self.pending.extend(self.held.drain(..));
+        self.held_bytes = 0;
+    }
+
+    fn clear_group_rows(&mut self) {
+        self.held.clear();
+        self.held_bytes = 0;
+        self.released = 0;
+        self.savepoints.clear();
+    }
+
+    /// What every end of a group does: the GTID and coordinate advance past it, and a commit is emitted.
+    fn end(&mut self, event: &Event, log_pos: u32) {
+        self.clear_group_rows();
+        self.tx_xa = false;
         if std::mem::take(&mut self.tx_skipped) {
             // Already in the resume position: advancing a MariaDB domain to it would move it backwards.
             self.tx_gtid = None;
@@ -612,8 +783,11 @@ impl ChangeDecoder {
         self.pending.push_back(Change::Commit { position: self.position.clone(), timestamp, end_event });
     }
 
-    /// Ends a group that has no commit of its own (XA prepare): it produced nothing and moves nothing.
+    /// Ends a group that has no end event we recognise: it moves nothing.
     fn end_group(&mut self) {
+        self.release_held();
+        self.clear_group_rows();
+        self.tx_xa = false;
         if std::mem::take(&mut self.tx_skipped) {
             self.state = TxState::Idle;
             self.tx_gtid = None;
@@ -625,7 +799,7 @@ impl ChangeDecoder {
         self.pending.push_back(Change::Commit { position: self.position.clone(), timestamp: 0, end_event: None });
     }
 
-    fn on_rows(&mut self, rows: RowsEventData<'_>, log_pos: u32) -> Result<()> {
+    fn on_rows(&mut self, rows: RowsEventData<'_>, log_pos: u32, event_size: u32) -> Result<()> {
         let table_id = rows.table_id();
         let Some(Some((decoder, _))) = self.tables.get(&table_id) else {
             return Ok(());
@@ -637,6 +811,9 @@ impl ChangeDecoder {
         }
         if self.tx_skipped {
             return Ok(());
+        }
+        if self.tx_xa {
+            return Err(xa_outbox_error().context(format_args!("outbox table {}", decoder.name)));
         }
         self.tx_touches_outbox = true;
         let op = match &rows {
@@ -652,28 +829,130 @@ impl ChangeDecoder {
             }
         };
         if let Some(op) = op {
-            return match self.settings.on_update {
-                OnUpdate::Ignore => Ok(()),
-                OnUpdate::Warn => {
-                    tracing::warn!(table = %decoder.name, op, "ignoring {op} on outbox table (outbox.on_update = \"warn\")");
-                    Ok(())
-                }
-                OnUpdate::Fail => Err(Error::definite(format!(
-                    "{op} on outbox table {} (outbox.on_update = \"fail\"); outbox rows are insert-only",
-                    decoder.name
-                ))),
-            };
+            return self.on_change(op, &decoder.name);
         }
         for slots in decoder.after_images(&rows) {
             let slots = slots
                 .map_err(|e| Error::definite(format!("cannot decode a row of outbox table {}: {e}", decoder.name)))?;
-            self.pending.push_back(match decoder.decode(slots) {
+            self.held.push(match decoder.decode(slots) {
                 Ok(row) => Change::Row(row),
                 Err(undecodable) => Change::Undecodable(undecodable),
             });
         }
+        self.held_bytes += u64::from(event_size);
+        if self.held_bytes > HOLD_BACK_BYTES {
+            self.release_held();
+        }
         Ok(())
     }
+
+    /// An UPDATE or DELETE of outbox rows, by `outbox.on_update`.
+    fn on_change(&self, op: &str, table: &TableName) -> Result<()> {
+        match self.settings.on_update {
+            OnUpdate::Ignore => Ok(()),
+            OnUpdate::Warn => {
+                tracing::warn!(%table, op, "ignoring {op} on outbox table (outbox.on_update = \"warn\")");
+                Ok(())
+            }
+            OnUpdate::Fail => Err(Error::definite(format!(
+                "{op} on outbox table {table} (outbox.on_update = \"fail\"); outbox rows are insert-only"
+            ))),
+        }
+    }
+
+    /// A QUERY event: transaction boundaries, savepoints, XA, and writes logged as statements.
+    fn on_query(&mut self, event: &Event, sql: &[u8], schema: &str, log_pos: u32) -> Result<()> {
+        // The statements of every transaction, without the lexer.
+        let kind = if sql.eq_ignore_ascii_case(b"BEGIN") {
+            Statement::Begin
+        } else if sql.eq_ignore_ascii_case(b"COMMIT") {
+            Statement::Commit
+        } else {
+            statement::classify(sql)
+        };
+        if !self.tx_skipped {
+            self.check_statement(&kind, sql, schema)?;
+        }
+        match (kind, self.state) {
+            (Statement::Begin, TxState::Idle) => self.begin(TxState::Open, None, log_pos),
+            (Statement::Begin, _) => self.state = TxState::Open,
+            // NOTE: MySQL sends no BEGIN for an XA branch: `XA START` opens the group, which ends at
+            // XA_PREPARE (or at `XA COMMIT … ONE PHASE`), not at the first statement after the GTID.
+            (Statement::XaStart, state) => {
+                if state == TxState::Idle {
+                    self.begin(TxState::Open, None, log_pos);
+                }
+                self.state = TxState::Open;
+                self.tx_xa = true;
+            }
+            (Statement::Commit | Statement::XaCommit, TxState::Open | TxState::AfterGtid | TxState::Standalone) => {
+                self.commit(event, log_pos)
+            }
+            (Statement::Rollback | Statement::XaRollback, TxState::Open | TxState::AfterGtid | TxState::Standalone) => {
+                self.rollback(event, log_pos)?
+            }
+            (Statement::Savepoint(name), TxState::Open) => {
+                self.savepoints.push((name, self.released + self.held.len()));
+            }
+            (Statement::RollbackTo(name), TxState::Open) => self.rollback_to(&name)?,
+            (_, TxState::Idle | TxState::Open) => {}
+            // MySQL's single-statement groups (DDL) have no BEGIN; MariaDB flags them standalone.
+            (_, TxState::AfterGtid | TxState::Standalone) => self.commit(event, log_pos),
+        }
+        Ok(())
+    }
+
+    /// Refuses a statement that wrote outbox rows without logging them as rows.
+    fn check_statement(&self, kind: &Statement, sql: &[u8], schema: &str) -> Result<()> {
+        let table = match kind {
+            Statement::Insert { target: Some((database, table)) } => {
+                self.outbox_names.statement_target(schema, database.as_deref(), table)
+            }
+            Statement::Insert { target: None } | Statement::Other => self.outbox_names.named_in(sql),
+            Statement::UpdateOrDelete => {
+                return match self.outbox_names.named_in(sql) {
+                    Some(table) => self.on_change("UPDATE/DELETE statement", &table),
+                    None => Ok(()),
+                }
+            }
+            _ => None,
+        };
+        let Some(table) = table else { return Ok(()) };
+        const SHOWN: usize = 200;
+        let text = String::from_utf8_lossy(&sql[..sql.len().min(SHOWN)]);
+        let more = if sql.len() > SHOWN { "…" } else { "" };
+        Err(Error::definite(format!(
+            "outbox table {table} was written by a statement logged in statement format, not as rows \
+             (the writing session ran with binlog_format=STATEMENT or MIXED): `{text}{more}`. The binlog does not \
+             carry the rows it inserted, so outbox-cdc cannot publish them. Fix: make every session that writes \
+             the outbox log rows (binlog_format=ROW: remove any SET [SESSION] binlog_format from the application \
+             and its connection settings, and keep binlog_format=ROW in the server's configuration); then take \
+             a new snapshot to publish the rows written so (move the state directory away and start with \
+             snapshot.mode = \"initial\"; see the runbook)"
+        )))
+    }
+}
+
+/// The refusal of an XA branch that writes outbox rows.
+fn xa_outbox_error() -> Error {
+    Error::definite(
+        "an XA transaction (XA START … XA PREPARE) wrote to the outbox table; XA transactions are not \
+         supported on outbox tables: the binlog records the branch's rows at XA PREPARE, before its outcome, \
+         and the XA COMMIT or XA ROLLBACK that decides it comes later in another group. Write outbox rows \
+         in ordinary transactions (BEGIN … COMMIT)",
+    )
+}
+
+/// The refusal of a rollback that undoes outbox rows already handed on for publishing.
+fn rolled_back_error(rows: usize, how: &str) -> Error {
+    Error::definite(format!(
+        "{how} in the binlog undoes {rows} outbox row(s) of a transaction larger than {} MiB of row events, \
+         which outbox-cdc had already handed on for publishing: they may be in Kafka although the transaction \
+         rolled them back. The binlog holds such a transaction only when it also changed a non-transactional \
+         table: keep non-transactional tables out of transactions that write the outbox. Consumers must \
+         ignore these events (their ids are not in the outbox table)",
+        HOLD_BACK_BYTES >> 20
+    ))
 }
 
 /// Whether the resume position already holds the transaction starting at `coord` with `gtid`.
@@ -916,6 +1195,41 @@ mod tests {
         let Gtids::MariaDb(last) = &commits.last().unwrap().gtids else { panic!("MariaDB GTIDs") };
         assert!(last.get(1).is_some(), "domain 1 advanced: {last}");
         assert!(commits.windows(2).all(|w| w[0].coord.pos < w[1].coord.pos), "{commits:?}");
+    }
+
+    /// Which TABLE_MAP names are the outbox table, by the server's `lower_case_table_names` (issue 16 item 7:
+    /// with `lower_case_table_names=1` the binlog spells `Shop.Outbox_Events` as `shop.outbox_events`, and
+    /// an exact comparison with the configured spelling lost every streamed event silently).
+    #[test]
+    fn table_map_names_follow_the_server_rule() {
+        let name = |d: &str, t: &str| TableName { database: d.into(), table: t.into() };
+        // (rule, configured, server spelling, TABLE_MAP name, outcome: Some(true) match, Some(false) no match, None error)
+        let cases = [
+            (NameCase::Insensitive, "Shop.Outbox_Events", "shop.outbox_events", "shop.outbox_events", Some(true)),
+            (NameCase::Insensitive, "Shop.Outbox_Events", "shop.outbox_events", "SHOP.OUTBOX_EVENTS", Some(true)),
+            (NameCase::Insensitive, "shop.outbox", "shop.outbox", "shop.outbox_2", Some(false)),
+            (NameCase::Sensitive, "shop.outbox", "shop.outbox", "shop.outbox", Some(true)),
+            // Another table on this server: `Outbox` and `outbox` can both exist.
+            (NameCase::Sensitive, "shop.outbox", "shop.outbox", "shop.Outbox", Some(false)),
+            (NameCase::Unknown, "shop.outbox", "shop.outbox", "shop.outbox", Some(true)),
+            (NameCase::Unknown, "shop.Outbox", "shop.Outbox", "shop.outbox", None),
+            (NameCase::Unknown, "shop.outbox", "shop.outbox", "other.outbox", Some(false)),
+        ];
+        for (case, configured, server, seen, outcome) in cases {
+            let split = |s: &str| {
+                let (d, t) = s.split_once('.').unwrap();
+                name(d, t)
+            };
+            let names = OutboxNames::new(case, [(split(configured), split(server))]);
+            let seen = split(seen);
+            let got = names.table_map(&seen.database, &seen.table);
+            match (outcome, got) {
+                (Some(true), Ok(Some(t))) => assert_eq!(*t, split(configured), "rows carry the configured name"),
+                (Some(false), Ok(None)) => {}
+                (None, Err(e)) => assert!(e.is_definite() && e.to_string().contains("differ only in case"), "{e}"),
+                (want, got) => panic!("{case:?} {configured} vs {seen}: expected {want:?}, got {got:?}"),
+            }
+        }
     }
 
     /// Without FULL row metadata there are no column names: an outbox table there is a definite error

@@ -11,6 +11,7 @@ pub mod preflight;
 pub mod purge;
 pub mod rows;
 pub mod snapshot;
+pub mod statement;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -21,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub use decode::{OutboxRow, OutboxTable};
 
-use crate::config::{Config, ResumeBy, StartFrom, TlsMode};
+use crate::config::{Config, ResumeBy, StartFrom, TableName, TlsMode};
 use crate::error::{classify_mysql, Error, Result};
 use crate::position::{mariadb::GtidPos, mysql::GtidSet, BinlogCoord, Flavor, Gtids, Position};
 
@@ -97,6 +98,126 @@ impl SourceConn {
     }
 }
 
+/// How the server compares database and table names (`@@lower_case_table_names`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NameCase {
+    /// Byte for byte (`lower_case_table_names=0`, the default on Linux): `Outbox` and `outbox` are two tables.
+    Sensitive,
+    /// Case-insensitively (`1`: stored and written to the binlog in lower case; `2`: stored as created,
+    /// compared in lower case, only on case-insensitive file systems; MariaDB on Linux turns 2 into 0).
+    Insensitive,
+    /// Not known (binlog files read without their server): a name that differs from a configured one only
+    /// in case is an error, never a silent miss.
+    #[default]
+    Unknown,
+}
+
+impl NameCase {
+    /// The rule of a server's `@@lower_case_table_names`.
+    pub fn of_lower_case_table_names(value: u32) -> Self {
+        if value == 0 {
+            NameCase::Sensitive
+        } else {
+            NameCase::Insensitive
+        }
+    }
+}
+
+/// A configured outbox table and the name the server knows it by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedTable {
+    /// As configured: the name rows carry, so that the snapshot, the stream and the topics agree.
+    pub configured: TableName,
+    /// As the server spells it (`information_schema`), which is what its binlog's TABLE_MAP events carry.
+    pub server: TableName,
+}
+
+/// The configured outbox tables resolved against the server: the one place that decides which server table
+/// a configured name means. Preflight, the binlog reader and (through SQL, by the same server rule) the
+/// snapshot all go through it, so none of them can match a table the others miss.
+#[derive(Debug, Clone)]
+pub struct ResolvedTables {
+    /// How the server compares names.
+    pub case: NameCase,
+    /// One per configured table, in configuration order.
+    pub tables: Vec<ResolvedTable>,
+}
+
+/// Resolves each configured outbox table to the server's spelling.
+///
+/// # Errors
+/// A definite error naming the table and the fix when a configured table does not exist as written (with
+/// `lower_case_table_names=0`, a name that differs only in case is another table, and the error names the
+/// candidates), or is a view (views have no rows in the binlog); classified query errors otherwise.
+pub async fn resolve_tables(conn: &mut Conn, configured: &[TableName]) -> Result<ResolvedTables> {
+    let lctn: Option<u32> =
+        conn.query_first("SELECT @@lower_case_table_names").await.map_err(|e| classify_mysql(&e))?;
+    let lctn = lctn.unwrap_or(0);
+    let case = NameCase::of_lower_case_table_names(lctn);
+    let mut tables = Vec::with_capacity(configured.len());
+    for table in configured {
+        // The server's own lookup: exact with lower_case_table_names=0, lower-cased with 1 (and 2).
+        let found: Vec<(String, String, String)> = conn
+            .exec(
+                "SELECT TABLE_SCHEMA, TABLE_NAME, TABLE_TYPE FROM information_schema.TABLES \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                (&table.database, &table.table),
+            )
+            .await
+            .map_err(|e| classify_mysql(&e))?;
+        match found.as_slice() {
+            [(database, name, kind)]
+                if kind.eq_ignore_ascii_case("BASE TABLE") || kind.eq_ignore_ascii_case("SYSTEM VERSIONED") =>
+            {
+                tables.push(ResolvedTable {
+                    configured: table.clone(),
+                    server: TableName { database: database.clone(), table: name.clone() },
+                })
+            }
+            [(_, _, kind)] => {
+                return Err(Error::definite(format!(
+                    "outbox table {table} is a {kind}, not a base table: the binlog carries rows of base \
+                     tables only. Configure the table the application inserts into"
+                )))
+            }
+            [] => return Err(not_found(conn, table, lctn).await?),
+            _ => {
+                return Err(Error::definite(format!(
+                    "outbox table {table} names {} tables on this server (lower_case_table_names={lctn}): \
+                     configure it exactly as the server spells it",
+                    found.len()
+                )))
+            }
+        }
+    }
+    Ok(ResolvedTables { case, tables })
+}
+
+/// The error for a configured table that the server does not have, naming the tables it has under a name
+/// that differs only in case.
+async fn not_found(conn: &mut Conn, table: &TableName, lctn: u32) -> Result<Error> {
+    let similar: Vec<(String, String)> = conn
+        .exec(
+            "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES \
+             WHERE LOWER(TABLE_SCHEMA) = LOWER(?) AND LOWER(TABLE_NAME) = LOWER(?)",
+            (&table.database, &table.table),
+        )
+        .await
+        .map_err(|e| classify_mysql(&e))?;
+    if similar.is_empty() {
+        return Ok(Error::definite(format!(
+            "outbox table {table} not found (or the connector's user may not see it): create it, or GRANT \
+             SELECT ON {table} TO the connector's user"
+        )));
+    }
+    let names: Vec<String> = similar.iter().map(|(d, t)| format!("{d}.{t}")).collect();
+    Ok(Error::definite(format!(
+        "outbox table {table} not found; this server compares table names case-sensitively \
+         (lower_case_table_names={lctn}) and has {}. Write [outbox] table exactly as the server spells it",
+        names.join(", ")
+    )))
+}
+
 /// Where a stream reads changes from: the live replication stream or binlog files.
 pub enum SourceReader {
     /// A replication connection.
@@ -169,7 +290,7 @@ pub async fn server_info(conn: &mut Conn) -> Result<ServerInfo> {
 }
 
 /// Statement that reports the current binlog file, position and (MySQL) executed GTIDs.
-fn binlog_status_sql(info: &ServerInfo) -> &'static str {
+pub(crate) fn binlog_status_sql(info: &ServerInfo) -> &'static str {
     let modern_mysql = info.identity.flavor == Flavor::MySql && version_at_least(&info.version, 8, 4);
     if modern_mysql {
         "SHOW BINARY LOG STATUS"

@@ -7,7 +7,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
 use super::history::{self, Comparison, EndEvent};
-use super::{ServerIdentity, ServerInfo};
+use super::{NameCase, ServerIdentity, ServerInfo};
 use crate::config::{ColumnNames, Config, ResumeBy, TableName};
 use crate::error::{classify_mysql, Error, Result};
 use crate::position::{Flavor, Position};
@@ -222,6 +222,10 @@ pub async fn check(
     }
 
     check_replica(conn, info, &mut report).await?;
+    let (case, tables) = check_table_names(conn, config, &mut report).await?;
+    check_binlog_filters(conn, info, case, &tables, &mut report).await?;
+    check_replica_filters(conn, info, case, &tables, &mut report).await?;
+    check_commit_order(conn, info, &mut report).await?;
     check_privileges(conn, flavor, &mut report).await?;
     for table in config.outbox_tables()? {
         check_table(conn, &table, &config.outbox.columns, &mut report).await?;
@@ -370,6 +374,253 @@ async fn check_replica(conn: &mut Conn, info: &ServerInfo, report: &mut Report) 
     Ok(())
 }
 
+/// Resolves every configured outbox table to the server's spelling (see [`super::resolve_tables`]): one
+/// finding per table. Returns the server's rule for names and the tables as it spells them (as configured
+/// where they did not resolve; those have failed here already).
+async fn check_table_names(
+    conn: &mut Conn,
+    config: &Config,
+    report: &mut Report,
+) -> Result<(NameCase, Vec<TableName>)> {
+    let mut case = NameCase::Unknown;
+    let mut tables = Vec::new();
+    for table in config.outbox_tables()? {
+        let setting = format!("table {table} name");
+        match super::resolve_tables(conn, std::slice::from_ref(&table)).await {
+            Ok(resolved) => {
+                case = resolved.case;
+                let server = resolved.tables.into_iter().next().map(|t| t.server).unwrap_or(table);
+                let rule = match case {
+                    NameCase::Sensitive => "names compared case-sensitively",
+                    _ => "names compared case-insensitively",
+                };
+                report.push(&setting, "a base table of the server", &format!("{server} ({rule})"), true, "");
+                tables.push(server);
+            }
+            Err(e) if e.is_definite() => {
+                report.push(&setting, "a base table of the server", "not resolved", false, &e.to_string());
+                tables.push(table);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((case, tables))
+}
+
+/// Whether `name` is in a comma-separated filter list, compared as the server compares names (`loose`:
+/// case-insensitively whatever the server does, for lists that exclude).
+fn listed(list: &str, name: &str, case: NameCase, loose: bool) -> bool {
+    list.split(',').map(str::trim).filter(|s| !s.is_empty()).any(|item| match (case, loose) {
+        (NameCase::Sensitive, false) => item == name,
+        _ => item.to_lowercase() == name.to_lowercase(),
+    })
+}
+
+/// `replicate-wild-*-table` matching: `%` any run, `_` one character, `\` escapes; case-insensitive.
+fn wild_match(pattern: &str, name: &str) -> bool {
+    fn go(p: &[char], n: &[char]) -> bool {
+        match p.split_first() {
+            None => n.is_empty(),
+            Some(('%', rest)) => (0..=n.len()).any(|i| go(rest, &n[i..])),
+            Some(('_', rest)) => !n.is_empty() && go(rest, &n[1..]),
+            Some(('\\', rest)) if !rest.is_empty() => {
+                n.first().is_some_and(|c| c.to_lowercase().eq(rest[0].to_lowercase())) && go(&rest[1..], &n[1..])
+            }
+            Some((c, rest)) => n.first().is_some_and(|d| d.to_lowercase().eq(c.to_lowercase())) && go(rest, &n[1..]),
+        }
+    }
+    let p: Vec<char> = pattern.chars().collect();
+    let n: Vec<char> = name.chars().collect();
+    go(&p, &n)
+}
+
+/// Why a database filter of the binlog (`binlog-do-db` / `binlog-ignore-db`) keeps `table`'s rows out of
+/// it, if it does. In ROW format both filter on the database of the changed table.
+fn binlog_filter_hides(do_db: &str, ignore_db: &str, table: &TableName, case: NameCase) -> Option<String> {
+    if !do_db.trim().is_empty() && !listed(do_db, &table.database, case, false) {
+        return Some(format!("binlog-do-db = {do_db} does not name {}", table.database));
+    }
+    if listed(ignore_db, &table.database, case, true) {
+        return Some(format!("binlog-ignore-db = {ignore_db} names {}", table.database));
+    }
+    None
+}
+
+/// The replica's `replicate-*` filters, as `SHOW REPLICA STATUS` reports them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct ReplicaFilters {
+    do_db: String,
+    ignore_db: String,
+    do_table: String,
+    ignore_table: String,
+    wild_do_table: String,
+    wild_ignore_table: String,
+}
+
+impl ReplicaFilters {
+    /// Why these filters keep `table`'s rows from the replica (and so from its binlog), if they do. A
+    /// filter that could drop them counts, even where the server's precedence rules might let them through.
+    fn hides(&self, table: &TableName, case: NameCase) -> Option<String> {
+        let full = format!("{}.{}", table.database, table.table);
+        if !self.do_db.trim().is_empty() && !listed(&self.do_db, &table.database, case, false) {
+            return Some(format!("replicate-do-db = {} does not name {}", self.do_db, table.database));
+        }
+        if listed(&self.ignore_db, &table.database, case, true) {
+            return Some(format!("replicate-ignore-db = {} names {}", self.ignore_db, table.database));
+        }
+        if listed(&self.ignore_table, &full, case, true) {
+            return Some(format!("replicate-ignore-table = {} names {full}", self.ignore_table));
+        }
+        let patterns = |list: &str| {
+            list.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_string).collect::<Vec<_>>()
+        };
+        if let Some(p) = patterns(&self.wild_ignore_table).iter().find(|p| wild_match(p, &full)) {
+            return Some(format!("replicate-wild-ignore-table = {p} matches {full}"));
+        }
+        let do_tables = !self.do_table.trim().is_empty() || !self.wild_do_table.trim().is_empty();
+        if do_tables
+            && !listed(&self.do_table, &full, case, false)
+            && !patterns(&self.wild_do_table).iter().any(|p| wild_match(p, &full))
+        {
+            return Some(format!(
+                "replicate-do-table = {} / replicate-wild-do-table = {} do not name {full}",
+                self.do_table, self.wild_do_table
+            ));
+        }
+        None
+    }
+}
+
+/// `binlog-do-db` / `binlog-ignore-db`: a server that filters the outbox's database out of its binlog has
+/// the rows in the table (the snapshot reads them) but never streams them.
+async fn check_binlog_filters(
+    conn: &mut Conn,
+    info: &ServerInfo,
+    case: NameCase,
+    tables: &[TableName],
+    report: &mut Report,
+) -> Result<()> {
+    let row: Option<mysql_async::Row> =
+        conn.query_first(super::binlog_status_sql(info)).await.map_err(|e| classify_mysql(&e))?;
+    let Some(row) = row else { return Ok(()) }; // log_bin is OFF: its own finding.
+    let do_db: String = row.get("Binlog_Do_DB").unwrap_or_default();
+    let ignore_db: String = row.get("Binlog_Ignore_DB").unwrap_or_default();
+    for table in tables {
+        let hidden = binlog_filter_hides(&do_db, &ignore_db, table, case);
+        report.push(
+            &format!("binlog filters for {table}"),
+            "the outbox's database is written to the binlog",
+            hidden.as_deref().unwrap_or("not filtered"),
+            hidden.is_none(),
+            &format!(
+                "remove binlog-do-db / binlog-ignore-db from the server's configuration, or make them keep \
+                 database {} in the binlog, and restart the server; rows written while it was filtered are \
+                 in the table only: take a new snapshot (see the runbook)",
+                table.database
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// A replica's `replicate-*` filters: what they drop never reaches the replica's table nor its binlog, while
+/// the source has it.
+async fn check_replica_filters(
+    conn: &mut Conn,
+    info: &ServerInfo,
+    case: NameCase,
+    tables: &[TableName],
+    report: &mut Report,
+) -> Result<()> {
+    let rows = match replica_status(conn, info).await? {
+        Some(rows) => rows,
+        None => return Ok(()), // not permitted: check_replica warned already.
+    };
+    for row in &rows {
+        let text = |name: &str| row.get_opt::<String, _>(name).and_then(|v| v.ok()).unwrap_or_default();
+        let filters = ReplicaFilters {
+            do_db: text("Replicate_Do_DB"),
+            ignore_db: text("Replicate_Ignore_DB"),
+            do_table: text("Replicate_Do_Table"),
+            ignore_table: text("Replicate_Ignore_Table"),
+            wild_do_table: text("Replicate_Wild_Do_Table"),
+            wild_ignore_table: text("Replicate_Wild_Ignore_Table"),
+        };
+        let connection = text("Connection_name");
+        let channel = text("Channel_Name");
+        let source =
+            [connection, channel].into_iter().find(|s| !s.is_empty()).map(|s| format!(" '{s}'")).unwrap_or_default();
+        for table in tables {
+            let hidden = filters.hides(table, case);
+            report.push(
+                &format!("replication filters{source} for {table}"),
+                "the outbox table is replicated",
+                hidden.as_deref().unwrap_or("not filtered"),
+                hidden.is_none(),
+                "remove the replicate-* filters that drop the outbox table (CHANGE REPLICATION FILTER on \
+                 MySQL; the replicate_* variables or the server's configuration on MariaDB), or run the \
+                 connector against the source; rows the replica dropped must be re-published from the \
+                 source's table",
+            );
+        }
+    }
+    Ok(())
+}
+
+/// MySQL replicas applying with several workers commit in the source's order only with
+/// `replica_preserve_commit_order=ON`; otherwise the replica's binlog may hold one aggregate's events out of
+/// order. MariaDB's parallel replication (conservative, optimistic, aggressive) always commits in the
+/// source's order within a replication domain, which is where the connector's positions keep order too.
+async fn check_commit_order(conn: &mut Conn, info: &ServerInfo, report: &mut Report) -> Result<()> {
+    if info.identity.flavor != Flavor::MySql || replica_status(conn, info).await?.is_none_or(|r| r.is_empty()) {
+        return Ok(());
+    }
+    let (workers_var, preserve_var) = match variable(conn, "replica_parallel_workers").await? {
+        Some(_) => ("replica_parallel_workers", "replica_preserve_commit_order"),
+        None => ("slave_parallel_workers", "slave_preserve_commit_order"),
+    };
+    let workers: u64 = variable(conn, workers_var).await?.and_then(|v| v.parse().ok()).unwrap_or(0);
+    let preserve = variable(conn, preserve_var).await?;
+    let ok = workers <= 1 || on(&preserve);
+    report.push(
+        preserve_var,
+        &format!("ON when {workers_var} > 1 (the replica commits in the source's order)"),
+        &format!("{} with {workers_var} = {workers}", shown(&preserve)),
+        ok,
+        &format!(
+            "STOP REPLICA SQL_THREAD; SET GLOBAL {preserve_var} = ON; START REPLICA SQL_THREAD (and set it in \
+             the server's configuration), or {workers_var} = 1; otherwise the replica's binlog can hold an \
+             aggregate's events in another order than the source committed them"
+        ),
+    );
+    Ok(())
+}
+
+/// The rows of `SHOW REPLICA STATUS` (every connection on MariaDB); `None` when not permitted.
+async fn replica_status(conn: &mut Conn, info: &ServerInfo) -> Result<Option<Vec<mysql_async::Row>>> {
+    match conn.query::<mysql_async::Row, _>(replica_status_sql(info)).await {
+        Ok(rows) => Ok(Some(rows)),
+        Err(e) => {
+            let err = classify_mysql(&e);
+            if err.is_definite() {
+                Ok(None)
+            } else {
+                Err(err)
+            }
+        }
+    }
+}
+
+fn replica_status_sql(info: &ServerInfo) -> &'static str {
+    match info.identity.flavor {
+        Flavor::MariaDb => "SHOW ALL SLAVES STATUS",
+        Flavor::MySql if super::version_at_least(&info.version, 8, 0) && !info.version.starts_with("8.0.") => {
+            "SHOW REPLICA STATUS"
+        }
+        Flavor::MySql => "SHOW SLAVE STATUS",
+    }
+}
+
 async fn check_privileges(conn: &mut Conn, flavor: Flavor, report: &mut Report) -> Result<()> {
     let grants: Vec<String> = conn.query("SHOW GRANTS").await.map_err(|e| classify_mysql(&e))?;
     let global: Vec<String> =
@@ -448,4 +699,76 @@ async fn check_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(d: &str, t: &str) -> TableName {
+        TableName { database: d.into(), table: t.into() }
+    }
+
+    /// `binlog-do-db` / `binlog-ignore-db` that keep the outbox's database out of the binlog are found (issue
+    /// 16 item 8: the snapshot saw the rows, the stream never did).
+    #[test]
+    fn binlog_filters_that_hide_the_outbox() {
+        let t = table("shop", "outbox_events");
+        let cases = [
+            ("", "", NameCase::Sensitive, false),
+            ("shop", "", NameCase::Sensitive, false),
+            ("billing, shop", "", NameCase::Sensitive, false),
+            ("billing", "", NameCase::Sensitive, true),
+            ("Shop", "", NameCase::Sensitive, true),
+            ("Shop", "", NameCase::Insensitive, false),
+            ("", "shop", NameCase::Sensitive, true),
+            ("", "SHOP", NameCase::Sensitive, true),
+            ("", "billing", NameCase::Sensitive, false),
+        ];
+        for (do_db, ignore_db, case, hidden) in cases {
+            assert_eq!(
+                binlog_filter_hides(do_db, ignore_db, &t, case).is_some(),
+                hidden,
+                "{do_db:?} {ignore_db:?} {case:?}"
+            );
+        }
+    }
+
+    /// A replica's `replicate-*` filters that could drop the outbox table are found.
+    #[test]
+    fn replica_filters_that_hide_the_outbox() {
+        let t = table("shop", "outbox_events");
+        let f = |field: &str, value: &str| {
+            let mut filters = ReplicaFilters::default();
+            let slot = match field {
+                "do_db" => &mut filters.do_db,
+                "ignore_db" => &mut filters.ignore_db,
+                "do_table" => &mut filters.do_table,
+                "ignore_table" => &mut filters.ignore_table,
+                "wild_do_table" => &mut filters.wild_do_table,
+                "wild_ignore_table" => &mut filters.wild_ignore_table,
+                _ => unreachable!(),
+            };
+            *slot = value.into();
+            filters
+        };
+        let cases = [
+            (ReplicaFilters::default(), false),
+            (f("do_db", "shop"), false),
+            (f("do_db", "billing"), true),
+            (f("ignore_db", "shop"), true),
+            (f("ignore_db", "billing"), false),
+            (f("do_table", "shop.outbox_events"), false),
+            (f("do_table", "shop.orders"), true),
+            (f("ignore_table", "shop.outbox_events"), true),
+            (f("wild_do_table", "shop.%"), false),
+            (f("wild_do_table", "sh_p.outbox\\_events"), false),
+            (f("wild_do_table", "billing.%"), true),
+            (f("wild_ignore_table", "%.outbox%"), true),
+            (f("wild_ignore_table", "shop.orders%"), false),
+        ];
+        for (filters, hidden) in cases {
+            assert_eq!(filters.hides(&t, NameCase::Sensitive).is_some(), hidden, "{filters:?}");
+        }
+    }
 }

@@ -1088,3 +1088,308 @@ fn gtid_list_takes_the_highest_sequence_per_domain() {
     let event = parse_event(&file.fde, &bytes).unwrap();
     assert_eq!(mariadb_gtid_list(&event).unwrap().to_string(), "0-2-150,1-1-7");
 }
+
+/// One step of a MySQL-shaped event group, for the table-driven group tests below.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// GTID event with this GNO.
+    Gtid(u64),
+    /// QUERY event with default database `shop`.
+    Query(&'static str),
+    /// WRITE_ROWS on `shop.outbox` with these ids.
+    Outbox(&'static [&'static str]),
+    /// WRITE_ROWS on `shop.orders` (not an outbox table).
+    Orders,
+    Xid,
+    /// XA_PREPARE_LOG_EVENT (two-phase).
+    XaPrepare,
+}
+
+impl MySqlFile {
+    fn query_in(&mut self, schema: &str, sql: &str) {
+        let mut body = Vec::new();
+        body.extend_from_slice(&1u32.to_le_bytes()); // thread id
+        body.extend_from_slice(&0u32.to_le_bytes()); // exec time
+        body.push(schema.len() as u8);
+        body.extend_from_slice(&0u16.to_le_bytes()); // error code
+        body.extend_from_slice(&0u16.to_le_bytes()); // status vars length
+        body.extend_from_slice(schema.as_bytes());
+        body.push(0);
+        body.extend_from_slice(sql.as_bytes());
+        self.push(2, &body);
+    }
+
+    fn steps(&mut self, uuid: &Uuid, steps: &[Step]) {
+        for step in steps {
+            match *step {
+                Step::Gtid(gno) => self.gtid(uuid, gno),
+                Step::Query(sql) => self.query_in("shop", sql),
+                Step::Outbox(ids) => {
+                    self.table_map(91, "shop", "outbox", OUTBOX_COLUMNS);
+                    let images: Vec<Vec<u8>> = ids.iter().map(|id| outbox_image(id, "o-1")).collect();
+                    self.rows(30, 91, OUTBOX_COLUMNS.len(), &images);
+                }
+                Step::Orders => {
+                    self.table_map(92, "shop", "orders", OUTBOX_COLUMNS);
+                    self.rows(30, 92, OUTBOX_COLUMNS.len(), &[outbox_image("not-an-event", "o-1")]);
+                }
+                Step::Xid => self.xid(),
+                Step::XaPrepare => {
+                    let mut body = vec![0u8]; // not one-phase
+                    body.extend_from_slice(&1u32.to_le_bytes()); // formatID
+                    body.extend_from_slice(&1u32.to_le_bytes()); // gtrid length
+                    body.extend_from_slice(&0u32.to_le_bytes()); // bqual length
+                    body.push(b'1');
+                    self.push(38, &body);
+                }
+            }
+        }
+    }
+}
+
+/// What a read yields, compactly: `e-1` per published row, `commit N` per commit (N: GTIDs in its position),
+/// then `error: …` if the read failed.
+fn outline(changes: &[Change], error: Option<Error>) -> Vec<String> {
+    let mut out: Vec<String> = changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Row(row) => Some(row.id.clone()),
+            Change::Commit { position, .. } => {
+                let Gtids::MySql(set) = &position.gtids else { return Some("commit ?".into()) };
+                let n: u64 = set.iter().map(|(_, _, r)| r.iter().map(|r| r.end - r.start).sum::<u64>()).sum();
+                Some(format!("commit {n}"))
+            }
+            _ => None,
+        })
+        .collect();
+    if let Some(e) = error {
+        out.push(format!("error: {e}"));
+    }
+    out
+}
+
+/// The transaction-group rules, one per row: rows of a group are published only when its end commits it;
+/// what a `ROLLBACK` or `ROLLBACK TO SAVEPOINT` undoes is never published; an XA branch is one group from
+/// `XA START` to `XA PREPARE` and may not write the outbox; a write logged as a statement on an outbox
+/// table is a definite error at its event. Regression guard for issue 16 item 9 (a ROLLBACK-terminated
+/// group was published as committed; `XA START` was taken as a one-statement group, so an XA branch's rows
+/// were published and its GTID checkpointed before its outcome) and item 8 (statement-format writes were
+/// dropped silently).
+#[test]
+fn groups_publish_only_what_commits() {
+    use Step::*;
+    struct Case {
+        name: &'static str,
+        steps: &'static [Step],
+        /// The outline; a last entry `error: X` means the error contains X.
+        expect: &'static [&'static str],
+    }
+    let cases = [
+        Case { name: "commit", steps: &[Gtid(1), Query("BEGIN"), Outbox(&["e-1"]), Xid], expect: &["e-1", "commit 1"] },
+        Case {
+            name: "a group that ends in ROLLBACK publishes nothing and is passed",
+            steps: &[
+                Gtid(1),
+                Query("BEGIN"),
+                Outbox(&["e-1"]),
+                Orders,
+                Query("ROLLBACK"),
+                Gtid(2),
+                Query("BEGIN"),
+                Outbox(&["e-2"]),
+                Xid,
+            ],
+            expect: &["commit 1", "e-2", "commit 2"],
+        },
+        Case {
+            name: "ROLLBACK TO SAVEPOINT drops the rows since the savepoint",
+            steps: &[
+                Gtid(1),
+                Query("BEGIN"),
+                Outbox(&["e-1"]),
+                Query("SAVEPOINT `s1`"),
+                Outbox(&["e-2", "e-3"]),
+                Query("ROLLBACK TO `s1`"),
+                Outbox(&["e-4"]),
+                Xid,
+            ],
+            expect: &["e-1", "e-4", "commit 1"],
+        },
+        Case {
+            name: "nested savepoints: rolling back to the outer one drops the inner one too",
+            steps: &[
+                Gtid(1),
+                Query("BEGIN"),
+                Query("SAVEPOINT a"),
+                Outbox(&["e-1"]),
+                Query("SAVEPOINT b"),
+                Outbox(&["e-2"]),
+                Query("ROLLBACK TO b"),
+                Outbox(&["e-3"]),
+                Query("ROLLBACK TO SAVEPOINT a"),
+                Outbox(&["e-4"]),
+                Query("COMMIT"),
+            ],
+            expect: &["e-4", "commit 1"],
+        },
+        Case {
+            name: "an XA branch that writes the outbox is refused before anything of it is published",
+            steps: &[Gtid(1), Query("XA START X'31',X'',1"), Outbox(&["e-1"]), Query("XA END X'31',X'',1"), XaPrepare],
+            expect: &["error: XA transaction"],
+        },
+        Case {
+            name: "an XA branch elsewhere is one group up to XA PREPARE; its XA COMMIT is another",
+            steps: &[
+                Gtid(1),
+                Query("XA START X'31',X'',1"),
+                Orders,
+                Query("XA END X'31',X'',1"),
+                XaPrepare,
+                Gtid(2),
+                Query("XA COMMIT X'31',X'',1"),
+                Gtid(3),
+                Query("BEGIN"),
+                Outbox(&["e-1"]),
+                Xid,
+            ],
+            expect: &["commit 1", "commit 2", "e-1", "commit 3"],
+        },
+        Case {
+            name: "one-phase XA ends at its XA COMMIT",
+            steps: &[
+                Gtid(1),
+                Query("XA START X'32',X'',1"),
+                Orders,
+                Query("XA END X'32',X'',1"),
+                Query("XA COMMIT X'32',X'',1 ONE PHASE"),
+                Gtid(2),
+                Query("BEGIN"),
+                Outbox(&["e-1"]),
+                Xid,
+            ],
+            expect: &["commit 1", "e-1", "commit 2"],
+        },
+        Case {
+            name: "an INSERT logged as a statement into the outbox is a definite error",
+            steps: &[Gtid(1), Query("BEGIN"), Query("INSERT INTO outbox (id) VALUES ('e-1')"), Query("COMMIT")],
+            expect: &["error: statement format"],
+        },
+        Case {
+            name: "the statement's target is compared case-insensitively, in its default database",
+            steps: &[
+                Gtid(1),
+                Query("BEGIN"),
+                Query("/* app */ insert ignore into `SHOP`.`Outbox` select * from t"),
+                Query("COMMIT"),
+            ],
+            expect: &["error: statement format"],
+        },
+        Case {
+            name: "LOAD DATA into the outbox is a definite error",
+            steps: &[Gtid(1), Query("BEGIN"), Query("LOAD DATA INFILE 'x.csv' INTO TABLE outbox"), Query("COMMIT")],
+            expect: &["error: statement format"],
+        },
+        Case {
+            name: "a statement that only reads the outbox is not a write to it",
+            steps: &[Gtid(1), Query("BEGIN"), Query("INSERT INTO orders SELECT * FROM outbox"), Query("COMMIT")],
+            expect: &["commit 1"],
+        },
+        Case {
+            name: "an unparsed statement that names the outbox is taken for a write",
+            steps: &[
+                Gtid(1),
+                Query("BEGIN"),
+                Query("WITH x AS (SELECT 1) INSERT INTO outbox SELECT * FROM x"),
+                Query("COMMIT"),
+            ],
+            expect: &["error: statement format"],
+        },
+        Case {
+            name: "DDL on the outbox is not a write",
+            steps: &[
+                Gtid(1),
+                Query("ALTER TABLE outbox ADD COLUMN x INT"),
+                Gtid(2),
+                Query("BEGIN"),
+                Outbox(&["e-1"]),
+                Xid,
+            ],
+            expect: &["commit 1", "e-1", "commit 2"],
+        },
+        Case {
+            name: "UPDATE/DELETE statements follow outbox.on_update (ignore)",
+            steps: &[Gtid(1), Query("BEGIN"), Query("DELETE FROM outbox WHERE id = 'e-0'"), Query("COMMIT")],
+            expect: &["commit 1"],
+        },
+    ];
+    let uuid = Uuid::from_str("3e11fa47-71ca-11e1-9e33-c80aa9429562").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut wrong = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let mut file = MySqlFile::new();
+        file.steps(&uuid, case.steps);
+        let path = file.write(dir.path(), &format!("binlog.{:06}", i + 1));
+        let start = start_position(&path, &scan(&path).unwrap().header, None).unwrap();
+        let (changes, error) = read_files(&[path], &["shop.outbox"], start);
+        let got = outline(&changes, error);
+        let split = |outline: &[String]| match outline.split_last() {
+            Some((last, rest)) if last.starts_with("error: ") => (rest.to_vec(), Some(last.clone())),
+            _ => (outline.to_vec(), None),
+        };
+        let expect: Vec<String> = case.expect.iter().map(|s| s.to_string()).collect();
+        let ((got_rest, got_error), (want_rest, want_error)) = (split(&got), split(&expect));
+        let error_ok = match (&want_error, &got_error) {
+            (None, None) => true,
+            (Some(want), Some(got)) => got.contains(&want["error: ".len()..]),
+            _ => false,
+        };
+        if got_rest != want_rest || !error_ok {
+            wrong.push(format!("{}:\n    expected {expect:?}\n    got      {got:?}", case.name));
+        }
+    }
+    assert!(wrong.is_empty(), "{} of {} cases wrong:\n  {}", wrong.len(), cases.len(), wrong.join("\n  "));
+}
+
+/// Binlog files carry no `lower_case_table_names`: a TABLE_MAP name that differs from the configured outbox
+/// table only in case stops the read, where it used to be skipped silently (issue 16 item 7).
+#[test]
+fn a_table_name_differing_only_in_case_is_definite_without_the_server() {
+    let uuid = Uuid::from_str("3e11fa47-71ca-11e1-9e33-c80aa9429562").unwrap();
+    let mut file = MySqlFile::new();
+    file.steps(&uuid, &[Step::Gtid(1), Step::Query("BEGIN"), Step::Outbox(&["e-1"]), Step::Xid]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = file.write(dir.path(), "binlog.000001");
+    let start = start_position(&path, &scan(&path).unwrap().header, None).unwrap();
+    let (changes, error) = read_files(&[path], &["shop.Outbox"], start);
+    let error = error.expect("definite error");
+    assert!(error.is_definite() && error.to_string().contains("differ only in case"), "{error}");
+    assert!(!changes.iter().any(|c| matches!(c, Change::Row(_))), "{changes:?}");
+}
+
+/// A transaction larger than the hold-back (`binlog::HOLD_BACK_BYTES`, 8 MiB) streams on instead of being
+/// buffered whole; a `ROLLBACK` that then undoes rows already handed on is a definite error saying so,
+/// never a silent publish of rolled-back rows as committed.
+#[test]
+fn rollback_past_the_hold_back_is_definite() {
+    let uuid = Uuid::from_str("3e11fa47-71ca-11e1-9e33-c80aa9429562").unwrap();
+    let mut file = MySqlFile::new();
+    file.gtid(&uuid, 1);
+    file.query("BEGIN");
+    file.table_map(91, "shop", "outbox", OUTBOX_COLUMNS);
+    let image = outbox_image("e-big", "o-1");
+    let per_event = 10_000;
+    let events = (9 << 20) / (image.len() * per_event) + 1;
+    for _ in 0..events {
+        file.rows(30, 91, OUTBOX_COLUMNS.len(), &vec![image.clone(); per_event]);
+    }
+    file.query("ROLLBACK");
+    let dir = tempfile::tempdir().unwrap();
+    let path = file.write(dir.path(), "binlog.000001");
+    let start = start_position(&path, &scan(&path).unwrap().header, None).unwrap();
+    let (changes, error) = read_files(&[path], &["shop.outbox"], start);
+    let error = error.expect("definite error");
+    assert!(error.is_definite() && error.to_string().contains("had already handed on"), "{error}");
+    let rows = changes.iter().filter(|c| matches!(c, Change::Row(_))).count();
+    assert!(rows > 0 && rows < events * per_event, "streamed past the hold-back, not all: {rows}");
+    assert!(!changes.iter().any(|c| matches!(c, Change::Commit { .. })), "no commit for a rolled-back group");
+}
