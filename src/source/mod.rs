@@ -45,6 +45,10 @@ impl SourceConn {
             .pass(password.map(|p| p.expose().to_string()))
             .prefer_socket(false)
             .stmt_cache_size(0)
+            // TIMESTAMP columns read as UTC, as the binlog gives them (seconds since the epoch): the snapshot
+            // and the stream then write the same `occurred_at`, and comparisons with UTC text (prune's
+            // cutoff, the snapshot's keyset) mean what they say.
+            .init(vec!["SET time_zone = '+00:00'"])
             .max_allowed_packet(Some(1024 * 1024 * 1024));
         builder = match source.tls {
             TlsMode::Disabled => builder,

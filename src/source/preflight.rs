@@ -6,6 +6,7 @@ use std::fmt;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
+use super::decode;
 use super::history::{self, Comparison, EndEvent};
 use super::{ServerIdentity, ServerInfo};
 use crate::config::{ColumnNames, Config, ResumeBy, TableName};
@@ -225,6 +226,7 @@ pub async fn check(
     check_privileges(conn, flavor, &mut report).await?;
     for table in config.outbox_tables()? {
         check_table(conn, &table, &config.outbox.columns, &mut report).await?;
+        check_column_types(conn, &table, &config.outbox.columns, &mut report).await?;
     }
 
     if let Some(checked) = checkpoint {
@@ -447,5 +449,43 @@ async fn check_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, 
             );
         }
     }
+    Ok(())
+}
+
+/// Every mapped column's type is one the stream and the snapshot read alike ([`decode::TypeFamily`]).
+/// Missing columns are [`check_table`]'s finding; here they are skipped.
+async fn check_column_types(
+    conn: &mut Conn,
+    table: &TableName,
+    columns: &ColumnNames,
+    report: &mut Report,
+) -> Result<()> {
+    let present: Vec<(String, String, String, Option<String>)> = conn
+        .exec(
+            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, CHARACTER_SET_NAME FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            (&table.database, &table.table),
+        )
+        .await
+        .map_err(|e| classify_mysql(&e))?;
+    if present.is_empty() {
+        return Ok(());
+    }
+    let problems: Vec<String> = decode::SLOT_NAMES
+        .iter()
+        .zip(columns.required())
+        .filter_map(|(role, (name, _))| {
+            let (_, data_type, shown, charset) = present.iter().find(|(c, ..)| c.eq_ignore_ascii_case(name))?;
+            let family = decode::TypeFamily::of_sql(data_type, charset.as_deref());
+            decode::column_type_problem(table, role, name, shown, family)
+        })
+        .collect();
+    report.push(
+        &format!("table {table} column types"),
+        "types the connector reads (text in utf8mb4, integers, ENUM/SET, JSON, DATETIME/TIMESTAMP, by column)",
+        &if problems.is_empty() { "as expected".to_string() } else { format!("{} unreadable", problems.len()) },
+        problems.is_empty(),
+        &problems.join("; "),
+    );
     Ok(())
 }
