@@ -952,7 +952,9 @@ mod tests {
         use ColumnType as T;
         use TypeFamily::*;
         const UTF8MB4: Option<u16> = Some(45);
-        let cases: &[(&str, Option<&str>, ColumnType, Option<u16>, Option<TypeFamily>)] = &[
+        /// `DATA_TYPE` and character set, the TABLE_MAP's type and collation id, the family both must give.
+        type Case = (&'static str, Option<&'static str>, ColumnType, Option<u16>, Option<TypeFamily>);
+        let cases: &[Case] = &[
             ("char", Some("utf8mb4"), T::MYSQL_TYPE_STRING, UTF8MB4, Some(Text)),
             ("varchar", Some("utf8mb4"), T::MYSQL_TYPE_VARCHAR, UTF8MB4, Some(Text)),
             ("varchar", Some("utf8mb3"), T::MYSQL_TYPE_VARCHAR, Some(33), Some(Text)),
