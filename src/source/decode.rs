@@ -399,7 +399,8 @@ impl ColumnFacts {
 /// these, each for the columns [`accepted_families`] names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TypeFamily {
-    /// CHAR, VARCHAR and the TEXT types in a UTF-8 character set (MariaDB's JSON is a LONGTEXT): text.
+    /// CHAR, VARCHAR and the TEXT types in a UTF-8 character set (MariaDB's JSON is a LONGTEXT), and
+    /// VARBINARY and the BLOB types: text, whose bytes must be UTF-8 (a row whose are not is undecodable).
     Text,
     /// TINYINT … BIGINT, signed or not: decimal digits.
     Integer,
@@ -435,9 +436,8 @@ impl TypeFamily {
                 }
                 TypeFamily::Text
             }
-            "binary" | "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob" => {
-                return Err("a binary string: bytes, not text".into())
-            }
+            "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob" => TypeFamily::Text,
+            "binary" => return Err(FIXED_BINARY.into()),
             "tinyint" | "smallint" | "mediumint" | "int" | "integer" | "bigint" => TypeFamily::Integer,
             "enum" => TypeFamily::Enum,
             "set" => TypeFamily::Set,
@@ -454,10 +454,8 @@ impl TypeFamily {
     fn of_binlog(ty: ColumnType, collation: Option<u16>) -> std::result::Result<Self, String> {
         use ColumnType as T;
         let family = match ty {
+            T::MYSQL_TYPE_STRING if collation == Some(BINARY_COLLATION) => return Err(FIXED_BINARY.into()),
             T::MYSQL_TYPE_STRING | T::MYSQL_TYPE_VARCHAR | T::MYSQL_TYPE_VAR_STRING | T::MYSQL_TYPE_BLOB => {
-                if collation == Some(BINARY_COLLATION) {
-                    return Err("a binary string: bytes, not text".into());
-                }
                 TypeFamily::Text
             }
             T::MYSQL_TYPE_TINY
@@ -479,11 +477,18 @@ impl TypeFamily {
 /// Collation id of the `binary` character set.
 const BINARY_COLLATION: u16 = 63;
 
+/// Why BINARY(n) is refused. The binlog leaves out the trailing zero bytes a `SELECT` pads it with, so the
+/// stream and the snapshot would disagree; and a BINARY(16) UUID is bytes that are not text.
+const FIXED_BINARY: &str =
+    "a fixed-length binary string: the binlog drops the zero bytes a SELECT pads it with, and its bytes are not text";
+
 /// The families each outbox column (in [`SLOT_NAMES`] order) may have, and the types to suggest.
 const ACCEPTED: [(&[TypeFamily], &str); 8] = {
     use TypeFamily::*;
-    const KEY: (&[TypeFamily], &str) =
-        (&[Text, Integer, Enum, Set], "CHAR/VARCHAR/TEXT in utf8mb4, an integer type, ENUM or SET");
+    const KEY: (&[TypeFamily], &str) = (
+        &[Text, Integer, Enum, Set],
+        "CHAR/VARCHAR/TEXT in utf8mb4 (a UUID as CHAR(36)), an integer type, ENUM or SET",
+    );
     const BODY: (&[TypeFamily], &str) = (&[Json, Text], "JSON, or TEXT/LONGTEXT in utf8mb4");
     [
         KEY,
@@ -961,8 +966,8 @@ mod tests {
             ("text", Some("utf8mb4"), T::MYSQL_TYPE_BLOB, UTF8MB4, Some(Text)),
             ("longtext", Some("utf8mb4"), T::MYSQL_TYPE_BLOB, None, Some(Text)),
             ("binary", None, T::MYSQL_TYPE_STRING, Some(63), None),
-            ("varbinary", None, T::MYSQL_TYPE_VARCHAR, Some(63), None),
-            ("blob", None, T::MYSQL_TYPE_BLOB, Some(63), None),
+            ("varbinary", None, T::MYSQL_TYPE_VARCHAR, Some(63), Some(Text)),
+            ("blob", None, T::MYSQL_TYPE_BLOB, Some(63), Some(Text)),
             ("tinyint", None, T::MYSQL_TYPE_TINY, None, Some(Integer)),
             ("smallint", None, T::MYSQL_TYPE_SHORT, None, Some(Integer)),
             ("mediumint", None, T::MYSQL_TYPE_INT24, None, Some(Integer)),
@@ -1019,7 +1024,7 @@ mod tests {
         assert!(problem.contains("DATETIME(6) or TIMESTAMP(6)"), "{problem}");
         let problem =
             column_type_problem(&table, "id", "id", "binary(16)", TypeFamily::of_sql("binary", None)).unwrap();
-        assert!(problem.contains("binary string") && problem.contains("CHAR/VARCHAR/TEXT in utf8mb4"), "{problem}");
+        assert!(problem.contains("fixed-length binary string") && problem.contains("a UUID as CHAR(36)"), "{problem}");
     }
 
     #[test]
