@@ -97,11 +97,14 @@ async fn snapshot_and_stream_read_timestamp_enum_and_set_alike() {
     let (status, out, err) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
     assert!(status.success(), "{out}{err}");
     assert!(out.contains("[ok  ] table shop.outbox_events column types"), "{out}");
+    assert!(out.contains("[ok  ] table shop.outbox_events snapshot key order"), "{out}");
     connector.terminate();
 }
 
 /// `check` refuses each mapped column whose type the connector does not read, names the column, its
-/// type and the types to use, and exits 2; the reference table passes.
+/// type and the types to use, and exits 2; the reference table passes. It also refuses a snapshot key
+/// column that sorts otherwise than it compares (an ENUM whose labels are not in ascending order), with
+/// which the snapshot's keyset scan would silently skip rows.
 #[tokio::test(flavor = "multi_thread")]
 async fn check_refuses_unreadable_column_types() {
     let db = MariaDb::start();
@@ -115,7 +118,8 @@ async fn check_refuses_unreadable_column_types() {
     db.sql(
         "ALTER TABLE shop.outbox_events MODIFY id BINARY(16) NOT NULL, MODIFY schema_version VARCHAR(8) NOT NULL, \
          MODIFY aggregate_id VARCHAR(128) CHARACTER SET latin1 NOT NULL, MODIFY occurred_at DATE NOT NULL, \
-         MODIFY event_type VARBINARY(128) NOT NULL, MODIFY payload BLOB NOT NULL",
+         MODIFY event_type VARBINARY(128) NOT NULL, MODIFY payload BLOB NOT NULL, \
+         MODIFY aggregate_type ENUM('payment','order') NOT NULL",
     );
     let (status, out, err) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
     assert_eq!(status.code(), Some(2), "{out}{err}");
@@ -132,6 +136,16 @@ async fn check_refuses_unreadable_column_types() {
     ] {
         assert!(out.contains(expected), "missing {expected:?} in\n{out}");
     }
+    // An ENUM in the snapshot key must sort like it compares, or the keyset scan skips rows: after the last
+    // 'payment' row, `aggregate_type > 'payment'` finds no 'order' row although they sort after it.
+    assert!(out.contains("[FAIL] table shop.outbox_events snapshot key order"), "{out}");
+    assert!(
+        out.contains(
+            "`aggregate_type` is enum('payment','order'): an ENUM sorts by its labels' positions, and 'order' \
+             comes after 'payment' although it is smaller as text (utf8mb4_general_ci)"
+        ),
+        "{out}"
+    );
     // The columns that are fine are not named: variable-length binary strings are read as UTF-8 text,
     // identically by the stream and the snapshot (a row whose bytes are not UTF-8 is undecodable).
     for fine in ["`aggregate_type`", "`event_type`", "`payload`", "`headers`"] {

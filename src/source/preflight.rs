@@ -460,10 +460,11 @@ async fn check_column_types(
     columns: &ColumnNames,
     report: &mut Report,
 ) -> Result<()> {
-    let present: Vec<(String, String, String, Option<String>)> = conn
+    type ColumnRow = (String, String, String, Option<String>, Option<String>);
+    let present: Vec<ColumnRow> = conn
         .exec(
-            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, CHARACTER_SET_NAME FROM information_schema.COLUMNS \
-             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, CHARACTER_SET_NAME, COLLATION_NAME \
+             FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
             (&table.database, &table.table),
         )
         .await
@@ -471,11 +472,14 @@ async fn check_column_types(
     if present.is_empty() {
         return Ok(());
     }
-    let problems: Vec<String> = decode::SLOT_NAMES
+    let mapped: Vec<(&str, &str, &ColumnRow)> = decode::SLOT_NAMES
         .iter()
         .zip(columns.required())
-        .filter_map(|(role, (name, _))| {
-            let (_, data_type, shown, charset) = present.iter().find(|(c, ..)| c.eq_ignore_ascii_case(name))?;
+        .filter_map(|(role, (name, _))| Some((*role, name, present.iter().find(|c| c.0.eq_ignore_ascii_case(name))?)))
+        .collect();
+    let problems: Vec<String> = mapped
+        .iter()
+        .filter_map(|(role, name, (_, data_type, shown, charset, _))| {
             let family = decode::TypeFamily::of_sql(data_type, charset.as_deref());
             decode::column_type_problem(table, role, name, shown, family)
         })
@@ -487,5 +491,103 @@ async fn check_column_types(
         problems.is_empty(),
         &problems.join("; "),
     );
+
+    // The snapshot scans in keyset chunks: ORDER BY the key columns, then `column > last value`. An ENUM
+    // sorts by its labels' positions but compares with a string as text, a SET sorts by its bitmask: unless
+    // the two orders agree, the scan skips rows without a trace.
+    let mut misordered = Vec::new();
+    for (role, name, (_, data_type, shown, _, collation)) in &mapped {
+        if !["id", "aggregate_type", "aggregate_id"].contains(role) {
+            continue;
+        }
+        let fix = format!(
+            "change `{name}` to VARCHAR, or list the ENUM's labels in ascending order (ALTER TABLE {table} MODIFY \
+             `{name}` ENUM(…) with the same labels, sorted)"
+        );
+        if data_type.eq_ignore_ascii_case("set") {
+            misordered.push(format!("`{name}` is {shown}: a SET sorts by its bitmask, not as text; {fix}"));
+        } else if data_type.eq_ignore_ascii_case("enum") {
+            let labels = enum_labels(shown);
+            let collation = collation.as_deref().unwrap_or("utf8mb4_bin");
+            if let Some((a, b)) = first_descent(conn, &labels, collation).await? {
+                misordered.push(format!(
+                    "`{name}` is {shown}: an ENUM sorts by its labels' positions, and '{b}' comes after '{a}' \
+                     although it is smaller as text ({collation}); {fix}"
+                ));
+            }
+        }
+    }
+    report.push(
+        &format!("table {table} snapshot key order"),
+        "id, aggregate_type and aggregate_id sort as they compare",
+        &if misordered.is_empty() {
+            "as expected".to_string()
+        } else {
+            format!("{} column(s) do not", misordered.len())
+        },
+        misordered.is_empty(),
+        &format!("the snapshot's keyset scan would skip rows: {}", misordered.join("; ")),
+    );
     Ok(())
+}
+
+/// The labels of an ENUM or SET as `information_schema.COLUMNS.COLUMN_TYPE` spells them:
+/// `enum('a','it''s','back\\slash')`.
+fn enum_labels(column_type: &str) -> Vec<String> {
+    let inner = column_type.find('(').map_or("", |open| &column_type[open + 1..]);
+    let mut labels = Vec::new();
+    let mut chars = inner.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\'' {
+            continue;
+        }
+        let mut label = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\'' if chars.peek() == Some(&'\'') => {
+                    chars.next();
+                    label.push('\'');
+                }
+                '\'' => break,
+                '\\' => label.extend(chars.next()),
+                c => label.push(c),
+            }
+        }
+        labels.push(label);
+    }
+    labels
+}
+
+/// The first two neighbouring labels that are not in ascending order under `collation`, asked of the server.
+async fn first_descent(conn: &mut Conn, labels: &[String], collation: &str) -> Result<Option<(String, String)>> {
+    let charset = collation.split('_').next().unwrap_or("utf8mb4");
+    let text = format!("CONVERT(? USING {charset}) COLLATE {collation}");
+    for pair in labels.windows(2) {
+        let ascending: Option<Option<i64>> = conn
+            .exec_first(format!("SELECT {text} < {text}"), (&pair[0], &pair[1]))
+            .await
+            .map_err(|e| classify_mysql(&e))?;
+        if ascending.flatten() != Some(1) {
+            return Ok(Some((pair[0].clone(), pair[1].clone())));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod column_type_tests {
+    use super::enum_labels;
+
+    #[test]
+    fn enum_labels_as_information_schema_spells_them() {
+        let cases: &[(&str, &[&str])] = &[
+            ("enum('order','payment')", &["order", "payment"]),
+            ("set('a','b,c')", &["a", "b,c"]),
+            (r"enum('it''s','back\\slash','')", &["it's", r"back\slash", ""]),
+            ("enum('x')", &["x"]),
+        ];
+        for (column_type, expected) in cases {
+            assert_eq!(enum_labels(column_type), *expected, "{column_type}");
+        }
+    }
 }
