@@ -6,8 +6,8 @@ use std::fmt;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
-use super::decode;
 use super::history::{self, Comparison, EndEvent};
+use super::{column_types, decode};
 use super::{ServerIdentity, ServerInfo};
 use crate::config::{ColumnNames, Config, ResumeBy, TableName};
 use crate::error::{classify_mysql, Error, Result};
@@ -452,7 +452,7 @@ async fn check_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, 
     Ok(())
 }
 
-/// Every mapped column's type is one the stream and the snapshot read alike ([`decode::TypeFamily`]).
+/// Every mapped column's type is one the stream and the snapshot read alike ([`column_types::TypeFamily`]).
 /// Missing columns are [`check_table`]'s finding; here they are skipped.
 async fn check_column_types(
     conn: &mut Conn,
@@ -480,8 +480,8 @@ async fn check_column_types(
     let problems: Vec<String> = mapped
         .iter()
         .filter_map(|(role, name, (_, data_type, shown, charset, _))| {
-            let family = decode::TypeFamily::of_sql(data_type, charset.as_deref());
-            decode::column_type_problem(table, role, name, shown, family)
+            let family = column_types::TypeFamily::of_sql(data_type, charset.as_deref());
+            column_types::column_type_problem(table, role, name, shown, family)
         })
         .collect();
     report.push(
