@@ -529,3 +529,45 @@ async fn snapshot_lock_wait_is_bounded() {
     outbox_cdc::source::snapshot::take_lock(&mut locker, lock_sql, 1).await.expect("lock after the commit");
     locker.query_drop("UNLOCK TABLES").await.unwrap();
 }
+
+/// A snapshot over `aggregate_type ENUM('payment','order')`, one row per chunk: every row is published.
+/// An ENUM sorts by its labels' positions ('order' after 'payment') but compares with a string as text
+/// ('order' < 'payment'). Guards against the keyset scan continuing with `aggregate_type > 'payment'`, which
+/// found no 'order' row and ended the snapshot early, silently.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_scans_an_enum_key_in_declaration_order() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    conn.query_drop("ALTER TABLE shop.outbox_events MODIFY aggregate_type ENUM('payment','order') NOT NULL")
+        .await
+        .unwrap();
+    let mut per: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (id, aggregate_type, aggregate_id) in
+        [("e-1", "payment", "p-1"), ("e-2", "payment", "p-2"), ("e-3", "order", "o-1"), ("e-4", "order", "o-2")]
+    {
+        conn.query_drop(format!(
+            "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
+             payload, occurred_at, next_attempt_at) \
+             VALUES ('{id}', '{aggregate_type}', '{aggregate_id}', 'Seeded', 1, '{{}}', '2026-01-01', NOW(6))"
+        ))
+        .await
+        .unwrap();
+        per.entry(aggregate_id.to_string()).or_default().push(id.to_string());
+    }
+    let mut connector = Connector::new();
+    let config = connector.write_config(&db, &broker, &snapshot_config("chunk_rows = 1"));
+    connector.run(&config);
+    wait_streaming(&connector);
+    let (orders, payments): (BTreeMap<_, _>, BTreeMap<_, _>) = per.into_iter().partition(|(a, _)| a.starts_with('o'));
+    common::read_and_audit(&broker, TOPIC, &Expected::from_orders(orders), Duration::from_secs(60), &connector);
+    let payments_topic = "outbox.event.payment";
+    common::read_and_audit(
+        &broker,
+        payments_topic,
+        &Expected::from_orders(payments),
+        Duration::from_secs(60),
+        &connector,
+    );
+    connector.terminate();
+}

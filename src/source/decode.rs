@@ -9,6 +9,21 @@
 //! `n` fractional digits and is never shifted by a time zone, MySQL's binary JSON is converted to JSON text
 //! and MariaDB's JSON (a LONGTEXT) is taken verbatim and validated by the router.
 //!
+//! # Types the binlog gives differently than SQL
+//! The snapshot reads the same rows with `SELECT`, and an event must not depend on which of the two read
+//! it. Three types arrive in the binlog as something other than what a `SELECT` prints:
+//! - `TIMESTAMP(n)` arrives as seconds since the epoch; it is written as UTC, with `n` digits. The
+//!   snapshot's session runs with `time_zone = '+00:00'`, so it prints the same text.
+//! - `ENUM` arrives as the 1-based index of its label, `SET` as a bitmask; both are written as their
+//!   labels (a SET's comma-separated in definition order), taken from the TABLE_MAP's `ENUM_STR_VALUE` /
+//!   `SET_STR_VALUE` metadata (`binlog_row_metadata=FULL`).
+//!
+//! Every other type an outbox column may have ([`TypeFamily`], by column: [`column_type_problem`])
+//! arrives as the `SELECT` prints it. Preflight refuses a mapped column of any other type, with the fix;
+//! if one appears in the binlog anyway (an `ALTER TABLE` while running), every row of that table map is
+//! undecodable with the same message (dead-lettered or stopping, by `outbox.on_poison`): never a row
+//! of guesses.
+//!
 //! # Binary JSON text
 //! MySQL's binary JSON is rendered the way MySQL itself prints it (what a `SELECT payload` and so the
 //! snapshot return), not the way mysql_common's `serde_json` conversion does: that conversion refuses
@@ -26,12 +41,13 @@ use mysql_common::binlog::value::BinlogValue;
 use mysql_common::constants::ColumnType;
 use mysql_common::value::Value;
 
+use super::column_types::{column_type_problem, TypeFamily};
 use super::rows::{AfterImages, RowLayout, Slots};
 use crate::config::{ColumnNames, TableName};
 use crate::error::{Error, Result};
 
-/// The outbox columns in slot order (see [`OutboxTable::decode`]).
-const SLOT_NAMES: [&str; 8] =
+/// The outbox columns' roles in slot order (see [`OutboxTable::decode`]), as in `[outbox.columns]`.
+pub const SLOT_NAMES: [&str; 8] =
     ["id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers", "occurred_at"];
 
 /// One outbox row, decoded: what the router needs.
@@ -68,8 +84,25 @@ pub struct OutboxTable {
     has_headers: bool,
     /// Where the needed columns are; slots in [`SLOT_NAMES`] order.
     layout: RowLayout,
-    /// Fractional-second digits of `occurred_at` (DATETIME(n)).
+    /// How each slot's value is read, in [`SLOT_NAMES`] order.
+    kinds: Vec<ColumnKind>,
+    /// Fractional-second digits of `occurred_at` (DATETIME(n) or TIMESTAMP(n)).
     occurred_at_fsp: u8,
+}
+
+/// How the decoder reads one outbox column, beyond what its value says by itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ColumnKind {
+    /// As it arrives: text, an integer, JSON, a DATETIME.
+    Plain,
+    /// ENUM: an index into these labels (1-based; 0 is the empty string MySQL stores for an invalid value).
+    Enum(Vec<String>),
+    /// SET: a bitmask over these labels.
+    Set(Vec<String>),
+    /// TIMESTAMP: seconds since the epoch, written as UTC.
+    Timestamp,
+    /// A type the decoder does not read: every row of the table is undecodable, with this reason and fix.
+    Refused(String),
 }
 
 impl OutboxTable {
@@ -79,8 +112,9 @@ impl OutboxTable {
     /// A definite error when the event carries no column names (`binlog_row_metadata` is not FULL) or a
     /// configured column is missing.
     pub fn from_table_map(name: Arc<TableName>, tme: &TableMapEvent<'_>, columns: &ColumnNames) -> Result<Self> {
-        let names = column_names(tme)
+        let facts = ColumnFacts::of(tme)
             .map_err(|e| Error::definite(format!("cannot read column metadata of {name} from the binlog: {e}")))?;
+        let names = &facts.names;
         if names.is_empty() {
             return Err(Error::definite(format!(
                 "the binlog's TABLE_MAP event for {name} carries no column names: the server runs with \
@@ -120,9 +154,25 @@ impl OutboxTable {
             headers.unwrap_or(usize::MAX),
             occurred_at,
         ];
+        let mut kinds = Vec::with_capacity(wanted.len());
+        for (slot, &column) in wanted.iter().enumerate() {
+            if column == usize::MAX {
+                kinds.push(ColumnKind::Plain);
+                continue;
+            }
+            let (shown, family) = facts.family(tme, column);
+            let problem = column_type_problem(&name, SLOT_NAMES[slot], &names[column], &shown, family.clone());
+            let kind = match (problem, family) {
+                (None, Ok(family)) => facts.read_as(family, column),
+                (Some(problem), _) | (None, Err(problem)) => Err(problem),
+            };
+            // Not a definite error here: the binlog holds these rows whatever the table becomes later, so
+            // each is undecodable (dead-lettered or stopping, by outbox.on_poison) rather than a guess.
+            kinds.push(kind.unwrap_or_else(ColumnKind::Refused));
+        }
         let layout = RowLayout::new(tme, &wanted)
             .map_err(|e| Error::definite(format!("cannot read the column layout of {name} from the binlog: {e}")))?;
-        Ok(OutboxTable { has_headers: headers.is_some(), occurred_at_fsp, layout, name })
+        Ok(OutboxTable { has_headers: headers.is_some(), occurred_at_fsp, layout, kinds, name })
     }
 
     /// The after-images of an outbox rows event, as value slots for [`OutboxTable::decode`].
@@ -167,13 +217,32 @@ impl OutboxTable {
         // Everything that can fail runs before a short column moves out of its slot; payload and headers
         // move while being validated and are put back if a later step fails. A failed row therefore
         // still renders whole, and a good one is converted without copying its values.
-        check_text(&v[0].1, "id")?;
         let fail = |v: &[(&'static str, Slot)], e: Error| e.context(format_args!("id={}", id_of(v)));
+        if let Some(problem) = self.kinds.iter().find_map(|k| match k {
+            ColumnKind::Refused(problem) => Some(problem),
+            _ => None,
+        }) {
+            return Err(fail(v, Error::definite(problem.clone())));
+        }
+        // ENUM and SET values become their labels in place, so that a failed row shows them too.
+        for (slot, kind) in self.kinds.iter().enumerate().take(4) {
+            if matches!(kind, ColumnKind::Enum(_) | ColumnKind::Set(_)) {
+                let (name, value) = &mut v[slot];
+                if let Err(e) = label(value, kind, name) {
+                    return Err(if slot == 0 { e } else { fail(v, e) });
+                }
+            }
+        }
+        check_text(&v[0].1, "id")?;
         check_text(&v[1].1, "aggregate_type").map_err(|e| fail(v, e))?;
         check_text(&v[2].1, "aggregate_id").map_err(|e| fail(v, e))?;
         check_text(&v[3].1, "event_type").map_err(|e| fail(v, e))?;
         let schema_version = small_uint(&v[4].1, "schema_version").map_err(|e| fail(v, e))?;
-        let occurred_at = datetime(&v[7].1, self.occurred_at_fsp, "occurred_at").map_err(|e| fail(v, e))?;
+        let occurred_at = match self.kinds[7] {
+            ColumnKind::Timestamp => timestamp(&v[7].1, self.occurred_at_fsp, "occurred_at"),
+            _ => datetime(&v[7].1, self.occurred_at_fsp, "occurred_at"),
+        }
+        .map_err(|e| fail(v, e))?;
         if matches!(v[5].1, Some(BinlogValue::Value(Value::NULL))) {
             return Err(fail(v, Error::definite("payload is NULL")));
         }
@@ -240,9 +309,90 @@ fn render(value: Option<&BinlogValue<'_>>) -> serde_json::Value {
     }
 }
 
-fn column_names(tme: &TableMapEvent<'_>) -> std::io::Result<Vec<String>> {
-    let meta = OptionalMetaExtractor::new(tme.iter_optional_meta())?;
-    meta.iter_column_name().map(|n| n.map(|n| n.name().into_owned())).collect()
+/// What the TABLE_MAP's optional metadata says about each column, by column index.
+struct ColumnFacts {
+    /// Column names (empty without `binlog_row_metadata=FULL`).
+    names: Vec<String>,
+    /// Collation id of each character column, when the metadata carries charsets.
+    collations: Vec<Option<u16>>,
+    /// Labels of each ENUM column.
+    enum_labels: Vec<Option<Vec<String>>>,
+    /// Labels of each SET column.
+    set_labels: Vec<Option<Vec<String>>>,
+}
+
+impl ColumnFacts {
+    fn of(tme: &TableMapEvent<'_>) -> std::io::Result<Self> {
+        use mysql_common::binlog::events::OptionalMetadataField as F;
+        let count = tme.columns_count() as usize;
+        let types: Vec<Option<ColumnType>> = (0..count).map(|i| tme.get_column_type(i).ok().flatten()).collect();
+        let meta = OptionalMetaExtractor::new(tme.iter_optional_meta())?;
+        let names = meta.iter_column_name().map(|n| n.map(|n| n.name().into_owned())).collect::<Result<_, _>>()?;
+        // NOTE: charsets are listed per character column, labels per ENUM (or SET) column, in column order.
+        let mut charsets = meta.iter_charset();
+        let mut collations = vec![None; count];
+        for (i, ty) in types.iter().enumerate() {
+            if ty.is_some_and(|t| t.is_character_type()) {
+                collations[i] = charsets.next().transpose()?;
+            }
+        }
+        let label_text = |raw: &[u8]| {
+            String::from_utf8(raw.to_vec())
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "ENUM/SET label is not UTF-8"))
+        };
+        let (mut enum_labels, mut set_labels) = (vec![None; count], vec![None; count]);
+        for field in tme.iter_optional_meta() {
+            match field? {
+                F::EnumStrValue(values) => {
+                    let columns = types.iter().enumerate().filter(|(_, t)| **t == Some(ColumnType::MYSQL_TYPE_ENUM));
+                    for ((i, _), labels) in columns.zip(values.iter_values()) {
+                        let labels = labels?;
+                        let labels = labels.values().iter().map(|l| label_text(l.value_raw()));
+                        enum_labels[i] = Some(labels.collect::<std::io::Result<_>>()?);
+                    }
+                }
+                F::SetStrValue(values) => {
+                    let columns = types.iter().enumerate().filter(|(_, t)| **t == Some(ColumnType::MYSQL_TYPE_SET));
+                    for ((i, _), labels) in columns.zip(values.iter_values()) {
+                        let labels = labels?;
+                        let labels = labels.values().iter().map(|l| label_text(l.value_raw()));
+                        set_labels[i] = Some(labels.collect::<std::io::Result<_>>()?);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(ColumnFacts { names, collations, enum_labels, set_labels })
+    }
+
+    /// The binlog type of column `i` (for messages) and its family.
+    fn family(&self, tme: &TableMapEvent<'_>, i: usize) -> (String, std::result::Result<TypeFamily, String>) {
+        match tme.get_column_type(i) {
+            Ok(Some(ty)) => {
+                let shown = format!("binlog type {}", format!("{ty:?}").trim_start_matches("MYSQL_TYPE_"));
+                (shown, TypeFamily::of_binlog(ty, self.collations[i]))
+            }
+            Ok(None) => ("no type".into(), Err("the TABLE_MAP does not describe it".into())),
+            Err(e) => ("an unknown binlog type".into(), Err(e.to_string())),
+        }
+    }
+
+    /// How to read column `i` of `family`; `Err` when the TABLE_MAP lacks what that takes.
+    fn read_as(&self, family: TypeFamily, i: usize) -> std::result::Result<ColumnKind, String> {
+        let no_labels = |what: &str| {
+            format!(
+                "the TABLE_MAP does not carry the labels of {what} column {} (binlog_row_metadata must be \
+                 FULL: without them {what} values arrive as numbers)",
+                self.names[i]
+            )
+        };
+        Ok(match family {
+            TypeFamily::Enum => ColumnKind::Enum(self.enum_labels[i].clone().ok_or_else(|| no_labels("ENUM"))?),
+            TypeFamily::Set => ColumnKind::Set(self.set_labels[i].clone().ok_or_else(|| no_labels("SET"))?),
+            TypeFamily::Timestamp => ColumnKind::Timestamp,
+            _ => ColumnKind::Plain,
+        })
+    }
 }
 
 /// A value slot of a row: converters look at it by reference and move the value out only on success, so
@@ -375,6 +525,92 @@ fn datetime(slot: &Slot, fsp: u8, column: &str) -> Result<String> {
     }
 }
 
+/// A TIMESTAMP column's value: seconds since the epoch, `sec` or `sec.micros` (TIMESTAMP2, MySQL 5.6+
+/// and MariaDB 10.1+) or a plain integer (the pre-5.6 format).
+fn timestamp(slot: &Slot, fsp: u8, column: &str) -> Result<String> {
+    let bad = |text: &[u8]| {
+        Error::definite(format!(
+            "column {column}: TIMESTAMP value {:?} is not seconds since the epoch",
+            text.escape_ascii().to_string()
+        ))
+    };
+    let (secs, micros) = match slot.as_ref().ok_or_else(|| missing(column))? {
+        BinlogValue::Value(Value::Bytes(text)) => {
+            let s = std::str::from_utf8(text).map_err(|_| bad(text))?;
+            // mysql_common writes the microseconds with six digits, and only when they are not zero.
+            let (secs, fraction) = s.split_once('.').unwrap_or((s, "000000"));
+            match (secs.parse::<u64>(), fraction.parse::<u32>()) {
+                (Ok(secs), Ok(micros)) if fraction.len() == 6 => (secs, micros),
+                _ => return Err(bad(text)),
+            }
+        }
+        BinlogValue::Value(Value::Int(secs)) => {
+            (u64::try_from(*secs).map_err(|_| bad(secs.to_string().as_bytes()))?, 0)
+        }
+        BinlogValue::Value(Value::NULL) => return Err(Error::definite(format!("column {column} is NULL"))),
+        other => return Err(unexpected(column, other)),
+    };
+    Ok(format_timestamp(secs, micros, fsp))
+}
+
+/// A TIMESTAMP as UTC text, like [`format_datetime`]; 0 is MySQL's zero timestamp (`0000-00-00 00:00:00`,
+/// what a `SELECT` returns for it: the epoch itself is outside TIMESTAMP's range).
+pub fn format_timestamp(secs: u64, micros: u32, fsp: u8) -> String {
+    if secs == 0 {
+        return format_datetime(0, 0, 0, 0, 0, 0, micros, fsp);
+    }
+    let (days, second_of_day) = (secs / 86_400, (secs % 86_400) as u32);
+    let (y, mo, d) = civil_from_days(days);
+    let (h, mi, s) = (second_of_day / 3600, second_of_day / 60 % 60, second_of_day % 60);
+    format_datetime(y, mo, d, h as u8, mi as u8, s as u8, micros, fsp)
+}
+
+/// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`, for
+/// non-negative days).
+fn civil_from_days(days: u64) -> (u16, u8, u8) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153; // March = 0
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 { shifted_month + 3 } else { shifted_month - 9 };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    (year as u16, month as u8, day as u8)
+}
+
+/// Replaces an ENUM index or a SET bitmask by its text, in place. A NULL is left for the caller.
+fn label(slot: &mut Slot, kind: &ColumnKind, column: &str) -> Result<()> {
+    let beyond = |what: &str, n: usize, labels: &[String]| {
+        Error::definite(format!("column {column}: {what} {n} is beyond its {} labels", labels.len()))
+    };
+    let text = match (kind, slot.as_ref().ok_or_else(|| missing(column))?) {
+        // 0 is the empty string MySQL stores for an invalid value in non-strict mode, as a SELECT shows it.
+        (ColumnKind::Enum(_), BinlogValue::Value(Value::Int(0))) => String::new(),
+        (ColumnKind::Enum(labels), BinlogValue::Value(Value::Int(index))) => {
+            let n = usize::try_from(*index).unwrap_or(usize::MAX);
+            labels.get(n.wrapping_sub(1)).cloned().ok_or_else(|| beyond("ENUM index", n, labels))?
+        }
+        (ColumnKind::Set(labels), BinlogValue::Value(Value::Bytes(mask))) => {
+            // A little-endian bitmask; bit n is label n.
+            let mut text = String::new();
+            for n in (0..mask.len() * 8).filter(|n| mask[n / 8] & (1 << (n % 8)) != 0) {
+                let label = labels.get(n).ok_or_else(|| beyond("SET bit", n, labels))?;
+                if !text.is_empty() {
+                    text.push(',');
+                }
+                text.push_str(label);
+            }
+            text
+        }
+        (_, BinlogValue::Value(Value::NULL)) => return Ok(()),
+        (_, other) => return Err(unexpected(column, other)),
+    };
+    *slot = Some(BinlogValue::Value(Value::Bytes(text.into_bytes())));
+    Ok(())
+}
+
 /// ISO-8601 without zone, with exactly `fsp` fractional digits (the column's declared precision).
 #[allow(clippy::too_many_arguments)]
 pub fn format_datetime(y: u16, mo: u8, d: u8, h: u8, mi: u8, s: u8, micros: u32, fsp: u8) -> String {
@@ -410,6 +646,172 @@ pub fn format_datetime(y: u16, mo: u8, d: u8, h: u8, mi: u8, s: u8, micros: u32,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn slot(value: Value) -> Slot {
+        Some(BinlogValue::Value(value))
+    }
+
+    /// Regression: TIMESTAMP(n) arrives as seconds since the epoch (`sec[.micros]` text, or an integer in
+    /// the pre-5.6 format) and made every streamed row poison ("unexpected type"). Written as UTC, with
+    /// the column's digits, as a `SELECT` in a `+00:00` session prints it.
+    #[test]
+    fn timestamp_is_utc_with_declared_precision() {
+        let bytes = |s: &str| slot(Value::Bytes(s.as_bytes().to_vec()));
+        let cases: &[(Slot, u8, &str)] = &[
+            (bytes("1"), 0, "1970-01-01T00:00:01"),
+            (bytes("1700000000"), 0, "2023-11-14T22:13:20"),
+            (bytes("1700000000.123456"), 6, "2023-11-14T22:13:20.123456"),
+            (bytes("1700000000.120000"), 3, "2023-11-14T22:13:20.120"),
+            (bytes("1700000000"), 6, "2023-11-14T22:13:20.000000"),
+            (bytes("951782400"), 0, "2000-02-29T00:00:00"),
+            (bytes("1709208000.000001"), 6, "2024-02-29T12:00:00.000001"),
+            (bytes("951868799"), 0, "2000-02-29T23:59:59"),
+            (bytes("2147483647"), 0, "2038-01-19T03:14:07"),
+            (bytes("4294967295.999999"), 6, "2106-02-07T06:28:15.999999"),
+            (bytes("1772368496.789012"), 6, "2026-03-01T12:34:56.789012"),
+            // MySQL's zero timestamp; the epoch itself is outside TIMESTAMP's range.
+            (bytes("0"), 0, "0000-00-00T00:00:00"),
+            (bytes("0"), 6, "0000-00-00T00:00:00.000000"),
+            // The pre-5.6 format (MYSQL_TYPE_TIMESTAMP): an integer, no fraction.
+            (slot(Value::Int(1_700_000_000)), 0, "2023-11-14T22:13:20"),
+        ];
+        for (value, fsp, expected) in cases {
+            assert_eq!(timestamp(value, *fsp, "occurred_at").unwrap(), *expected, "{value:?} fsp {fsp}");
+        }
+        let errors: &[(Slot, &str)] = &[
+            (slot(Value::NULL), "occurred_at is NULL"),
+            (bytes("12ab"), "not seconds since the epoch"),
+            (bytes("1.1234567"), "not seconds since the epoch"),
+            (bytes("1.5"), "not seconds since the epoch"),
+            (slot(Value::Int(-1)), "not seconds since the epoch"),
+            (slot(Value::Date(2026, 1, 2, 3, 4, 5, 0)), "unexpected type"),
+            (None, "missing from the row image"),
+        ];
+        for (value, message) in errors {
+            let err = timestamp(value, 6, "occurred_at").unwrap_err().to_string();
+            assert!(err.contains(message), "{value:?}: {err}");
+        }
+    }
+
+    /// On a real binlog (MySQL 8.0.28, `binlog_row_metadata=FULL`, `t(f1 CHAR(128), f2 VARCHAR(300),
+    /// f3 ENUM('var1','variant2','foo'), f4 SET('one','two','three','four'), f5 TEXT)`): the labels come
+    /// from the TABLE_MAP, the character columns are text, and the rows' ENUM/SET values become the labels
+    /// the fixture's upstream asserts as indexes (insert: 1 and 0b101; update: 2 and 0b1010).
+    #[test]
+    fn enum_and_set_labels_from_a_real_table_map() {
+        use mysql_common::binlog::consts::BinlogVersion;
+        use mysql_common::binlog::events::EventData;
+        use mysql_common::binlog::BinlogFile;
+
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/fixtures/binlog/blackbeam-rust_mysql_common/mysql-enum-string-set.000001");
+        let file = std::io::BufReader::new(std::fs::File::open(&path).expect("fixture"));
+        let mut tme = None;
+        let mut decoded = Vec::new();
+        for event in BinlogFile::new(BinlogVersion::Version4, file).unwrap() {
+            match event.unwrap().read_data().unwrap() {
+                Some(EventData::TableMapEvent(t)) => tme = Some(t.into_owned()),
+                Some(EventData::RowsEvent(rows)) => {
+                    let tme = tme.as_ref().unwrap();
+                    let facts = ColumnFacts::of(tme).unwrap();
+                    assert_eq!(facts.names, ["f1", "f2", "f3", "f4", "f5"]);
+                    let kinds: Vec<(TypeFamily, ColumnKind)> = (0..5)
+                        .map(|i| {
+                            let family = facts.family(tme, i).1.unwrap();
+                            (family, facts.read_as(family, i).unwrap())
+                        })
+                        .collect();
+                    let labels = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+                    assert_eq!(
+                        kinds,
+                        [
+                            (TypeFamily::Text, ColumnKind::Plain),
+                            (TypeFamily::Text, ColumnKind::Plain),
+                            (TypeFamily::Enum, ColumnKind::Enum(labels(&["var1", "variant2", "foo"]))),
+                            (TypeFamily::Set, ColumnKind::Set(labels(&["one", "two", "three", "four"]))),
+                            (TypeFamily::Text, ColumnKind::Plain),
+                        ]
+                    );
+                    if matches!(rows, RowsEventData::DeleteRowsEvent(_)) {
+                        continue;
+                    }
+                    let layout = RowLayout::new(tme, &[2, 3]).unwrap();
+                    for image in layout.after_images(&rows) {
+                        let mut slots = image.unwrap();
+                        label(&mut slots[0], &kinds[2].1, "f3").unwrap();
+                        label(&mut slots[1], &kinds[3].1, "f4").unwrap();
+                        decoded.push(slots);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let text = |s: &str| slot(Value::Bytes(s.as_bytes().to_vec()));
+        assert_eq!(decoded, [vec![text("var1"), text("one,three")], vec![text("variant2"), text("two,four")]]);
+    }
+
+    /// Every day from 1970 to 2200 converts like the inverse it must be (days since the epoch → date →
+    /// days), and consecutive days are consecutive dates.
+    #[test]
+    fn civil_from_days_walks_the_calendar() {
+        let days_in = |y: u16, m: u8| match m {
+            2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
+            2 => 28,
+            4 | 6 | 9 | 11 => 30,
+            _ => 31,
+        };
+        let mut expected = (1970u16, 1u8, 1u8);
+        for days in 0..84_000u64 {
+            assert_eq!(civil_from_days(days), expected, "day {days}");
+            let (y, m, d) = expected;
+            expected = if d < days_in(y, m) {
+                (y, m, d + 1)
+            } else if m < 12 {
+                (y, m + 1, 1)
+            } else {
+                (y + 1, 1, 1)
+            };
+        }
+    }
+
+    /// Regression: ENUM arrives as the label's index and SET as a bitmask; with
+    /// `aggregate_type ENUM('order','payment')` the stream routed to `outbox.event.1` while the snapshot
+    /// routed to `outbox.event.order`. Both become their labels, as a `SELECT` prints them.
+    #[test]
+    fn enum_and_set_become_their_labels() {
+        let labels = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let enum_kind = ColumnKind::Enum(labels(&["order", "payment"]));
+        let set_kind = ColumnKind::Set(labels(&["a", "b", "c", "d", "e", "f", "g", "h", "i"]));
+        let cases: &[(&ColumnKind, Value, &str)] = &[
+            (&enum_kind, Value::Int(1), "order"),
+            (&enum_kind, Value::Int(2), "payment"),
+            // 0: the empty string stored for an invalid value in non-strict mode.
+            (&enum_kind, Value::Int(0), ""),
+            (&set_kind, Value::Bytes(vec![0b0000_0101, 0]), "a,c"),
+            (&set_kind, Value::Bytes(vec![0b1000_0000, 0b1]), "h,i"),
+            (&set_kind, Value::Bytes(vec![0, 0]), ""),
+            (&set_kind, Value::Bytes(vec![0b1]), "a"),
+        ];
+        for (kind, value, expected) in cases {
+            let mut value_slot = slot(value.clone());
+            label(&mut value_slot, kind, "aggregate_type").unwrap();
+            assert_eq!(value_slot, slot(Value::Bytes(expected.as_bytes().to_vec())), "{kind:?} {value:?}");
+        }
+        let errors: &[(&ColumnKind, Value, &str)] = &[
+            (&enum_kind, Value::Int(3), "ENUM index 3 is beyond its 2 labels"),
+            (&set_kind, Value::Bytes(vec![0, 0b10]), "SET bit 9 is beyond its 9 labels"),
+            (&enum_kind, Value::Bytes(b"order".to_vec()), "unexpected type"),
+            (&set_kind, Value::Int(1), "unexpected type"),
+        ];
+        for (kind, value, message) in errors {
+            let err = label(&mut slot(value.clone()), kind, "aggregate_type").unwrap_err().to_string();
+            assert!(err.contains(message), "{kind:?} {value:?}: {err}");
+        }
+        // NULL is left for the NULL check that follows.
+        let mut null = slot(Value::NULL);
+        label(&mut null, &enum_kind, "aggregate_type").unwrap();
+        assert_eq!(null, slot(Value::NULL));
+    }
 
     #[test]
     fn datetime_keeps_declared_precision() {

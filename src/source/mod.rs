@@ -2,6 +2,7 @@
 //! preflight checks, and the binlog reader.
 
 pub mod binlog;
+pub mod column_types;
 pub mod decode;
 pub mod files;
 pub mod history;
@@ -59,6 +60,10 @@ impl SourceConn {
             .pass(password.map(|p| p.expose().to_string()))
             .prefer_socket(false)
             .stmt_cache_size(0)
+            // TIMESTAMP columns read as UTC, as the binlog gives them (seconds since the epoch): the snapshot
+            // and the stream then write the same `occurred_at`, and comparisons with UTC text (prune's
+            // cutoff, the snapshot's keyset) mean what they say.
+            .init(vec!["SET time_zone = '+00:00'"])
             .max_allowed_packet(Some(1024 * 1024 * 1024));
         builder = match source.tls {
             TlsMode::Disabled => builder,

@@ -7,6 +7,8 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
 use super::history::{self, Comparison, EndEvent};
+use super::key_order::KeyType;
+use super::{column_types, decode};
 use super::{NameCase, ServerIdentity, ServerInfo};
 use crate::config::{ColumnNames, Config, ResumeBy, TableName};
 use crate::error::{classify_mysql, Error, Result};
@@ -229,6 +231,8 @@ pub async fn check(
     check_privileges(conn, flavor, &mut report).await?;
     for table in config.outbox_tables()? {
         check_table(conn, &table, &config.outbox.columns, &mut report).await?;
+        let snapshots = config.snapshot.mode != crate::config::SnapshotMode::Never;
+        check_column_types(conn, &table, &config.outbox.columns, snapshots, &mut report).await?;
     }
 
     if let Some(checked) = checkpoint {
@@ -697,6 +701,75 @@ async fn check_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, 
                 &format!("GRANT SELECT ON {table} TO the connector's user"),
             );
         }
+    }
+    Ok(())
+}
+
+/// Every mapped column's type is one the stream and the snapshot read alike ([`column_types::TypeFamily`]).
+/// Missing columns are [`check_table`]'s finding; here they are skipped.
+async fn check_column_types(
+    conn: &mut Conn,
+    table: &TableName,
+    columns: &ColumnNames,
+    snapshot: bool,
+    report: &mut Report,
+) -> Result<()> {
+    type ColumnRow = (String, String, String, Option<String>, Option<String>);
+    let present: Vec<ColumnRow> = conn
+        .exec(
+            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, CHARACTER_SET_NAME, COLLATION_NAME \
+             FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            (&table.database, &table.table),
+        )
+        .await
+        .map_err(|e| classify_mysql(&e))?;
+    if present.is_empty() {
+        return Ok(());
+    }
+    let mapped: Vec<(&str, &str, &ColumnRow)> = decode::SLOT_NAMES
+        .iter()
+        .zip(columns.required())
+        .filter_map(|(role, (name, _))| Some((*role, name, present.iter().find(|c| c.0.eq_ignore_ascii_case(name))?)))
+        .collect();
+    let problems: Vec<String> = mapped
+        .iter()
+        .filter_map(|(role, name, (_, data_type, shown, charset, _))| {
+            let family = column_types::TypeFamily::of_sql(data_type, charset.as_deref());
+            column_types::column_type_problem(table, role, name, shown, family)
+        })
+        .collect();
+    report.push(
+        &format!("table {table} column types"),
+        "types the connector reads (text in utf8mb4, integers, ENUM/SET, JSON, DATETIME/TIMESTAMP, by column)",
+        &if problems.is_empty() { "as expected".to_string() } else { format!("{} unreadable", problems.len()) },
+        problems.is_empty(),
+        &problems.join("; "),
+    );
+
+    // The snapshot scans in keyset chunks, ORDER BY the key columns, then `key > last key` with each value
+    // typed as its column (key_order). A type whose order cannot be reproduced from its text is refused
+    // there; say so here first, with the fix.
+    if snapshot {
+        let key_columns = [&columns.aggregate_type, &columns.aggregate_id, &columns.occurred_at, &columns.id];
+        let unordered: Vec<String> = key_columns
+            .iter()
+            .filter_map(|name| present.iter().find(|c| c.0.eq_ignore_ascii_case(name)))
+            .filter_map(|(name, data_type, shown, charset, collation)| {
+                KeyType::from_schema(name, data_type, shown, charset.as_deref(), collation.as_deref()).err()
+            })
+            .map(|e| e.to_string())
+            .collect();
+        report.push(
+            &format!("table {table} snapshot key order"),
+            "key columns of a type the snapshot can resume in order",
+            &if unordered.is_empty() {
+                "as expected".to_string()
+            } else {
+                format!("{} column(s) cannot", unordered.len())
+            },
+            unordered.is_empty(),
+            &unordered.join("; "),
+        );
     }
     Ok(())
 }

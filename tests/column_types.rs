@@ -1,0 +1,200 @@
+//! Column types the binlog gives differently than SQL, against a real MariaDB and a real broker: the
+//! stream and the snapshot must write the same event for the same row, and preflight must refuse a type
+//! the connector does not read, with the fix.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Broker, Connector, Engine, MariaDb, Received};
+
+const READ_TIMEOUT: Duration = Duration::from_secs(120);
+const DEAD_LETTER: &str = "outbox-cdc.dead-letter";
+
+/// The outbox table with `aggregate_type ENUM`, `event_type SET` and `occurred_at TIMESTAMP(6)`.
+const ALTER_TO_ENUM_SET_TIMESTAMP: &str = "ALTER TABLE shop.outbox_events \
+     MODIFY aggregate_type ENUM('order','payment') NOT NULL, \
+     MODIFY event_type SET('Created','Paid','Shipped') NOT NULL, \
+     MODIFY occurred_at TIMESTAMP(6) NOT NULL";
+
+/// Rows as inserted in a `+05:30` session: (aggregate_type, aggregate_id, event_type, occurred_at), and
+/// what every event of them must carry: the SET's labels in definition order, `occurred_at` in UTC with
+/// the column's six digits.
+const ROWS: &[(&str, &str, &str, &str, &str, &str)] = &[
+    ("order", "o-1", "Created", "2026-03-01 12:34:56.789012", "Created", "2026-03-01T07:04:56.789012"),
+    ("order", "o-1", "Paid,Created", "2026-03-01 12:34:57", "Created,Paid", "2026-03-01T07:04:57.000000"),
+    ("payment", "p-1", "Paid", "2026-03-02 05:29:59.000001", "Paid", "2026-03-01T23:59:59.000001"),
+    ("payment", "p-1", "Shipped,Created", "2026-03-02 05:30:00.5", "Created,Shipped", "2026-03-02T00:00:00.500000"),
+];
+
+/// Inserts [`ROWS`] with ids `<prefix>-<i>`, each in its own transaction, in the server's default zone.
+fn insert_rows(db: &MariaDb, prefix: &str) {
+    for (i, (aggregate_type, aggregate_id, event_type, occurred_at, ..)) in ROWS.iter().enumerate() {
+        db.sql(&format!(
+            "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
+             payload, occurred_at, next_attempt_at) VALUES ('{prefix}-{i}', '{aggregate_type}', \
+             '{aggregate_id}', '{event_type}', 1, '{{\"n\": {i}}}', '{occurred_at}', NOW(6))"
+        ));
+    }
+}
+
+fn envelope(r: &Received) -> serde_json::Value {
+    serde_json::from_slice(r.value.as_deref().expect("a value")).expect("an envelope")
+}
+
+fn wait_streaming(connector: &Connector) {
+    let ok = common::wait_until(Duration::from_secs(120), || connector.stderr().contains(" streaming "));
+    assert!(ok, "connector never started streaming\n{}", connector.logs());
+}
+
+/// Regression: with `occurred_at TIMESTAMP(6)` every streamed row went to the dead-letter topic ("column
+/// occurred_at has an unexpected type": the binlog carries seconds since the epoch), and with
+/// `aggregate_type ENUM('order','payment')` the stream routed to `outbox.event.1`/`.2` (the binlog
+/// carries the label's index) while the snapshot routed to `outbox.event.order`. A SET arrives as a
+/// bitmask. On a server whose time zone is not UTC, the snapshot and the stream must now write the same
+/// event for the same row: same topic, same labels, `occurred_at` in UTC with the column's digits.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_and_stream_read_timestamp_enum_and_set_alike() {
+    let db = MariaDb::builder().arg("--default-time-zone=+05:30").start();
+    db.sql(ALTER_TO_ENUM_SET_TIMESTAMP);
+    let broker = Broker::start(Engine::Memory);
+    insert_rows(&db, "snap");
+    // One row per chunk: the first is read by a plain query (text), the others by a prepared one (binary).
+    let mut connector = Connector::start(&db, &broker, "[snapshot]\nmode = \"initial\"\nchunk_rows = 1\n");
+    wait_streaming(&connector);
+    insert_rows(&db, "stream");
+
+    let mut records = Vec::new();
+    for topic in ["outbox.event.order", "outbox.event.payment"] {
+        let got = broker.read_all(topic, 4, READ_TIMEOUT);
+        assert_eq!(got.len(), 4, "{topic}: {} records\n{}", got.len(), connector.logs());
+        records.extend(got.into_iter().map(|r| (topic, r)));
+    }
+    for (i, (aggregate_type, aggregate_id, _, _, event_type, occurred_at)) in ROWS.iter().enumerate() {
+        let topic = format!("outbox.event.{aggregate_type}");
+        let mut seen = Vec::new();
+        for source in ["snap", "stream"] {
+            let id = format!("{source}-{i}");
+            let (on, record) = records
+                .iter()
+                .find(|(_, r)| r.header_str("id") == Some(&id))
+                .unwrap_or_else(|| panic!("{id} was not published on a routed topic\n{}", connector.logs()));
+            assert_eq!(*on, topic, "{id}");
+            assert_eq!(record.header_str("source") == Some("snapshot"), source == "snap", "{id}");
+            let mut value = envelope(record);
+            assert_eq!(
+                (&value["aggregate_type"], &value["aggregate_id"], &value["type"], &value["occurred_at"]),
+                (&(*aggregate_type).into(), &(*aggregate_id).into(), &(*event_type).into(), &(*occurred_at).into()),
+                "{id}: {value}"
+            );
+            value["event_id"] = serde_json::Value::Null;
+            seen.push(value);
+        }
+        assert_eq!(seen[0], seen[1], "row {i}: the snapshot's and the stream's events differ");
+    }
+    assert!(broker.read_all(DEAD_LETTER, 1, Duration::from_secs(3)).is_empty(), "{}", connector.logs());
+
+    let (status, out, err) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("[ok  ] table shop.outbox_events column types"), "{out}");
+    assert!(out.contains("[ok  ] table shop.outbox_events snapshot key order"), "{out}");
+    connector.terminate();
+}
+
+/// `check` refuses each mapped column whose type the connector does not read, names the column, its
+/// type and the types to use, and exits 2; the reference table passes. It also refuses a snapshot key
+/// column whose order the snapshot cannot resume in (a SET sorts by its bitmask).
+#[tokio::test(flavor = "multi_thread")]
+async fn check_refuses_unreadable_column_types() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let connector = Connector::new();
+    connector.write_config(&db, &broker, "");
+    let (status, out, err) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("[ok  ] table shop.outbox_events column types"), "{out}");
+
+    db.sql(
+        "ALTER TABLE shop.outbox_events MODIFY id BINARY(16) NOT NULL, MODIFY schema_version VARCHAR(8) NOT NULL, \
+         MODIFY aggregate_id VARCHAR(128) CHARACTER SET latin1 NOT NULL, MODIFY occurred_at DATE NOT NULL, \
+         MODIFY event_type VARBINARY(128) NOT NULL, MODIFY payload BLOB NOT NULL, \
+         MODIFY aggregate_type SET('payment','order') NOT NULL",
+    );
+    let (status, out, err) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert_eq!(status.code(), Some(2), "{out}{err}");
+    assert!(out.contains("[FAIL] table shop.outbox_events column types"), "{out}");
+    for expected in [
+        "column `id` (id) of shop.outbox_events is binary(16) (a fixed-length binary string: the binlog drops \
+         the zero bytes a SELECT pads it with, and its bytes are not text); change it to CHAR/VARCHAR/TEXT in \
+         utf8mb4 (a UUID as CHAR(36))",
+        "column `schema_version` (schema_version) of shop.outbox_events is varchar(8)",
+        "an integer type (SMALLINT UNSIGNED)",
+        "column `aggregate_id` (aggregate_id) of shop.outbox_events is varchar(128) (character set latin1",
+        "column `occurred_at` (occurred_at) of shop.outbox_events is date",
+        "DATETIME(6) or TIMESTAMP(6)",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in\n{out}");
+    }
+    // A SET in the snapshot key sorts by its bitmask: the snapshot cannot resume a scan in that order.
+    assert!(out.contains("[FAIL] table shop.outbox_events snapshot key order"), "{out}");
+    assert!(
+        out.contains("column aggregate_type, whose type set('payment','order') it cannot order outside the server"),
+        "{out}"
+    );
+    // The columns that are fine are not named: variable-length binary strings are read as UTF-8 text,
+    // identically by the stream and the snapshot (a row whose bytes are not UTF-8 is undecodable).
+    for fine in ["`aggregate_type`", "`event_type`", "`payload`", "`headers`"] {
+        assert!(!out.contains(&format!("column {fine}")), "{fine} named in\n{out}");
+    }
+}
+
+/// A column altered to a type the connector does not read while it runs: preflight passed, so the
+/// TABLE_MAP says it. Each row of such a table map is undecodable with the reason and the fix
+/// (dead-lettered by default), never published with a guessed value: before, a DATE `occurred_at`
+/// was published as `…T00:00:00` (a snapshot prints `2026-03-01`), and a BINARY(16) aggregate id
+/// without the zero bytes a snapshot reads.
+#[tokio::test(flavor = "multi_thread")]
+async fn type_altered_while_streaming_is_undecodable_with_the_fix() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut connector = Connector::start(&db, &broker, "");
+    wait_streaming(&connector);
+    let insert = |id: &str, aggregate_id: &str| {
+        db.sql(&format!(
+            "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
+             payload, occurred_at, next_attempt_at) VALUES ('{id}', 'order', '{aggregate_id}', 'Created', 1, \
+             '{{}}', '2026-03-01', NOW(6))"
+        ))
+    };
+    insert("fine-1", "a-1");
+    assert_eq!(broker.read_all("outbox.event.order", 1, READ_TIMEOUT).len(), 1, "{}", connector.logs());
+
+    db.sql("ALTER TABLE shop.outbox_events MODIFY occurred_at DATE NOT NULL");
+    insert("date-1", "a-2");
+    db.sql("ALTER TABLE shop.outbox_events MODIFY occurred_at DATETIME(6) NOT NULL, MODIFY aggregate_id BINARY(16) NOT NULL");
+    insert("binary-1", "a-3");
+
+    let letters = broker.read_all(DEAD_LETTER, 2, READ_TIMEOUT);
+    let reason = |id: &str| {
+        letters
+            .iter()
+            .find(|r| r.header_str("id") == Some(id))
+            .and_then(|r| r.header_str("dead_letter_reason"))
+            .unwrap_or_else(|| panic!("{id} was not dead-lettered\n{}", connector.logs()))
+            .to_string()
+    };
+    let date = reason("date-1");
+    assert!(
+        date.contains("column `occurred_at` (occurred_at)") && date.contains("DATETIME(6) or TIMESTAMP(6)"),
+        "{date}"
+    );
+    let binary = reason("binary-1");
+    assert!(
+        binary.contains("column `aggregate_id` (aggregate_id)") && binary.contains("fixed-length binary string"),
+        "{binary}"
+    );
+    let published = broker.read_all("outbox.event.order", 1, Duration::from_secs(3));
+    assert_eq!(published.len(), 1, "only the row before the ALTER is published: {published:?}");
+    assert!(connector.is_running(), "{}", connector.logs());
+    connector.terminate();
+}
