@@ -105,7 +105,32 @@ async fn dashboard_and_alerts_query_only_exposed_metrics() {
     }
 }
 
-/// The extraction rules the check above relies on.
+/// The `connector.toml` a file embeds as a YAML block scalar (`  connector.toml: |`), unindented.
+fn embedded_toml(yaml: &str) -> String {
+    let lines = yaml.lines().skip_while(|l| l.trim() != "connector.toml: |").skip(1);
+    let first = lines.clone().find(|l| !l.trim().is_empty()).expect("connector.toml block is empty");
+    let indent = first.len() - first.trim_start().len();
+    lines
+        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() >= indent)
+        .map(|l| l.get(indent..).unwrap_or("").to_string() + "\n")
+        .collect()
+}
+
+/// Guards against shipping a config the connector refuses at start (an invented or misspelled key: unknown
+/// keys are definite errors, so a pod or container would crash-loop on its first start).
+#[test]
+fn shipped_configs_are_accepted_by_the_connector() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let configmap = std::fs::read_to_string(root.join("deploy/kubernetes/configmap.yaml")).unwrap();
+    let from_configmap = embedded_toml(&configmap);
+    assert!(from_configmap.contains("[state]"), "the block ended early:\n{from_configmap}");
+    outbox_cdc::config::Config::parse(&from_configmap)
+        .unwrap_or_else(|e| panic!("deploy/kubernetes/configmap.yaml: {e}\n{from_configmap}"));
+    let compose = std::fs::read_to_string(root.join("deploy/connector.docker.toml")).unwrap();
+    outbox_cdc::config::Config::parse(&compose).unwrap_or_else(|e| panic!("deploy/connector.docker.toml: {e}"));
+}
+
+/// The rules of `exposed_series` and `referenced_metrics`, on a page and queries written by hand.
 #[test]
 fn series_names_follow_each_metric_type() {
     let page = "# HELP a x.\n# TYPE outbox_cdc_a counter\n# TYPE outbox_cdc_h histogram\n\
