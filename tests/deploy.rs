@@ -1,6 +1,7 @@
-//! The deployment files (`deploy/`) against the running connector: every metric the Grafana dashboard
-//! and the PrometheusRule query is one the binary exposes on `/metrics`. The schema, unit-file and
-//! compose checks that need no binary are in `scripts/check-deploy`.
+//! The deployment files (`deploy/`) against the connector itself: every metric the Grafana dashboard and
+//! the PrometheusRule query is one the running binary exposes on `/metrics`, and the shipped configs are
+//! ones it accepts. The schema, unit-file and compose checks that need no binary are in
+//! `scripts/check-deploy`.
 
 mod common;
 
