@@ -7,7 +7,9 @@ COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY examples ./examples
 COPY connector.toml ./
-RUN cargo build --release --locked --bin outbox-cdc
+# The release profile keeps line tables for profiling (~90 MB binary); the image needs only the symbols,
+# so a panic's backtrace still names functions (~18 MB), as in scripts/release's tarball.
+RUN cargo build --release --locked --bin outbox-cdc && strip --strip-debug target/release/outbox-cdc
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 \

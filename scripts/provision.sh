@@ -10,13 +10,17 @@
 #     system service is not used (if the package started one on 3306, it is left alone).
 #   - pkg-config, libssl-dev, make, gcc, g++: librdkafka's bundled C build (rdkafka crate, features
 #     ssl + zstd).
-#   - docker-compose: the demo's docker-compose.yml (official Apache Kafka image) for users.
+#   - docker-compose: the demo's docker-compose.yml (official Apache Kafka image) for users; and
+#     scripts/check-deploy validates that file with `docker-compose config` (no engine needed).
+#   - systemd: `systemd-analyze verify` of deploy/systemd/outbox-cdc.service (scripts/check-deploy).
+#   - kubernetes-validate (pip, pinned): the Kubernetes schemas deploy/kubernetes/ is checked against.
 #   - tansu 0.6.0 with the dynostore (memory) and libsql (SQLite) storage engines: the Kafka-protocol
 #     broker of the integration tests.
 set -euo pipefail
 
 TANSU_VERSION=0.6.0
-PACKAGES=(mariadb-server mariadb-client pkg-config libssl-dev make gcc g++ docker-compose)
+KUBERNETES_VALIDATE_VERSION=1.37.0
+PACKAGES=(mariadb-server mariadb-client pkg-config libssl-dev make gcc g++ docker-compose systemd)
 
 log() { printf 'provision: %s\n' "$*"; }
 die() { printf 'provision: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -64,6 +68,17 @@ for bin in mariadb-install-db mariadb mariadb-binlog; do
 done
 [[ -x /usr/sbin/mariadbd ]] || command -v mariadbd >/dev/null || die "mariadbd not found"
 log "MariaDB: $(/usr/sbin/mariadbd --version 2>/dev/null || mariadbd --version)"
+
+# --- kubernetes-validate (Python) -------------------------------------------------------------
+command -v python3 >/dev/null || die "python3 not found (scripts/check-deploy and kubernetes-validate need it)"
+if python3 -c 'import kubernetes_validate.version as v, sys; sys.exit(v.__version__ != sys.argv[1])' \
+    "$KUBERNETES_VALIDATE_VERSION" 2>/dev/null; then
+    log "kubernetes-validate $KUBERNETES_VALIDATE_VERSION already installed"
+else
+    log "pip install kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+        "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+fi
 
 # --- Rust toolchain ----------------------------------------------------------------------------
 if ! command -v cargo >/dev/null; then
