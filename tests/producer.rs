@@ -161,3 +161,32 @@ async fn a_producer_that_keeps_failing_fatally_stops_the_connector() {
     assert!(error.is_definite(), "{error}");
     assert!(error.to_string().contains("failed fatally in 5 runs in a row"), "{error}");
 }
+
+/// Guards against a batch of valid records being refused as too large, and its first record quarantined
+/// (issue 16, item 13): a routed topic whose `max.message.bytes` is below the producer's batches (here
+/// 100000 against librdkafka's 1000000 `batch.size`) is a definite error before its first record is
+/// produced, naming both limits and what to change. Against Tansu, which reports a topic's
+/// `max.message.bytes` when it was set at creation (and nothing otherwise: the connector then logs that it
+/// cannot check, and goes on).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topic_that_refuses_the_producers_batches_stops_the_connector_at_start() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let db = MariaDb::start();
+    let broker = common::Broker::start(common::Engine::Memory);
+    let admin: AdminClient<DefaultClientContext> = broker.client_config().create().expect("admin");
+    let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
+    let topic = NewTopic::new(TOPIC, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "100000");
+    let created = admin.create_topics([&topic], &options).await.expect("create topic");
+    assert!(created.iter().all(Result::is_ok), "{created:?}");
+    commit_events(&db, 3).await;
+
+    let mut connector = common::Connector::start(&db, &broker, "");
+    let status = connector.wait_exit(DELIVERY_TIMEOUT).expect("the connector stops");
+    let logs = connector.stderr();
+    assert_eq!(status.code(), Some(2), "{logs}");
+    assert!(logs.contains("max.message.bytes = 100000") && logs.contains("batch.size"), "{logs}");
+    assert!(broker.read_all(TOPIC, 0, Duration::from_secs(2)).is_empty(), "nothing is produced");
+    let holds = connector.status_json().map(|s| s["holds"].clone()).unwrap_or_default();
+    assert!(holds.as_array().is_none_or(Vec::is_empty), "an aggregate was quarantined: {holds}");
+}
