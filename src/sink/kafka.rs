@@ -371,6 +371,7 @@ impl KafkaSink {
             })?,
             None => DEFAULT_BATCH_SIZE,
         };
+        let batch_limit_bytes = batch_size.min(config.max_record_bytes);
         let context = SinkContext {
             watermark: watermark.clone(),
             budget: budget.clone(),
@@ -378,7 +379,7 @@ impl KafkaSink {
             failure_notice: Arc::new(Notify::new()),
             native: AtomicPtr::new(std::ptr::null_mut()),
             topic_limits: RwLock::new(HashMap::new()),
-            batch_limit_bytes: batch_size.min(config.max_record_bytes),
+            batch_limit_bytes,
         };
         let producer: ThreadedProducer<SinkContext> =
             cc.create_with_context(context).map_err(|e| classify_kafka(&e))?;
@@ -402,9 +403,11 @@ impl KafkaSink {
                 replication_factor: config.topic_replication_factor,
                 config: {
                     let mut topic_config = config.topic_config.clone();
+                    // Room for the largest record and for the largest batch of several.
+                    let max_message_bytes = config.max_record_bytes.max(required_topic_limit(batch_limit_bytes));
                     topic_config
                         .entry("max.message.bytes".to_string())
-                        .or_insert_with(|| config.max_record_bytes.to_string());
+                        .or_insert_with(|| max_message_bytes.to_string());
                     topic_config
                 },
             },
