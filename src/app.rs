@@ -14,6 +14,10 @@ use crate::source::SourceConn;
 /// A run that lasted this long was healthy: the next failure starts the back-off from the beginning.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
 
+/// Runs in a row (without a healthy one between) that may end with a fatal producer error before the
+/// connector stops: one is a broker hiccup a new producer cures, several at once are a fault to look into.
+pub const MAX_PRODUCER_FATAL_RUNS: u32 = 5;
+
 /// Options of `outbox-cdc run` beyond the config file.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
@@ -61,6 +65,7 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
         Duration::from_millis(config.source.reconnect_initial_backoff_ms),
         Duration::from_millis(config.source.reconnect_max_backoff_ms),
     );
+    let mut producer_fatal_runs = 0;
     loop {
         let started = Instant::now();
         match pipeline.run(&shutdown).await {
@@ -69,6 +74,13 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
             Err(error) => {
                 if started.elapsed() >= HEALTHY_RUN {
                     backoff.reset();
+                    producer_fatal_runs = 0;
+                }
+                if error.is_producer_fatal() {
+                    producer_fatal_runs += 1;
+                    if producer_fatal_runs >= MAX_PRODUCER_FATAL_RUNS {
+                        return Err(producer_fatal_again(&error));
+                    }
                 }
                 if shutdown.requested_at().is_some() {
                     return Ok(());
@@ -83,6 +95,17 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
             }
         }
     }
+}
+
+/// The definite error after [`MAX_PRODUCER_FATAL_RUNS`] runs in a row ended with a fatal producer error.
+fn producer_fatal_again(last: &crate::error::Error) -> crate::error::Error {
+    crate::error::Error::definite(format!(
+        "the Kafka producer failed fatally in {MAX_PRODUCER_FATAL_RUNS} runs in a row, each with a new producer \
+         from the checkpoint (last: {last}). The broker keeps refusing this producer's sequence numbers: look for \
+         lost or truncated partitions (unclean leader election, a topic deleted and re-created, DeleteRecords) \
+         in the broker's logs. Nothing unacknowledged was checkpointed; start the connector again once the \
+         broker is healthy"
+    ))
 }
 
 /// Aborts a background task when dropped.

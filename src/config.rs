@@ -466,8 +466,12 @@ pub struct KafkaConfig {
     /// 1 MB default. A larger record is refused by the producer with a definite error naming it.
     #[serde(default = "default_max_record_bytes")]
     pub max_record_bytes: usize,
-    /// librdkafka properties passed through (TLS, SASL, linger.ms, ...). `enable.idempotence` and `acks` are
-    /// always `true`/`all`; setting them otherwise is rejected. `Debug` masks secret-looking values.
+    /// librdkafka properties passed through (TLS, SASL, `linger.ms`, `batch.size`, ...). The ones the
+    /// delivery guarantee depends on are outbox-cdc's: `enable.idempotence` and `enable.gapless.guarantee`
+    /// (true), `acks` (all), `message.timeout.ms`/`delivery.timeout.ms` (0: a record never times out),
+    /// `retries` (unlimited), `max.in.flight.requests.per.connection` (at most 5), `queuing.strategy`,
+    /// `partitioner` and `transactional.id`; another value is rejected, saying why.
+    /// `Debug` masks secret-looking values.
     #[serde(default)]
     pub properties: Properties,
     /// Topic for poison rows and the held events of quarantined aggregates (see `outbox.on_poison`).
@@ -595,8 +599,90 @@ fn default_prune_pause_ms() -> u64 {
     100
 }
 
-/// librdkafka properties the connector owns: the delivery guarantee depends on them.
-const PINNED_PROPERTIES: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
+/// A librdkafka property the delivery guarantee depends on: the values that keep it (compared without
+/// case), and why no other value may.
+struct OwnedProperty {
+    keys: &'static [&'static str],
+    allowed: fn(&str) -> bool,
+    why: &'static str,
+}
+
+/// librdkafka properties outbox-cdc sets itself (aliases included). A record that fails for good while a
+/// later record of its partition gets through is written *after* that later record once the run restarts
+/// from the checkpoint (A2, A1, A2): so no record may time out or run out of retries, and a batch that
+/// fails for good must stop the producer (gap-less idempotence) rather than let the next batch through.
+const OWNED_PROPERTIES: &[OwnedProperty] = &[
+    OwnedProperty {
+        keys: &["enable.idempotence"],
+        allowed: |v| v.eq_ignore_ascii_case("true"),
+        why: "the idempotent producer keeps each partition's records in order across retries and reconnects; \
+              outbox-cdc always sets it to true",
+    },
+    OwnedProperty {
+        keys: &["enable.gapless.guarantee"],
+        allowed: |v| v.eq_ignore_ascii_case("true"),
+        why: "without it a batch that fails for good lets the next batches of its partition through, and \
+              the restart writes the failed records after them; outbox-cdc always sets it to true",
+    },
+    OwnedProperty {
+        keys: &["acks", "request.required.acks"],
+        allowed: |v| v.eq_ignore_ascii_case("all") || v == "-1",
+        why: "only acks=all keeps an acknowledged record when a partition leader fails; outbox-cdc always \
+              uses acks=all",
+    },
+    OwnedProperty {
+        keys: &["message.timeout.ms", "delivery.timeout.ms"],
+        allowed: |v| v == "0",
+        why: "a record that times out lets later records of its partition through, and the restart writes it \
+              after them. outbox-cdc never times a record out: while the broker is unreachable it waits \
+              (logged, and outbox_cdc_ready = 0) and nothing unacknowledged is checkpointed",
+    },
+    OwnedProperty {
+        keys: &["retries", "message.send.max.retries"],
+        allowed: |v| v == "2147483647",
+        why: "a record that runs out of retries fails while later records of its partition get through; \
+              outbox-cdc retries without limit",
+    },
+    OwnedProperty {
+        keys: &["max.in.flight.requests.per.connection", "max.in.flight"],
+        allowed: |v| v.parse::<u32>().is_ok_and(|n| (1..=5).contains(&n)),
+        why: "the idempotent producer keeps order with at most 5 requests in flight per connection",
+    },
+    OwnedProperty {
+        keys: &["queuing.strategy"],
+        allowed: |v| v.eq_ignore_ascii_case("fifo"),
+        why: "records must leave in the order they were produced",
+    },
+    OwnedProperty {
+        keys: &["partitioner"],
+        allowed: |v| v == "murmur2_random",
+        why: "outbox-cdc places each aggregate with murmur2 (the Java client's partitioner), so that every \
+              client agrees on an aggregate's partition",
+    },
+    OwnedProperty {
+        keys: &["transactional.id"],
+        allowed: |_| false,
+        why: "outbox-cdc does not use Kafka transactions (its idempotent producer and checkpoint give \
+              at-least-once delivery in order)",
+    },
+];
+
+/// Refuses librdkafka properties that would weaken the delivery guarantee, saying why and what to do.
+fn validate_kafka_properties(properties: &BTreeMap<String, String>) -> Result<()> {
+    for (key, value) in properties {
+        let Some(owned) = OWNED_PROPERTIES.iter().find(|o| o.keys.contains(&key.as_str())) else {
+            continue;
+        };
+        if !(owned.allowed)(value.trim()) {
+            return Err(Error::definite(format!(
+                "kafka.properties.\"{key}\" = {value:?} would weaken the delivery guarantee: {}. Remove it from \
+                 [kafka.properties]",
+                owned.why
+            )));
+        }
+    }
+    Ok(())
+}
 
 impl Config {
     /// Reads, parses and validates a config file.
@@ -641,17 +727,7 @@ impl Config {
         if self.metrics.purge_warn_ratio.is_nan() || self.metrics.purge_warn_ratio <= 0.0 {
             return Err(Error::definite("metrics.purge_warn_ratio must be > 0 (e.g. 0.5)"));
         }
-        for (key, pinned) in PINNED_PROPERTIES {
-            if let Some(value) = self.kafka.properties.get(*key) {
-                let equivalent = value.eq_ignore_ascii_case(pinned) || (*key == "acks" && value == "-1");
-                if !equivalent {
-                    return Err(Error::definite(format!(
-                        "kafka.properties.{key} = {value:?} would weaken the delivery guarantee; \
-                         outbox-cdc always uses {key}={pinned}"
-                    )));
-                }
-            }
-        }
+        validate_kafka_properties(&self.kafka.properties)?;
         for key in ["bootstrap.servers", "compression.type", "compression.codec", "message.max.bytes"] {
             if self.kafka.properties.contains_key(key) {
                 return Err(Error::definite(format!(
@@ -830,14 +906,47 @@ mod tests {
         assert!(err.to_string().contains("serverid"), "{err}");
     }
 
+    /// Guards against a user-set `message.timeout.ms` (or a retry limit, or idempotence without the
+    /// gap-less guarantee) letting later records of a partition overtake one that failed: the restart would
+    /// then write A2, A1, A2. Each owned property (and its librdkafka alias) is refused with the reason, and
+    /// the values that keep the guarantee are accepted.
     #[test]
-    fn weakened_delivery_settings_are_rejected() {
-        for prop in ["\"enable.idempotence\" = \"false\"", "acks = \"1\""] {
-            let text = format!("{MINIMAL}\n[kafka.properties]\n{prop}\n");
-            assert!(Config::parse(&text).unwrap_err().to_string().contains("weaken"), "{prop}");
+    fn properties_that_weaken_the_delivery_guarantee_are_rejected() {
+        let cases: &[(&str, &str, Option<&str>)] = &[
+            ("enable.idempotence", "false", Some("in order across retries")),
+            ("enable.idempotence", "TRUE", None),
+            ("enable.gapless.guarantee", "false", Some("fails for good")),
+            ("enable.gapless.guarantee", "true", None),
+            ("acks", "1", Some("acks=all")),
+            ("request.required.acks", "0", Some("acks=all")),
+            ("acks", "all", None),
+            ("acks", "-1", None),
+            ("message.timeout.ms", "2000", Some("never times a record out")),
+            ("delivery.timeout.ms", "300000", Some("never times a record out")),
+            ("message.timeout.ms", "0", None),
+            ("retries", "10", Some("retries without limit")),
+            ("message.send.max.retries", "3", Some("retries without limit")),
+            ("max.in.flight.requests.per.connection", "6", Some("at most 5")),
+            ("max.in.flight", "0", Some("at most 5")),
+            ("max.in.flight", "1", None),
+            ("max.in.flight.requests.per.connection", "5", None),
+            ("queuing.strategy", "lifo", Some("order they were produced")),
+            ("partitioner", "consistent_random", Some("murmur2")),
+            ("transactional.id", "outbox", Some("transactions")),
+            ("linger.ms", "20", None),
+            ("batch.size", "65536", None),
+        ];
+        for (key, value, refusal) in cases {
+            let text = format!("{MINIMAL}\n[kafka.properties]\n\"{key}\" = \"{value}\"\n");
+            match (Config::parse(&text), refusal) {
+                (Ok(_), None) => {}
+                (Err(e), Some(why)) => {
+                    let e = e.to_string();
+                    assert!(e.contains(key) && e.contains(why) && e.contains("Remove it"), "{key}={value}: {e}");
+                }
+                (result, _) => panic!("{key}={value}: {:?}", result.map(|_| ())),
+            }
         }
-        let ok = format!("{MINIMAL}\n[kafka.properties]\nacks = \"all\"\n\"linger.ms\" = \"5\"\n");
-        Config::parse(&ok).unwrap();
     }
 
     #[test]

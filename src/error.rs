@@ -37,6 +37,9 @@ pub struct Error {
     message: String,
     /// Set when the broker refused one record for good: the pipeline restarts and dead-letters it.
     refused: Option<Box<crate::quarantine::KnownPoison>>,
+    /// Set when the idempotent producer failed fatally (its sequence state no longer matches the broker's):
+    /// the run restarts with a new producer, a bounded number of times in a row.
+    producer_fatal: bool,
 }
 
 impl fmt::Display for Error {
@@ -51,7 +54,7 @@ impl Error {
             std::borrow::Cow::Borrowed(_) => message,
             std::borrow::Cow::Owned(redacted) => redacted,
         };
-        Error { class, message, refused }
+        Error { class, message, refused, producer_fatal: false }
     }
 
     /// An error that retrying from the last acknowledged position may cure.
@@ -79,6 +82,17 @@ impl Error {
         Error::new(Class::Definite, message.into(), None)
     }
 
+    /// The idempotent producer failed fatally: transient (the run restarts from the checkpoint with a new
+    /// producer), and counted, so that a fault that recurs at once stops the connector instead.
+    pub fn producer_fatal(message: impl Into<String>) -> Self {
+        Error { producer_fatal: true, ..Error::new(Class::Transient, message.into(), None) }
+    }
+
+    /// True for [`Error::producer_fatal`] errors.
+    pub fn is_producer_fatal(&self) -> bool {
+        self.producer_fatal
+    }
+
     /// The class of this error.
     pub fn class(&self) -> Class {
         self.class
@@ -91,7 +105,10 @@ impl Error {
 
     /// Prefixes the message with what was being done, keeping the class.
     pub fn context(self, what: impl fmt::Display) -> Self {
-        Error::new(self.class, format!("{what}: {}", self.message), self.refused)
+        Error {
+            producer_fatal: self.producer_fatal,
+            ..Error::new(self.class, format!("{what}: {}", self.message), self.refused)
+        }
     }
 
     /// Process exit code for this error: 2 for definite (configuration or server problem), 3 for transient.
@@ -183,7 +200,6 @@ pub fn classify_kafka(err: &rdkafka::error::KafkaError) -> Error {
                 | C::InvalidConfig
                 | C::InvalidArgument
                 | C::UnsupportedVersion
-                | C::Fatal
                 | C::ProducerFenced
                 | C::InvalidRecord
         )
@@ -208,6 +224,10 @@ pub fn classify_kafka(err: &rdkafka::error::KafkaError) -> Error {
             ))
         }
         K::ClientCreation(_) => Error::definite(format!("Kafka client configuration: {text}")),
+        _ if err.rdkafka_error_code().is_some_and(is_producer_fatal) => Error::producer_fatal(format!(
+            "Kafka: {text}. The idempotent producer cannot continue without risking reordering or duplicates; the \
+             run restarts from the checkpoint with a new producer"
+        )),
         K::MessageProduction(code) if definite_code(*code) => {
             Error::definite(format!("Kafka rejected a record: {text}"))
         }
@@ -218,13 +238,30 @@ pub fn classify_kafka(err: &rdkafka::error::KafkaError) -> Error {
     }
 }
 
+/// Errors with which the idempotent producer gives up: a fatal error, or a delivery failed because the
+/// broker's sequence state for this producer no longer matches (`OUT_OF_ORDER_SEQUENCE_NUMBER` at the head
+/// of the line, `UNKNOWN_PRODUCER_ID` with records outstanding, a fenced epoch). librdkafka raises these as
+/// fatal: the producer refuses every later record, and only a new producer can go on.
+pub fn is_producer_fatal(code: rdkafka::types::RDKafkaErrorCode) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(code, C::Fatal | C::OutOfOrderSequenceNumber | C::UnknownProducerId | C::InvalidProducerEpoch)
+}
+
 /// Broker refusals of one record that retrying cannot cure: the record is poison, not the pipeline.
+///
+/// Size refusals (`MSG_SIZE_TOO_LARGE`, `RECORD_LIST_TOO_LARGE`) are about a whole batch and are not in this
+/// list: the sink blames a record for one only when that record alone is over the limit
+/// ([`crate::sink::kafka`]).
 pub fn is_record_refusal(code: rdkafka::types::RDKafkaErrorCode) -> bool {
     use rdkafka::types::RDKafkaErrorCode as C;
-    matches!(
-        code,
-        C::MessageSizeTooLarge | C::MessageBatchTooLarge | C::InvalidRecord | C::PolicyViolation | C::InvalidMessage
-    )
+    matches!(code, C::InvalidRecord | C::PolicyViolation | C::InvalidMessage)
+}
+
+/// A size refusal by the broker: the batch that held the record was over the topic's `max.message.bytes`
+/// (or the log's segment size).
+pub fn is_size_refusal(code: rdkafka::types::RDKafkaErrorCode) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(code, C::MessageSizeTooLarge | C::MessageBatchTooLarge)
 }
 
 impl From<redb::Error> for Error {

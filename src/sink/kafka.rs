@@ -10,25 +10,41 @@
 //! - Per-aggregate order: records are enqueued in binlog order, keyed by aggregate id, partitioned with
 //!   murmur2 (the Java client's default, so other clients agree on placement), and the idempotent producer
 //!   keeps per-partition order across retries and reconnects.
+//! - No record of a partition is written after one that failed. The restart re-reads from before the
+//!   failed record, so a later record that got through would precede it (A2, A1, A2). Hence: records never
+//!   time out (`message.timeout.ms = 0`, retries unlimited), a batch that fails for good makes the producer
+//!   fatal instead of letting the next batch through (`enable.gapless.guarantee`), and the first failed
+//!   delivery purges the queue at once and stops [`KafkaSink::send`] from enqueueing anything more.
+//!
+//! # Error handling
+//! - A broker outage is waited out: records stay queued, the in-flight budget fills, the binlog reader
+//!   stops, `outbox_cdc_ready` drops, and [`KafkaSink::send`] logs every [`STALL_REPORT_EVERY`] while it
+//!   waits. Shutdown purges what is unacknowledged; none of it is checkpointed.
+//! - A fatal producer error is transient for the pipeline ([`Error::producer_fatal`]): the run restarts
+//!   from the checkpoint with a new producer; [`crate::app`] bounds how often in a row.
+//! - Size refusals blame a record only when that record alone is over the topic's `max.message.bytes`
+//!   ([`blame_size_refusal`]); a batch over it is a configuration error, which [`KafkaSink::send`] also
+//!   checks before a topic's first record ([`check_topic_limit`]).
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig, ThreadedProducer};
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::types::{RDKafka, RDKafkaErrorCode};
 use rdkafka::ClientContext;
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 
 use super::Delivered;
 use crate::checkpoint::{TxId, Watermark};
 use crate::config::KafkaConfig;
-use crate::error::{classify_kafka, is_record_refusal, Error, Result};
+use crate::error::{classify_kafka, is_record_refusal, is_size_refusal, Error, Result};
 use crate::metrics::metrics;
 use crate::router::KafkaRecord;
 
@@ -36,6 +52,8 @@ use crate::router::KafkaRecord;
 struct InFlight {
     tx: TxId,
     permits: u32,
+    /// The record's bytes as [`KafkaRecord::size_bytes`] counts them, to judge a size refusal.
+    record_bytes: u32,
     /// The row's `occurred_at` (Unix ms, read as UTC) for the end-to-end latency histogram.
     occurred_at_ms: Option<i64>,
 }
@@ -44,6 +62,47 @@ struct InFlight {
 struct SinkContext {
     watermark: Arc<Watermark>,
     budget: Arc<Semaphore>,
+    /// Set by the first failed delivery and never cleared: from then on nothing more is enqueued.
+    failed: AtomicBool,
+    /// Wakes the pipeline at the first failed delivery, also while its source is idle.
+    failure_notice: Arc<Notify>,
+    /// The producer's librdkafka handle, set once right after it is created; only for
+    /// [`SinkContext::purge_queue`].
+    native: AtomicPtr<RDKafka>,
+    /// `max.message.bytes` of each topic in use (`None`: the broker did not say), to judge size refusals.
+    topic_limits: RwLock<HashMap<String, Option<usize>>>,
+    /// The largest batch of several records the producer builds (`min(batch.size, message.max.bytes)`).
+    batch_limit_bytes: usize,
+}
+
+impl SinkContext {
+    /// Drops every record still queued (not yet in a request), without waiting: their delivery reports
+    /// come back as purged. Records already in flight keep their outcome: the broker's sequence check
+    /// refuses any of them that would follow a failed one of its partition.
+    fn purge_queue(&self) {
+        let native = self.native.load(Ordering::Acquire);
+        if native.is_null() {
+            return;
+        }
+        let flags = rdkafka::bindings::RD_KAFKA_PURGE_F_QUEUE | rdkafka::bindings::RD_KAFKA_PURGE_F_NON_BLOCKING;
+        // SAFETY: `native` is the handle of the producer whose callbacks call this and which outlives them
+        // (librdkafka calls back only from its own polling thread, which the producer joins before it is
+        // destroyed). rd_kafka_purge may be called from any thread, holds no lock our caller holds, and
+        // with NON_BLOCKING does not wait for the broker threads.
+        unsafe {
+            rdkafka::bindings::rd_kafka_purge(native, flags);
+        }
+    }
+
+    /// Records a failed delivery: the first one freezes the watermark, stops the sink and purges the queue,
+    /// so that no later record of the failed one's partition is sent in this run.
+    fn fail(&self, error: Error) {
+        self.watermark.fail(error);
+        if !self.failed.swap(true, Ordering::AcqRel) {
+            self.purge_queue();
+            self.failure_notice.notify_one();
+        }
+    }
 }
 
 impl ClientContext for SinkContext {
@@ -61,9 +120,15 @@ impl ClientContext for SinkContext {
 
     fn error(&self, error: KafkaError, reason: &str) {
         // Broker-down and similar conditions arrive here while librdkafka keeps retrying: informational
-        // unless fatal, which the delivery callbacks will report as failures.
-        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
-            metrics().set_broker_connected(false);
+        // unless fatal, which the delivery callbacks and `send` report as failures.
+        match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::AllBrokersDown) => metrics().set_broker_connected(false),
+            // The producer's fatal error comes with its cause's code (e.g. GaplessGuarantee).
+            Some(code) if code == RDKafkaErrorCode::GaplessGuarantee || crate::error::is_producer_fatal(code) => {
+                tracing::error!(target: "librdkafka", %error, "{reason}: the producer stopped; the run restarts from the checkpoint with a new one");
+                return;
+            }
+            _ => {}
         }
         tracing::warn!(target: "librdkafka", %error, "{reason}");
     }
@@ -94,19 +159,102 @@ impl ProducerContext for SinkContext {
             Err((error, message)) => {
                 let code = error.rdkafka_error_code();
                 m.produce_error(&code.map_or_else(|| "Unknown".to_string(), |c| format!("{c:?}")));
-                let refused_id = code.filter(|c| is_record_refusal(*c)).and_then(|_| header(message, "id"));
-                let error = match refused_id {
-                    Some(id) => Error::refused_record(id.to_string(), format!("{error} (topic {})", message.topic())),
-                    None => classify_kafka(error).context(format_args!(
-                        "delivery to topic {} failed (the watermark stops before this record)",
-                        message.topic()
+                let topic = message.topic();
+                let error = match code {
+                    Some(c) if is_size_refusal(c) => self.size_refusal(error, message, in_flight.record_bytes),
+                    Some(c) if is_record_refusal(c) => match header(message, "id") {
+                        Some(id) => Error::refused_record(id.to_string(), format!("{error} (topic {topic})")),
+                        None => classify_kafka(error),
+                    },
+                    _ => classify_kafka(error).context(format_args!(
+                        "delivery to topic {topic} failed (the watermark stops before this record)"
                     )),
                 };
-                self.watermark.fail(error);
+                self.fail(error);
             }
         }
         self.budget.add_permits(in_flight.permits as usize);
     }
+}
+
+impl SinkContext {
+    /// The broker refused the batch that held `message` as too large: the record's fault only if it alone
+    /// is over the limit, a configuration error otherwise.
+    fn size_refusal(&self, error: &KafkaError, message: &rdkafka::message::BorrowedMessage<'_>, bytes: u32) -> Error {
+        let topic = message.topic();
+        let limit = self.topic_limits.read().unwrap_or_else(|p| p.into_inner()).get(topic).copied().flatten();
+        match (blame_size_refusal(bytes as usize, limit, self.batch_limit_bytes), header(message, "id")) {
+            (SizeBlame::Record, Some(id)) => Error::refused_record(
+                id.to_string(),
+                format!(
+                    "{error}: the record alone ({bytes} bytes) is over topic {topic}'s max.message.bytes ({})",
+                    describe_limit(limit)
+                ),
+            ),
+            _ => Error::definite(format!(
+                "Kafka refused a batch of records for topic {topic} as too large ({error}); no single record is \
+                 at fault. The topic's max.message.bytes ({}) is below the producer's batches of up to {} bytes \
+                 (min of kafka.properties.\"batch.size\" and kafka.max_record_bytes). Raise the topic's \
+                 max.message.bytes to at least {}, or set kafka.properties.\"batch.size\" below it; nothing \
+                 was quarantined and the checkpoint is before this batch",
+                describe_limit(limit),
+                self.batch_limit_bytes,
+                required_topic_limit(self.batch_limit_bytes),
+            )),
+        }
+    }
+}
+
+/// Who a size refusal is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SizeBlame {
+    /// The record alone is over the limit: it is poison.
+    Record,
+    /// The record fits; the batch it was in did not: a configuration error.
+    Batch,
+}
+
+/// Decides a size refusal of the batch that held a record of `record_bytes`. The record alone is at fault
+/// when it is over the topic's limit (`topic_limit`, if the broker told us), or, with the limit unknown,
+/// when it is over `batch_limit`: librdkafka never adds a record to a batch it would push past the batch
+/// limit, so such a record was alone in its batch. Otherwise the batch may have held innocent records.
+fn blame_size_refusal(record_bytes: usize, topic_limit: Option<usize>, batch_limit: usize) -> SizeBlame {
+    let alone = record_bytes + RECORD_OVERHEAD_BYTES;
+    match topic_limit {
+        Some(limit) if alone > limit => SizeBlame::Record,
+        Some(_) => SizeBlame::Batch,
+        None if alone > batch_limit => SizeBlame::Record,
+        None => SizeBlame::Batch,
+    }
+}
+
+/// The smallest topic `max.message.bytes` that takes every batch of up to `batch_limit` bytes:
+/// compression may grow incompressible data (lz4 by 1/255 at worst), and the batch has its own header.
+fn required_topic_limit(batch_limit: usize) -> usize {
+    batch_limit + batch_limit / 255 + RECORD_OVERHEAD_BYTES
+}
+
+/// Checks a topic's `max.message.bytes` against the producer's batches before its first record.
+///
+/// # Errors
+/// A definite error naming both limits and what to change when a batch of small records could be refused.
+fn check_topic_limit(topic: &str, limit: usize, batch_limit: usize) -> Result<()> {
+    let required = required_topic_limit(batch_limit);
+    if limit >= required {
+        return Ok(());
+    }
+    Err(Error::definite(format!(
+        "Kafka topic {topic:?} has max.message.bytes = {limit}, but the producer sends batches of up to \
+         {batch_limit} bytes (min of kafka.properties.\"batch.size\", default 1000000, and kafka.max_record_bytes): \
+         the broker would refuse a batch of valid records. Raise the topic's max.message.bytes to at least \
+         {required} (kafka-configs --alter --entity-type topics --entity-name {topic} --add-config \
+         max.message.bytes={required}), or set kafka.properties.\"batch.size\" to at most {}",
+        limit.saturating_sub(RECORD_OVERHEAD_BYTES) / 256 * 255
+    )))
+}
+
+fn describe_limit(limit: Option<usize>) -> String {
+    limit.map_or_else(|| "unknown: the broker did not say".to_string(), |l| l.to_string())
 }
 
 /// Keeps the readiness metric honest while the producer is idle (librdkafka only connects when it has
@@ -174,6 +322,8 @@ pub struct KafkaSink {
     max_record_bytes: usize,
     known_topics: HashSet<String>,
     topics: TopicSettings,
+    /// Dead letters are cut to `max_record_bytes`: this topic must take records that large.
+    dead_letter_topic: String,
 }
 
 /// Builds the librdkafka configuration shared by the producer and the admin client.
@@ -188,8 +338,19 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Headroom for librdkafka's per-record framing when checking a record against `message.max.bytes`.
+/// Headroom for librdkafka's per-record framing when checking a record against `message.max.bytes`, and
+/// for a record batch's header against a topic's `max.message.bytes`.
 const RECORD_OVERHEAD_BYTES: usize = 512;
+
+/// librdkafka's default `batch.size`.
+const DEFAULT_BATCH_SIZE: usize = 1_000_000;
+
+/// How often [`KafkaSink::send`] says that it is still waiting for the broker.
+pub const STALL_REPORT_EVERY: Duration = Duration::from_secs(30);
+
+/// How long [`KafkaSink::send`] waits, after librdkafka refused a record because the producer failed
+/// fatally, for the delivery report of the batch that made it fail: that report names the cause.
+const FATAL_CAUSE_WAIT: Duration = Duration::from_secs(2);
 
 /// Memory a record costs in librdkafka beyond its own bytes until it is acknowledged: the message struct,
 /// one allocation per header, its copy in the uncompressed and the compressed batch. Measured with the
@@ -205,8 +366,12 @@ impl KafkaSink {
     pub fn new(config: &KafkaConfig, watermark: Arc<Watermark>) -> Result<Self> {
         let budget = Arc::new(Semaphore::new(config.max_in_flight_bytes));
         let mut cc = client_config(config);
+        // The delivery guarantee's settings (config validation refuses other values for them): see the
+        // module's invariants.
         cc.set("enable.idempotence", "true")
+            .set("enable.gapless.guarantee", "true")
             .set("acks", "all")
+            .set("message.timeout.ms", "0")
             .set("partitioner", "murmur2_random")
             .set("compression.type", &config.compression)
             .set("allow.auto.create.topics", "false")
@@ -217,9 +382,25 @@ impl KafkaSink {
         if !config.properties.contains_key("linger.ms") {
             cc.set("linger.ms", "5");
         }
-        let context = SinkContext { watermark: watermark.clone(), budget: budget.clone() };
+        let batch_size = match config.properties.get("batch.size") {
+            Some(v) => v.trim().parse::<usize>().map_err(|_| {
+                Error::definite(format!("kafka.properties.\"batch.size\" = {v:?} is not a number of bytes"))
+            })?,
+            None => DEFAULT_BATCH_SIZE,
+        };
+        let batch_limit_bytes = batch_size.min(config.max_record_bytes);
+        let context = SinkContext {
+            watermark: watermark.clone(),
+            budget: budget.clone(),
+            failed: AtomicBool::new(false),
+            failure_notice: Arc::new(Notify::new()),
+            native: AtomicPtr::new(std::ptr::null_mut()),
+            topic_limits: RwLock::new(HashMap::new()),
+            batch_limit_bytes,
+        };
         let producer: ThreadedProducer<SinkContext> =
             cc.create_with_context(context).map_err(|e| classify_kafka(&e))?;
+        producer.context().native.store(producer.client().native_ptr(), Ordering::Release);
         let admin: AdminClient<DefaultClientContext> =
             client_config(config).create().map_err(|e| classify_kafka(&e))?;
         let producer = Arc::new(producer);
@@ -232,15 +413,18 @@ impl KafkaSink {
             max_in_flight_bytes: config.max_in_flight_bytes,
             max_record_bytes: config.max_record_bytes,
             known_topics: HashSet::new(),
+            dead_letter_topic: config.dead_letter_topic.clone(),
             topics: TopicSettings {
                 create: config.create_topics,
                 partitions: config.topic_partitions,
                 replication_factor: config.topic_replication_factor,
                 config: {
                     let mut topic_config = config.topic_config.clone();
+                    // Room for the largest record and for the largest batch of several.
+                    let max_message_bytes = config.max_record_bytes.max(required_topic_limit(batch_limit_bytes));
                     topic_config
                         .entry("max.message.bytes".to_string())
-                        .or_insert_with(|| config.max_record_bytes.to_string());
+                        .or_insert_with(|| max_message_bytes.to_string());
                     topic_config
                 },
                 dead_letter_topic: config.dead_letter_topic.clone(),
@@ -248,10 +432,12 @@ impl KafkaSink {
         })
     }
 
-    /// Whether `record` is within `kafka.max_record_bytes`, with room for librdkafka's own per-record
-    /// overhead (which it counts against `message.max.bytes` too).
+    /// Whether `record` is within `kafka.max_record_bytes` and, once the sink knows it, its topic's
+    /// `max.message.bytes`, with room for librdkafka's own per-record overhead (which it counts against
+    /// `message.max.bytes` too).
     pub fn fits(&self, record: &KafkaRecord) -> bool {
-        record.size_bytes() + RECORD_OVERHEAD_BYTES <= self.max_record_bytes
+        let limit = self.topic_limit(&record.topic).map_or(self.max_record_bytes, |l| l.min(self.max_record_bytes));
+        record.size_bytes() + RECORD_OVERHEAD_BYTES <= limit
     }
 
     /// The largest record this sink produces.
@@ -263,42 +449,140 @@ impl KafkaSink {
     /// `occurred_at_ms` feeds the end-to-end latency histogram.
     ///
     /// # Errors
-    /// Definite when the topic is missing and may not be created, or the record is refused for good;
-    /// transient for broker unavailability during topic checks.
+    /// Definite when the topic is missing and may not be created, its `max.message.bytes` is below the
+    /// producer's batches, or the record is refused for good; transient for broker unavailability during
+    /// topic checks, and after an earlier record of this run failed (the first failure is returned).
     pub async fn send(&mut self, tx: TxId, record: &KafkaRecord, occurred_at_ms: Option<i64>) -> Result<()> {
         if !self.known_topics.contains(&record.topic) {
             self.ensure_topic(&record.topic).await?;
             self.known_topics.insert(record.topic.clone());
         }
+        if !self.fits(record) {
+            // Only the first record of a topic gets here: later ones met the topic's limit in `fits`. It is
+            // refused before it is produced; the restart dead-letters it.
+            let id = record.headers.iter().find(|(k, _)| k == "id").map(|(_, v)| String::from_utf8_lossy(v));
+            let message = format!(
+                "the record of {} bytes is over topic {}'s max.message.bytes ({})",
+                record.size_bytes(),
+                record.topic,
+                describe_limit(self.topic_limit(&record.topic))
+            );
+            return Err(match id {
+                Some(id) if record.topic != self.dead_letter_topic => Error::refused_record(id.into_owned(), message),
+                _ => Error::definite(message),
+            });
+        }
         let permits = (record.size_bytes() + IN_FLIGHT_OVERHEAD_BYTES).min(self.max_in_flight_bytes) as u32;
-        self.budget.acquire_many(permits).await.expect("the budget semaphore is never closed").forget();
+        self.acquire_budget(permits).await;
+        if self.context().failed.load(Ordering::Acquire) {
+            self.budget.add_permits(permits as usize);
+            return Err(self.failure());
+        }
         self.watermark.add_record(tx);
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for (key, value) in &record.headers {
             headers = headers.insert(Header { key, value: Some(value) });
         }
         metrics().event_produced(&record.topic, permits as usize);
-        let mut pending = BaseRecord::with_opaque_to(&record.topic, Box::new(InFlight { tx, permits, occurred_at_ms }))
+        let in_flight = InFlight { tx, permits, record_bytes: record.size_bytes() as u32, occurred_at_ms };
+        let mut pending = BaseRecord::with_opaque_to(&record.topic, Box::new(in_flight))
             .key(&record.key)
             .payload(&record.value)
             .headers(headers);
         loop {
             match self.producer.send(pending) {
-                Ok(()) => return Ok(()),
+                Ok(()) => break,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     pending = back;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
                 Err((error, _)) => {
-                    let error = classify_kafka(&error)
-                        .context(format_args!("producing to {} (key {})", record.topic, record.key));
                     metrics().record_settled(permits as usize);
                     self.budget.add_permits(permits as usize);
+                    if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+                        return Err(self.fatal_failure().await);
+                    }
+                    let error = classify_kafka(&error)
+                        .context(format_args!("producing to {} (key {})", record.topic, record.key));
                     self.watermark.fail(Error::transient(error.to_string()));
                     return Err(error);
                 }
             }
         }
+        // A delivery that failed while this record was being enqueued purged the queue before it was in:
+        // purge again, so that it cannot follow the failed one.
+        if self.context().failed.load(Ordering::Acquire) {
+            self.context().purge_queue();
+        }
+        Ok(())
+    }
+
+    /// Notified (once) at the first failed delivery of this sink: the pipeline then ends the run at once,
+    /// instead of at its next source change.
+    pub fn failure_notice(&self) -> Arc<Notify> {
+        self.context().failure_notice.clone()
+    }
+
+    fn context(&self) -> &SinkContext {
+        self.producer.context()
+    }
+
+    /// `max.message.bytes` of `topic`, when the broker told us.
+    fn topic_limit(&self, topic: &str) -> Option<usize> {
+        self.context().topic_limits.read().unwrap_or_else(|p| p.into_inner()).get(topic).copied().flatten()
+    }
+
+    /// Waits for `permits` of in-flight budget, saying every [`STALL_REPORT_EVERY`] that it still waits:
+    /// records never time out, so a broker outage shows here (and in `outbox_cdc_ready`), not as errors.
+    async fn acquire_budget(&self, permits: u32) {
+        if let Ok(p) = self.budget.try_acquire_many(permits) {
+            p.forget();
+            return;
+        }
+        let since = Instant::now();
+        loop {
+            match tokio::time::timeout(STALL_REPORT_EVERY, self.budget.acquire_many(permits)).await {
+                Ok(p) => {
+                    p.expect("the budget semaphore is never closed").forget();
+                    if since.elapsed() >= STALL_REPORT_EVERY {
+                        tracing::info!(waited_s = since.elapsed().as_secs(), "Kafka is acknowledging again");
+                    }
+                    return;
+                }
+                Err(_) => tracing::warn!(
+                    waited_s = since.elapsed().as_secs(),
+                    unacknowledged = self.watermark.unsettled(),
+                    "waiting for Kafka: kafka.max_in_flight_bytes of records are unacknowledged (broker down or \
+                     slow; see outbox_cdc_ready and librdkafka's messages). Records never time out; nothing \
+                     unacknowledged is checkpointed"
+                ),
+            }
+        }
+    }
+
+    /// The first failure of this run, for a record that is not enqueued because of it.
+    fn failure(&self) -> Error {
+        self.watermark.take_failure().unwrap_or_else(|| {
+            Error::transient("an earlier record of this run was not delivered; restarting from the checkpoint")
+        })
+    }
+
+    /// The failure to report when librdkafka refused a record because the producer failed fatally: the
+    /// failed delivery that made it fatal (which may be a refused record to dead-letter), once its report
+    /// arrives, else the fatal error itself.
+    async fn fatal_failure(&self) -> Error {
+        let deadline = Instant::now() + FATAL_CAUSE_WAIT;
+        while !self.context().failed.load(Ordering::Acquire) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let fatal = match self.producer.client().fatal_error() {
+            Some((code, reason)) => Error::producer_fatal(format!(
+                "the Kafka producer failed fatally ({code:?}: {reason}); the run restarts from the checkpoint \
+                 with a new producer"
+            )),
+            None => Error::producer_fatal("the Kafka producer failed fatally; the run restarts with a new producer"),
+        };
+        self.watermark.take_failure().unwrap_or(fatal)
     }
 
     /// Waits until every record handed to the producer is acknowledged (or failed), up to `timeout`.
@@ -322,8 +606,65 @@ impl KafkaSink {
         self.producer.purge(PurgeConfig::default().queue().inflight());
     }
 
-    /// Makes sure `topic` exists: creates it through the Admin API when allowed.
+    /// Makes sure `topic` exists (creates it through the Admin API when allowed) and takes the producer's
+    /// batches: its `max.message.bytes`, read with DescribeConfigs, is checked against them and kept for
+    /// [`KafkaSink::fits`] and the delivery callbacks. A broker that does not say is logged, not an error.
     async fn ensure_topic(&self, topic: &str) -> Result<()> {
+        self.ensure_exists(topic).await?;
+        let limit = self.read_topic_limit(topic).await;
+        if let Some(limit) = limit {
+            check_topic_limit(topic, limit, self.context().batch_limit_bytes)?;
+            if topic == self.dead_letter_topic && limit < self.max_record_bytes {
+                return Err(Error::definite(format!(
+                    "the dead-letter topic {topic:?} has max.message.bytes = {limit}, below kafka.max_record_bytes = \
+                     {}: a dead letter (up to that size) could be refused. Raise the topic's max.message.bytes to \
+                     at least {}, or lower kafka.max_record_bytes",
+                    self.max_record_bytes, self.max_record_bytes
+                )));
+            }
+            if limit < self.max_record_bytes {
+                tracing::info!(
+                    topic,
+                    max_message_bytes = limit,
+                    "the topic's max.message.bytes is below kafka.max_record_bytes: larger records of this topic \
+                     are dead-lettered as too large"
+                );
+            }
+        }
+        self.context().topic_limits.write().unwrap_or_else(|p| p.into_inner()).insert(topic.to_string(), limit);
+        Ok(())
+    }
+
+    /// `max.message.bytes` of `topic` as the broker reports it, or `None` (logged) when it does not.
+    async fn read_topic_limit(&self, topic: &str) -> Option<usize> {
+        let resource = ResourceSpecifier::Topic(topic);
+        let options = AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT));
+        let why = match self.admin.describe_configs([&resource], &options).await {
+            Ok(results) => match results.into_iter().next() {
+                Some(Ok(config)) => match config.get("max.message.bytes").and_then(|e| e.value.as_deref()) {
+                    Some(value) => match value.trim().parse() {
+                        Ok(limit) => return Some(limit),
+                        Err(_) => format!("it answered max.message.bytes = {value:?}"),
+                    },
+                    None => "its answer has no max.message.bytes".to_string(),
+                },
+                Some(Err(code)) => format!("it answered {code:?}"),
+                None => "it answered nothing".to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        tracing::info!(
+            topic,
+            reason = %why,
+            "cannot read the topic's max.message.bytes (DescribeConfigs): its records are checked against \
+             kafka.max_record_bytes only; keep that, and kafka.properties.\"batch.size\", at or below the topic's \
+             max.message.bytes"
+        );
+        None
+    }
+
+    /// Makes sure `topic` exists: creates it through the Admin API when allowed.
+    async fn ensure_exists(&self, topic: &str) -> Result<()> {
         if self.topic_partitions(topic).await? > 0 {
             return Ok(());
         }
@@ -383,7 +724,222 @@ impl KafkaSink {
 
 #[cfg(test)]
 mod tests {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    use rdkafka::{Offset, TopicPartitionList};
+
     use super::*;
+
+    const TOPIC: &str = "outbox.event.order";
+
+    /// The size rule: a record is blamed for a size refusal only when it alone is over the limit.
+    #[test]
+    fn a_size_refusal_blames_a_record_only_when_it_alone_is_over_the_limit() {
+        let batch = 1_000_000;
+        let cases: &[(usize, Option<usize>, SizeBlame)] = &[
+            (2_000_000, Some(1_048_588), SizeBlame::Record),
+            (1_048_588, Some(1_048_588), SizeBlame::Record),
+            (1_000, Some(1_048_588), SizeBlame::Batch),
+            (1_000, Some(100_000), SizeBlame::Batch),
+            (200_000, Some(100_000), SizeBlame::Record),
+            (2_000_000, None, SizeBlame::Record),
+            (999_000, None, SizeBlame::Batch),
+            (1_000, None, SizeBlame::Batch),
+        ];
+        for &(record, topic, blame) in cases {
+            assert_eq!(blame_size_refusal(record, topic, batch), blame, "record {record}, topic limit {topic:?}");
+        }
+    }
+
+    /// The start check: a topic must take the producer's largest batch of several records, and the error
+    /// says what to set.
+    #[test]
+    fn a_topic_limit_below_the_producers_batches_is_a_definite_error() {
+        assert!(check_topic_limit("t", 1_048_588, 1_000_000).is_ok(), "Kafka's default topic limit");
+        assert!(check_topic_limit("t", 16 * 1024 * 1024, 1_000_000).is_ok());
+        let err = check_topic_limit("t", 100_000, 1_000_000).unwrap_err();
+        let text = err.to_string();
+        assert!(err.is_definite(), "{text}");
+        assert!(text.contains("max.message.bytes = 100000") && text.contains("batch.size"), "{text}");
+        // The batch.size it proposes passes the check.
+        let proposed: usize = text.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(check_topic_limit("t", 100_000, proposed).is_ok(), "{proposed}");
+    }
+
+    fn kafka_config(bootstrap: &str, properties: &str) -> KafkaConfig {
+        let text = format!(
+            "[source]\nhost = \"h\"\nuser = \"u\"\nserver_id = 1\n[outbox]\ntable = \"s.t\"\n[kafka]\n\
+             bootstrap_servers = \"{bootstrap}\"\ncreate_topics = false\n[kafka.properties]\n{properties}\n"
+        );
+        crate::config::Config::parse(&text).unwrap().kafka
+    }
+
+    fn record(id: &str, value_bytes: usize) -> KafkaRecord {
+        KafkaRecord {
+            topic: TOPIC.into(),
+            key: "A".into(),
+            value: vec![b'x'; value_bytes],
+            headers: vec![("id".into(), id.as_bytes().to_vec())],
+        }
+    }
+
+    /// A mock cluster with [`TOPIC`] on one partition.
+    fn cluster() -> MockCluster<'static, rdkafka::producer::DefaultProducerContext> {
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.create_topic(TOPIC, 1, 1).unwrap();
+        cluster
+    }
+
+    /// Waits until every record sent so far came back (acknowledged or failed): all budget is returned.
+    async fn settled(sink: &KafkaSink) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while sink.budget.available_permits() < sink.max_in_flight_bytes {
+            assert!(Instant::now() < deadline, "{} records never came back", sink.watermark.unsettled());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The `id` headers of the partition, in offset order.
+    fn read_ids(bootstrap: &str) -> Vec<String> {
+        use rdkafka::message::Headers;
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", "test")
+            .set("enable.partition.eof", "true")
+            .create()
+            .unwrap();
+        let mut assignment = TopicPartitionList::new();
+        assignment.add_partition_offset(TOPIC, 0, Offset::Beginning).unwrap();
+        consumer.assign(&assignment).unwrap();
+        let mut ids = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => {
+                    let id = m.headers().and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| h.value));
+                    ids.push(String::from_utf8_lossy(id.unwrap_or_default()).into_owned());
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => return ids,
+                Some(Err(e)) => panic!("reading {TOPIC}: {e}"),
+                None => {}
+            }
+        }
+        panic!("no end of partition within 30 s; read {ids:?}")
+    }
+
+    /// Guards against the order hole of a failed delivery: librdkafka's idempotent producer failed the
+    /// batch that failed for good and went on with the records behind it (a bumped epoch), so a partition
+    /// held A2..A10 before the restart wrote A1..A10 again: A2, A1, A2. The mock cluster fails A1's produce
+    /// request for good; A2..A10 are handed to the sink after that failure came back, as the pipeline does
+    /// until it notices it. After the "restart" (a new sink re-sending the transaction, as the pipeline does
+    /// from the checkpoint) every record's first occurrence must be in order.
+    ///
+    /// Records already built into a request when A1's failed are not covered here: a real broker refuses
+    /// them by their sequence numbers (OUT_OF_ORDER_SEQUENCE_NUMBER), but the mock cluster checks sequence
+    /// numbers of transactional producers only, and would write them.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_failed_delivery_lets_no_later_record_of_its_partition_through() {
+        let cluster = cluster();
+        let bootstrap = cluster.bootstrap_servers();
+        let config = kafka_config(&bootstrap, "");
+        let ids: Vec<String> = (1..=10).map(|i| format!("A{i}")).collect();
+        cluster.request_errors(RDKafkaApiKey::Produce, &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN]);
+
+        let watermark = Arc::new(Watermark::new(None));
+        let mut sink = KafkaSink::new(&config, watermark.clone()).unwrap();
+        let tx = watermark.open();
+        sink.send(tx, &record(&ids[0], 100), None).await.unwrap();
+        settled(&sink).await;
+        let mut failure = None;
+        for id in &ids[1..] {
+            if let Err(e) = sink.send(tx, &record(id, 100), None).await {
+                failure = Some(e);
+                break;
+            }
+        }
+        settled(&sink).await;
+        drop(sink);
+        let failure = failure.or_else(|| watermark.take_failure()).expect("A1 failed");
+        assert!(!failure.is_definite(), "{failure}");
+
+        // The restart: a new producer re-sends the transaction, which was never acknowledged as a whole.
+        let watermark = Arc::new(Watermark::new(None));
+        let mut sink = KafkaSink::new(&config, watermark.clone()).unwrap();
+        let tx = watermark.open();
+        for id in &ids {
+            sink.send(tx, &record(id, 100), None).await.unwrap();
+        }
+        settled(&sink).await;
+        assert!(watermark.take_failure().is_none());
+
+        let partition = read_ids(&bootstrap);
+        let mut first_seen: Vec<&str> = Vec::new();
+        for id in &partition {
+            if !first_seen.contains(&id.as_str()) {
+                first_seen.push(id);
+            }
+        }
+        assert_eq!(first_seen, ids, "first occurrences out of order; the partition holds {partition:?}");
+    }
+
+    /// Guards against exit 2 on a fatal idempotent-producer error: after OUT_OF_ORDER_SEQUENCE_NUMBER at the
+    /// head of the line, librdkafka refuses every later record with ERR__FATAL, which was classified as
+    /// definite. It must be transient and marked, so that the run restarts with a new producer.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_fatal_producer_error_restarts_the_run_instead_of_stopping() {
+        let cluster = cluster();
+        let config = kafka_config(&cluster.bootstrap_servers(), "");
+        cluster
+            .request_errors(RDKafkaApiKey::Produce, &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER]);
+        let watermark = Arc::new(Watermark::new(None));
+        let mut sink = KafkaSink::new(&config, watermark.clone()).unwrap();
+        let tx = watermark.open();
+        sink.send(tx, &record("A1", 100), None).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while sink.producer.client().fatal_error().is_none() {
+            assert!(Instant::now() < deadline, "the producer never failed fatally");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let error = sink.send(tx, &record("A2", 100), None).await.unwrap_err();
+        assert!(!error.is_definite() && error.is_producer_fatal(), "{error}");
+    }
+
+    /// Guards against quarantining an innocent aggregate: the broker refused a *batch* of small records as
+    /// too large, and the first record of it was taken for poison. No record is blamed; the error is a
+    /// definite configuration error that names the limits.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_batch_refused_as_too_large_blames_no_record() {
+        let cluster = cluster();
+        let config = kafka_config(&cluster.bootstrap_servers(), "\"linger.ms\" = \"200\"");
+        cluster.request_errors(RDKafkaApiKey::Produce, &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE]);
+        let watermark = Arc::new(Watermark::new(None));
+        let mut sink = KafkaSink::new(&config, watermark.clone()).unwrap();
+        let tx = watermark.open();
+        for i in 1..=5 {
+            let _ = sink.send(tx, &record(&format!("A{i}"), 100), None).await;
+        }
+        settled(&sink).await;
+        let error = watermark.take_failure().expect("the batch was refused");
+        assert!(error.refused().is_none(), "a record was blamed: {error}");
+        assert!(error.is_definite() && error.to_string().contains("max.message.bytes"), "{error}");
+    }
+
+    /// The other side of the size rule: a record over the batch limit was alone in its request, so a size
+    /// refusal is its own, and it is dead-lettered (the topic's limit being unknown on the mock cluster).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_record_refused_alone_as_too_large_is_poison() {
+        let cluster = cluster();
+        let config = kafka_config(&cluster.bootstrap_servers(), "\"batch.size\" = \"2000\"");
+        cluster.request_errors(RDKafkaApiKey::Produce, &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE]);
+        let watermark = Arc::new(Watermark::new(None));
+        let mut sink = KafkaSink::new(&config, watermark.clone()).unwrap();
+        let tx = watermark.open();
+        sink.send(tx, &record("big", 5_000), None).await.unwrap();
+        settled(&sink).await;
+        let error = watermark.take_failure().expect("the record was refused");
+        assert_eq!(error.refused().map(|r| r.id.as_str()), Some("big"), "{error}");
+    }
 
     /// Guards against a dead-letter topic created with the cluster's default retention (7 days): a hold
     /// released later would have lost its first records ([`crate::release`] then refuses).
