@@ -22,12 +22,17 @@ const SMALL_LIMIT: &str = "max_record_bytes = 20000";
 const RAISED_LIMIT: &str = "max_record_bytes = 100000";
 const PRUNE_TOML: &str = "\n[prune]\nuser = \"pruner\"\npassword = \"prune-pw\"\nbatch_rows = 3\npause_ms = 10\n";
 
-/// A connector config with a dead-letter topic and [`SMALL_LIMIT`].
+/// A connector config with a dead-letter topic and [`SMALL_LIMIT`]; the topics it creates take Kafka's
+/// default 1 MB records, so raising `max_record_bytes` is all the operator's fix needs (the connector
+/// checks a topic's `max.message.bytes` against its own limits at the topic's first use).
 fn write_config(connector: &Connector, db: &MariaDb, broker: &Broker, extra: &str) -> std::path::PathBuf {
     let config = connector.write_config(db, broker, extra);
     let text = std::fs::read_to_string(&config).unwrap().replace(
         "topic = \"outbox.event.${aggregate_type}\"",
-        &format!("topic = \"outbox.event.${{aggregate_type}}\"\n{SMALL_LIMIT}\ndead_letter_topic = \"{DLQ}\""),
+        &format!(
+            "topic = \"outbox.event.${{aggregate_type}}\"\n{SMALL_LIMIT}\ndead_letter_topic = \"{DLQ}\"\n\
+             topic_config = {{ \"max.message.bytes\" = \"1048588\" }}"
+        ),
     );
     std::fs::write(&config, text).unwrap();
     config
