@@ -246,7 +246,9 @@ impl KeyColumns {
         let (k, o) = (self.params(key)?, self.params(other)?);
         let [k0, k1, k2, k3] = k;
         let [o0, o1, o2, o3] = o;
-        let row: Option<(Option<i64>, Option<i64>, Option<i64>, Option<i64>)> = conn
+        /// `(k > o) - (k < o)` per column: -1, 0, 1, or NULL when a value is not of the column's type.
+        type Signs = (Option<i64>, Option<i64>, Option<i64>, Option<i64>);
+        let row: Option<Signs> = conn
             .exec_first(sql, vec![k0, o0, k1, o1, k2, o2, k3, o3])
             .await
             .map_err(|e| classify_mysql(&e).context("comparing snapshot keys"))?;
@@ -273,24 +275,50 @@ mod tests {
     fn each_column_type_compares_in_its_own_type() {
         let text = |cs: &str, coll: &str| KeyType::Text { charset: cs.into(), collation: coll.into() };
         #[rustfmt::skip]
-        let cases: [(&str, &str, Option<&str>, Option<&str>, KeyType, &str); 14] = [
+        /// DATA_TYPE, COLUMN_TYPE, CHARACTER_SET_NAME, COLLATION_NAME -> type and parameter SQL.
+        type Case<'a> = (&'a str, &'a str, Option<&'a str>, Option<&'a str>, KeyType, &'a str);
+        let cases: [Case; 14] = [
             ("int", "int(11)", None, None, KeyType::Signed, "CAST(? AS SIGNED)"),
             ("bigint", "bigint(20)", None, None, KeyType::Signed, "CAST(? AS SIGNED)"),
             ("bigint", "bigint(20) unsigned", None, None, KeyType::Unsigned, "CAST(? AS UNSIGNED)"),
             ("INT", "INT UNSIGNED", None, None, KeyType::Unsigned, "CAST(? AS UNSIGNED)"),
             ("decimal", "decimal(20,0)", None, None, KeyType::Decimal, "CAST(? AS DECIMAL(65,30))"),
-            ("varchar", "varchar(128)", Some("utf8mb4"), Some("utf8mb4_general_ci"),
-             text("utf8mb4", "utf8mb4_general_ci"), "CONVERT(? USING utf8mb4) COLLATE utf8mb4_general_ci"),
-            ("varchar", "varchar(128)", Some("utf8mb4"), Some("utf8mb4_bin"),
-             text("utf8mb4", "utf8mb4_bin"), "CONVERT(? USING utf8mb4) COLLATE utf8mb4_bin"),
-            ("char", "char(36)", Some("latin1"), Some("latin1_swedish_ci"),
-             text("latin1", "latin1_swedish_ci"), "CONVERT(? USING latin1) COLLATE latin1_swedish_ci"),
+            (
+                "varchar",
+                "varchar(128)",
+                Some("utf8mb4"),
+                Some("utf8mb4_general_ci"),
+                text("utf8mb4", "utf8mb4_general_ci"),
+                "CONVERT(? USING utf8mb4) COLLATE utf8mb4_general_ci",
+            ),
+            (
+                "varchar",
+                "varchar(128)",
+                Some("utf8mb4"),
+                Some("utf8mb4_bin"),
+                text("utf8mb4", "utf8mb4_bin"),
+                "CONVERT(? USING utf8mb4) COLLATE utf8mb4_bin",
+            ),
+            (
+                "char",
+                "char(36)",
+                Some("latin1"),
+                Some("latin1_swedish_ci"),
+                text("latin1", "latin1_swedish_ci"),
+                "CONVERT(? USING latin1) COLLATE latin1_swedish_ci",
+            ),
             ("char", "char(36)", Some("binary"), Some("binary"), KeyType::Binary, "CAST(? AS BINARY)"),
             ("varbinary", "varbinary(16)", None, None, KeyType::Binary, "CAST(? AS BINARY)"),
             ("datetime", "datetime(6)", None, None, KeyType::DateTime, "CAST(? AS DATETIME(6))"),
             ("timestamp", "timestamp(3)", None, None, KeyType::DateTime, "CAST(? AS DATETIME(6))"),
-            ("enum", "enum('order','payment')", Some("utf8mb4"), Some("utf8mb4_general_ci"),
-             KeyType::Enum { labels: vec!["order".into(), "payment".into()] }, "CAST(? AS UNSIGNED)"),
+            (
+                "enum",
+                "enum('order','payment')",
+                Some("utf8mb4"),
+                Some("utf8mb4_general_ci"),
+                KeyType::Enum { labels: vec!["order".into(), "payment".into()] },
+                "CAST(? AS UNSIGNED)",
+            ),
             ("year", "year(4)", None, None, KeyType::Year, "CAST(? AS UNSIGNED)"),
         ];
         for (data_type, column_type, charset, collation, expected, sql) in cases {
