@@ -15,7 +15,9 @@
 //! - **At-least-once, bounded duplicates**: after a crash, only events after the last checkpoint can be
 //!   published again. Each carries its stable event id in the `id` header for consumers to deduplicate.
 //! - **Per-aggregate order**: events of one aggregate go to one partition (key = aggregate id, murmur2), in
-//!   commit order, kept across retries by the idempotent producer. There is no order across aggregates.
+//!   commit order, kept across retries by the idempotent producer: records never time out, and the first
+//!   failed delivery purges the queue so that no later record of its partition gets through (gap-less
+//!   idempotence, [`sink`]). There is no order across aggregates.
 //!
 //! # Checking the promise
 //! [`audit`] (`outbox-cdc audit`) compares the outbox table with the routed topics: missing ids, duplicates,
