@@ -147,28 +147,7 @@ async fn a_restart_after_a_poison_row_keeps_the_events_before_it_in_order() {
     }
     conn.query_drop("COMMIT").await.unwrap();
 
-    let mut connector = Connector::new();
-    let config = write_config(&connector, &db, &broker, "");
-    connector.env(outbox_cdc::failpoint::ENV, "row_produced:2");
-    connector.run(&config);
-    let status = connector.wait_exit(READ_TIMEOUT).expect("the failpoint crashes the connector");
-    assert!(!status.success(), "{}", connector.logs());
-    connector.remove_env(outbox_cdc::failpoint::ENV);
-    connector.restart();
-
-    let dead = broker.read_all(DLQ, 2, READ_TIMEOUT);
-    let normal = broker.read_all(TOPIC, 1, READ_TIMEOUT);
-    assert!(connector.terminate().success());
-    let held = ids(&dead, "P-1");
-    assert!(!held.contains(&before.id), "the event before the poison row was diverted: {held:?}\n{}", connector.logs());
-    assert!(held.contains(&poison.id) && held.contains(&after.id), "{held:?}");
-    assert!(ids(&normal, "P-1").contains(&before.id));
-
-    raise_limit(&config);
-    let (status, out, err) = connector.command(&["quarantine", "release", "order", "P-1"], CLI_TIMEOUT).unwrap();
-    assert!(status.success(), "{out}{err}");
-    let normal = broker.read_all(TOPIC, 3, READ_TIMEOUT);
-    assert_in_order(&ids(&normal, "P-1"), &[&before.id, &poison.id, &after.id], &connector.logs());
+    crash_after_the_poison_row_then_release(&db, &broker, "", "row_produced:2", [&before, &poison, &after]);
 }
 
 /// The same crash in the initial snapshot (issue 16, item 5): the `snapshot_row` failpoint aborts right
@@ -194,28 +173,13 @@ async fn a_resumed_snapshot_keeps_the_events_before_a_poison_row_in_order() {
         insert_event(&mut conn, row).await.unwrap();
     }
 
-    let mut connector = Connector::new();
-    let config = write_config(&connector, &db, &broker, "[snapshot]\nmode = \"initial\"\nchunk_rows = 500\n");
-    connector.env(outbox_cdc::failpoint::ENV, "snapshot_row:2");
-    connector.run(&config);
-    let status = connector.wait_exit(READ_TIMEOUT).expect("the failpoint crashes the connector");
-    assert!(!status.success(), "{}", connector.logs());
-    connector.remove_env(outbox_cdc::failpoint::ENV);
-    connector.restart();
-
-    let dead = broker.read_all(DLQ, 2, READ_TIMEOUT);
-    let normal = broker.read_all(TOPIC, 1, READ_TIMEOUT);
-    assert!(connector.terminate().success());
-    let held = ids(&dead, "P-1");
-    assert!(!held.contains(&before.id), "the event before the poison row was diverted: {held:?}\n{}", connector.logs());
-    assert!(held.contains(&poison.id) && held.contains(&after.id), "{held:?}");
-    assert!(ids(&normal, "P-1").contains(&before.id));
-
-    raise_limit(&config);
-    let (status, out, err) = connector.command(&["quarantine", "release", "order", "P-1"], CLI_TIMEOUT).unwrap();
-    assert!(status.success(), "{out}{err}");
-    let normal = broker.read_all(TOPIC, 3, READ_TIMEOUT);
-    assert_in_order(&ids(&normal, "P-1"), &[&before.id, &poison.id, &after.id], &connector.logs());
+    crash_after_the_poison_row_then_release(
+        &db,
+        &broker,
+        "[snapshot]\nmode = \"initial\"\nchunk_rows = 500\n",
+        "snapshot_row:2",
+        [&before, &poison, &after],
+    );
 }
 
 /// Guards against a release that lifts a hold with its first events gone (issue 16, item 4): the
@@ -263,4 +227,38 @@ async fn release_refuses_when_the_first_record_of_the_hold_is_gone() {
     assert_eq!(ids(&broker.read_all(TOPIC, 1, READ_TIMEOUT), "P-1"), [later.id.as_str()]);
     let (_, out, _) = connector.command(&["quarantine", "list", "--json"], CLI_TIMEOUT).unwrap();
     assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap().as_array().map(Vec::len), Some(0), "{out}");
+}
+
+/// Runs a connector with `extra` config until `failpoint` crashes it right after the poison row's dead
+/// letter, restarts it, and checks the order rule of a hold: the event before the poison row reached the
+/// normal topic, the poison row and the one after it were diverted, and release publishes all three in order.
+fn crash_after_the_poison_row_then_release(
+    db: &MariaDb,
+    broker: &Broker,
+    extra: &str,
+    failpoint: &str,
+    [before, poison, after]: [&OutboxRow; 3],
+) {
+    let mut connector = Connector::new();
+    let config = write_config(&connector, db, broker, extra);
+    connector.env(outbox_cdc::failpoint::ENV, failpoint);
+    connector.run(&config);
+    let status = connector.wait_exit(READ_TIMEOUT).expect("the failpoint crashes the connector");
+    assert!(!status.success(), "{}", connector.logs());
+    connector.remove_env(outbox_cdc::failpoint::ENV);
+    connector.restart();
+
+    let dead = broker.read_all(DLQ, 2, READ_TIMEOUT);
+    let normal = broker.read_all(TOPIC, 1, READ_TIMEOUT);
+    assert!(connector.terminate().success());
+    let held = ids(&dead, "P-1");
+    assert!(!held.contains(&before.id), "the event before the poison row was diverted: {held:?}\n{}", connector.logs());
+    assert!(held.contains(&poison.id) && held.contains(&after.id), "{held:?}");
+    assert!(ids(&normal, "P-1").contains(&before.id));
+
+    raise_limit(&config);
+    let (status, out, err) = connector.command(&["quarantine", "release", "order", "P-1"], CLI_TIMEOUT).unwrap();
+    assert!(status.success(), "{out}{err}");
+    let normal = broker.read_all(TOPIC, 3, READ_TIMEOUT);
+    assert_in_order(&ids(&normal, "P-1"), &[&before.id, &poison.id, &after.id], &connector.logs());
 }
