@@ -40,6 +40,14 @@ fn check(connector: &Connector) -> (Option<i32>, String) {
     (status.code(), format!("{out}{err}"))
 }
 
+/// `outbox-cdc check` with the default configuration against `db`.
+fn check_server(db: &MariaDb) -> (Option<i32>, String) {
+    let broker = Broker::start(Engine::Memory);
+    let connector = Connector::new();
+    connector.write_config(db, &broker, "");
+    check(&connector)
+}
+
 /// `lower_case_table_names=1` with the table configured in another case (`Shop.Outbox_Events`): the server
 /// stores and logs `shop.outbox_events`, and every streamed event is published. Regression guard for issue
 /// 16 item 7: preflight and the snapshot found the table, the binlog reader compared names exactly, and
@@ -142,21 +150,13 @@ async fn statement_format_outbox_insert_is_definite() {
 #[tokio::test(flavor = "multi_thread")]
 async fn binlog_filters_hiding_the_outbox_fail_preflight() {
     for arg in ["--binlog-ignore-db=shop", "--binlog-do-db=billing"] {
-        let db = MariaDb::builder().arg(arg).start();
-        let broker = Broker::start(Engine::Memory);
-        let connector = Connector::new();
-        connector.write_config(&db, &broker, "");
-        let (code, out) = check(&connector);
+        let (code, out) = check_server(&MariaDb::builder().arg(arg).start());
         assert_eq!(code, Some(2), "{arg}: {out}");
         assert!(out.contains("[FAIL] binlog filters for shop.outbox_events"), "{arg}: {out}");
         assert!(out.contains("remove binlog-do-db / binlog-ignore-db"), "{arg}: {out}");
     }
     // A filter that keeps the outbox's database passes.
-    let db = MariaDb::builder().arg("--binlog-do-db=shop").start();
-    let broker = Broker::start(Engine::Memory);
-    let connector = Connector::new();
-    connector.write_config(&db, &broker, "");
-    let (code, out) = check(&connector);
+    let (code, out) = check_server(&MariaDb::builder().arg("--binlog-do-db=shop").start());
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("[ok  ] binlog filters for shop.outbox_events"), "{out}");
 }
@@ -168,10 +168,7 @@ async fn replica_filters_hiding_the_outbox_fail_preflight() {
     let db = MariaDb::builder().arg("--replicate-wild-ignore-table=shop.outbox%").start();
     // A configured (not started) replication connection is enough for SHOW ALL SLAVES STATUS to show it.
     db.sql("CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=9, MASTER_USER='repl'");
-    let broker = Broker::start(Engine::Memory);
-    let connector = Connector::new();
-    connector.write_config(&db, &broker, "");
-    let (code, out) = check(&connector);
+    let (code, out) = check_server(&db);
     assert_eq!(code, Some(2), "{out}");
     assert!(out.contains("[FAIL] replication filters for shop.outbox_events"), "{out}");
     assert!(out.contains("replicate-wild-ignore-table = shop.outbox% matches shop.outbox_events"), "{out}");

@@ -15,6 +15,18 @@ const READ_TIMEOUT: Duration = Duration::from_secs(300);
 /// Inserts `n` rows (ids `snap-0000001`…) over `aggregates` aggregates in transactions of 10,000 rows, all
 /// with the same `occurred_at` ([`SEEDED_AT`]), so the snapshot order within an aggregate is the id order.
 async fn seed(db: &MariaDb, n: usize, aggregates: usize) -> Expected {
+    let aggregate_sql = format!("CONCAT('agg-', seq % {aggregates})");
+    Expected::from_orders(seed_rows(db, n, &aggregate_sql, |i| format!("agg-{}", i % aggregates)).await)
+}
+
+/// As [`seed`], with row `seq`'s aggregate id given as SQL over `seq` and, the same, as `aggregate_of(seq)`;
+/// returns each aggregate's ids in insertion order.
+async fn seed_rows(
+    db: &MariaDb,
+    n: usize,
+    aggregate_sql: &str,
+    aggregate_of: impl Fn(usize) -> String,
+) -> BTreeMap<String, Vec<String>> {
     let mut conn = db.conn().await;
     let mut from = 1;
     while from <= n {
@@ -22,7 +34,7 @@ async fn seed(db: &MariaDb, n: usize, aggregates: usize) -> Expected {
         conn.query_drop(format!(
             "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
              payload, occurred_at, next_attempt_at) \
-             SELECT CONCAT('snap-', LPAD(seq, 7, '0')), 'order', CONCAT('agg-', seq % {aggregates}), 'Seeded', \
+             SELECT CONCAT('snap-', LPAD(seq, 7, '0')), 'order', {aggregate_sql}, 'Seeded', \
                     1, JSON_OBJECT('n', seq), '2026-01-01 00:00:00', NOW(6) FROM seq_{from}_to_{to}"
         ))
         .await
@@ -31,9 +43,18 @@ async fn seed(db: &MariaDb, n: usize, aggregates: usize) -> Expected {
     }
     let mut per: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for i in 1..=n {
-        per.entry(format!("agg-{}", i % aggregates)).or_default().push(format!("snap-{i:07}"));
+        per.entry(aggregate_of(i)).or_default().push(format!("snap-{i:07}"));
     }
-    Expected::from_orders(per)
+    per
+}
+
+/// Writes `config` with checkpoints every `ms` (the harness's default is slower), and returns its text.
+fn checkpoint_every(config: &std::path::Path, ms: u64) -> String {
+    let text = std::fs::read_to_string(config)
+        .unwrap()
+        .replace("[state]\n", &format!("[state]\ncheckpoint_interval_ms = {ms}\n"));
+    std::fs::write(config, &text).unwrap();
+    text
 }
 
 /// The seeded rows' `occurred_at` as every event must carry it: the column's six fractional digits, even
@@ -161,9 +182,7 @@ async fn kill9_mid_snapshot_resumes() {
     // Small chunks and frequent checkpoints: progress is visible often enough to kill mid-way.
     let mut connector = Connector::new();
     let config = connector.write_config(&db, &broker, &snapshot_config("chunk_rows = 100"));
-    let text =
-        std::fs::read_to_string(&config).unwrap().replace("[state]\n", "[state]\ncheckpoint_interval_ms = 100\n");
-    std::fs::write(&config, text).unwrap();
+    checkpoint_every(&config, 100);
     connector.run(&config);
     let mut resumed_from = Vec::new();
     for threshold in [20_000, 50_000, 80_000] {
@@ -322,27 +341,10 @@ async fn resumed_snapshot_over_numeric_aggregate_ids_loses_nothing() {
     let mut conn = db.conn().await;
     conn.query_drop("ALTER TABLE shop.outbox_events MODIFY aggregate_id BIGINT NOT NULL").await.unwrap();
     // Aggregates 100..=199: every stored key's aggregate id is a three-digit number starting with 1.
-    let mut per: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut from = 1;
-    while from <= ROWS {
-        let to = (from + 9_999).min(ROWS);
-        conn.query_drop(format!(
-            "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
-             payload, occurred_at, next_attempt_at) \
-             SELECT CONCAT('snap-', LPAD(seq, 7, '0')), 'order', 100 + seq % 100, 'Seeded', 1, \
-                    JSON_OBJECT('n', seq), '2026-01-01 00:00:00', NOW(6) FROM seq_{from}_to_{to}"
-        ))
-        .await
-        .unwrap();
-        from = to + 1;
-    }
-    for i in 1..=ROWS {
-        per.entry((100 + i % 100).to_string()).or_default().push(format!("snap-{i:07}"));
-    }
+    let mut per = seed_rows(&db, ROWS, "100 + seq % 100", |i| (100 + i % 100).to_string()).await;
     let mut connector = Connector::new();
     let config = connector.write_config(&db, &broker, &snapshot_config("chunk_rows = 100"));
-    let text = std::fs::read_to_string(&config).unwrap().replace("[state]\n", "[state]\ncheckpoint_interval_ms = 20\n");
-    std::fs::write(&config, text).unwrap();
+    checkpoint_every(&config, 20);
     // Write 1 is the snapshot's start; crash inside write 4, so writes 2-3 stored acknowledged keys.
     connector.env("OUTBOX_CDC_FAILPOINT", "checkpoint_write:4");
     connector.run(&config);
@@ -470,9 +472,7 @@ async fn resumed_snapshot_refuses_a_changed_table_list() {
     conn.query_drop("CREATE TABLE shop.a_outbox LIKE shop.outbox_events").await.unwrap();
     let mut connector = Connector::new();
     let config = connector.write_config(&db, &broker, &snapshot_config("chunk_rows = 100"));
-    let original =
-        std::fs::read_to_string(&config).unwrap().replace("[state]\n", "[state]\ncheckpoint_interval_ms = 20\n");
-    std::fs::write(&config, &original).unwrap();
+    let original = checkpoint_every(&config, 20);
     connector.env("OUTBOX_CDC_FAILPOINT", "checkpoint_write:4");
     connector.run(&config);
     connector.wait_exit(Duration::from_secs(120)).expect("the failpoint must end the process");
