@@ -128,8 +128,8 @@ impl Overlap {
         if let Some(&i) = self.by_aggregate.get(&cache_key) {
             return Ok(i);
         }
-        let occurred_at = row.occurred_at.replacen('T', " ", 1);
-        let key = [row.aggregate_type.as_str(), row.aggregate_id.as_str(), occurred_at.as_str(), row.id.as_str()];
+        let row_key = SnapshotKey::of(&row.table, row);
+        let key = row_key.columns();
         let state = self.state.clone();
         let mut starts = Vec::with_capacity(state.segments.len());
         let mut starts_inside_aggregate = false;
@@ -138,7 +138,7 @@ impl Overlap {
                 starts.push(SegmentStart::FromTheBeginning);
                 continue;
             };
-            let after_table = self.table_index(after)?;
+            let after_table = after.table.index_in(&self.tables)?;
             let table_order = table.cmp(&after_table);
             let ordering = if table_order != Ordering::Equal {
                 table_order
@@ -154,11 +154,6 @@ impl Overlap {
             self.by_aggregate.insert(cache_key, segment);
         }
         Ok(segment)
-    }
-
-    /// The place of a boundary's table in the snapshot's table list.
-    fn table_index(&self, key: &SnapshotKey) -> Result<usize> {
-        key.table.index_in(&self.tables)
     }
 }
 

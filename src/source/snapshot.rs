@@ -77,6 +77,18 @@ pub struct SnapshotKey {
 }
 
 impl SnapshotKey {
+    /// The key of `row` of `table`.
+    pub fn of(table: &TableName, row: &OutboxRow) -> SnapshotKey {
+        SnapshotKey {
+            table: KeyTable::of(table),
+            aggregate_type: row.aggregate_type.clone(),
+            aggregate_id: row.aggregate_id.clone(),
+            // Back to the server's text: decoding turned its one space into the ISO `T`.
+            occurred_at: row.occurred_at.replacen('T', " ", 1),
+            id: row.id.clone(),
+        }
+    }
+
     /// The four key columns' values, in scan order.
     pub fn columns(&self) -> [&str; 4] {
         [&self.aggregate_type, &self.aggregate_id, &self.occurred_at, &self.id]
@@ -423,14 +435,7 @@ impl Scanner {
                 self.after = None;
                 continue;
             };
-            let last_key = SnapshotKey {
-                table: KeyTable::of(&self.tables[self.table]),
-                aggregate_type: last.aggregate_type.clone(),
-                aggregate_id: last.aggregate_id.clone(),
-                // Back to the server's text: decoding turned its one space into the ISO `T`.
-                occurred_at: last.occurred_at.replacen('T', " ", 1),
-                id: last.id.clone(),
-            };
+            let last_key = SnapshotKey::of(&self.tables[self.table], last);
             self.after = Some(last_key.clone());
             return Ok(Some(Chunk { rows, last_key }));
         }
