@@ -18,6 +18,8 @@
 
 use std::fmt;
 
+use crate::poison::{KnownPoison, Poison};
+
 /// Result alias for the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -36,7 +38,7 @@ pub struct Error {
     class: Class,
     message: String,
     /// Set when the broker refused one record for good: the pipeline restarts and dead-letters it.
-    refused: Option<Box<crate::quarantine::KnownPoison>>,
+    refused: Option<Box<KnownPoison>>,
     /// Set when the idempotent producer failed fatally (its sequence state no longer matches the broker's):
     /// the run restarts with a new producer, a bounded number of times in a row.
     producer_fatal: bool,
@@ -49,7 +51,7 @@ impl fmt::Display for Error {
 }
 
 impl Error {
-    fn new(class: Class, message: String, refused: Option<Box<crate::quarantine::KnownPoison>>) -> Self {
+    fn new(class: Class, message: String, refused: Option<Box<KnownPoison>>) -> Self {
         let message = match crate::secret::redact(&message) {
             std::borrow::Cow::Borrowed(_) => message,
             std::borrow::Cow::Owned(redacted) => redacted,
@@ -68,12 +70,12 @@ impl Error {
         Error::new(
             Class::Transient,
             format!("Kafka refused event {id} for good: {message}; it goes to the dead-letter path"),
-            Some(Box::new(crate::quarantine::KnownPoison { id, message })),
+            Some(Box::new(KnownPoison { id, message })),
         )
     }
 
     /// The refused record, for [`Error::refused_record`] errors.
-    pub fn refused(&self) -> Option<&crate::quarantine::KnownPoison> {
+    pub fn refused(&self) -> Option<&KnownPoison> {
         self.refused.as_deref()
     }
 
@@ -267,5 +269,11 @@ pub fn is_size_refusal(code: rdkafka::types::RDKafkaErrorCode) -> bool {
 impl From<redb::Error> for Error {
     fn from(err: redb::Error) -> Self {
         Error::definite(format!("checkpoint store: {err}"))
+    }
+}
+
+impl From<Poison> for Error {
+    fn from(poison: Poison) -> Self {
+        Error::definite(poison.to_string())
     }
 }

@@ -419,7 +419,7 @@ async fn status(config: &Config, json: bool) -> Result<(), Error> {
         println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
         return Ok(());
     }
-    let now_s = outbox_cdc::checkpoint::now_ms() / 1000;
+    let now_s = outbox_cdc::time::now_ms() / 1000;
     println!("position:        {}", cp.position);
     println!("server:          {}", preflight::describe_identity(&cp.server));
     match cp.source_timestamp {
@@ -469,7 +469,7 @@ async fn status(config: &Config, json: bool) -> Result<(), Error> {
             }
         }
     }
-    let age_ms = outbox_cdc::checkpoint::now_ms().saturating_sub(cp.written_at_ms);
+    let age_ms = outbox_cdc::time::now_ms().saturating_sub(cp.written_at_ms);
     println!("written:         {:.1} s ago", age_ms as f64 / 1000.0);
     match inspection.holds.len() {
         0 => println!("quarantine:      none"),
@@ -477,7 +477,7 @@ async fn status(config: &Config, json: bool) -> Result<(), Error> {
     }
     match &last_error {
         Some(e) => {
-            let ago = outbox_cdc::checkpoint::now_ms().saturating_sub(e.at_ms) / 1000;
+            let ago = outbox_cdc::time::now_ms().saturating_sub(e.at_ms) / 1000;
             println!("last error:      {ago} s ago ({}): {}", e.class, e.message);
         }
         None => println!("last error:      none"),

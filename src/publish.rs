@@ -6,13 +6,13 @@ use std::sync::Arc;
 use crate::checkpoint::Store;
 use crate::config::{Config, OnPoison};
 use crate::error::{Error, Result};
-use crate::metrics::{metrics, parse_occurred_at_ms};
-use crate::quarantine::{
-    dead_letter_record, new_hold, DeadLetter, DeadRow, Origin, Poison, PoisonKind, Quarantine, ResumePoint,
-};
+use crate::metrics::metrics;
+use crate::poison::{new_hold, Origin, Poison, PoisonKind, ResumePoint};
+use crate::quarantine::{dead_letter_record, DeadLetter, DeadRow, Quarantine};
 use crate::router::{KafkaRecord, Router};
 use crate::source::decode::Undecodable;
 use crate::source::OutboxRow;
+use crate::time::parse_occurred_at_ms;
 
 /// A row as the source delivered it.
 pub enum SourceRow<'a> {
@@ -208,7 +208,7 @@ impl<F: FnOnce() -> Origin> Lazy<F> {
 mod tests {
     use super::*;
     use crate::config::{TableName, ValueFormat};
-    use crate::quarantine::KnownPoison;
+    use crate::poison::KnownPoison;
     use crate::router::TopicTemplate;
 
     fn config(extra: &str) -> Config {

@@ -39,7 +39,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::checkpoint::{Store, Watermark};
 use crate::config::Config;
 use crate::error::{classify_kafka, Error, Result};
-use crate::quarantine::{headers, DeadLetter, Hold, PoisonKind};
+use crate::poison::{Hold, PoisonKind};
+use crate::quarantine::{headers, DeadLetter};
 use crate::router::{KafkaRecord, Router, TopicTemplate};
 use crate::sink::kafka::client_config;
 use crate::sink::KafkaSink;
@@ -121,7 +122,7 @@ pub async fn release(
     for letter in &letters {
         let id = letter.row.columns.get("id").and_then(|v| v.as_str()).unwrap_or("?").to_string();
         let row = match letter.lacks_payload() {
-            true => Err(crate::quarantine::Poison::new(
+            true => Err(crate::poison::Poison::new(
                 PoisonKind::TooLarge,
                 format!(
                     "event {id}: its payload was left out of the dead letter (too large) and the row is no longer \
@@ -129,16 +130,15 @@ pub async fn release(
                     letter.row.table
                 ),
             )),
-            false => letter
-                .row
-                .to_row(letter.origin.get("snapshot").and_then(|v| v.as_bool()).unwrap_or(false))
-                .ok_or_else(|| {
-                    crate::quarantine::Poison::new(PoisonKind::Undecodable, format!("event {id} could not be decoded"))
-                }),
+            false => {
+                letter.row.to_row(letter.origin.get("snapshot").and_then(|v| v.as_bool()).unwrap_or(false)).ok_or_else(
+                    || crate::poison::Poison::new(PoisonKind::Undecodable, format!("event {id} could not be decoded")),
+                )
+            }
         };
         let routed = row.and_then(|row| router.route(&row)).and_then(|record| match sink.fits(&record) {
             true => Ok(record),
-            false => Err(crate::quarantine::Poison::new(
+            false => Err(crate::poison::Poison::new(
                 PoisonKind::TooLarge,
                 format!("event {id}: record of {} bytes is over kafka.max_record_bytes", record.size_bytes()),
             )),
@@ -368,7 +368,7 @@ pub fn describe(holds: &[Hold]) -> String {
     }
     let mut out = format!("{} aggregate(s) quarantined:\n", holds.len());
     for h in holds {
-        let since = (crate::checkpoint::now_ms().saturating_sub(h.held_at_ms)) / 1000;
+        let since = (crate::time::now_ms().saturating_sub(h.held_at_ms)) / 1000;
         out.push_str(&format!(
             "  {}/{}  held {since} s ago at {}\n    first event {} ({}): {}\n    release: outbox-cdc quarantine release {} {}\n",
             h.aggregate_type,

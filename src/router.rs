@@ -16,7 +16,7 @@ use serde_json::value::RawValue;
 
 use crate::config::{TableName, ValueFormat};
 use crate::error::{Error, Result};
-use crate::quarantine::{Poison, PoisonKind};
+use crate::poison::{Poison, PoisonKind};
 use crate::source::OutboxRow;
 
 /// Where a routed record's `aggregate_type` header is: the sink's delivery callback looks there first.

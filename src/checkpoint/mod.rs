@@ -20,8 +20,6 @@
 pub mod store;
 pub mod watermark;
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use serde::{Deserialize, Serialize};
 
 pub use store::Store;
@@ -56,8 +54,3 @@ pub struct Checkpoint {
 
 /// Current checkpoint record format.
 pub const CHECKPOINT_VERSION: u32 = 1;
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Checkpoint;
 use crate::error::{Error, Result};
-use crate::quarantine::{Hold, KnownPoison};
+use crate::poison::{Hold, KnownPoison};
 
 const CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("checkpoints");
 /// Quarantine holds: `aggregate_type \0 aggregate_id` → [`Hold`] as JSON.
@@ -218,7 +218,7 @@ impl Store {
     /// A definite error when the write fails.
     pub fn set_last_error(&self, error: &crate::error::Error) -> Result<()> {
         let record = LastError {
-            at_ms: super::now_ms(),
+            at_ms: crate::time::now_ms(),
             class: if error.is_definite() { "definite" } else { "transient" }.to_string(),
             message: error.to_string(),
         };

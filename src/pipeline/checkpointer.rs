@@ -16,10 +16,11 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::task::JoinHandle;
 
-use crate::checkpoint::{now_ms, Checkpoint, Mark, Store, Watermark, CHECKPOINT_VERSION};
+use crate::checkpoint::{Checkpoint, Mark, Store, Watermark, CHECKPOINT_VERSION};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::source::ServerIdentity;
+use crate::time::now_ms;
 
 /// Writes checkpoints of one run; shared by the run and its periodic writer.
 pub(super) struct Checkpointer {

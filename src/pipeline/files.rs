@@ -80,7 +80,7 @@ impl Pipeline {
             version = %first.header.server_version,
             "reading binlog files"
         );
-        publisher.resume(crate::quarantine::ResumePoint::Stream(&start.position));
+        publisher.resume(crate::poison::ResumePoint::Stream(&start.position));
         let reader = SourceReader::Files(FilesReader::start(paths, self.reader.clone(), start.position)?);
         let mut reader = ReadAhead::spawn(reader, config.source.read_ahead_bytes);
         metrics().set_source_connected(true);

@@ -230,8 +230,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::position::TxStart;
     use crate::position::{BinlogCoord, Gtids, Position};
-    use crate::source::binlog::TxStart;
 
     /// Changes, then the end or an error; counts how many were taken.
     struct Script {

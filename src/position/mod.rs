@@ -75,6 +75,9 @@ macro_rules! serde_as_string {
 
 pub mod mariadb;
 pub mod mysql;
+pub mod tx;
+
+pub use tx::{TxGtid, TxStart};
 
 serde_as_string!(mysql::Uuid, mysql::Tag, mysql::Gtid, mysql::GtidSet, mariadb::MariaGtid, mariadb::GtidPos,);
 
@@ -275,11 +278,13 @@ impl Gtids {
     /// Whether every transaction recorded here is also recorded in `other`; `None` when the two cannot be
     /// compared by GTIDs (different server families, or no GTIDs: compare file coordinates then).
     pub fn is_within(&self, other: &Gtids) -> Option<bool> {
-        match (self, other) {
-            (Gtids::MySql(a), Gtids::MySql(b)) => Some(a.is_subset(b)),
-            (Gtids::MariaDb(a), Gtids::MariaDb(b)) => Some(a.iter().all(|g| b.contains(&g))),
-            _ => None,
-        }
+        let order = match (self, other) {
+            (Gtids::MySql(a), Gtids::MySql(b)) => a.compare(b),
+            (Gtids::MariaDb(a), Gtids::MariaDb(b)) => a.compare(b),
+            _ => return None,
+        };
+        // Incomparable states (`None`: each holds a transaction the other lacks) are not within.
+        Some(matches!(order, Some(Ordering::Less | Ordering::Equal)))
     }
 
     /// The server family these GTIDs belong to; `None` when there are no GTIDs.

@@ -64,7 +64,7 @@ use crate::config::{ColumnNames, OnUpdate, TableName};
 use crate::error::{classify_mysql, Error, Result};
 use crate::position::mariadb::MariaGtid;
 use crate::position::mysql::{Gtid, Tag, Uuid};
-use crate::position::{BinlogCoord, Flavor, Gtids, Position};
+use crate::position::{BinlogCoord, Flavor, Gtids, Position, TxGtid, TxStart};
 
 /// What the reader yields, in binlog order.
 #[derive(Debug, Clone, PartialEq)]
@@ -153,33 +153,6 @@ enum TxState {
     Standalone,
     /// Inside `BEGIN … COMMIT/XID`.
     Open,
-}
-
-/// The GTID of a transaction.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TxGtid {
-    /// MySQL `uuid[:tag]:gno`.
-    MySql(Gtid),
-    /// MariaDB `domain-server-seq`.
-    MariaDb(MariaGtid),
-}
-
-impl std::fmt::Display for TxGtid {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TxGtid::MySql(gtid) => write!(f, "{gtid}"),
-            TxGtid::MariaDb(gtid) => write!(f, "{gtid}"),
-        }
-    }
-}
-
-/// Where a transaction starts: its GTID (if the server has them) and the coordinate of its first event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TxStart {
-    /// The transaction's GTID.
-    pub gtid: Option<TxGtid>,
-    /// Binlog coordinate at the end of its first (GTID or BEGIN) event.
-    pub coord: BinlogCoord,
 }
 
 /// The transaction-grouping and decoding state machine, independent of where events come from (the
@@ -682,10 +655,11 @@ impl ChangeDecoder {
         self.tx_touches_outbox = false;
         self.tx_xa = false;
         self.clear_group_rows();
-        let coord = BinlogCoord { file: self.position.coord.file.clone(), pos: u64::from(log_pos) };
-        self.tx_skipped = self.skip_seen.as_ref().is_some_and(|resume| already_seen(resume, gtid.as_ref(), &coord));
+        let start =
+            TxStart { gtid, coord: BinlogCoord { file: self.position.coord.file.clone(), pos: u64::from(log_pos) } };
+        self.tx_skipped = self.skip_seen.as_ref().is_some_and(|resume| resume.holds(&start));
         if !self.tx_skipped {
-            self.pending.push_back(Change::Begin(TxStart { gtid, coord }));
+            self.pending.push_back(Change::Begin(start));
         }
     }
 
@@ -953,18 +927,6 @@ fn rolled_back_error(rows: usize, how: &str) -> Error {
          ignore these events (their ids are not in the outbox table)",
         HOLD_BACK_BYTES >> 20
     ))
-}
-
-/// Whether the resume position already holds the transaction starting at `coord` with `gtid`.
-fn already_seen(resume: &Position, gtid: Option<&TxGtid>, coord: &BinlogCoord) -> bool {
-    match (&resume.gtids, gtid) {
-        (Gtids::MySql(set), Some(TxGtid::MySql(g))) => set.contains(g),
-        (Gtids::MariaDb(pos), Some(TxGtid::MariaDb(g))) => pos.contains(g),
-        // Without GTIDs only the coordinate says where the resume point is: earlier files are never opened
-        // (the files reader starts at the resume file), earlier transactions in it are skipped here.
-        (Gtids::None, _) => coord.file == resume.coord.file && coord.pos < resume.coord.pos,
-        _ => false,
-    }
 }
 
 /// Rejects a TRANSACTION_PAYLOAD header that mysql_common 0.37 would panic on: it unwraps the compression

@@ -31,12 +31,12 @@ use std::sync::Arc;
 use mysql_async::Conn;
 
 use super::key_order::KeyColumns;
-use super::snapshot::{view_contains, SnapshotKey, SnapshotState};
+use super::snapshot::{SnapshotKey, SnapshotState};
 use super::{OutboxRow, SourceConn};
 use crate::config::{ColumnNames, TableName};
 use crate::error::Result;
 use crate::position::Position;
-use crate::source::binlog::TxStart;
+use crate::position::TxStart;
 
 /// Where a segment starts, relative to one row's key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,10 +104,7 @@ impl Overlap {
 
     /// True once the stream is past every segment's view: the rule can never skip again.
     pub fn expired(&self, stream: &Position) -> bool {
-        self.state
-            .segments
-            .iter()
-            .all(|s| s.view.gtids.is_within(&stream.gtids).unwrap_or(s.view.coord <= stream.coord))
+        self.state.segments.iter().all(|s| stream.holds_all_of(&s.view))
     }
 
     /// Whether the snapshot already emitted `row`, read by the stream in the transaction at `start`.
@@ -119,7 +116,7 @@ impl Overlap {
             return Ok(false);
         };
         let segment = self.segment_of(table, row).await?;
-        Ok(segment > 0 && view_contains(&self.state.segments[segment].view, start))
+        Ok(segment > 0 && self.state.segments[segment].view.holds(start))
     }
 
     /// Index of the segment whose key range holds the row's key.

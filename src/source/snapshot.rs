@@ -59,7 +59,6 @@ use super::{OutboxRow, ServerInfo, SourceConn};
 use crate::config::{ColumnNames, Config, SnapshotLock, TableName};
 use crate::error::{classify_mysql, Error, Result};
 use crate::position::{BinlogCoord, Flavor, Gtids, Position};
-use crate::source::binlog::TxStart;
 
 /// A row's place in the scan order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -265,15 +264,6 @@ mod table_list_tests {
             serde_json::from_str(r#"{"segments":[],"last_key":null,"rows_done":0,"rows_estimate":0,"done":false}"#)
                 .unwrap();
         assert!(legacy_state.tables.is_empty());
-    }
-}
-
-/// Whether the snapshot's view at `view` holds the transaction starting at `start`.
-pub fn view_contains(view: &Position, start: &TxStart) -> bool {
-    match (&view.gtids, &start.gtid) {
-        (Gtids::MariaDb(pos), Some(crate::source::binlog::TxGtid::MariaDb(g))) => pos.contains(g),
-        (Gtids::MySql(set), Some(crate::source::binlog::TxGtid::MySql(g))) => set.contains(g),
-        _ => start.coord < view.coord,
     }
 }
 
