@@ -44,12 +44,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 outbox_cdc::tune_allocator_before_main!();
 
 use outbox_cdc::checkpoint::Store;
-use outbox_cdc::config::{Config, TableName};
+use outbox_cdc::config::Config;
+use outbox_cdc::outbox::{OutboxRow, TableName};
 use outbox_cdc::position::mariadb::GtidPos;
 use outbox_cdc::position::Gtids;
 use outbox_cdc::router::{KafkaRecord, Router, TopicTemplate};
 use outbox_cdc::source::binlog::{BinlogReader, Change, ReaderSettings};
-use outbox_cdc::source::{server_info, start_position, OutboxRow, SourceConn};
+use outbox_cdc::source::{server_info, start_position, SourceConn};
 
 #[derive(Parser)]
 struct Cli {

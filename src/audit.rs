@@ -53,8 +53,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, TableName};
+use crate::config::Config;
 use crate::error::{classify_kafka, classify_mysql, Error, Result};
+use crate::outbox::{quote_ident, TableName};
 use crate::router::{is_legal_topic, TopicTemplate};
 use crate::source::SourceConn;
 
@@ -255,14 +256,6 @@ fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T> {
     serde_json::from_slice(bytes).map_err(spill_error)
 }
 
-fn quoted(t: &TableName) -> String {
-    format!("`{}`.`{}`", t.database.replace('`', "``"), t.table.replace('`', "``"))
-}
-
-fn col(name: &str) -> String {
-    format!("`{}`", name.replace('`', "``"))
-}
-
 /// Runs an audit.
 ///
 /// # Errors
@@ -346,12 +339,16 @@ async fn routed_topics(config: &Config, tables: &[TableName], conn: &mut Conn) -
     for t in tables {
         let pairs: Vec<(String, String)> = match (by_type, by_event) {
             (_, true) => {
-                let sql =
-                    format!("SELECT DISTINCT {}, {} FROM {}", col(&c.aggregate_type), col(&c.event_type), quoted(t));
+                let sql = format!(
+                    "SELECT DISTINCT {}, {} FROM {}",
+                    quote_ident(&c.aggregate_type),
+                    quote_ident(&c.event_type),
+                    t.quoted()
+                );
                 conn.query(sql).await
             }
             (true, false) => {
-                let sql = format!("SELECT DISTINCT {}, '' FROM {}", col(&c.aggregate_type), quoted(t));
+                let sql = format!("SELECT DISTINCT {}, '' FROM {}", quote_ident(&c.aggregate_type), t.quoted());
                 conn.query(sql).await
             }
             (false, false) => Ok(vec![(String::new(), String::new())]),
@@ -408,7 +405,7 @@ async fn scan_table(
         estimate += rows.flatten().unwrap_or(0);
     }
     let progress = crate::progress::Progress::labelled("audit: table", "rows", estimate, 0);
-    let (id, at) = (col(&c.id), col(&c.occurred_at));
+    let (id, at) = (quote_ident(&c.id), quote_ident(&c.occurred_at));
     let mut total = 0u64;
     for t in tables {
         let mut after: Option<String> = None;
@@ -422,9 +419,9 @@ async fn scan_table(
                 if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
             let sql = format!(
                 "SELECT {id}, {}, {}, DATE_FORMAT({at}, '%Y-%m-%d %H:%i:%s.%f') FROM {}{filter} ORDER BY {id} LIMIT {SCAN_CHUNK}",
-                col(&c.aggregate_type),
-                col(&c.aggregate_id),
-                quoted(t)
+                quote_ident(&c.aggregate_type),
+                quote_ident(&c.aggregate_id),
+                t.quoted()
             );
             let rows: Vec<(String, String, String, Option<String>)> = conn
                 .exec(sql, params)
@@ -722,7 +719,7 @@ async fn classify_extras(
         let mut present = std::collections::HashSet::new();
         let marks = vec!["?"; batch.len()].join(",");
         for t in tables {
-            let sql = format!("SELECT {id} FROM {} WHERE {id} IN ({marks})", quoted(t), id = col(id_column));
+            let sql = format!("SELECT {id} FROM {} WHERE {id} IN ({marks})", t.quoted(), id = quote_ident(id_column));
             let ids: Vec<String> = conn
                 .exec(sql, batch.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>())
                 .await

@@ -7,12 +7,13 @@
 //! [`crate::secret`]).
 
 use std::collections::BTreeMap;
-use std::fmt;
+
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::outbox::TableName;
 pub use crate::secret::{Properties, Secret};
 
 /// The whole configuration file.
@@ -514,32 +515,6 @@ impl Default for StateConfig {
     }
 }
 
-/// A table as `database.table`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TableName {
-    /// Database (schema) name.
-    pub database: String,
-    /// Table name.
-    pub table: String,
-}
-
-impl fmt::Display for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.database, self.table)
-    }
-}
-
-impl TableName {
-    pub(crate) fn parse(s: &str) -> Result<Self> {
-        match s.split_once('.') {
-            Some((db, t)) if !db.is_empty() && !t.is_empty() && !t.contains('.') => {
-                Ok(TableName { database: db.to_string(), table: t.to_string() })
-            }
-            _ => Err(Error::definite(format!("outbox table {s:?} must be written as \"database.table\""))),
-        }
-    }
-}
-
 fn default_port() -> u16 {
     3306
 }
@@ -828,7 +803,7 @@ impl Config {
             .table
             .iter()
             .chain(self.outbox.tables.iter())
-            .map(|s| TableName::parse(s))
+            .map(|s| TableName::parse(s).map_err(Error::definite))
             .collect::<Result<_>>()?;
         names.sort();
         names.dedup();

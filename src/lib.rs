@@ -50,6 +50,7 @@ pub mod error;
 pub mod failpoint;
 pub mod http;
 pub mod metrics;
+pub mod outbox;
 pub mod pipeline;
 pub mod poison;
 pub mod position;

@@ -77,8 +77,9 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Value};
 
 use crate::checkpoint::Store;
-use crate::config::{Config, OnUpdate, TableName};
+use crate::config::{Config, OnUpdate};
 use crate::error::{classify_mysql, Error, Result};
+use crate::outbox::{quote_ident, TableName};
 use crate::position::{Gtids, Position};
 use crate::source::{self, preflight, snapshot, SourceConn};
 
@@ -209,7 +210,7 @@ fn held_aggregates(config: &Config) -> Result<Vec<(String, String)>> {
 
 /// The condition that leaves the rows of held aggregates out, and its parameters; empty without holds.
 fn not_held(config: &Config, held: &[(String, String)]) -> (String, Vec<Value>) {
-    let (t, i) = (col(&config.outbox.columns.aggregate_type), col(&config.outbox.columns.aggregate_id));
+    let (t, i) = (quote_ident(&config.outbox.columns.aggregate_type), quote_ident(&config.outbox.columns.aggregate_id));
     let mut sql = String::new();
     let mut params = Vec::with_capacity(held.len() * 2);
     for (aggregate_type, aggregate_id) in held {
@@ -281,14 +282,6 @@ fn delete_conn(config: &Config) -> Result<SourceConn> {
     SourceConn::from_config(&c).map_err(|e| e.context("[prune] connection"))
 }
 
-fn quoted(t: &TableName) -> String {
-    format!("`{}`.`{}`", t.database.replace('`', "``"), t.table.replace('`', "``"))
-}
-
-fn col(name: &str) -> String {
-    format!("`{}`", name.replace('`', "``"))
-}
-
 /// Selects candidate ids of `table` in the view, batch by batch, and deletes each batch.
 async fn prune_table(
     config: &Config,
@@ -299,7 +292,7 @@ async fn prune_table(
     mut deleter: Option<&mut Conn>,
     report: &mut PruneReport,
 ) -> Result<()> {
-    let (id, occurred_at) = (col(&config.outbox.columns.id), col(&config.outbox.columns.occurred_at));
+    let (id, occurred_at) = (quote_ident(&config.outbox.columns.id), quote_ident(&config.outbox.columns.occurred_at));
     let batch = config.prune.batch_rows;
     let pause = Duration::from_millis(config.prune.pause_ms);
     let (not_held, held_params) = not_held(config, held);
@@ -307,7 +300,7 @@ async fn prune_table(
     loop {
         let select = format!(
             "SELECT {id} FROM {t} WHERE {occurred_at} < ?{not_held}{keyset} ORDER BY {id} LIMIT {batch}",
-            t = quoted(table),
+            t = table.quoted(),
             keyset = if after.is_some() { format!(" AND {id} > ?") } else { String::new() },
         );
         let mut params = vec![Value::from(cutoff)];
@@ -326,7 +319,7 @@ async fn prune_table(
             // The occurred_at bound again: a row re-inserted under a deleted id after the view is not the
             // row the proof covers, and is left alone unless it is old as well.
             let delete =
-                format!("DELETE FROM {t} WHERE {id} IN ({placeholders}) AND {occurred_at} < ?", t = quoted(table));
+                format!("DELETE FROM {t} WHERE {id} IN ({placeholders}) AND {occurred_at} < ?", t = table.quoted());
             let mut params = ids;
             params.push(Value::from(cutoff));
             conn.exec_drop(delete, params)

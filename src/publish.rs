@@ -7,11 +7,11 @@ use crate::checkpoint::Store;
 use crate::config::{Config, OnPoison};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
+use crate::outbox::OutboxRow;
 use crate::poison::{new_hold, Origin, Poison, PoisonKind, ResumePoint};
 use crate::quarantine::{dead_letter_record, DeadLetter, DeadRow, Quarantine};
 use crate::router::{KafkaRecord, Router};
 use crate::source::decode::Undecodable;
-use crate::source::OutboxRow;
 use crate::time::parse_occurred_at_ms;
 
 /// A row as the source delivered it.
@@ -207,7 +207,8 @@ impl<F: FnOnce() -> Origin> Lazy<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{TableName, ValueFormat};
+    use crate::config::ValueFormat;
+    use crate::outbox::TableName;
     use crate::poison::KnownPoison;
     use crate::router::TopicTemplate;
 

@@ -44,10 +44,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::Store;
 use crate::error::Result;
+use crate::outbox::OutboxRow;
 use crate::poison::{Hold, KnownPoison, Origin, PoisonKind, ResumePoint};
 use crate::router::KafkaRecord;
 use crate::source::decode::Undecodable;
-use crate::source::OutboxRow;
 
 /// The row as stored in a dead-letter record: the outbox columns by name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,7 +83,7 @@ impl DeadRow {
         let s = |name: &str| self.columns.get(name).and_then(|v| v.as_str()).map(String::from);
         let (database, table) = self.table.split_once('.')?;
         Some(OutboxRow {
-            table: Arc::new(crate::config::TableName { database: database.into(), table: table.into() }),
+            table: Arc::new(crate::outbox::TableName { database: database.into(), table: table.into() }),
             id: s("id")?,
             aggregate_type: s("aggregate_type")?,
             aggregate_id: s("aggregate_id")?,
@@ -304,7 +304,7 @@ impl Quarantine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::TableName;
+    use crate::outbox::TableName;
 
     fn row() -> OutboxRow {
         OutboxRow {

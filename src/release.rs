@@ -39,6 +39,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::checkpoint::{Store, Watermark};
 use crate::config::Config;
 use crate::error::{classify_kafka, Error, Result};
+use crate::outbox::quote_ident;
 use crate::poison::{Hold, PoisonKind};
 use crate::quarantine::{headers, DeadLetter};
 use crate::router::{KafkaRecord, Router, TopicTemplate};
@@ -258,16 +259,15 @@ async fn payloads_from_table(config: &Config, letters: &[DeadLetter]) -> Result<
         return Ok(payloads);
     }
     let mut conn = SourceConn::from_config(config)?.connect().await?;
-    let quote = |name: &str| format!("`{}`", name.replace('`', "``"));
     let columns = &config.outbox.columns;
     for (table, id) in wanted {
         let Some((database, name)) = table.split_once('.') else { continue };
         let sql = format!(
             "SELECT {} FROM {}.{} WHERE {} = ?",
-            quote(&columns.payload),
-            quote(database),
-            quote(name),
-            quote(&columns.id)
+            quote_ident(&columns.payload),
+            quote_ident(database),
+            quote_ident(name),
+            quote_ident(&columns.id)
         );
         let payload: Option<Option<String>> = conn
             .exec_first(sql, (id,))

@@ -42,6 +42,7 @@ use mysql_async::Conn;
 use crate::checkpoint::Watermark;
 use crate::config::Config;
 use crate::error::{classify_mysql, Error, Result};
+use crate::outbox::quote_ident;
 use crate::progress::Progress;
 use crate::router::{is_legal_topic, Router, TopicTemplate};
 use crate::sink::KafkaSink;
@@ -297,12 +298,12 @@ async fn selection(conn: &mut Conn, config: &Config, options: &ReplayOptions) ->
                      \"2026-11-30 12:00:00\""
                 ))
             })?;
-            conditions.push(format!("{} {op} '{at}'", ident(&c.occurred_at)));
+            conditions.push(format!("{} {op} '{at}'", quote_ident(&c.occurred_at)));
         }
     }
     for (value, column) in [(&options.aggregate_type, &c.aggregate_type), (&options.aggregate_id, &c.aggregate_id)] {
         if let Some(value) = value {
-            conditions.push(format!("{} = {}", ident(column), text_literal(value)));
+            conditions.push(format!("{} = {}", quote_ident(column), text_literal(value)));
         }
     }
     Ok((!conditions.is_empty()).then(|| conditions.join(" AND ")))
@@ -328,15 +329,11 @@ fn text_literal(value: &str) -> String {
     hex
 }
 
-fn ident(name: &str) -> String {
-    format!("`{}`", name.replace('`', "``"))
-}
-
 /// Rows the selection holds, in the view (for the progress total).
 async fn count(view: &mut Conn, config: &Config, filter: &str) -> Result<u64> {
     let mut total = 0;
     for t in config.outbox_tables()? {
-        let sql = format!("SELECT COUNT(*) FROM {}.{} WHERE {filter}", ident(&t.database), ident(&t.table));
+        let sql = format!("SELECT COUNT(*) FROM {}.{} WHERE {filter}", quote_ident(&t.database), quote_ident(&t.table));
         let n: Option<u64> = view.query_first(sql).await.map_err(|e| classify_mysql(&e).context("counting rows"))?;
         total += n.unwrap_or(0);
     }

@@ -14,10 +14,11 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::config::{TableName, ValueFormat};
+use crate::config::ValueFormat;
 use crate::error::{Error, Result};
+use crate::outbox::OutboxRow;
+use crate::outbox::TableName;
 use crate::poison::{Poison, PoisonKind};
-use crate::source::OutboxRow;
 
 /// Where a routed record's `aggregate_type` header is: the sink's delivery callback looks there first.
 pub const AGGREGATE_TYPE_HEADER_INDEX: usize = 2;

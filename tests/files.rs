@@ -120,7 +120,7 @@ async fn positions_match_the_next_files_gtid_list() {
     assert!(files.len() >= 4, "{files:?}");
     let settings = std::sync::Arc::new(ReaderSettings {
         server_id: 1,
-        tables: vec![outbox_cdc::config::TableName { database: "shop".into(), table: "outbox_events".into() }],
+        tables: vec![outbox_cdc::outbox::TableName { database: "shop".into(), table: "outbox_events".into() }],
         columns: Default::default(),
         on_update: Default::default(),
         heartbeat: Duration::from_secs(1),

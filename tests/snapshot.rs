@@ -387,7 +387,8 @@ async fn resumed_snapshot_over_numeric_aggregate_ids_loses_nothing() {
 /// DOUBLE cannot tell apart. Guards against comparing keys as text or as floating point.
 #[tokio::test(flavor = "multi_thread")]
 async fn key_comparisons_agree_with_the_scan_order() {
-    use outbox_cdc::config::{ColumnNames, TableName};
+    use outbox_cdc::config::ColumnNames;
+    use outbox_cdc::outbox::TableName;
     use outbox_cdc::source::key_order::KeyColumns;
     use std::cmp::Ordering;
 

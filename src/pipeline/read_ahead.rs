@@ -262,8 +262,8 @@ mod tests {
     }
 
     fn row(n: usize, payload_bytes: usize) -> Change {
-        Change::Row(crate::source::OutboxRow {
-            table: Arc::new(crate::config::TableName { database: "db".into(), table: "outbox".into() }),
+        Change::Row(crate::outbox::OutboxRow {
+            table: Arc::new(crate::outbox::TableName { database: "db".into(), table: "outbox".into() }),
             id: format!("id-{n}"),
             aggregate_type: "order".into(),
             aggregate_id: format!("order-{}", n % 7),
@@ -302,7 +302,7 @@ mod tests {
                 }
             }
         }
-        let table = Arc::new(crate::config::TableName { database: "db".into(), table: "outbox".into() });
+        let table = Arc::new(crate::outbox::TableName { database: "db".into(), table: "outbox".into() });
         let changes: Vec<Change> = (0..3000)
             .map(|n| match row(n, 100) {
                 Change::Row(mut r) => {

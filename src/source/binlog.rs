@@ -59,9 +59,11 @@ use mysql_common::packets::{GnoInterval, Sid};
 
 use super::history::EndEvent;
 use super::statement::{self, Statement};
-use super::{NameCase, OutboxRow, OutboxTable, ResolvedTables, ServerInfo, SourceConn};
-use crate::config::{ColumnNames, OnUpdate, TableName};
+use super::{NameCase, OutboxTable, ResolvedTables, ServerInfo, SourceConn};
+use crate::config::{ColumnNames, OnUpdate};
 use crate::error::{classify_mysql, Error, Result};
+use crate::outbox::OutboxRow;
+use crate::outbox::TableName;
 use crate::position::mariadb::MariaGtid;
 use crate::position::mysql::{Gtid, Tag, Uuid};
 use crate::position::{BinlogCoord, Flavor, Gtids, Position, TxGtid, TxStart};

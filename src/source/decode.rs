@@ -43,37 +43,13 @@ use mysql_common::value::Value;
 
 use super::column_types::{column_type_problem, TypeFamily};
 use super::rows::{AfterImages, RowLayout, Slots};
-use crate::config::{ColumnNames, TableName};
+use crate::config::ColumnNames;
 use crate::error::{Error, Result};
+use crate::outbox::{OutboxRow, TableName};
 
 /// The outbox columns' roles in slot order (see [`OutboxTable::decode`]), as in `[outbox.columns]`.
 pub const SLOT_NAMES: [&str; 8] =
     ["id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers", "occurred_at"];
-
-/// One outbox row, decoded: what the router needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboxRow {
-    /// The outbox table the row was inserted into.
-    pub table: Arc<TableName>,
-    /// Stable event id.
-    pub id: String,
-    /// Aggregate type (routes to a topic).
-    pub aggregate_type: String,
-    /// Aggregate id (the Kafka key).
-    pub aggregate_id: String,
-    /// Event type.
-    pub event_type: String,
-    /// Payload schema version.
-    pub schema_version: u16,
-    /// Payload as JSON text.
-    pub payload: String,
-    /// `headers` column as JSON text, if present and not NULL.
-    pub headers: Option<String>,
-    /// `occurred_at` as ISO-8601 (`YYYY-MM-DDTHH:MM:SS[.ffffff]`, the column's own precision, no zone).
-    pub occurred_at: String,
-    /// Read by the initial snapshot rather than from the binlog.
-    pub from_snapshot: bool,
-}
 
 /// Where each needed column sits in the table, learned from a TABLE_MAP event.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,8 +26,9 @@ use std::cmp::Ordering;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
-use crate::config::{ColumnNames, TableName};
+use crate::config::ColumnNames;
 use crate::error::{classify_mysql, Error, Result};
+use crate::outbox::TableName;
 
 /// A key column's type, as far as ordering is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]

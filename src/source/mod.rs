@@ -21,10 +21,11 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, SslOpts};
 use serde::{Deserialize, Serialize};
 
-pub use decode::{OutboxRow, OutboxTable};
+pub use decode::OutboxTable;
 
-use crate::config::{Config, ResumeBy, StartFrom, TableName, TlsMode};
+use crate::config::{Config, ResumeBy, StartFrom, TlsMode};
 use crate::error::{classify_mysql, Error, Result};
+use crate::outbox::TableName;
 use crate::position::{mariadb::GtidPos, mysql::GtidSet, BinlogCoord, Flavor, Gtids, Position};
 
 /// How to reach the server, built once from the config.

@@ -32,9 +32,11 @@ use mysql_async::Conn;
 
 use super::key_order::KeyColumns;
 use super::snapshot::{SnapshotKey, SnapshotState};
-use super::{OutboxRow, SourceConn};
-use crate::config::{ColumnNames, TableName};
+use super::SourceConn;
+use crate::config::ColumnNames;
 use crate::error::Result;
+use crate::outbox::OutboxRow;
+use crate::outbox::TableName;
 use crate::position::Position;
 use crate::position::TxStart;
 

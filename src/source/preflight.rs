@@ -10,8 +10,9 @@ use super::history::{self, Comparison, EndEvent};
 use super::key_order::KeyType;
 use super::{column_types, decode};
 use super::{NameCase, ServerIdentity, ServerInfo};
-use crate::config::{ColumnNames, Config, ResumeBy, TableName};
+use crate::config::{ColumnNames, Config, ResumeBy};
 use crate::error::{classify_mysql, Error, Result};
+use crate::outbox::TableName;
 use crate::position::{Flavor, Position};
 
 /// Outcome of one check.
@@ -683,8 +684,7 @@ async fn check_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, 
         missing.is_empty(),
         "fix the table or [outbox.columns]",
     );
-    let select =
-        format!("SELECT 1 FROM `{}`.`{}` LIMIT 0", table.database.replace('`', "``"), table.table.replace('`', "``"));
+    let select = format!("SELECT 1 FROM {} LIMIT 0", table.quoted());
     let readable = conn.query_drop(select).await;
     match readable {
         Ok(()) => report.push(&format!("privilege SELECT on {table}"), "granted", "granted", true, ""),

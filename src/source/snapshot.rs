@@ -55,9 +55,10 @@ use serde::{Deserialize, Serialize};
 
 use super::decode::format_datetime;
 use super::key_order::KeyColumns;
-use super::{OutboxRow, ServerInfo, SourceConn};
-use crate::config::{ColumnNames, Config, SnapshotLock, TableName};
+use super::{ServerInfo, SourceConn};
+use crate::config::{ColumnNames, Config, SnapshotLock};
 use crate::error::{classify_mysql, Error, Result};
+use crate::outbox::{quote_ident, OutboxRow, TableName};
 use crate::position::{BinlogCoord, Flavor, Gtids, Position};
 
 /// A row's place in the scan order.
@@ -325,7 +326,7 @@ pub async fn open(
             let mut lock = source.connect().await?;
             let lock_sql = match config.snapshot.lock {
                 SnapshotLock::Tables => {
-                    let list: Vec<String> = tables.iter().map(|t| format!("{} READ", quoted(t))).collect();
+                    let list: Vec<String> = tables.iter().map(|t| format!("{} READ", t.quoted())).collect();
                     format!("LOCK TABLES {}", list.join(", "))
                 }
                 SnapshotLock::Global => "FLUSH TABLES WITH READ LOCK".to_string(),
@@ -384,14 +385,6 @@ pub async fn take_lock(conn: &mut Conn, lock_sql: &str, timeout_s: u32) -> Resul
     })
 }
 
-fn quoted(t: &TableName) -> String {
-    format!("`{}`.`{}`", t.database.replace('`', "``"), t.table.replace('`', "``"))
-}
-
-fn col(name: &str) -> String {
-    format!("`{}`", name.replace('`', "``"))
-}
-
 impl Scanner {
     /// Estimated rows to scan (server statistics; exact for small tables).
     ///
@@ -444,18 +437,18 @@ impl Scanner {
         let (_, has_headers, keys) = self.table_info.as_ref().expect("loaded above");
         let has_headers = *has_headers;
         let c = &self.columns;
-        let key_cols = [&c.aggregate_type, &c.aggregate_id, &c.occurred_at, &c.id].map(|n| col(n));
+        let key_cols = [&c.aggregate_type, &c.aggregate_id, &c.occurred_at, &c.id].map(|n| quote_ident(n));
         let mut sql = format!(
             "SELECT {}, {}, {}, {}, {}, {}, {}, {} FROM {}",
             key_cols[0],
             key_cols[1],
             key_cols[2],
             key_cols[3],
-            col(&c.event_type),
-            col(&c.schema_version),
-            col(&c.payload),
-            if has_headers { col(&headers) } else { "NULL".into() },
-            quoted(&table)
+            quote_ident(&c.event_type),
+            quote_ident(&c.schema_version),
+            quote_ident(&c.payload),
+            if has_headers { quote_ident(&headers) } else { "NULL".into() },
+            &table.quoted()
         );
         let mut conditions = Vec::new();
         if let Some(filter) = &self.filter {

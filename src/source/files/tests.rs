@@ -11,7 +11,7 @@ use mysql_common::value::Value;
 
 use super::*;
 use crate::error::Error;
-use crate::source::OutboxRow;
+use crate::outbox::OutboxRow;
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/binlog")
@@ -308,7 +308,7 @@ fn outbox_settings(tables: &[&str]) -> Arc<ReaderSettings> {
             .iter()
             .map(|t| {
                 let (database, table) = t.split_once('.').unwrap();
-                crate::config::TableName { database: database.into(), table: table.into() }
+                crate::outbox::TableName { database: database.into(), table: table.into() }
             })
             .collect(),
         columns: Default::default(),
