@@ -39,13 +39,14 @@ use crate::config::{SnapshotMode, SourceKind};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::poison::{Origin, ResumePoint};
+use crate::position::snapshot::{Segment, SnapshotState};
 use crate::position::TxStart;
 use crate::publish::{Publisher, SourceRow};
 use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::binlog::{BinlogReader, Change, ReaderSettings};
 use crate::source::overlap::Overlap;
-use crate::source::snapshot::{self, Segment, SnapshotState};
+use crate::source::snapshot;
 use crate::source::{preflight, server_info, start_position, SourceConn, SourceReader};
 
 mod checkpointer;
@@ -367,7 +368,7 @@ impl Pipeline {
         let config = &self.config;
         let tables = config.outbox_tables()?;
         if let Some(progress) = &progress {
-            progress.check_tables(&tables)?;
+            progress.check_tables(&tables).map_err(Error::definite)?;
         }
         let after = progress.as_ref().and_then(|p| p.last_key.clone());
         let (mut scanner, view) = snapshot::open(&self.source, info, config, after.clone()).await?;

@@ -172,7 +172,7 @@ pub async fn prune(config: &Config, options: &PruneOptions) -> Result<PruneRepor
 }
 
 /// The stored checkpoint, if prune may rely on it.
-fn usable_checkpoint(config: &Config, server: &source::ServerIdentity) -> Result<Position> {
+fn usable_checkpoint(config: &Config, server: &crate::position::ServerIdentity) -> Result<Position> {
     let dir = &config.state.dir;
     let checkpoint = Store::read_only(dir)?.ok_or_else(|| {
         Error::definite(format!(
@@ -225,7 +225,7 @@ fn not_held(config: &Config, held: &[(String, String)]) -> (String, Vec<Value>) 
 /// Re-reads the checkpoint until it covers `cut`, for up to `wait`.
 async fn wait_for_coverage(
     config: &Config,
-    server: &source::ServerIdentity,
+    server: &crate::position::ServerIdentity,
     mut checkpoint: Position,
     cut: &Position,
     wait: Duration,
@@ -366,9 +366,9 @@ pub fn parse_age(text: &str) -> Result<Duration> {
 mod tests {
     use super::*;
     use crate::checkpoint::{Checkpoint, CHECKPOINT_VERSION};
+    use crate::position::snapshot::SnapshotState;
+    use crate::position::ServerIdentity;
     use crate::position::{BinlogCoord, Flavor};
-    use crate::source::snapshot::SnapshotState;
-    use crate::source::ServerIdentity;
 
     fn config(state_dir: &std::path::Path) -> Config {
         let text = format!(
@@ -415,7 +415,7 @@ mod tests {
 
         let cut = pos(maria("0-1-40"), "b.000001", 4);
         let unfinished = SnapshotState {
-            segments: vec![snapshot::Segment { view: cut, after: None }],
+            segments: vec![crate::position::snapshot::Segment { view: cut, after: None }],
             last_key: None,
             rows_done: 10,
             rows_estimate: 100,

@@ -231,8 +231,9 @@ async fn mysql_files_checkpoint_and_fail_loud() {
 /// server no longer has, `FileGone`.
 #[tokio::test(flavor = "multi_thread")]
 async fn end_events_compare_with_the_live_binlog() {
+    use outbox_cdc::position::EndEvent;
     use outbox_cdc::position::{BinlogCoord, Flavor, Position};
-    use outbox_cdc::source::history::{compare, Comparison, EndEvent};
+    use outbox_cdc::source::history::{compare, Comparison};
 
     let db = MariaDb::start();
     let mut conn = db.conn().await;

@@ -25,9 +25,9 @@ use serde::{Deserialize, Serialize};
 pub use store::Store;
 pub use watermark::{Mark, TxId, Watermark};
 
+use crate::position::EndEvent;
 use crate::position::Position;
-use crate::source::history::EndEvent;
-use crate::source::ServerIdentity;
+use crate::position::ServerIdentity;
 
 /// The stored record, as JSON (readable by `outbox-cdc status`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,7 +49,7 @@ pub struct Checkpoint {
     pub written_at_ms: u64,
     /// Initial snapshot in progress, or finished with its overlap rule still in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub snapshot: Option<crate::source::snapshot::SnapshotState>,
+    pub snapshot: Option<crate::position::snapshot::SnapshotState>,
 }
 
 /// Current checkpoint record format.

@@ -346,8 +346,8 @@ fn hold_key(aggregate_type: &str, aggregate_id: &str) -> String {
 mod tests {
     use super::*;
     use crate::checkpoint::CHECKPOINT_VERSION;
+    use crate::position::ServerIdentity;
     use crate::position::{BinlogCoord, Flavor, Gtids, Position};
-    use crate::source::ServerIdentity;
 
     fn checkpoint(pos: u64) -> Checkpoint {
         Checkpoint {
@@ -358,7 +358,7 @@ mod tests {
             },
             server: ServerIdentity { flavor: Flavor::MariaDb, server_id: 1, server_uuid: None, binlog_files: false },
             source_timestamp: Some(1_700_000_000),
-            end_event: Some(crate::source::history::EndEvent { len: 31, crc32: 0x8d2f_11a0 }),
+            end_event: Some(crate::position::EndEvent { len: 31, crc32: 0x8d2f_11a0 }),
             written_at_ms: 1,
             snapshot: None,
         }

@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use crate::error::Error;
+use crate::position::EndEvent;
 use crate::position::Position;
 use crate::sink::Delivered;
-use crate::source::history::EndEvent;
 
 /// Identifies a registered source transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -40,7 +40,7 @@ pub struct Mark {
     /// The binlog event that ends it, when a transaction ends here (not at a snapshot's start point).
     pub end_event: Option<EndEvent>,
     /// Snapshot progress at this point (during a snapshot, and while its overlap rule is in force).
-    pub snapshot: Option<std::sync::Arc<crate::source::snapshot::SnapshotState>>,
+    pub snapshot: Option<std::sync::Arc<crate::position::snapshot::SnapshotState>>,
 }
 
 impl Mark {
@@ -48,7 +48,7 @@ impl Mark {
     /// event.
     pub fn boundary(
         position: Position,
-        snapshot: Option<std::sync::Arc<crate::source::snapshot::SnapshotState>>,
+        snapshot: Option<std::sync::Arc<crate::position::snapshot::SnapshotState>>,
     ) -> Self {
         Mark { position, timestamp: None, end_event: None, snapshot }
     }

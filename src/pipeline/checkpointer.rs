@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use crate::checkpoint::{Checkpoint, Mark, Store, Watermark, CHECKPOINT_VERSION};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
-use crate::source::ServerIdentity;
+use crate::position::ServerIdentity;
 use crate::time::now_ms;
 
 /// Writes checkpoints of one run; shared by the run and its periodic writer.

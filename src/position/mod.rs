@@ -75,8 +75,11 @@ macro_rules! serde_as_string {
 
 pub mod mariadb;
 pub mod mysql;
+pub mod server;
+pub mod snapshot;
 pub mod tx;
 
+pub use server::{EndEvent, ServerIdentity, EVENT_HEADER_LEN};
 pub use tx::{TxGtid, TxStart};
 
 serde_as_string!(mysql::Uuid, mysql::Tag, mysql::Gtid, mysql::GtidSet, mariadb::MariaGtid, mariadb::GtidPos,);

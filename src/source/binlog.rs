@@ -57,7 +57,6 @@ use mysql_common::binlog::events::{
 };
 use mysql_common::packets::{GnoInterval, Sid};
 
-use super::history::EndEvent;
 use super::statement::{self, Statement};
 use super::{NameCase, OutboxTable, ResolvedTables, ServerInfo, SourceConn};
 use crate::config::{ColumnNames, OnUpdate};
@@ -66,7 +65,8 @@ use crate::outbox::OutboxRow;
 use crate::outbox::TableName;
 use crate::position::mariadb::MariaGtid;
 use crate::position::mysql::{Gtid, Tag, Uuid};
-use crate::position::{BinlogCoord, Flavor, Gtids, Position, TxGtid, TxStart};
+use crate::position::EndEvent;
+use crate::position::{BinlogCoord, Flavor, Gtids, Position, TxGtid, TxStart, EVENT_HEADER_LEN};
 
 /// What the reader yields, in binlog order.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,9 +126,6 @@ mod event_type {
 
 /// Event header flag: a server that does not know the event type may skip it (`LOG_EVENT_IGNORABLE_F`).
 const LOG_EVENT_IGNORABLE: u16 = 0x80;
-
-/// Smallest size of a binlog event: the 19-byte v4 header.
-pub(crate) const EVENT_HEADER_LEN: usize = 19;
 
 /// MariaDB GTID event flags (`FL_*` in MariaDB's log_event.h).
 mod mariadb_flags {

@@ -45,11 +45,11 @@ use mysql_common::binlog::consts::{BinlogChecksumAlg, BinlogVersion};
 use mysql_common::binlog::events::{Event, EventData, FormatDescriptionEvent};
 
 use super::binlog::{parse_event, read_event_bytes, Change, ChangeDecoder, ReaderSettings, FORMAT_DESCRIPTION};
-use super::ServerIdentity;
 use crate::config::{Config, SourceKind};
 use crate::error::{Error, Result};
 use crate::position::mariadb::{GtidPos, MariaGtid};
 use crate::position::mysql::{GtidSet, Tag, Uuid};
+use crate::position::ServerIdentity;
 use crate::position::{BinlogCoord, Flavor, Gtids, Position};
 
 /// The 4 bytes every binlog file starts with.

@@ -22,45 +22,11 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStreamRequest, Conn};
-use mysql_common::binlog::events::Event;
-use serde::{Deserialize, Serialize};
 
-use super::binlog::EVENT_HEADER_LEN;
 use crate::error::mysql_codes::FATAL_READING_BINLOG;
 use crate::error::{classify_mysql, Error, Result};
+use crate::position::{EndEvent, EVENT_HEADER_LEN};
 use crate::position::{Flavor, Position};
-
-/// The event that ends a transaction in the binlog, as written: enough to recognise it again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EndEvent {
-    /// Its size in bytes as its header says (checksum trailer included): it starts this many bytes before
-    /// the position's offset.
-    pub len: u32,
-    /// CRC-32 (the zlib polynomial) of its 19-byte header and its body, without the checksum trailer.
-    pub crc32: u32,
-}
-
-impl EndEvent {
-    /// The fingerprint of `event`, a top-level event of the binlog (for a compressed MySQL transaction, the
-    /// TRANSACTION_PAYLOAD event, not the events inside it).
-    pub fn of(event: &Event) -> Self {
-        let header = event.header();
-        // NOTE: the v4 header laid out on the stack, not through mysql_common's `MySerialize` (which writes
-        // into a Vec): this runs once per transaction on the reader's hot path.
-        let mut bytes = [0u8; EVENT_HEADER_LEN];
-        bytes[0..4].copy_from_slice(&header.timestamp().to_le_bytes());
-        bytes[4] = header.event_type_raw();
-        bytes[5..9].copy_from_slice(&header.server_id().to_le_bytes());
-        bytes[9..13].copy_from_slice(&header.event_size().to_le_bytes());
-        bytes[13..17].copy_from_slice(&header.log_pos().to_le_bytes());
-        bytes[17..19].copy_from_slice(&header.flags_raw().to_le_bytes());
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&bytes);
-        crc.update(event.data());
-        EndEvent { len: header.event_size(), crc32: crc.finalize() }
-    }
-}
 
 /// What [`compare`] could establish.
 #[derive(Debug, Clone, PartialEq, Eq)]

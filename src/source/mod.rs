@@ -19,14 +19,13 @@ use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder, SslOpts};
-use serde::{Deserialize, Serialize};
 
 pub use decode::OutboxTable;
 
 use crate::config::{Config, ResumeBy, StartFrom, TlsMode};
 use crate::error::{classify_mysql, Error, Result};
 use crate::outbox::TableName;
-use crate::position::{mariadb::GtidPos, mysql::GtidSet, BinlogCoord, Flavor, Gtids, Position};
+use crate::position::{mariadb::GtidPos, mysql::GtidSet, BinlogCoord, Flavor, Gtids, Position, ServerIdentity};
 
 /// How to reach the server, built once from the config.
 #[derive(Clone)]
@@ -243,23 +242,6 @@ impl SourceReader {
             SourceReader::Files(reader) => reader.next(),
         }
     }
-}
-
-/// Who the server is: stored with the checkpoint so that the connector never resumes a position against
-/// a different server by accident.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServerIdentity {
-    /// MySQL or MariaDB.
-    pub flavor: Flavor,
-    /// `@@server_id`.
-    pub server_id: u32,
-    /// `@@server_uuid` (MySQL only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub server_uuid: Option<String>,
-    /// Read from binlog files (`source.kind = "files"`), not from the live server: a checkpoint of one
-    /// never silently resumes the other.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub binlog_files: bool,
 }
 
 /// What the connector learns about the server when it connects.

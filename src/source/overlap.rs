@@ -31,14 +31,12 @@ use std::sync::Arc;
 use mysql_async::Conn;
 
 use super::key_order::KeyColumns;
-use super::snapshot::{SnapshotKey, SnapshotState};
 use super::SourceConn;
 use crate::config::ColumnNames;
-use crate::error::Result;
-use crate::outbox::OutboxRow;
-use crate::outbox::TableName;
-use crate::position::Position;
-use crate::position::TxStart;
+use crate::error::{Error, Result};
+use crate::outbox::{OutboxRow, TableName};
+use crate::position::snapshot::{SnapshotKey, SnapshotState};
+use crate::position::{Position, TxStart};
 
 /// Where a segment starts, relative to one row's key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +135,7 @@ impl Overlap {
                 starts.push(SegmentStart::FromTheBeginning);
                 continue;
             };
-            let after_table = after.table.index_in(&self.tables)?;
+            let after_table = after.table.index_in(&self.tables).map_err(Error::definite)?;
             let table_order = table.cmp(&after_table);
             let ordering = if table_order != Ordering::Equal {
                 table_order

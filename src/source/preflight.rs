@@ -6,13 +6,15 @@ use std::fmt;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
-use super::history::{self, Comparison, EndEvent};
+use super::history::{self, Comparison};
 use super::key_order::KeyType;
 use super::{column_types, decode};
-use super::{NameCase, ServerIdentity, ServerInfo};
+use super::{NameCase, ServerInfo};
 use crate::config::{ColumnNames, Config, ResumeBy};
 use crate::error::{classify_mysql, Error, Result};
 use crate::outbox::TableName;
+use crate::position::EndEvent;
+use crate::position::ServerIdentity;
 use crate::position::{Flavor, Position};
 
 /// Outcome of one check.
