@@ -48,9 +48,10 @@ use outbox_cdc::config::Config;
 use outbox_cdc::outbox::{OutboxRow, TableName};
 use outbox_cdc::position::mariadb::GtidPos;
 use outbox_cdc::position::Gtids;
-use outbox_cdc::router::{KafkaRecord, Router, TopicTemplate};
+use outbox_cdc::router::{KafkaRecord, Router};
 use outbox_cdc::source::binlog::{BinlogReader, Change, ReaderSettings};
 use outbox_cdc::source::{server_info, start_position, SourceConn};
+use outbox_cdc::topic::TopicTemplate;
 
 #[derive(Parser)]
 struct Cli {

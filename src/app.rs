@@ -7,9 +7,10 @@ use crate::checkpoint::Store;
 use crate::config::Config;
 use crate::error::Result;
 use crate::pipeline::{Backoff, Pipeline, Shutdown};
-use crate::router::{Router, TopicTemplate};
+use crate::router::Router;
 use crate::source::binlog::ReaderSettings;
 use crate::source::SourceConn;
+use crate::topic::TopicTemplate;
 
 /// A run that lasted this long was healthy: the next failure starts the back-off from the beginning.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
@@ -143,7 +144,12 @@ async fn watch_purge_risk(source: SourceConn, store: Arc<Store>, interval: Durat
         let c = conn.as_mut().expect("connected above");
         match crate::source::purge::measure(c, &checkpoint.position, checkpoint.source_timestamp, now_s).await {
             Ok(risk) => {
-                crate::metrics::metrics().purge_risk(&risk);
+                crate::metrics::metrics().purge_risk(
+                    risk.needed_age_seconds,
+                    risk.needed_bytes,
+                    risk.retention_seconds,
+                    risk.ratio(),
+                );
                 if risk.ratio() >= warn_ratio {
                     if warned_at.is_none_or(|at| at.elapsed() >= REMIND_EVERY) {
                         tracing::warn!(

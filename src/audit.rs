@@ -56,8 +56,8 @@ use serde::{Deserialize, Serialize};
 use crate::config::Config;
 use crate::error::{classify_kafka, classify_mysql, Error, Result};
 use crate::outbox::{quote_ident, TableName};
-use crate::router::{is_legal_topic, TopicTemplate};
 use crate::source::SourceConn;
+use crate::topic::{is_legal_topic, TopicTemplate};
 
 /// Exit status of `outbox-cdc audit` when something is missing, out of order or split.
 pub const EXIT_AUDIT_FAILED: i32 = 1;

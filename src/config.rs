@@ -692,8 +692,8 @@ impl Config {
         if self.source.tls != TlsMode::VerifyIdentity && self.source.tls_ca_file.is_some() {
             return Err(Error::definite("source.tls_ca_file only applies with source.tls = \"verify_identity\""));
         }
-        crate::router::TopicTemplate::parse(&self.kafka.topic)?;
-        if !crate::router::is_legal_topic(&self.kafka.dead_letter_topic) {
+        crate::topic::TopicTemplate::parse(&self.kafka.topic)?;
+        if !crate::topic::is_legal_topic(&self.kafka.dead_letter_topic) {
             return Err(Error::definite(format!(
                 "kafka.dead_letter_topic {:?} is not a legal Kafka topic name (1-249 of [a-zA-Z0-9._-])",
                 self.kafka.dead_letter_topic

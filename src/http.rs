@@ -20,6 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use crate::error::{Error, Result};
+use crate::health::health;
 use crate::metrics::metrics;
 
 /// Connections served at once: a scraper and a few probes need a handful.
@@ -77,7 +78,7 @@ fn route(method: &str, path: &str) -> Response {
             ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics().render())
         }
         ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_string()),
-        ("GET", "/readyz") => match metrics().readiness() {
+        ("GET", "/readyz") => match health().readiness() {
             Ok(()) => ("200 OK", "text/plain", "ready\n".to_string()),
             Err(reason) => ("503 Service Unavailable", "text/plain", format!("not ready: {reason}\n")),
         },

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, RwLock};
+use std::sync::{OnceLock, RwLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -24,6 +24,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::health::health;
 use crate::time::now_ms;
 
 /// Metric names as exposed (counters get the `_total` suffix from the encoder).
@@ -167,11 +168,6 @@ pub struct Metrics {
     checkpoint_written_ms: AtomicU64,
     /// Last produce-retry total seen in librdkafka's statistics (they report running totals).
     retries_seen: AtomicU64,
-    source_connected: AtomicBool,
-    broker_connected: AtomicBool,
-    failed: AtomicBool,
-    /// The last error that stopped or restarted the pipeline, for `/readyz` and logs.
-    last_error: Mutex<Option<String>>,
     /// Per-topic handles, looked up by `&str` so the per-event path allocates nothing.
     topics: Handles<TopicHandles>,
     /// Per-aggregate-type latency histograms, likewise.
@@ -286,10 +282,6 @@ impl Metrics {
             checkpoint_commit_s: AtomicU64::new(0),
             checkpoint_written_ms: AtomicU64::new(0),
             retries_seen: AtomicU64::new(0),
-            source_connected: AtomicBool::new(false),
-            broker_connected: AtomicBool::new(false),
-            failed: AtomicBool::new(false),
-            last_error: Mutex::new(None),
             topics: Handles::new(),
             latencies: Handles::new(),
         }
@@ -307,7 +299,7 @@ impl Metrics {
         let written = self.checkpoint_written_ms.load(Ordering::Relaxed);
         let age = if written == 0 { 0.0 } else { now_ms().saturating_sub(written) as f64 / 1000.0 };
         self.checkpoint_age_seconds.set(age);
-        self.ready_gauge.set(i64::from(self.ready()));
+        self.ready_gauge.set(i64::from(health().ready()));
         let mut out = String::with_capacity(8 * 1024);
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
         out
@@ -450,57 +442,11 @@ impl Metrics {
     }
 
     /// The latest purge-risk reading.
-    pub fn purge_risk(&self, risk: &crate::source::purge::PurgeRisk) {
-        self.binlog_needed_age_seconds.set(risk.needed_age_seconds as f64);
-        self.binlog_needed_bytes.set(risk.needed_bytes as i64);
-        self.binlog_retention_seconds.set(risk.retention_seconds as i64);
-        self.purge_risk_ratio.set(risk.ratio());
-    }
-
-    /// Whether the source connection is up (reading the binlog or a snapshot).
-    pub fn set_source_connected(&self, up: bool) {
-        self.source_connected.store(up, Ordering::Relaxed);
-        if up {
-            self.failed.store(false, Ordering::Relaxed);
-        }
-    }
-
-    /// Whether librdkafka reports at least one broker up.
-    pub fn set_broker_connected(&self, up: bool) {
-        self.broker_connected.store(up, Ordering::Relaxed);
-    }
-
-    /// The pipeline stopped with `error` (it restarts if transient).
-    pub fn pipeline_failed(&self, error: &crate::error::Error) {
-        self.source_connected.store(false, Ordering::Relaxed);
-        self.failed.store(true, Ordering::Relaxed);
-        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
-    }
-
-    /// Connected to source and broker, and not failed.
-    pub fn ready(&self) -> bool {
-        self.source_connected.load(Ordering::Relaxed)
-            && self.broker_connected.load(Ordering::Relaxed)
-            && !self.failed.load(Ordering::Relaxed)
-    }
-
-    /// Why the connector is not ready, for `/readyz`.
-    pub fn readiness(&self) -> std::result::Result<(), String> {
-        if self.ready() {
-            return Ok(());
-        }
-        let mut reasons = Vec::new();
-        if self.failed.load(Ordering::Relaxed) {
-            let last = self.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            reasons.push(format!("pipeline failed: {}", last.unwrap_or_default()));
-        }
-        if !self.source_connected.load(Ordering::Relaxed) {
-            reasons.push("not reading from the source".to_string());
-        }
-        if !self.broker_connected.load(Ordering::Relaxed) {
-            reasons.push("no Kafka broker connection".to_string());
-        }
-        Err(reasons.join("; "))
+    pub fn purge_risk(&self, needed_age_seconds: u64, needed_bytes: u64, retention_seconds: u64, ratio: f64) {
+        self.binlog_needed_age_seconds.set(needed_age_seconds as f64);
+        self.binlog_needed_bytes.set(needed_bytes as i64);
+        self.binlog_retention_seconds.set(retention_seconds as i64);
+        self.purge_risk_ratio.set(ratio);
     }
 }
 

@@ -1,5 +1,6 @@
 //! The outbox row and the names around it: [`OutboxRow`] (one decoded row, what the router needs),
-//! [`TableName`] and [`quote_ident`], the one way an identifier is quoted for SQL.
+//! [`TableName`], the columns' roles ([`SLOT_NAMES`]) and [`quote_ident`], the one way an identifier is
+//! quoted for SQL.
 //!
 //! Ground floor: imports nothing of ours.
 
@@ -65,6 +66,11 @@ impl TableName {
         format!("{}.{}", quote_ident(&self.database), quote_ident(&self.table))
     }
 }
+
+/// The outbox columns' roles in the order decoders hold their values (slots), named as in
+/// `[outbox.columns]`.
+pub const SLOT_NAMES: [&str; 8] =
+    ["id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers", "occurred_at"];
 
 /// `name` quoted as a MySQL identifier: in backquotes, a backquote inside doubled.
 pub fn quote_ident(name: &str) -> String {

@@ -37,6 +37,7 @@ use crate::checkpoint::{Mark, Store, TxId, Watermark};
 use crate::config::Config;
 use crate::config::{SnapshotMode, SourceKind};
 use crate::error::{Error, Result};
+use crate::health::health;
 use crate::metrics::metrics;
 use crate::poison::{Origin, ResumePoint};
 use crate::position::snapshot::{Segment, SnapshotState};
@@ -155,7 +156,7 @@ impl Pipeline {
     pub async fn run(&self, shutdown: &Shutdown) -> Result<()> {
         let result = self.run_once(shutdown).await;
         if let Err(error) = &result {
-            metrics().pipeline_failed(error);
+            health().pipeline_failed(error);
             if let Err(e) = self.store.set_last_error(error) {
                 tracing::warn!(error = %e, "cannot record the last error in the state store");
             }
@@ -289,7 +290,7 @@ impl Pipeline {
             BinlogReader::start(&self.source, &info, self.reader.clone(), start.position.clone()).await?,
         );
         let mut reader = ReadAhead::spawn(reader, config.source.read_ahead_bytes);
-        metrics().set_source_connected(true);
+        health().set_source_connected(true);
         tracing::info!(
             position = %start.position,
             server = %preflight::describe_identity(&info.identity),
@@ -372,7 +373,7 @@ impl Pipeline {
         }
         let after = progress.as_ref().and_then(|p| p.last_key.clone());
         let (mut scanner, view) = snapshot::open(&self.source, info, config, after.clone()).await?;
-        metrics().set_source_connected(true);
+        health().set_source_connected(true);
         let mut state = match progress {
             Some(mut state) => {
                 tracing::info!(

@@ -210,7 +210,7 @@ mod tests {
     use crate::config::ValueFormat;
     use crate::outbox::TableName;
     use crate::poison::KnownPoison;
-    use crate::router::TopicTemplate;
+    use crate::topic::TopicTemplate;
 
     fn config(extra: &str) -> Config {
         Config::parse(&format!(

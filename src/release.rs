@@ -42,10 +42,11 @@ use crate::error::{classify_kafka, Error, Result};
 use crate::outbox::quote_ident;
 use crate::poison::{Hold, PoisonKind};
 use crate::quarantine::{headers, DeadLetter};
-use crate::router::{KafkaRecord, Router, TopicTemplate};
+use crate::router::{KafkaRecord, Router};
 use crate::sink::kafka::client_config;
 use crate::sink::KafkaSink;
 use crate::source::SourceConn;
+use crate::topic::TopicTemplate;
 
 /// What a release did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -44,9 +44,10 @@ use crate::config::Config;
 use crate::error::{classify_mysql, Error, Result};
 use crate::outbox::quote_ident;
 use crate::progress::Progress;
-use crate::router::{is_legal_topic, Router, TopicTemplate};
+use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::{self, snapshot, SourceConn};
+use crate::topic::{is_legal_topic, TopicTemplate};
 
 /// Default suffix appended to the routed topic.
 pub const DEFAULT_TOPIC_SUFFIX: &str = ".replay";

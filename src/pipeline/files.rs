@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::{Checkpointer, Pipeline, ReadAhead, Shutdown, StreamState};
 use crate::checkpoint::{Mark, Watermark};
 use crate::error::{Error, Result};
-use crate::metrics::metrics;
+use crate::health::health;
 use crate::position::{Flavor, Gtids};
 use crate::publish::Publisher;
 use crate::sink::KafkaSink;
@@ -83,7 +83,7 @@ impl Pipeline {
         publisher.resume(crate::poison::ResumePoint::Stream(&start.position));
         let reader = SourceReader::Files(FilesReader::start(paths, self.reader.clone(), start.position)?);
         let mut reader = ReadAhead::spawn(reader, config.source.read_ahead_bytes);
-        metrics().set_source_connected(true);
+        health().set_source_connected(true);
         let mut stream = StreamState { current: None, start: None, overlap: None, row_index: 0 };
         let result =
             self.stream(&mut reader, &mut sink, &mut publisher, &watermark, &mut periodic, &mut stream, shutdown).await;

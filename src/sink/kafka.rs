@@ -45,6 +45,7 @@ use super::Delivered;
 use crate::checkpoint::{TxId, Watermark};
 use crate::config::KafkaConfig;
 use crate::error::{classify_kafka, is_record_refusal, is_size_refusal, Error, Result};
+use crate::health::health;
 use crate::metrics::metrics;
 use crate::router::KafkaRecord;
 
@@ -122,7 +123,7 @@ impl ClientContext for SinkContext {
         // Broker-down and similar conditions arrive here while librdkafka keeps retrying: informational
         // unless fatal, which the delivery callbacks and `send` report as failures.
         match error.rdkafka_error_code() {
-            Some(RDKafkaErrorCode::AllBrokersDown) => metrics().set_broker_connected(false),
+            Some(RDKafkaErrorCode::AllBrokersDown) => health().set_broker_connected(false),
             // The producer's fatal error comes with its cause's code (e.g. GaplessGuarantee).
             Some(code) if code == RDKafkaErrorCode::GaplessGuarantee || crate::error::is_producer_fatal(code) => {
                 tracing::error!(target: "librdkafka", %error, "{reason}: the producer stopped; the run restarts from the checkpoint with a new one");
@@ -265,7 +266,7 @@ async fn probe_brokers(producer: std::sync::Weak<ThreadedProducer<SinkContext>>)
         let Some(p) = producer.upgrade() else { return };
         let reachable =
             tokio::task::spawn_blocking(move || p.client().fetch_metadata(None, EVERY).is_ok()).await.unwrap_or(false);
-        metrics().set_broker_connected(reachable);
+        health().set_broker_connected(reachable);
         tokio::time::sleep(EVERY).await;
     }
 }

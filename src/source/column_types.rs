@@ -7,8 +7,7 @@
 
 use mysql_common::constants::ColumnType;
 
-use super::decode::SLOT_NAMES;
-use crate::outbox::TableName;
+use crate::outbox::{TableName, SLOT_NAMES};
 
 /// The SQL types an outbox column can have that the stream and the snapshot read alike. Preflight
 /// ([`column_type_problem`] over `information_schema`) and the stream (over each TABLE_MAP) accept exactly

@@ -45,11 +45,7 @@ use super::column_types::{column_type_problem, TypeFamily};
 use super::rows::{AfterImages, RowLayout, Slots};
 use crate::config::ColumnNames;
 use crate::error::{Error, Result};
-use crate::outbox::{OutboxRow, TableName};
-
-/// The outbox columns' roles in slot order (see [`OutboxTable::decode`]), as in `[outbox.columns]`.
-pub const SLOT_NAMES: [&str; 8] =
-    ["id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers", "occurred_at"];
+use crate::outbox::{OutboxRow, TableName, SLOT_NAMES};
 
 /// Where each needed column sits in the table, learned from a TABLE_MAP event.
 #[derive(Debug, Clone, PartialEq, Eq)]

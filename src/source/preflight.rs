@@ -6,9 +6,9 @@ use std::fmt;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
+use super::column_types;
 use super::history::{self, Comparison};
 use super::key_order::KeyType;
-use super::{column_types, decode};
 use super::{NameCase, ServerInfo};
 use crate::config::{ColumnNames, Config, ResumeBy};
 use crate::error::{classify_mysql, Error, Result};
@@ -728,7 +728,7 @@ async fn check_column_types(
     if present.is_empty() {
         return Ok(());
     }
-    let mapped: Vec<(&str, &str, &ColumnRow)> = decode::SLOT_NAMES
+    let mapped: Vec<(&str, &str, &ColumnRow)> = crate::outbox::SLOT_NAMES
         .iter()
         .zip(columns.required())
         .filter_map(|(role, (name, _))| Some((*role, name, present.iter().find(|c| c.0.eq_ignore_ascii_case(name))?)))

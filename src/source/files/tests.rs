@@ -801,7 +801,7 @@ fn mysql_outbox_transaction_routes_like_mariadb() {
     assert_eq!(rows[0].payload, r#"{"amount":12,"sku":"A-1"}"#);
     for format in [crate::config::ValueFormat::Envelope, crate::config::ValueFormat::Payload] {
         let router = crate::router::Router::new(
-            crate::router::TopicTemplate::parse("outbox.event.${aggregate_type}").unwrap(),
+            crate::topic::TopicTemplate::parse("outbox.event.${aggregate_type}").unwrap(),
             format,
         );
         let (mysql, maria) = (router.route(rows[0]).unwrap(), router.route(&mariadb).unwrap());
