@@ -331,9 +331,9 @@ fn run_until(
         // A read error (the writer holds the file mid-commit) is just another poll.
         let done = match Store::read_only(state) {
             Ok(Some(cp)) => match &target {
-                Target::SnapshotDone => cp.snapshot.as_ref().is_some_and(|s| s.done),
+                Target::SnapshotDone => cp.snapshot().as_ref().is_some_and(|s| s.done),
                 // The checkpoint may be past the target when more was committed after it.
-                _ => gtid.as_ref().is_some_and(|g| g.is_within(&cp.position.gtids) == Some(true)),
+                _ => gtid.as_ref().is_some_and(|g| g.is_within(&cp.position().gtids) == Some(true)),
             },
             _ => false,
         };
@@ -861,7 +861,7 @@ async fn latency(writer: &WriterArgs, kafka: &KafkaArgs, state: Option<PathBuf>,
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 if let Ok(Some(cp)) = Store::read_only(&dir) {
-                    let text = cp.position.gtids.to_string();
+                    let text = cp.position().gtids.to_string();
                     if let Some(seq) = text.rsplit('-').next().and_then(|s| s.parse().ok()) {
                         samples.lock().unwrap().push((clock.now_ns(), seq));
                     }

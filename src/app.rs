@@ -142,7 +142,7 @@ async fn watch_purge_risk(source: SourceConn, store: Arc<Store>, interval: Durat
         }
         let now_s = crate::time::now_ms() / 1000;
         let c = conn.as_mut().expect("connected above");
-        match crate::source::purge::measure(c, &checkpoint.position, checkpoint.source_timestamp, now_s).await {
+        match crate::source::purge::measure(c, &checkpoint.position(), checkpoint.source_timestamp(), now_s).await {
             Ok(risk) => {
                 crate::metrics::metrics().purge_risk(
                     risk.needed_age_seconds,
@@ -153,7 +153,7 @@ async fn watch_purge_risk(source: SourceConn, store: Arc<Store>, interval: Durat
                 if risk.ratio() >= warn_ratio {
                     if warned_at.is_none_or(|at| at.elapsed() >= REMIND_EVERY) {
                         tracing::warn!(
-                            position = %checkpoint.position,
+                            position = %checkpoint.position(),
                             "purge risk {risk}: the server may soon delete binlogs the connector still needs. \
                              Let the connector catch up (see the lag metrics), or raise binlog_expire_logs_seconds"
                         );

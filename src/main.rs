@@ -306,7 +306,7 @@ async fn check(config: &Config) -> Result<(), Error> {
     println!("server: {} ({})", preflight::describe_identity(&info.identity), info.version);
     let checked = match &checkpoint {
         Some(c) => {
-            let resume = preflight::Resume { server: &c.server, position: &c.position, end_event: c.end_event };
+            let resume = preflight::Resume { server: c.server(), position: c.position(), end_event: c.end_event() };
             Some(preflight::ResumeCheck::run(&mut conn, &info, config, resume).await?)
         }
         None => None,
@@ -362,7 +362,7 @@ fn check_files(config: &Config) -> Result<(), Error> {
         }
     }
     if let Some(cp) = Store::read_only(&config.state.dir)? {
-        println!("checkpoint: {} ({})", cp.position, preflight::describe_identity(&cp.server));
+        println!("checkpoint: {} ({})", cp.position(), preflight::describe_identity(&cp.server()));
     }
     if failed > 0 {
         println!("{failed} file(s) failed");
@@ -420,26 +420,28 @@ async fn status(config: &Config, json: bool) -> Result<(), Error> {
         return Ok(());
     }
     let now_s = outbox_cdc::time::now_ms() / 1000;
-    println!("position:        {}", cp.position);
-    println!("server:          {}", preflight::describe_identity(&cp.server));
-    match cp.source_timestamp {
+    println!("position:        {}", cp.position());
+    println!("server:          {}", preflight::describe_identity(&cp.server()));
+    match cp.source_timestamp() {
         Some(ts) => {
             let age = now_s.saturating_sub(u64::from(ts));
             println!("last committed:  unix {ts} ({age} s ago, source clock)");
         }
         None => println!("last committed:  (no transaction checkpointed yet)"),
     }
-    if let Some(end) = cp.end_event {
-        let start = cp.position.coord.pos.saturating_sub(u64::from(end.len));
+    if let Some(end) = cp.end_event() {
+        let start = cp.position().coord.pos.saturating_sub(u64::from(end.len));
         println!(
             "end event:       {} B at {}:{start}, CRC-32 {:08x} (compared with the server's binlog before a resume)",
-            end.len, cp.position.coord.file, end.crc32
+            end.len,
+            cp.position().coord.file,
+            end.crc32
         );
     }
     if config.source.kind == SourceKind::Server {
         println!("purge risk:      {}", purge_risk(config, cp, now_s).await);
     }
-    if let Some(snapshot) = &cp.snapshot {
+    if let Some(snapshot) = &cp.snapshot() {
         if snapshot.done && snapshot.segments.len() == 1 {
             println!("snapshot:        done ({} rows)", snapshot.rows_done);
         } else if snapshot.done {
@@ -469,7 +471,7 @@ async fn status(config: &Config, json: bool) -> Result<(), Error> {
             }
         }
     }
-    let age_ms = outbox_cdc::time::now_ms().saturating_sub(cp.written_at_ms);
+    let age_ms = outbox_cdc::time::now_ms().saturating_sub(cp.written_at_ms());
     println!("written:         {:.1} s ago", age_ms as f64 / 1000.0);
     match inspection.holds.len() {
         0 => println!("quarantine:      none"),
@@ -490,7 +492,7 @@ async fn purge_risk(config: &Config, cp: &outbox_cdc::checkpoint::Checkpoint, no
     let measure = async {
         let source = SourceConn::from_config(config)?;
         let mut conn = source.connect().await?;
-        source::purge::measure(&mut conn, &cp.position, cp.source_timestamp, now_s).await
+        source::purge::measure(&mut conn, &cp.position(), cp.source_timestamp(), now_s).await
     };
     match tokio::time::timeout(std::time::Duration::from_secs(10), measure).await {
         Ok(Ok(risk)) => risk.to_string(),

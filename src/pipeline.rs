@@ -50,11 +50,10 @@ use crate::source::overlap::Overlap;
 use crate::source::snapshot;
 use crate::source::{preflight, server_info, start_position, SourceConn, SourceReader};
 
-mod checkpointer;
 mod files;
 mod read_ahead;
 
-use checkpointer::Checkpointer;
+use crate::checkpoint::checkpointer::{self, Checkpointer};
 use read_ahead::ReadAhead;
 
 /// How long a graceful stop waits for the current transaction to finish and for acknowledgements.
@@ -178,18 +177,18 @@ impl Pipeline {
         let stored = self.store.load()?;
         let mut checked = None;
         if let Some(cp) = &stored {
-            if cp.server != info.identity && self.accept_new_server {
+            if *cp.server() != info.identity && self.accept_new_server {
                 tracing::warn!(
-                    checkpoint_server = %preflight::describe_identity(&cp.server),
+                    checkpoint_server = %preflight::describe_identity(&cp.server()),
                     server = %preflight::describe_identity(&info.identity),
                     "resuming a checkpoint of another server (--accept-new-server)"
                 );
             }
             let resume = preflight::Resume {
-                server: if self.accept_new_server { &info.identity } else { &cp.server },
-                position: &cp.position,
+                server: if self.accept_new_server { &info.identity } else { &cp.server() },
+                position: &cp.position(),
                 // Another server's files are its own: nothing there to compare the checkpoint's last event with.
-                end_event: cp.end_event.filter(|_| cp.server == info.identity),
+                end_event: cp.end_event().filter(|_| *cp.server() == info.identity),
             };
             checked = Some(preflight::ResumeCheck::run(&mut conn, &info, config, resume).await?);
         }
@@ -215,14 +214,9 @@ impl Pipeline {
 
         let checkpointer = Checkpointer::new(self.store.clone(), info.identity.clone());
         let plan = match stored {
-            Some(cp) => match cp.snapshot {
-                Some(state) if !state.done => Plan::Snapshot(Some(state)),
-                snapshot => Plan::Stream(Mark {
-                    position: cp.position,
-                    timestamp: cp.source_timestamp,
-                    end_event: cp.end_event,
-                    snapshot: snapshot.map(Arc::new),
-                }),
+            Some(cp) => match cp.snapshot() {
+                Some(state) if !state.done => Plan::Snapshot(Some(state.clone())),
+                _ => Plan::Stream(cp.into_mark()),
             },
             None if config.snapshot.mode == SnapshotMode::Never => {
                 let position = start_position(&mut conn, &info, config).await?;

@@ -181,22 +181,22 @@ fn usable_checkpoint(config: &Config, server: &crate::position::ServerIdentity) 
             dir.display()
         ))
     })?;
-    if checkpoint.server != *server {
+    if checkpoint.server() != server {
         return Err(Error::definite(format!(
             "the checkpoint in {} belongs to {}, but [source] is {}: its position proves nothing about this \
              server's rows; prune deletes nothing. Point [source] at the connector's server",
             dir.display(),
-            preflight::describe_identity(&checkpoint.server),
+            preflight::describe_identity(&checkpoint.server()),
             preflight::describe_identity(server)
         )));
     }
-    if checkpoint.snapshot.as_ref().is_some_and(|s| !s.done) {
+    if checkpoint.snapshot().as_ref().is_some_and(|s| !s.done) {
         return Err(Error::definite(
             "the connector's initial snapshot is not finished; its resume rule assumes no outbox row is deleted \
              before it is published, so prune deletes nothing until the snapshot is done",
         ));
     }
-    Ok(checkpoint.position)
+    Ok(checkpoint.position().clone())
 }
 
 /// The aggregates on hold, as `(aggregate_type, aggregate_id)`: their rows are kept.
@@ -365,7 +365,7 @@ pub fn parse_age(text: &str) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{Checkpoint, CHECKPOINT_VERSION};
+    use crate::checkpoint::Checkpoint;
     use crate::position::snapshot::SnapshotState;
     use crate::position::ServerIdentity;
     use crate::position::{BinlogCoord, Flavor};
@@ -385,18 +385,8 @@ mod tests {
     }
 
     fn store_checkpoint(dir: &std::path::Path, server_id: u32, snapshot: Option<SnapshotState>) {
-        Store::open(dir)
-            .unwrap()
-            .save(&Checkpoint {
-                version: CHECKPOINT_VERSION,
-                position: pos(maria("0-1-42"), "b.000001", 4),
-                server: server(server_id),
-                source_timestamp: None,
-                end_event: None,
-                written_at_ms: 1,
-                snapshot,
-            })
-            .unwrap();
+        let checkpoint = Checkpoint::for_test(pos(maria("0-1-42"), "b.000001", 4), server(server_id), snapshot);
+        Store::open(dir).unwrap().save_for_test(&checkpoint).unwrap();
     }
 
     /// The refusals that keep prune from trusting a checkpoint that proves nothing about these rows: each

@@ -89,12 +89,9 @@ async fn files_run_publishes_everything_once_and_exits() {
     assert_eq!(again.len(), expected.len(), "a resumed files run must not publish again");
 
     // The same position stored by a live run of that server: not silently resumed by files, unless asked.
-    {
-        let store = outbox_cdc::checkpoint::Store::open(&connector.state_dir()).unwrap();
-        let mut cp = store.load().unwrap().unwrap();
-        cp.server.binlog_files = false;
-        store.save(&cp).unwrap();
-    }
+    common::connector::rewrite_checkpoint(&connector.state_dir(), |cp| {
+        cp["server"].as_object_mut().unwrap().remove("binlog_files");
+    });
     connector.restart();
     let status = connector.wait_exit(EXIT_TIMEOUT).expect("exits");
     assert_eq!(status.code(), Some(2), "{}", connector.logs());

@@ -2,7 +2,7 @@
 //!
 //! Only an acknowledgement can move the checkpoint. The Kafka sink is the only code that can create a
 //! [`crate::sink::Delivered`] proof; the [`Watermark`] is the only code that turns proofs, in source order,
-//! into a position; `Checkpointer::flush` (in `pipeline/checkpointer.rs`) is the only code that writes that
+//! into a position; `Checkpointer::flush` ([`checkpointer`]) is the only code that writes that
 //! position to the [`Store`].
 //!
 //! # Invariants
@@ -17,6 +17,7 @@
 //! The position belongs to the source; storing it beside the connector keeps the promise independent of
 //! the broker's consumer-group machinery, and `outbox-cdc status` can read it while the connector runs.
 
+pub mod checkpointer;
 pub mod store;
 pub mod watermark;
 
@@ -25,31 +26,95 @@ use serde::{Deserialize, Serialize};
 pub use store::Store;
 pub use watermark::{Mark, TxId, Watermark};
 
-use crate::position::EndEvent;
-use crate::position::Position;
-use crate::position::ServerIdentity;
+use crate::position::snapshot::SnapshotState;
+use crate::position::{EndEvent, Position, ServerIdentity};
 
 /// The stored record, as JSON (readable by `outbox-cdc status`).
+///
+/// Sealed: only the [`checkpointer`] constructs one and only it can save one ([`Store::save`]); everyone
+/// else reads. Every type it holds is a ground-floor record (`position`), and its JSON must not change
+/// without a new [`CHECKPOINT_VERSION`] (`tests/golden_state.rs` holds records written by earlier builds).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
     /// Record format version.
-    pub version: u32,
+    version: u32,
     /// Resume point: the end of the newest fully acknowledged source transaction.
-    pub position: Position,
+    position: Position,
     /// The server the position belongs to.
-    pub server: ServerIdentity,
+    server: ServerIdentity,
     /// Commit time (server clock, Unix seconds) of the last checkpointed transaction, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source_timestamp: Option<u32>,
+    source_timestamp: Option<u32>,
     /// The binlog event that ended that transaction, compared with the server's binlog before a resume so
     /// that a checkpoint never resumes in another history of the server (`source::history`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub end_event: Option<EndEvent>,
+    end_event: Option<EndEvent>,
     /// When this record was written (Unix milliseconds).
-    pub written_at_ms: u64,
+    written_at_ms: u64,
     /// Initial snapshot in progress, or finished with its overlap rule still in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub snapshot: Option<crate::position::snapshot::SnapshotState>,
+    snapshot: Option<SnapshotState>,
+}
+
+impl Checkpoint {
+    /// Record format version.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Resume point: the end of the newest fully acknowledged source transaction.
+    pub fn position(&self) -> &Position {
+        &self.position
+    }
+
+    /// The server the position belongs to.
+    pub fn server(&self) -> &ServerIdentity {
+        &self.server
+    }
+
+    /// Commit time (server clock, Unix seconds) of the last checkpointed transaction, when known.
+    pub fn source_timestamp(&self) -> Option<u32> {
+        self.source_timestamp
+    }
+
+    /// The binlog event that ended that transaction, when known.
+    pub fn end_event(&self) -> Option<EndEvent> {
+        self.end_event
+    }
+
+    /// When this record was written (Unix milliseconds).
+    pub fn written_at_ms(&self) -> u64 {
+        self.written_at_ms
+    }
+
+    /// Snapshot progress, while a snapshot runs or its overlap rule is in force.
+    pub fn snapshot(&self) -> Option<&SnapshotState> {
+        self.snapshot.as_ref()
+    }
+
+    /// Where a run resumes: the stored position as the watermark's starting mark.
+    pub fn into_mark(self) -> Mark {
+        Mark {
+            position: self.position,
+            timestamp: self.source_timestamp,
+            end_event: self.end_event,
+            snapshot: self.snapshot.map(std::sync::Arc::new),
+        }
+    }
+
+    /// A record for unit tests of the modules that read checkpoints.
+    #[cfg(test)]
+    pub(crate) fn for_test(position: Position, server: ServerIdentity, snapshot: Option<SnapshotState>) -> Self {
+        Checkpoint {
+            version: CHECKPOINT_VERSION,
+            position,
+            server,
+            source_timestamp: None,
+            end_event: None,
+            written_at_ms: 1,
+            snapshot,
+        }
+    }
 }
 
 /// Current checkpoint record format.

@@ -130,11 +130,11 @@ impl Store {
         value.map(|v| decode(&self.path, v.value())).transpose()
     }
 
-    /// Durably replaces the stream checkpoint (one fsync'd transaction).
+    /// Durably replaces the stream checkpoint (one fsync'd transaction). Only the checkpointer saves.
     ///
     /// # Errors
     /// A definite error when the write fails (disk full, permissions): the previous record stays.
-    pub fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
+    pub(super) fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
         let json = serde_json::to_vec(checkpoint).expect("checkpoint serializes");
         let tx = self.db.begin_write().map_err(|e| store_error(&self.path, "begin write", e))?;
         {
@@ -143,6 +143,12 @@ impl Store {
         }
         crate::failpoint!("checkpoint_write");
         tx.commit().map_err(|e| store_error(&self.path, "commit", e))
+    }
+
+    /// [`Store::save`] for unit tests of the modules that read checkpoints.
+    #[cfg(test)]
+    pub(crate) fn save_for_test(&self, checkpoint: &Checkpoint) -> Result<()> {
+        self.save(checkpoint)
     }
 
     fn write(&self, f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>) -> Result<()> {

@@ -26,37 +26,38 @@ impl Pipeline {
         let checkpointer = Checkpointer::new(self.store.clone(), identity.clone());
         let start = match self.store.load()? {
             Some(cp) => {
-                if cp.server != identity {
+                if *cp.server() != identity {
                     if !self.accept_new_server {
                         return Err(Error::definite(format!(
                             "the checkpoint belongs to {}, but the binlog files were written by {}; restart with \
                              --accept-new-server to continue from the checkpoint's position anyway, or move the \
                              state directory away to start afresh",
-                            preflight::describe_identity(&cp.server),
+                            preflight::describe_identity(&cp.server()),
                             preflight::describe_identity(&identity)
                         )));
                     }
                     tracing::warn!(
-                        checkpoint_server = %preflight::describe_identity(&cp.server),
+                        checkpoint_server = %preflight::describe_identity(&cp.server()),
                         files = %preflight::describe_identity(&identity),
                         "resuming a checkpoint of another source (--accept-new-server)"
                     );
                 }
                 let matches = matches!(
-                    (&cp.position.gtids, first.header.flavor),
+                    (&cp.position().gtids, first.header.flavor),
                     (Gtids::MySql(_), Flavor::MySql) | (Gtids::MariaDb(_), Flavor::MariaDb) | (Gtids::None, _)
                 );
-                if !matches || cp.snapshot.as_ref().is_some_and(|s| !s.done) {
+                if !matches || cp.snapshot().as_ref().is_some_and(|s| !s.done) {
                     return Err(Error::definite(format!(
                         "the checkpoint at {} cannot resume a run over {:?} binlog files (other GTID kind, or an \
                          unfinished snapshot); move the state directory away",
-                        cp.position, first.header.flavor
+                        cp.position(),
+                        first.header.flavor
                     )));
                 }
                 if config.source.start_after.is_some() {
-                    tracing::warn!(position = %cp.position, "source.start_after is ignored: resuming from the checkpoint");
+                    tracing::warn!(position = %cp.position(), "source.start_after is ignored: resuming from the checkpoint");
                 }
-                Mark { position: cp.position, timestamp: cp.source_timestamp, end_event: cp.end_event, snapshot: None }
+                Mark { snapshot: None, ..cp.into_mark() }
             }
             None => {
                 let position = files::start_position(&paths[0], &first.header, config.source.start_after.as_deref())?;

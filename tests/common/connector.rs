@@ -381,3 +381,21 @@ impl Drop for Connector {
 fn read_lossy(path: &Path) -> String {
     std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
 }
+
+/// Edits the stored stream checkpoint of the state directory `dir` in place, as JSON, bypassing the connector
+/// (which alone may write one): for tests that need a checkpoint the connector would never store, e.g. one
+/// of another server.
+pub fn rewrite_checkpoint(dir: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    use redb::ReadableTable;
+    const CHECKPOINTS: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("checkpoints");
+    let db = redb::Database::open(dir.join("outbox-cdc.redb")).expect("the state store");
+    let tx = db.begin_write().unwrap();
+    {
+        let mut table = tx.open_table(CHECKPOINTS).unwrap();
+        let mut record: serde_json::Value =
+            serde_json::from_slice(table.get("stream").unwrap().expect("a stored checkpoint").value()).unwrap();
+        edit(&mut record);
+        table.insert("stream", serde_json::to_vec(&record).unwrap().as_slice()).unwrap();
+    }
+    tx.commit().unwrap();
+}

@@ -9,6 +9,14 @@
 //!   watermark only moves forward, a stored checkpoint never goes backwards, whichever write comes last.
 //! - Only a position the watermark reached (everything before it acknowledged) or an explicit start point
 //!   ([`Checkpointer::save_now`]) is ever written.
+//! - Within a run, a write never moves the position backwards from the last one written or declared
+//!   ([`Checkpointer::already_saved`]): it must hold every transaction the previous one held
+//!   ([`Position::holds_all_of`](crate::position::Position::holds_all_of)). A write that would is refused as a definite error and nothing is stored.
+//!   The check is per run, from the point the run declared: a run that re-snapshots after an unresumable
+//!   checkpoint (`snapshot.mode = "when_needed"`, e.g. after `RESET MASTER`) starts a new line of positions.
+//!
+//! The checkpointer is the only code that constructs a [`Checkpoint`] and the only caller of
+//! [`Store::save`]; both are sealed to this module.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -16,14 +24,14 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::task::JoinHandle;
 
-use crate::checkpoint::{Checkpoint, Mark, Store, Watermark, CHECKPOINT_VERSION};
+use super::{Checkpoint, Mark, Store, Watermark, CHECKPOINT_VERSION};
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::position::ServerIdentity;
 use crate::time::now_ms;
 
 /// Writes checkpoints of one run; shared by the run and its periodic writer.
-pub(super) struct Checkpointer {
+pub(crate) struct Checkpointer {
     store: Arc<Store>,
     server: ServerIdentity,
     /// The last mark written. Held while writing.
@@ -31,7 +39,7 @@ pub(super) struct Checkpointer {
 }
 
 impl Checkpointer {
-    pub(super) fn new(store: Arc<Store>, server: ServerIdentity) -> Arc<Self> {
+    pub(crate) fn new(store: Arc<Store>, server: ServerIdentity) -> Arc<Self> {
         Arc::new(Checkpointer { store, server, saved: Mutex::new(None) })
     }
 
@@ -42,17 +50,17 @@ impl Checkpointer {
     }
 
     /// The last mark written (or declared durable with [`Checkpointer::already_saved`]).
-    pub(super) fn saved(&self) -> Option<Mark> {
+    pub(crate) fn saved(&self) -> Option<Mark> {
         self.lock().clone()
     }
 
     /// Declares `mark` durable without writing it (the run resumes from the stored checkpoint).
-    pub(super) fn already_saved(&self, mark: Mark) {
+    pub(crate) fn already_saved(&self, mark: Mark) {
         *self.lock() = Some(mark);
     }
 
     /// Writes the watermark if it moved since the last write.
-    pub(super) fn flush(&self, watermark: &Watermark) -> Result<()> {
+    pub(crate) fn flush(&self, watermark: &Watermark) -> Result<()> {
         let mut saved = self.lock();
         let Some(mark) = watermark.mark() else {
             return Ok(());
@@ -65,12 +73,19 @@ impl Checkpointer {
     }
 
     /// Writes `mark` at once, whatever the watermark says (start points that must be durable first).
-    pub(super) fn save_now(&self, mark: Mark) -> Result<()> {
+    pub(crate) fn save_now(&self, mark: Mark) -> Result<()> {
         let mut saved = self.lock();
         self.write(&mut saved, mark)
     }
 
     fn write(&self, saved: &mut Option<Mark>, mark: Mark) -> Result<()> {
+        if let Some(previous) = saved.as_ref().filter(|p| !mark.position.holds_all_of(&p.position)) {
+            return Err(Error::definite(format!(
+                "refusing to move the checkpoint backwards, from {} to {}: this is a bug in outbox-cdc, please \
+                 report it with the log; the stored checkpoint stays where it was",
+                previous.position, mark.position
+            )));
+        }
         self.store.save(&Checkpoint {
             version: CHECKPOINT_VERSION,
             position: mark.position.clone(),
@@ -87,7 +102,7 @@ impl Checkpointer {
     }
 
     /// Flushes `watermark` every `interval` on the blocking pool until the returned handle is dropped.
-    pub(super) fn every(self: &Arc<Self>, watermark: Arc<Watermark>, interval: Duration) -> Periodic {
+    pub(crate) fn every(self: &Arc<Self>, watermark: Arc<Watermark>, interval: Duration) -> Periodic {
         let task = tokio::spawn(flush_every(self.clone(), watermark, interval));
         Periodic { task: Some(task) }
     }
@@ -108,14 +123,14 @@ async fn flush_every(checkpointer: Arc<Checkpointer>, watermark: Arc<Watermark>,
 }
 
 /// The periodic checkpoint writer of a run; stops when dropped (a write in progress completes).
-pub(super) struct Periodic {
+pub(crate) struct Periodic {
     task: Option<JoinHandle<Result<()>>>,
 }
 
 impl Periodic {
     /// The error that stopped the writer, once (a failed write ends the run: restarting from the last
     /// stored checkpoint is safe, running on with checkpoints silently stale is not).
-    pub(super) fn failure(&mut self) -> Option<Error> {
+    pub(crate) fn failure(&mut self) -> Option<Error> {
         if !self.task.as_ref()?.is_finished() {
             return None;
         }
@@ -133,5 +148,51 @@ impl Drop for Periodic {
         if let Some(task) = &self.task {
             task.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::position::{BinlogCoord, Flavor, Gtids, Position};
+
+    fn mark(gtids: &str, pos: u64) -> Mark {
+        Mark::boundary(
+            Position {
+                gtids: Gtids::MariaDb(gtids.parse().unwrap()),
+                coord: BinlogCoord { file: "b.000001".into(), pos },
+            },
+            None,
+        )
+    }
+
+    fn server() -> ServerIdentity {
+        ServerIdentity { flavor: Flavor::MariaDb, server_id: 1, server_uuid: None, binlog_files: false }
+    }
+
+    /// Guards the sealed checkpoint's promise: within a run a save never moves the stored position
+    /// backwards, whatever a caller hands it; the refused write stores nothing.
+    #[test]
+    fn a_save_only_moves_forward_within_a_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let checkpointer = Checkpointer::new(store.clone(), server());
+        checkpointer.save_now(mark("0-1-10", 900)).unwrap();
+        checkpointer.save_now(mark("0-1-10", 900)).expect("the same position again is not backwards");
+        let err = checkpointer.save_now(mark("0-1-9", 800)).unwrap_err();
+        assert!(err.is_definite() && err.to_string().contains("backwards"), "{err}");
+        assert_eq!(store.load().unwrap().unwrap().position(), &mark("0-1-10", 900).position);
+        let err = checkpointer.save_now(mark("1-1-1", 950)).unwrap_err();
+        assert!(err.to_string().contains("backwards"), "another domain without this one's: {err}");
+        checkpointer.save_now(mark("0-1-11,1-1-1", 1000)).unwrap();
+
+        // A run declares where it resumes; its writes move forward from there.
+        let next_run = Checkpointer::new(store.clone(), server());
+        next_run.already_saved(mark("0-1-20", 2000));
+        assert!(next_run.save_now(mark("0-1-19", 1900)).is_err());
+        // A new run that declares nothing (a new snapshot after an unresumable checkpoint) starts anew.
+        let fresh = Checkpointer::new(store.clone(), server());
+        fresh.save_now(mark("0-1-2", 300)).unwrap();
+        assert_eq!(store.load().unwrap().unwrap().position(), &mark("0-1-2", 300).position);
     }
 }
