@@ -143,9 +143,10 @@ mod mariadb_flags {
 const HOLD_BACK_BYTES: u64 = 8 << 20;
 
 /// Where the reader is relative to transaction boundaries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum TxState {
     /// Between transactions.
+    #[default]
     Idle,
     /// MySQL: after a GTID event; the next query is `BEGIN` or a single DDL statement.
     AfterGtid,
@@ -191,20 +192,8 @@ pub struct ChangeDecoder {
     seen_format_description: bool,
     /// Position after the last committed transaction read.
     position: Position,
-    state: TxState,
-    tx_gtid: Option<TxGtid>,
-    tx_touches_outbox: bool,
-    /// The current group is an XA branch (`XA START`): its outcome is decided in a later group.
-    tx_xa: bool,
-    /// The current group's rows not yet handed on (see [`HOLD_BACK_BYTES`]), their rows events' bytes,
-    /// and how many of the group's rows were handed on before them.
-    held: Vec<Change>,
-    held_bytes: u64,
-    released: usize,
-    /// Savepoints of the current group: name and the number of the group's rows before it.
-    savepoints: Vec<(String, usize)>,
-    /// The current transaction is already in the resume position and is read but not emitted.
-    tx_skipped: bool,
+    /// The current group; `Tx::default()` between groups.
+    tx: Tx,
     /// Offline sources only: skip transactions the resume position already holds (see [`Self::skip_seen`]).
     skip_seen: Option<Position>,
     /// Inside a TRANSACTION_PAYLOAD: the payload event's end, which is the coordinate of every inner event.
@@ -220,6 +209,106 @@ pub struct ChangeDecoder {
     tables: HashMap<u64, Option<(Arc<OutboxTable>, TableMapEvent<'static>)>>,
     outbox_names: OutboxNames,
     pending: VecDeque<Change>,
+}
+
+/// The group (source transaction) being read: all the decoder knows about it, and nothing that outlives it.
+/// It is replaced whole when a group begins and when it ends, so nothing of one group can leak into the
+/// next; between groups it is `Tx::default()`, whose state is [`TxState::Idle`].
+#[derive(Debug, Default)]
+struct Tx {
+    /// Where the reader is relative to the group's boundaries.
+    state: TxState,
+    /// The group's GTID, which its end adds to the position.
+    gtid: Option<TxGtid>,
+    /// The group wrote outbox rows.
+    touches_outbox: bool,
+    /// The group is an XA branch (`XA START`): its outcome is decided in a later group.
+    xa: bool,
+    /// The group's rows not yet handed on (see [`HOLD_BACK_BYTES`]), and their rows events' bytes.
+    held: Vec<Change>,
+    held_bytes: u64,
+    /// How many of the group's rows were handed on before `held`.
+    released: usize,
+    /// Savepoints of the group: name and the number of the group's rows before it.
+    savepoints: Vec<(String, usize)>,
+    /// The group is already in the resume position: it is read but not emitted.
+    skipped: bool,
+}
+
+impl Tx {
+    /// A group that begins in `state`; `skipped` when the resume position already holds it.
+    fn start(state: TxState, gtid: Option<TxGtid>, skipped: bool) -> Self {
+        Tx { state, gtid, skipped, ..Tx::default() }
+    }
+
+    /// Ends the group: returns it whole and leaves none open.
+    fn end(&mut self) -> Tx {
+        std::mem::take(self)
+    }
+
+    /// The group's rows so far, handed on or held.
+    fn rows(&self) -> usize {
+        self.released + self.held.len()
+    }
+
+    /// Keeps a row back until the group's end says whether it committed.
+    fn hold(&mut self, row: Change) {
+        self.held.push(row);
+    }
+
+    /// Counts a rows event's bytes: true when the held rows are past [`HOLD_BACK_BYTES`] and must stream on.
+    fn past_hold_back(&mut self, event_bytes: u32) -> bool {
+        self.held_bytes += u64::from(event_bytes);
+        self.held_bytes > HOLD_BACK_BYTES
+    }
+
+    /// Hands the held rows on: from now on a rollback that undoes them is an error, not a drop.
+    fn release(&mut self) -> std::vec::Drain<'_, Change> {
+        self.released += self.held.len();
+        self.held_bytes = 0;
+        self.held.drain(..)
+    }
+
+    /// `SAVEPOINT name`.
+    fn savepoint(&mut self, name: String) {
+        self.savepoints.push((name, self.rows()));
+    }
+
+    /// `ROLLBACK TO SAVEPOINT name`: drops the rows the group wrote since the savepoint.
+    ///
+    /// # Errors
+    /// When such rows were already handed on, or the savepoint is not known.
+    fn rollback_to(&mut self, name: &str) -> Result<()> {
+        let Some(i) = self.savepoints.iter().rposition(|(n, _)| n.eq_ignore_ascii_case(name)) else {
+            // A savepoint set before the group's first logged event: everything so far may be undone.
+            return match self.rows() {
+                0 => Ok(()),
+                n => Err(Error::definite(format!(
+                    "ROLLBACK TO SAVEPOINT {name} undoes a savepoint the binlog does not show; {n} outbox row(s) \
+                     of this transaction may or may not have been rolled back. Report this with the server \
+                     version"
+                ))),
+            };
+        };
+        let rows_before = self.savepoints[i].1;
+        self.savepoints.truncate(i + 1);
+        if rows_before < self.released {
+            return Err(rolled_back_error(self.released - rows_before, "ROLLBACK TO SAVEPOINT"));
+        }
+        self.held.truncate(rows_before - self.released);
+        Ok(())
+    }
+
+    /// Ends the group with a `ROLLBACK`: its held rows go with it.
+    ///
+    /// # Errors
+    /// When rows of the group were already handed on (a group over [`HOLD_BACK_BYTES`]); the group stays.
+    fn rollback(&mut self) -> Result<Tx> {
+        if self.released > 0 {
+            return Err(rolled_back_error(self.released, "ROLLBACK"));
+        }
+        Ok(self.end())
+    }
 }
 
 /// Which tables of the binlog are outbox tables, by the server's rule for names (`lower_case_table_names`).
@@ -414,15 +503,7 @@ impl ChangeDecoder {
             checksum,
             seen_format_description: false,
             position,
-            state: TxState::Idle,
-            tx_gtid: None,
-            tx_touches_outbox: false,
-            tx_xa: false,
-            held: Vec::new(),
-            held_bytes: 0,
-            released: 0,
-            savepoints: Vec::new(),
-            tx_skipped: false,
+            tx: Tx::default(),
             skip_seen: None,
             payload_end: None,
             expand_payloads: false,
@@ -462,7 +543,7 @@ impl ChangeDecoder {
 
     /// True between transactions: a stop here loses nothing and repeats nothing.
     pub fn between_transactions(&self) -> bool {
-        self.state == TxState::Idle && self.pending.is_empty()
+        self.tx.state == TxState::Idle && self.pending.is_empty()
     }
 
     /// The next events come from the start of binlog file `name` (offline sources open files themselves).
@@ -531,7 +612,7 @@ impl ChangeDecoder {
                 ))
             }
             event_type::XA_PREPARE => {
-                if self.tx_touches_outbox {
+                if self.tx.touches_outbox {
                     return Err(xa_outbox_error());
                 }
                 // The prepared branch is a complete group of the binlog (its GTID is executed); its outcome
@@ -565,7 +646,7 @@ impl ChangeDecoder {
                     name.truncate(name.len() - 4);
                 }
                 let name = String::from_utf8_lossy(&name).into_owned();
-                if log_pos == 0 || self.state == TxState::Idle {
+                if log_pos == 0 || self.tx.state == TxState::Idle {
                     self.position.coord = BinlogCoord { file: name, pos: rotate.position() };
                 } else {
                     self.position.coord.file = name;
@@ -667,32 +748,29 @@ impl ChangeDecoder {
         let gtid = MariaGtid { domain_id, server_id: event.header().server_id(), seq_no };
         let state = if flags & mariadb_flags::STANDALONE != 0 { TxState::Standalone } else { TxState::Open };
         self.begin(state, Some(TxGtid::MariaDb(gtid)), self.log_pos(event));
-        self.tx_xa = flags & mariadb_flags::PREPARED_XA != 0;
+        self.tx.xa = flags & mariadb_flags::PREPARED_XA != 0;
         Ok(())
     }
 
     fn begin(&mut self, state: TxState, gtid: Option<TxGtid>, log_pos: u32) {
-        if self.state != TxState::Idle {
+        if self.tx.state != TxState::Idle {
             // A new group without the previous one's end: only happens for groups that end without a
             // commit event we recognise (e.g. an XA prepare). Close the previous one first.
             self.end_group();
         }
-        self.state = state;
-        self.tx_gtid = gtid.clone();
-        self.tx_touches_outbox = false;
-        self.tx_xa = false;
-        self.clear_group_rows();
         let coord = BinlogCoord { file: self.position.coord.file.clone(), pos: u64::from(log_pos) };
-        self.tx_skipped = self.skip_seen.as_ref().is_some_and(|resume| already_seen(resume, gtid.as_ref(), &coord));
-        if !self.tx_skipped {
-            self.pending.push_back(Change::Begin(TxStart { gtid, coord }));
+        let skipped = self.skip_seen.as_ref().is_some_and(|resume| already_seen(resume, gtid.as_ref(), &coord));
+        if !skipped {
+            self.pending.push_back(Change::Begin(TxStart { gtid: gtid.clone(), coord }));
         }
+        self.tx = Tx::start(state, gtid, skipped);
     }
 
     /// Ends the current transaction with `event`, its commit event (XID, or COMMIT or a standalone statement).
     fn commit(&mut self, event: &Event, log_pos: u32) {
-        self.release_held();
-        self.end(event, log_pos);
+        let mut tx = self.tx.end();
+        self.pending.extend(tx.release());
+        self.advance(tx, event, log_pos);
     }
 
     /// Ends the current transaction with `event`, a `ROLLBACK` (or `XA ROLLBACK`): the binlog holds the
@@ -702,68 +780,22 @@ impl ChangeDecoder {
     /// # Errors
     /// When rows of the group were already handed on (a group over [`HOLD_BACK_BYTES`]).
     fn rollback(&mut self, event: &Event, log_pos: u32) -> Result<()> {
-        if self.released > 0 {
-            return Err(rolled_back_error(self.released, "ROLLBACK"));
-        }
-        self.clear_group_rows();
-        self.end(event, log_pos);
+        let tx = self.tx.rollback()?;
+        self.advance(tx, event, log_pos);
         Ok(())
     }
 
-    /// `ROLLBACK TO SAVEPOINT name`: drops the rows the group wrote since the savepoint.
-    ///
-    /// # Errors
-    /// When such rows were already handed on, or the savepoint is not known.
-    fn rollback_to(&mut self, name: &str) -> Result<()> {
-        let Some(i) = self.savepoints.iter().rposition(|(n, _)| n.eq_ignore_ascii_case(name)) else {
-            // A savepoint set before the group's first logged event: everything so far may be undone.
-            return match self.released + self.held.len() {
-                0 => Ok(()),
-                n => Err(Error::definite(format!(
-                    "ROLLBACK TO SAVEPOINT {name} undoes a savepoint the binlog does not show; {n} outbox row(s) \
-                     of this transaction may or may not have been rolled back. Report this with the server \
-                     version"
-                ))),
-            };
-        };
-        let rows_before = self.savepoints[i].1;
-        self.savepoints.truncate(i + 1);
-        if rows_before < self.released {
-            return Err(rolled_back_error(self.released - rows_before, "ROLLBACK TO SAVEPOINT"));
+    /// What every end of a group with an end event does: the GTID and coordinate advance past it, and a
+    /// commit is emitted.
+    fn advance(&mut self, tx: Tx, event: &Event, log_pos: u32) {
+        if log_pos != 0 {
+            self.position.coord.pos = u64::from(log_pos);
         }
-        self.held.truncate(rows_before - self.released);
-        Ok(())
-    }
-
-    /// Hands the held rows of the current group on.
-    fn release_held(&mut self) {
-        self.released += self.held.len();
-        self.pending.extend(self.held.drain(..));
-        self.held_bytes = 0;
-    }
-
-    fn clear_group_rows(&mut self) {
-        self.held.clear();
-        self.held_bytes = 0;
-        self.released = 0;
-        self.savepoints.clear();
-    }
-
-    /// What every end of a group does: the GTID and coordinate advance past it, and a commit is emitted.
-    fn end(&mut self, event: &Event, log_pos: u32) {
-        self.clear_group_rows();
-        self.tx_xa = false;
-        if std::mem::take(&mut self.tx_skipped) {
+        if tx.skipped {
             // Already in the resume position: advancing a MariaDB domain to it would move it backwards.
-            self.tx_gtid = None;
-            self.state = TxState::Idle;
-            self.tx_touches_outbox = false;
-            if log_pos != 0 {
-                self.position.coord.pos = u64::from(log_pos);
-            }
             return;
         }
-        if let Some(gtid) = self.tx_gtid.take() {
+        if let Some(gtid) = tx.gtid {
             match (&mut self.position.gtids, gtid) {
                 (Gtids::MySql(set), TxGtid::MySql(g)) => {
                     set.insert(&g);
@@ -772,11 +804,6 @@ impl ChangeDecoder {
                 _ => {}
             }
         }
-        if log_pos != 0 {
-            self.position.coord.pos = u64::from(log_pos);
-        }
-        self.state = TxState::Idle;
-        self.tx_touches_outbox = false;
         // The top-level event that ends the transaction: the commit event, or the payload it is inside.
         let end_event = if self.payload_end.is_some() { self.payload_event } else { Some(EndEvent::of(event)) };
         let timestamp = event.header().timestamp();
@@ -785,18 +812,11 @@ impl ChangeDecoder {
 
     /// Ends a group that has no end event we recognise: it moves nothing.
     fn end_group(&mut self) {
-        self.release_held();
-        self.clear_group_rows();
-        self.tx_xa = false;
-        if std::mem::take(&mut self.tx_skipped) {
-            self.state = TxState::Idle;
-            self.tx_gtid = None;
-            return;
+        let mut tx = self.tx.end();
+        self.pending.extend(tx.release());
+        if !tx.skipped {
+            self.pending.push_back(Change::Commit { position: self.position.clone(), timestamp: 0, end_event: None });
         }
-        self.state = TxState::Idle;
-        self.tx_gtid = None;
-        self.tx_touches_outbox = false;
-        self.pending.push_back(Change::Commit { position: self.position.clone(), timestamp: 0, end_event: None });
     }
 
     fn on_rows(&mut self, rows: RowsEventData<'_>, log_pos: u32, event_size: u32) -> Result<()> {
@@ -805,17 +825,17 @@ impl ChangeDecoder {
             return Ok(());
         };
         let decoder = decoder.clone();
-        if self.state == TxState::Idle {
+        if self.tx.state == TxState::Idle {
             // Rows outside any group (very old servers without GTID or BEGIN): treat as an implicit group.
             self.begin(TxState::Open, None, log_pos);
         }
-        if self.tx_skipped {
+        if self.tx.skipped {
             return Ok(());
         }
-        if self.tx_xa {
+        if self.tx.xa {
             return Err(xa_outbox_error().context(format_args!("outbox table {}", decoder.name)));
         }
-        self.tx_touches_outbox = true;
+        self.tx.touches_outbox = true;
         let op = match &rows {
             RowsEventData::WriteRowsEvent(_) | RowsEventData::WriteRowsEventV1(_) => None,
             RowsEventData::UpdateRowsEvent(_) | RowsEventData::UpdateRowsEventV1(_) => Some("UPDATE"),
@@ -834,14 +854,13 @@ impl ChangeDecoder {
         for slots in decoder.after_images(&rows) {
             let slots = slots
                 .map_err(|e| Error::definite(format!("cannot decode a row of outbox table {}: {e}", decoder.name)))?;
-            self.held.push(match decoder.decode(slots) {
+            self.tx.hold(match decoder.decode(slots) {
                 Ok(row) => Change::Row(row),
                 Err(undecodable) => Change::Undecodable(undecodable),
             });
         }
-        self.held_bytes += u64::from(event_size);
-        if self.held_bytes > HOLD_BACK_BYTES {
-            self.release_held();
+        if self.tx.past_hold_back(event_size) {
+            self.pending.extend(self.tx.release());
         }
         Ok(())
     }
@@ -870,20 +889,20 @@ impl ChangeDecoder {
         } else {
             statement::classify(sql)
         };
-        if !self.tx_skipped {
+        if !self.tx.skipped {
             self.check_statement(&kind, sql, schema)?;
         }
-        match (kind, self.state) {
+        match (kind, self.tx.state) {
             (Statement::Begin, TxState::Idle) => self.begin(TxState::Open, None, log_pos),
-            (Statement::Begin, _) => self.state = TxState::Open,
+            (Statement::Begin, _) => self.tx.state = TxState::Open,
             // NOTE: MySQL sends no BEGIN for an XA branch: `XA START` opens the group, which ends at
             // XA_PREPARE (or at `XA COMMIT … ONE PHASE`), not at the first statement after the GTID.
             (Statement::XaStart, state) => {
                 if state == TxState::Idle {
                     self.begin(TxState::Open, None, log_pos);
                 }
-                self.state = TxState::Open;
-                self.tx_xa = true;
+                self.tx.state = TxState::Open;
+                self.tx.xa = true;
             }
             (Statement::Commit | Statement::XaCommit, TxState::Open | TxState::AfterGtid | TxState::Standalone) => {
                 self.commit(event, log_pos)
@@ -891,10 +910,8 @@ impl ChangeDecoder {
             (Statement::Rollback | Statement::XaRollback, TxState::Open | TxState::AfterGtid | TxState::Standalone) => {
                 self.rollback(event, log_pos)?
             }
-            (Statement::Savepoint(name), TxState::Open) => {
-                self.savepoints.push((name, self.released + self.held.len()));
-            }
-            (Statement::RollbackTo(name), TxState::Open) => self.rollback_to(&name)?,
+            (Statement::Savepoint(name), TxState::Open) => self.tx.savepoint(name),
+            (Statement::RollbackTo(name), TxState::Open) => self.tx.rollback_to(&name)?,
             (_, TxState::Idle | TxState::Open) => {}
             // MySQL's single-statement groups (DDL) have no BEGIN; MariaDB flags them standalone.
             (_, TxState::AfterGtid | TxState::Standalone) => self.commit(event, log_pos),
