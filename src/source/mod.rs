@@ -2,6 +2,7 @@
 //! preflight checks, and the binlog reader.
 
 pub mod binlog;
+pub mod change;
 pub mod column_types;
 pub mod decode;
 pub mod files;

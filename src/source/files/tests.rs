@@ -1366,7 +1366,7 @@ fn a_table_name_differing_only_in_case_is_definite_without_the_server() {
     assert!(!changes.iter().any(|c| matches!(c, Change::Row(_))), "{changes:?}");
 }
 
-/// A transaction larger than the hold-back (`binlog::HOLD_BACK_BYTES`, 8 MiB) streams on instead of being
+/// A transaction larger than the hold-back (`change::HOLD_BACK_BYTES`, 8 MiB) streams on instead of being
 /// buffered whole; a `ROLLBACK` that then undoes rows already handed on is a definite error saying so,
 /// never a silent publish of rolled-back rows as committed.
 #[test]
