@@ -93,5 +93,9 @@ fn show(cell: &Option<MySqlValue>) -> String {
 }
 
 fn short(s: &str) -> String {
-    if s.chars().count() <= 200 { s.to_owned() } else { format!("{}...", s.chars().take(200).collect::<String>()) }
+    if s.chars().count() <= 200 {
+        s.to_owned()
+    } else {
+        format!("{}...", s.chars().take(200).collect::<String>())
+    }
 }
