@@ -589,7 +589,7 @@ async fn decode_floor(config_path: &std::path::Path, gtid: &str, route: bool) ->
     drop(conn);
     let settings = Arc::new(ReaderSettings {
         server_id: config.source.server_id + 100,
-        tables: config.outbox_tables().map_err(err)?,
+        tables: config.tables().to_vec(),
         columns: config.outbox.columns.clone(),
         on_update: config.outbox.on_update,
         heartbeat: Duration::from_millis(config.source.heartbeat_interval_ms),

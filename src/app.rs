@@ -10,7 +10,6 @@ use crate::pipeline::{Backoff, Pipeline, Shutdown};
 use crate::router::Router;
 use crate::source::binlog::ReaderSettings;
 use crate::source::SourceConn;
-use crate::topic::TopicTemplate;
 
 /// A run that lasted this long was healthy: the next failure starts the back-off from the beginning.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
@@ -44,10 +43,10 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
     };
     let pipeline = Pipeline {
         source: SourceConn::from_config(&config)?,
-        router: Router::new(TopicTemplate::parse(&config.kafka.topic)?, config.kafka.value_format),
+        router: Router::new(config.topic().clone(), config.kafka.value_format),
         reader: Arc::new(ReaderSettings {
             server_id: config.source.server_id,
-            tables: config.outbox_tables()?,
+            tables: config.tables().to_vec(),
             columns: config.outbox.columns.clone(),
             on_update: config.outbox.on_update,
             heartbeat: Duration::from_millis(config.source.heartbeat_interval_ms),

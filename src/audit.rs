@@ -57,7 +57,7 @@ use crate::config::Config;
 use crate::error::{classify_kafka, classify_mysql, Error, Result};
 use crate::outbox::{quote_ident, TableName};
 use crate::source::SourceConn;
-use crate::topic::{is_legal_topic, TopicTemplate};
+use crate::topic::is_legal_topic;
 
 /// Exit status of `outbox-cdc audit` when something is missing, out of order or split.
 pub const EXIT_AUDIT_FAILED: i32 = 1;
@@ -263,7 +263,7 @@ fn decode<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T> {
 /// again); a definite error when the spill file cannot be written.
 pub async fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport> {
     let started = Instant::now();
-    let tables = config.outbox_tables()?;
+    let tables = config.tables().to_vec();
     let source = SourceConn::from_config(config)?;
     let mut conn = source.connect().await?;
     let topics =
@@ -332,7 +332,7 @@ fn describe_window(opts: &AuditOptions) -> String {
 
 /// The topics the routing produces to for the rows in the table.
 async fn routed_topics(config: &Config, tables: &[TableName], conn: &mut Conn) -> Result<Vec<String>> {
-    let template = TopicTemplate::parse(&config.kafka.topic)?;
+    let template = config.topic().clone();
     let c = &config.outbox.columns;
     let (by_type, by_event) = template.uses_columns();
     let mut topics = std::collections::BTreeSet::new();

@@ -15,11 +15,13 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 use crate::outbox::TableName;
 pub use crate::secret::{Properties, Secret};
+use crate::topic::TopicTemplate;
 
-/// The whole configuration file.
+/// The whole configuration file, as written. Only [`Config::parse`] reads one: it validates it into a
+/// [`Config`].
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Config {
+struct ConfigFile {
     /// The MySQL/MariaDB server to replicate from.
     pub source: SourceConfig,
     /// Which table(s) hold the outbox and how its columns are named.
@@ -38,6 +40,30 @@ pub struct Config {
     /// `outbox-cdc prune`: deleting published outbox rows.
     #[serde(default)]
     pub prune: PruneConfig,
+}
+
+/// The validated configuration: every setting of the file, checked to make sense together, with what is
+/// derived from them parsed once ([`Config::tables`], [`Config::topic`]).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The MySQL/MariaDB server to replicate from.
+    pub source: SourceConfig,
+    /// Which table(s) hold the outbox and how its columns are named.
+    pub outbox: OutboxConfig,
+    /// Where events go.
+    pub kafka: KafkaConfig,
+    /// Where the checkpoint lives.
+    pub state: StateConfig,
+    /// The initial snapshot of rows already in the outbox.
+    pub snapshot: SnapshotConfig,
+    /// The operations endpoint (`/metrics`, `/healthz`, `/readyz`) and purge-risk monitoring.
+    pub metrics: MetricsConfig,
+    /// `outbox-cdc prune`: deleting published outbox rows.
+    pub prune: PruneConfig,
+    /// The outbox tables, parsed, sorted, without duplicates; never empty.
+    tables: Vec<TableName>,
+    /// `kafka.topic`, parsed.
+    topic: TopicTemplate,
 }
 
 /// `[metrics]`: the HTTP operations endpoint and purge-risk monitoring.
@@ -675,13 +701,41 @@ impl Config {
     /// # Errors
     /// Definite errors for unknown keys or inconsistent settings.
     pub fn parse(text: &str) -> Result<Config> {
-        let config: Config = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
-        config.validate()?;
-        Ok(config)
+        let file: ConfigFile = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
+        file.validate()
     }
 
-    fn validate(&self) -> Result<()> {
-        self.outbox_tables()?;
+    /// The outbox tables, parsed, sorted, without duplicates; never empty.
+    pub fn tables(&self) -> &[TableName] {
+        &self.tables
+    }
+
+    /// The topic template (`kafka.topic`), parsed.
+    pub fn topic(&self) -> &TopicTemplate {
+        &self.topic
+    }
+
+    /// The database password, resolved from the environment if configured so.
+    ///
+    /// # Errors
+    /// A definite error when `password_env` names a variable that is not set.
+    pub fn source_password(&self) -> Result<Option<Secret>> {
+        match &self.source.password_env {
+            Some(var) => std::env::var(var).map(|v| Some(Secret::new(v))).map_err(|_| {
+                Error::definite(format!("source.password_env names {var}, but that environment variable is not set"))
+            }),
+            None => Ok(self.source.password.clone()),
+        }
+    }
+}
+
+impl ConfigFile {
+    /// Checks that the settings make sense together and parses what is derived from them.
+    ///
+    /// # Errors
+    /// A definite error naming the first setting that does not.
+    fn validate(self) -> Result<Config> {
+        let tables = self.outbox_tables()?;
         if self.source.password.is_some() && self.source.password_env.is_some() {
             return Err(Error::definite("set either source.password or source.password_env, not both"));
         }
@@ -692,7 +746,7 @@ impl Config {
         if self.source.tls != TlsMode::VerifyIdentity && self.source.tls_ca_file.is_some() {
             return Err(Error::definite("source.tls_ca_file only applies with source.tls = \"verify_identity\""));
         }
-        crate::topic::TopicTemplate::parse(&self.kafka.topic)?;
+        let topic = TopicTemplate::parse(&self.kafka.topic)?;
         if !crate::topic::is_legal_topic(&self.kafka.dead_letter_topic) {
             return Err(Error::definite(format!(
                 "kafka.dead_letter_topic {:?} is not a legal Kafka topic name (1-249 of [a-zA-Z0-9._-])",
@@ -748,7 +802,17 @@ impl Config {
                 "prune.password/password_env need prune.user (the default is the source user)",
             ));
         }
-        Ok(())
+        Ok(Config {
+            source: self.source,
+            outbox: self.outbox,
+            kafka: self.kafka,
+            state: self.state,
+            snapshot: self.snapshot,
+            metrics: self.metrics,
+            prune: self.prune,
+            tables,
+            topic,
+        })
     }
 
     fn validate_source_kind(&self) -> Result<()> {
@@ -793,11 +857,11 @@ impl Config {
         Ok(())
     }
 
-    /// The configured outbox tables, parsed.
+    /// The configured outbox tables, parsed, sorted and without duplicates.
     ///
     /// # Errors
     /// A definite error when none (or a malformed one) is configured.
-    pub fn outbox_tables(&self) -> Result<Vec<TableName>> {
+    fn outbox_tables(&self) -> Result<Vec<TableName>> {
         let mut names: Vec<TableName> = self
             .outbox
             .table
@@ -811,19 +875,6 @@ impl Config {
             return Err(Error::definite("configure the outbox table: [outbox] table = \"database.table\""));
         }
         Ok(names)
-    }
-
-    /// The database password, resolved from the environment if configured so.
-    ///
-    /// # Errors
-    /// A definite error when `password_env` names a variable that is not set.
-    pub fn source_password(&self) -> Result<Option<Secret>> {
-        match &self.source.password_env {
-            Some(var) => std::env::var(var).map(|v| Some(Secret::new(v))).map_err(|_| {
-                Error::definite(format!("source.password_env names {var}, but that environment variable is not set"))
-            }),
-            None => Ok(self.source.password.clone()),
-        }
     }
 }
 
@@ -868,10 +919,7 @@ mod tests {
         assert_eq!(c.kafka.value_format, ValueFormat::Envelope);
         assert_eq!(c.state.dir, PathBuf::from("state"));
         assert_eq!(c.outbox.on_update, OnUpdate::Ignore);
-        assert_eq!(
-            c.outbox_tables().unwrap(),
-            vec![TableName { database: "shop".into(), table: "outbox_events".into() }]
-        );
+        assert_eq!(c.tables().to_vec(), vec![TableName { database: "shop".into(), table: "outbox_events".into() }]);
     }
 
     #[test]

@@ -276,7 +276,7 @@ impl Pipeline {
         checkpointer.already_saved(start.clone());
         let overlap = match &start.snapshot {
             Some(state) => {
-                Overlap::new(state.clone(), &self.source, config.outbox_tables()?, &config.outbox.columns).await?
+                Overlap::new(state.clone(), &self.source, config.tables().to_vec(), &config.outbox.columns).await?
             }
             None => None,
         };
@@ -361,7 +361,7 @@ impl Pipeline {
         shutdown: &Shutdown,
     ) -> Result<()> {
         let config = &self.config;
-        let tables = config.outbox_tables()?;
+        let tables = config.tables().to_vec();
         if let Some(progress) = &progress {
             progress.check_tables(&tables).map_err(Error::definite)?;
         }

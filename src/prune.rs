@@ -138,7 +138,7 @@ pub async fn prune(config: &Config, options: &PruneOptions) -> Result<PruneRepor
              including prune's; set it to \"ignore\" or \"warn\" before pruning",
         ));
     }
-    let tables = config.outbox_tables()?;
+    let tables = config.tables().to_vec();
     let source = SourceConn::from_config(config)?;
     let mut conn = source.connect().await?;
     let info = source::server_info(&mut conn).await?;

@@ -46,7 +46,6 @@ use crate::router::{KafkaRecord, Router};
 use crate::sink::kafka::client_config;
 use crate::sink::KafkaSink;
 use crate::source::SourceConn;
-use crate::topic::TopicTemplate;
 
 /// What a release did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -116,7 +115,7 @@ pub async fn release(
         }
     }
 
-    let router = Router::new(TopicTemplate::parse(&config.kafka.topic)?, config.kafka.value_format);
+    let router = Router::new(config.topic().clone(), config.kafka.value_format);
     let watermark = Arc::new(Watermark::new(None));
     let mut sink = KafkaSink::new(&config.kafka, watermark.clone())?;
     let mut records = Vec::with_capacity(letters.len());

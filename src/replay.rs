@@ -47,7 +47,7 @@ use crate::progress::Progress;
 use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::{self, snapshot, SourceConn};
-use crate::topic::{is_legal_topic, TopicTemplate};
+use crate::topic::is_legal_topic;
 
 /// Default suffix appended to the routed topic.
 pub const DEFAULT_TOPIC_SUFFIX: &str = ".replay";
@@ -157,7 +157,7 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
             )));
         }
     }
-    let router = Router::new(TopicTemplate::parse(&config.kafka.topic)?, config.kafka.value_format);
+    let router = Router::new(config.topic().clone(), config.kafka.value_format);
     let source = SourceConn::from_config(config)?;
     let mut conn = source.connect().await?;
     let info = source::server_info(&mut conn).await?;
@@ -333,7 +333,7 @@ fn text_literal(value: &str) -> String {
 /// Rows the selection holds, in the view (for the progress total).
 async fn count(view: &mut Conn, config: &Config, filter: &str) -> Result<u64> {
     let mut total = 0;
-    for t in config.outbox_tables()? {
+    for t in config.tables() {
         let sql = format!("SELECT COUNT(*) FROM {}.{} WHERE {filter}", quote_ident(&t.database), quote_ident(&t.table));
         let n: Option<u64> = view.query_first(sql).await.map_err(|e| classify_mysql(&e).context("counting rows"))?;
         total += n.unwrap_or(0);

@@ -232,7 +232,7 @@ pub async fn check(
     check_replica_filters(conn, info, case, &tables, &mut report).await?;
     check_commit_order(conn, info, &mut report).await?;
     check_privileges(conn, flavor, &mut report).await?;
-    for table in config.outbox_tables()? {
+    for table in config.tables() {
         check_table(conn, &table, &config.outbox.columns, &mut report).await?;
         let snapshots = config.snapshot.mode != crate::config::SnapshotMode::Never;
         check_column_types(conn, &table, &config.outbox.columns, snapshots, &mut report).await?;
@@ -391,7 +391,7 @@ async fn check_table_names(
 ) -> Result<(NameCase, Vec<TableName>)> {
     let mut case = NameCase::Unknown;
     let mut tables = Vec::new();
-    for table in config.outbox_tables()? {
+    for table in config.tables().iter().cloned() {
         let setting = format!("table {table} name");
         match super::resolve_tables(conn, std::slice::from_ref(&table)).await {
             Ok(resolved) => {

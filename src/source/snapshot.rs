@@ -94,7 +94,7 @@ pub async fn open(
     config: &Config,
     after: Option<SnapshotKey>,
 ) -> Result<(Scanner, Position)> {
-    let tables: Vec<Arc<TableName>> = config.outbox_tables()?.into_iter().map(Arc::new).collect();
+    let tables: Vec<Arc<TableName>> = config.tables().iter().cloned().map(Arc::new).collect();
     let mut conn = source.connect().await?;
     let q = |e: mysql_async::Error| classify_mysql(&e).context("opening the snapshot transaction");
     conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ").await.map_err(q)?;
