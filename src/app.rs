@@ -141,7 +141,7 @@ async fn watch_purge_risk(source: SourceConn, store: Arc<Store>, interval: Durat
         }
         let now_s = crate::time::now_ms() / 1000;
         let c = conn.as_mut().expect("connected above");
-        match crate::source::purge::measure(c, &checkpoint.position(), checkpoint.source_timestamp(), now_s).await {
+        match crate::source::purge::measure(c, checkpoint.position(), checkpoint.source_timestamp(), now_s).await {
             Ok(risk) => {
                 crate::metrics::metrics().purge_risk(
                     risk.needed_age_seconds,

@@ -362,7 +362,7 @@ fn check_files(config: &Config) -> Result<(), Error> {
         }
     }
     if let Some(cp) = Store::read_only(&config.state.dir)? {
-        println!("checkpoint: {} ({})", cp.position(), preflight::describe_identity(&cp.server()));
+        println!("checkpoint: {} ({})", cp.position(), preflight::describe_identity(cp.server()));
     }
     if failed > 0 {
         println!("{failed} file(s) failed");
@@ -421,7 +421,7 @@ async fn status(config: &Config, json: bool) -> Result<(), Error> {
     }
     let now_s = outbox_cdc::time::now_ms() / 1000;
     println!("position:        {}", cp.position());
-    println!("server:          {}", preflight::describe_identity(&cp.server()));
+    println!("server:          {}", preflight::describe_identity(cp.server()));
     match cp.source_timestamp() {
         Some(ts) => {
             let age = now_s.saturating_sub(u64::from(ts));
@@ -492,7 +492,7 @@ async fn purge_risk(config: &Config, cp: &outbox_cdc::checkpoint::Checkpoint, no
     let measure = async {
         let source = SourceConn::from_config(config)?;
         let mut conn = source.connect().await?;
-        source::purge::measure(&mut conn, &cp.position(), cp.source_timestamp(), now_s).await
+        source::purge::measure(&mut conn, cp.position(), cp.source_timestamp(), now_s).await
     };
     match tokio::time::timeout(std::time::Duration::from_secs(10), measure).await {
         Ok(Ok(risk)) => risk.to_string(),

@@ -33,28 +33,24 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::checkpoint::{Mark, Store, TxId, Watermark};
-use crate::config::Config;
-use crate::config::{SnapshotMode, SourceKind};
+use crate::checkpoint::checkpointer::Checkpointer;
+use crate::checkpoint::{Mark, Store};
+use crate::config::{Config, SnapshotMode, SourceKind};
 use crate::error::{Error, Result};
 use crate::health::health;
-use crate::metrics::metrics;
-use crate::poison::{Origin, ResumePoint};
-use crate::position::snapshot::{Segment, SnapshotState};
-use crate::position::TxStart;
-use crate::publish::{Publisher, SourceRow};
+use crate::position::Position;
 use crate::router::Router;
-use crate::sink::KafkaSink;
-use crate::source::binlog::{BinlogReader, Change, ReaderSettings};
+use crate::source::binlog::{BinlogReader, ReaderSettings};
+use crate::source::files::FilesReader;
 use crate::source::overlap::Overlap;
-use crate::source::snapshot;
-use crate::source::{preflight, server_info, start_position, SourceConn, SourceReader};
+use crate::source::{preflight, SourceConn, SourceReader};
 
-mod files;
+mod plan;
 mod read_ahead;
+mod run;
 
-use crate::checkpoint::checkpointer::{self, Checkpointer};
-use read_ahead::ReadAhead;
+use plan::{FilesPlan, Plan, ServerPlan};
+use run::Run;
 
 /// How long a graceful stop waits for the current transaction to finish and for acknowledgements.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -139,14 +135,6 @@ pub struct Pipeline {
     pub accept_new_server: bool,
 }
 
-/// What the stream starts from.
-enum Plan {
-    /// Resume or begin the snapshot (progress so far), then stream from its cut.
-    Snapshot(Option<SnapshotState>),
-    /// Stream from a position, with a finished snapshot's overlap rule if still in force.
-    Stream(Mark),
-}
-
 impl Pipeline {
     /// Runs until shutdown (Ok) or the first error.
     ///
@@ -167,97 +155,32 @@ impl Pipeline {
         result
     }
 
+    /// Wiring only: plans where the run starts ([`plan`]), builds its moving parts ([`Run`]) and runs its
+    /// phases in order.
     async fn run_once(&self, shutdown: &Shutdown) -> Result<()> {
         let config = &self.config;
         if config.source.kind == SourceKind::Files {
             return self.run_files(shutdown).await;
         }
-        let mut conn = self.source.connect().await?;
-        let info = server_info(&mut conn).await?;
-        let stored = self.store.load()?;
-        let mut checked = None;
-        if let Some(cp) = &stored {
-            if *cp.server() != info.identity && self.accept_new_server {
-                tracing::warn!(
-                    checkpoint_server = %preflight::describe_identity(&cp.server()),
-                    server = %preflight::describe_identity(&info.identity),
-                    "resuming a checkpoint of another server (--accept-new-server)"
-                );
-            }
-            let resume = preflight::Resume {
-                server: if self.accept_new_server { &info.identity } else { &cp.server() },
-                position: &cp.position(),
-                // Another server's files are its own: nothing there to compare the checkpoint's last event with.
-                end_event: cp.end_event().filter(|_| *cp.server() == info.identity),
-            };
-            checked = Some(preflight::ResumeCheck::run(&mut conn, &info, config, resume).await?);
-        }
-        let mut snapshot_again = false;
-        if let (Some(checked), SnapshotMode::WhenNeeded) = (&checked, config.snapshot.mode) {
-            if let Some(e) = checked.unresumable()? {
-                tracing::error!(
-                    error = %e,
-                    "the checkpoint cannot be resumed on this server; taking a new snapshot \
-                     (snapshot.mode = \"when_needed\"). Events committed since the checkpoint are recovered \
-                     from the table; rows already deleted from it are not"
-                );
-                snapshot_again = true;
-            }
-        }
-        let checked = checked.filter(|_| !snapshot_again);
-        let report = preflight::check(&mut conn, &info, config, checked.as_ref()).await?;
-        for finding in report.findings.iter().filter(|f| f.status == preflight::Status::Warn) {
-            tracing::warn!(setting = %finding.setting, actual = %finding.actual, fix = %finding.fix, "preflight warning");
-        }
-        report.into_result()?;
-        let stored = stored.filter(|_| !snapshot_again);
-
+        let ServerPlan { info, plan } = plan::server(&self.source, config, &self.store, self.accept_new_server).await?;
         let checkpointer = Checkpointer::new(self.store.clone(), info.identity.clone());
-        let plan = match stored {
-            Some(cp) => match cp.snapshot() {
-                Some(state) if !state.done => Plan::Snapshot(Some(state.clone())),
-                _ => Plan::Stream(cp.into_mark()),
-            },
-            None if config.snapshot.mode == SnapshotMode::Never => {
-                let position = start_position(&mut conn, &info, config).await?;
-                tracing::info!(%position, start_from = ?config.source.start_from, "no checkpoint: starting fresh");
-                // Store the start point at once: a crash before the first acknowledgement must resume
-                // here, not at a later "current" position that would skip what was committed meanwhile.
-                let mark = Mark::boundary(position, None);
-                checkpointer.save_now(mark.clone())?;
-                Plan::Stream(mark)
-            }
-            None => Plan::Snapshot(None),
+        let plan = match plan {
+            Plan::Fresh(position) => Plan::Resume(store_start(&checkpointer, position)?),
+            plan => plan,
         };
-        drop(conn);
-
-        let watermark = Arc::new(Watermark::new(None));
-        let mut sink = KafkaSink::new(&config.kafka, watermark.clone())?;
-        let mut publisher = Publisher::new(config, self.router.clone(), self.store.clone())?;
-        let mut periodic = checkpointer.every(watermark.clone(), self.checkpoint_interval());
+        let mut run = Run::new(self, checkpointer, shutdown)?;
         let start = match plan {
-            Plan::Stream(mark) => Some(mark),
+            Plan::Resume(mark) => mark,
+            Plan::Fresh(_) => unreachable!("stored above"),
             Plan::Snapshot(progress) => {
-                let result = self
-                    .snapshot(
-                        &info,
-                        progress,
-                        &mut sink,
-                        &mut publisher,
-                        &watermark,
-                        &checkpointer,
-                        &mut periodic,
-                        shutdown,
-                    )
-                    .await;
-                let done = self.settle(result, &sink, &watermark, &checkpointer).await?;
-                match done {
-                    Some(mark) if config.snapshot.mode != SnapshotMode::InitialOnly => Some(mark),
+                let result = run.snapshot(&info, progress).await;
+                match run.settle(result).await? {
+                    Some(mark) if config.snapshot.mode != SnapshotMode::InitialOnly => mark,
                     Some(_) => {
                         tracing::info!("snapshot complete (snapshot.mode = \"initial_only\"): exiting");
-                        None
+                        return Ok(());
                     }
-                    None if shutdown.requested_at().is_some() => None,
+                    None if shutdown.requested_at().is_some() => return Ok(()),
                     None => {
                         return Err(Error::transient(
                             "the snapshot's last records were not acknowledged in time; resuming it",
@@ -266,14 +189,12 @@ impl Pipeline {
                 }
             }
         };
-        let Some(start) = start else { return Ok(()) };
         if config.snapshot.mode == SnapshotMode::InitialOnly && start.snapshot.as_ref().is_none_or(|s| s.done) {
             tracing::info!("snapshot already complete (snapshot.mode = \"initial_only\"): nothing to do");
             return Ok(());
         }
 
-        watermark.reset(start.clone());
-        checkpointer.already_saved(start.clone());
+        run.begin_stream(&start);
         let overlap = match &start.snapshot {
             Some(state) => {
                 Overlap::new(state.clone(), &self.source, config.tables().to_vec(), &config.outbox.columns).await?
@@ -283,292 +204,60 @@ impl Pipeline {
         let reader = SourceReader::Live(
             BinlogReader::start(&self.source, &info, self.reader.clone(), start.position.clone()).await?,
         );
-        let mut reader = ReadAhead::spawn(reader, config.source.read_ahead_bytes);
-        health().set_source_connected(true);
         tracing::info!(
             position = %start.position,
             server = %preflight::describe_identity(&info.identity),
             version = %info.version,
             "streaming"
         );
-        publisher.resume(ResumePoint::Stream(&start.position));
-        let mut stream = StreamState { current: None, start: None, overlap, row_index: 0 };
-        let result =
-            self.stream(&mut reader, &mut sink, &mut publisher, &watermark, &mut periodic, &mut stream, shutdown).await;
-        drop(reader);
-        if let Some(tx) = stream.current.take() {
-            watermark.abandon(tx);
-        }
-        self.settle(result, &sink, &watermark, &checkpointer).await.map(|_| ())
+        run.stream(&start, reader, overlap).await
     }
 
-    /// After a phase: waits for acknowledgements (briefly after a failure), writes the final checkpoint,
-    /// and returns the watermark's mark.
-    async fn settle(
-        &self,
-        result: Result<()>,
-        sink: &KafkaSink,
-        watermark: &Watermark,
-        checkpointer: &Checkpointer,
-    ) -> Result<Option<Mark>> {
-        let limit = if result.is_ok() { SHUTDOWN_GRACE } else { FAILURE_DRAIN };
-        let deadline = Instant::now() + limit;
-        let step = self.checkpoint_interval();
-        // Keep checkpointing while acknowledgements arrive: a crash during a long drain keeps its progress.
-        let drained = loop {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if sink.drain(step.min(remaining)).await {
-                break true;
-            }
-            checkpointer.flush(watermark)?;
-            if remaining.is_zero() || watermark.failed() {
-                break false;
-            }
+    /// A run over binlog files (`source.kind = "files"`): the stream phase with a [`FilesReader`] instead of
+    /// a replication connection, and an end: once the last file is consumed, the run waits for every
+    /// acknowledgement, writes the checkpoint and returns `Ok`, so the process exits 0. No snapshot (there
+    /// is no table), no server to ask (see [`crate::source::files`]).
+    async fn run_files(&self, shutdown: &Shutdown) -> Result<()> {
+        let FilesPlan { paths, first, identity, plan } =
+            plan::files(&self.config, &self.store, self.accept_new_server)?;
+        let checkpointer = Checkpointer::new(self.store.clone(), identity.clone());
+        let start = match plan {
+            Plan::Resume(mark) => mark,
+            Plan::Fresh(position) => store_start(&checkpointer, position)?,
+            Plan::Snapshot(_) => unreachable!("binlog files are never snapshotted"),
         };
-        if !drained {
-            tracing::warn!(
-                unsettled = watermark.unsettled(),
-                "records not acknowledged in time; they will be produced again after restart"
-            );
-            sink.abort();
+        let mut run = Run::new(self, checkpointer, shutdown)?;
+        run.begin_stream(&start);
+        tracing::info!(
+            position = %start.position,
+            files = paths.len(),
+            source = %preflight::describe_identity(&identity),
+            version = %first.header.server_version,
+            "reading binlog files"
+        );
+        let reader = SourceReader::Files(FilesReader::start(paths, self.reader.clone(), start.position.clone())?);
+        run.stream(&start, reader, None).await?;
+        if run.unsettled() > 0 {
+            // Exit 0 must mean "everything in the files is in Kafka": resume from the checkpoint instead.
+            return Err(Error::transient("records of the binlog files were not acknowledged in time; resuming"));
         }
-        crate::failpoint!("shutdown_drained");
-        let flushed = checkpointer.flush(watermark);
-        let mark = watermark.mark();
-        if let Some(mark) = &mark {
-            tracing::info!(position = %mark.position, "checkpoint");
+        if shutdown.requested_at().is_none() {
+            tracing::info!("binlog files published and checkpointed: done");
         }
-        result.and(flushed)?;
-        if let Some(error) = watermark.take_failure() {
-            return Err(error);
-        }
-        // A snapshot stopped early (shutdown) is not done: report it as not finished.
-        Ok(mark.filter(|m| m.snapshot.as_ref().is_none_or(|s| s.done)))
-    }
-
-    /// Scans the outbox tables in one consistent view and produces every row; ends with the watermark's
-    /// last mark saying `done` once everything is acknowledged (see [`crate::source::snapshot`]).
-    #[allow(clippy::too_many_arguments)] // the run's moving parts, each borrowed for the phase
-    async fn snapshot(
-        &self,
-        info: &crate::source::ServerInfo,
-        progress: Option<SnapshotState>,
-        sink: &mut KafkaSink,
-        publisher: &mut Publisher,
-        watermark: &Watermark,
-        checkpointer: &Checkpointer,
-        periodic: &mut checkpointer::Periodic,
-        shutdown: &Shutdown,
-    ) -> Result<()> {
-        let config = &self.config;
-        let tables = config.tables().to_vec();
-        if let Some(progress) = &progress {
-            progress.check_tables(&tables).map_err(Error::definite)?;
-        }
-        let after = progress.as_ref().and_then(|p| p.last_key.clone());
-        let (mut scanner, view) = snapshot::open(&self.source, info, config, after.clone()).await?;
-        health().set_source_connected(true);
-        let mut state = match progress {
-            Some(mut state) => {
-                tracing::info!(
-                    rows_done = state.rows_done,
-                    view = %view,
-                    cut = %state.cut(),
-                    "resuming the snapshot after the last acknowledged key in a new read view"
-                );
-                state.segments.push(Segment { view: view.clone(), after });
-                state
-            }
-            None => {
-                let rows_estimate = scanner.estimate_rows().await?;
-                tracing::info!(cut = %view, rows_estimate, "snapshot: consistent read view opened");
-                SnapshotState {
-                    segments: vec![Segment { view: view.clone(), after: None }],
-                    last_key: None,
-                    rows_done: 0,
-                    rows_estimate,
-                    done: false,
-                    tables: tables.iter().map(ToString::to_string).collect(),
-                }
-            }
-        };
-        let cut = state.cut().clone();
-        publisher.resume(ResumePoint::Snapshot { rows_done: state.rows_done });
-        // The new segment must be durable before any of its rows is produced: a crash must not resume
-        // with a segment list that misses the view those rows came from.
-        checkpointer.save_now(Mark::boundary(cut.clone(), Some(Arc::new(state.clone()))))?;
-        watermark.reset(checkpointer.saved().expect("just saved"));
-
-        let progress_bar = crate::progress::Progress::new(state.rows_estimate, state.rows_done);
-        let mut scanner = scanner.prefetch();
-        let mut grace = std::pin::pin!(shutdown.grace_expired());
-        loop {
-            if let Some(error) = watermark.take_failure().or_else(|| periodic.failure()) {
-                return Err(error);
-            }
-            if shutdown.is_requested() {
-                tracing::info!(rows_done = state.rows_done, "stopping the snapshot; it resumes from here");
-                return Ok(());
-            }
-            let Some(chunk) = scanner.next_chunk().await? else {
-                break;
-            };
-            let tx = watermark.open();
-            for (index, row) in chunk.rows.iter().enumerate() {
-                let origin = || Origin {
-                    snapshot: true,
-                    gtid: Some(cut.gtids.to_string()).filter(|g| !g.is_empty()),
-                    file: cut.coord.file.clone(),
-                    position: cut.coord.pos,
-                    row_index: state.rows_done + index as u64,
-                };
-                let prepared = publisher.prepare(SourceRow::Decoded(row), origin, |r| sink.fits(r))?;
-                tokio::select! {
-                    biased;
-                    sent = sink.send(tx, prepared.record, prepared.occurred_at_ms) => sent?,
-                    _ = &mut grace => return Ok(()),
-                }
-                crate::failpoint!("snapshot_row");
-            }
-            state.rows_done += chunk.rows.len() as u64;
-            state.last_key = Some(chunk.last_key);
-            progress_bar.set(state.rows_done);
-            metrics().snapshot_progress(state.rows_done, state.rows_estimate);
-            watermark.close(tx, Mark::boundary(cut.clone(), Some(Arc::new(state.clone()))));
-        }
-        state.done = true;
-        let tx = watermark.open();
-        watermark.close(tx, Mark::boundary(cut, Some(Arc::new(state.clone()))));
-        progress_bar.finish(state.rows_done);
-        tracing::info!(rows = state.rows_done, "snapshot read; waiting for the last acknowledgements");
         Ok(())
     }
+}
 
-    #[allow(clippy::too_many_arguments)] // the run's moving parts, each borrowed for the phase
-    async fn stream(
-        &self,
-        reader: &mut ReadAhead,
-        sink: &mut KafkaSink,
-        publisher: &mut Publisher,
-        watermark: &Watermark,
-        periodic: &mut checkpointer::Periodic,
-        stream: &mut StreamState,
-        shutdown: &Shutdown,
-    ) -> Result<()> {
-        // Made once and polled by reference: a fresh shutdown future per change was measurable at 100k/s.
-        let mut requested = std::pin::pin!(shutdown.requested());
-        let mut grace = std::pin::pin!(shutdown.grace_expired());
-        // A failed delivery ends the run at once, also while the source is idle.
-        let delivery_failed = sink.failure_notice();
-        loop {
-            if let Some(error) = watermark.take_failure().or_else(|| periodic.failure()) {
-                return Err(error);
-            }
-            let stopping = shutdown.is_requested();
-            if stopping && stream.current.is_none() {
-                // Between transactions (also when requested before this loop first ran, e.g. during the
-                // snapshot): nothing to finish.
-                return Ok(());
-            }
-            tokio::select! {
-                // Changes before the shutdown notice: while changes flow, the check above sees a shutdown
-                // on the next turn; the notice only wakes a loop that waits for the source.
-                biased;
-                _ = &mut grace, if stopping => {
-                    tracing::warn!("the current source transaction did not finish within the shutdown grace period; it will be read again after restart");
-                    return Ok(());
-                }
-                change = reader.next() => match change? {
-                    None => {
-                        tracing::info!("end of the binlog files: waiting for the last acknowledgements, then exiting");
-                        return Ok(());
-                    }
-                    Some(Change::Begin(start)) => {
-                        if let Some(tx) = stream.current.replace(watermark.open()) {
-                            watermark.abandon(tx);
-                        }
-                        stream.start = Some(start);
-                        stream.row_index = 0;
-                    }
-                    Some(change @ (Change::Row(_) | Change::Undecodable(_))) => {
-                        if let (Change::Row(row), Some(overlap), Some(start)) =
-                            (&change, stream.overlap.as_mut(), stream.start.as_ref())
-                        {
-                            if overlap.emitted_by_snapshot(row, start).await? {
-                                tracing::debug!(id = %row.id, "already emitted by the snapshot");
-                                continue;
-                            }
-                        }
-                        crate::failpoint!("before_produce");
-                        let tx = *stream.current.get_or_insert_with(|| watermark.open());
-                        let origin = || stream.origin();
-                        let row = match &change {
-                            Change::Row(row) => SourceRow::Decoded(row),
-                            Change::Undecodable(bad) => SourceRow::Undecodable(bad),
-                            _ => unreachable!("matched above"),
-                        };
-                        let prepared = publisher.prepare(row, origin, |r| sink.fits(r))?;
-                        stream.row_index += 1;
-                        tokio::select! {
-                            sent = sink.send(tx, prepared.record, prepared.occurred_at_ms) => sent?,
-                            _ = &mut grace => {
-                                tracing::warn!("Kafka did not accept records within the shutdown grace period");
-                                return Ok(());
-                            }
-                        }
-                        crate::failpoint!("row_produced");
-                        reader.recycle(change);
-                    }
-                    Some(Change::Commit { position, timestamp, end_event }) => {
-                        metrics().transaction_read(timestamp);
-                        let tx = stream.current.take().unwrap_or_else(|| watermark.open());
-                        if stream.overlap.as_ref().is_some_and(|o| o.expired(&position)) {
-                            tracing::info!("stream is past every snapshot view: overlap rule retired");
-                            stream.overlap = None;
-                        }
-                        let snapshot = stream.overlap.as_ref().map(|o| o.state().clone());
-                        let timestamp = (timestamp != 0).then_some(timestamp);
-                        watermark.close(tx, Mark { position, timestamp, end_event, snapshot });
-                        if stopping {
-                            return Ok(());
-                        }
-                    }
-                },
-                _ = &mut requested, if !stopping => if stream.current.is_some() {
-                    tracing::info!("stopping after the current source transaction");
-                },
-                _ = delivery_failed.notified() => {}
-            }
-        }
-    }
+/// Stores a fresh start point before anything is produced (see [`Plan::Fresh`]).
+fn store_start(checkpointer: &Checkpointer, position: Position) -> Result<Mark> {
+    let mark = Mark::boundary(position, None);
+    checkpointer.save_now(mark.clone())?;
+    Ok(mark)
 }
 
 impl Pipeline {
     fn checkpoint_interval(&self) -> Duration {
         Duration::from_millis(self.config.state.checkpoint_interval_ms)
-    }
-}
-
-/// Per-run state of the stream phase.
-struct StreamState {
-    /// The transaction being read, registered with the watermark.
-    current: Option<TxId>,
-    /// Where it started.
-    start: Option<TxStart>,
-    /// The snapshot's overlap rule, while it can still skip rows.
-    overlap: Option<Overlap>,
-    /// Index of the next outbox row within the current transaction.
-    row_index: u64,
-}
-
-impl StreamState {
-    /// Where the next row of the current transaction was read.
-    fn origin(&self) -> Origin {
-        let (gtid, file, position) = match &self.start {
-            Some(start) => (start.gtid.as_ref().map(|g| g.to_string()), start.coord.file.clone(), start.coord.pos),
-            None => (None, String::new(), 0),
-        };
-        Origin { snapshot: false, gtid, file, position, row_index: self.row_index }
     }
 }
 

@@ -186,7 +186,7 @@ fn usable_checkpoint(config: &Config, server: &crate::position::ServerIdentity) 
             "the checkpoint in {} belongs to {}, but [source] is {}: its position proves nothing about this \
              server's rows; prune deletes nothing. Point [source] at the connector's server",
             dir.display(),
-            preflight::describe_identity(&checkpoint.server()),
+            preflight::describe_identity(checkpoint.server()),
             preflight::describe_identity(server)
         )));
     }

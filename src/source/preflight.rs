@@ -233,9 +233,9 @@ pub async fn check(
     check_commit_order(conn, info, &mut report).await?;
     check_privileges(conn, flavor, &mut report).await?;
     for table in config.tables() {
-        check_table(conn, &table, &config.outbox.columns, &mut report).await?;
+        check_table(conn, table, &config.outbox.columns, &mut report).await?;
         let snapshots = config.snapshot.mode != crate::config::SnapshotMode::Never;
-        check_column_types(conn, &table, &config.outbox.columns, snapshots, &mut report).await?;
+        check_column_types(conn, table, &config.outbox.columns, snapshots, &mut report).await?;
     }
 
     if let Some(checked) = checkpoint {
