@@ -73,6 +73,15 @@ impl SourceConn {
             TlsMode::VerifyIdentity => {
                 let mut ssl = SslOpts::default();
                 if let Some(ca) = &source.tls_ca_file {
+                    // Read again at each connect (a renewed CA file is picked up); checked here so that a wrong
+                    // path stops the connector instead of failing every connect as if the network were down.
+                    std::fs::File::open(ca).map_err(|e| {
+                        Error::definite(format!(
+                            "source.tls_ca_file {}: {e}. Point it at the PEM file of the CA that signed the \
+                             server's certificate",
+                            ca.display()
+                        ))
+                    })?;
                     ssl = ssl.with_root_certs(vec![ca.clone().into()]);
                 }
                 builder.ssl_opts(ssl)
