@@ -16,6 +16,7 @@ use common::connector::toml_str;
 use common::{insert_event, Broker, Connector, Engine, MariaDb, OutboxRow, ServerTls};
 use tempfile::TempDir;
 
+/// How long an event may take to reach the topic.
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a refused connector may take to stop: connecting and classifying, no retries.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -234,6 +235,8 @@ async fn required_and_verify_identity_stream_over_tls() {
 /// `disabled` streams over plain TCP, and is refused with a definite error that points at `source.tls`
 /// where the server has `require_secure_transport=ON` (MariaDB answers "Access denied", which alone would
 /// send the operator to check the password).
+///
+/// Guards against that message being the whole diagnosis: it said only "Check source.user and the password".
 #[tokio::test(flavor = "multi_thread")]
 async fn disabled_streams_and_is_refused_where_the_server_requires_tls() {
     let broker = Broker::start(Engine::Memory);
@@ -274,6 +277,8 @@ async fn a_certificate_from_another_ca_is_refused() {
 
 /// A certificate that the right CA signed for another host is refused under `verify_identity`, by IP and by
 /// name, with the names it is valid for; `required` (which does not verify) still streams from it.
+///
+/// Guards against the refusal being classified transient (the handshake was retried forever).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_certificate_without_the_host_name_is_refused() {
     let pki = Pki::new();
@@ -290,6 +295,8 @@ async fn a_certificate_without_the_host_name_is_refused() {
 /// `required` against a server that offers no TLS is refused with a definite error, never downgraded to
 /// plain TCP; and `tls = "preferred"` (TLS when offered) is not a mode: the config is refused with the
 /// modes there are.
+///
+/// Guards against the missing capability being classified transient (the connector retried forever).
 #[tokio::test(flavor = "multi_thread")]
 async fn required_is_refused_by_a_server_without_tls() {
     let db = MariaDb::start();
