@@ -255,11 +255,11 @@ async fn disabled_streams_and_is_refused_where_the_server_requires_tls() {
 }
 
 /// A server certificate that the configured CA did not sign is refused under `verify_identity`, definitely
-/// and naming `tls_ca_file`: a certificate from another CA, the public roots alone (no `tls_ca_file`), and a
-/// CA file that does not exist.
+/// and naming `tls_ca_file`: a certificate from another CA, the public roots alone (no `tls_ca_file`), a CA
+/// file that does not exist, and one that holds no certificate.
 ///
 /// Guards against the refusal being classified transient: the connector then retried the handshake forever
-/// while `check` exited 3 ("could not reach the server").
+/// (and `check` would have exited 3, the code of a transient failure).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_certificate_from_another_ca_is_refused() {
     let pki = Pki::new();
@@ -273,6 +273,11 @@ async fn a_certificate_from_another_ca_is_refused() {
     let missing = pki.path("missing-ca.pem");
     let lines = tls("verify_identity", Some(&missing));
     assert_refused(&db, &broker, "127.0.0.1", &lines, &["source.tls_ca_file", &missing.to_string_lossy()]);
+
+    let garbage = pki.path("garbage-ca.pem");
+    std::fs::write(&garbage, "not a certificate\n").expect("write the garbage CA file");
+    let lines = tls("verify_identity", Some(&garbage));
+    assert_refused(&db, &broker, "127.0.0.1", &lines, &["TLS to the database cannot be set up", "source.tls_ca_file"]);
 }
 
 /// A certificate that the right CA signed for another host is refused under `verify_identity`, by IP and by
