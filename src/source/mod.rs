@@ -82,7 +82,9 @@ impl SourceConn {
                             ca.display()
                         ))
                     })?;
-                    ssl = ssl.with_root_certs(vec![ca.clone().into()]);
+                    // The configured CA only, as a MySQL client's --ssl-ca: left beside the built-in public
+                    // roots, any public CA could vouch for the server's name.
+                    ssl = ssl.with_root_certs(vec![ca.clone().into()]).with_disable_built_in_roots(true);
                 }
                 builder.ssl_opts(ssl)
             }
@@ -461,4 +463,36 @@ pub async fn position_purged(conn: &mut Conn, position: &Position) -> Result<Opt
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What each `source.tls` setting asks of the TLS client: (accept any certificate, skip the host name
+    /// check, trust the configured CA alone). Guards against `tls_ca_file` being trusted *beside* the public
+    /// roots, which let any public CA vouch for the server.
+    #[test]
+    fn tls_settings_become_ssl_opts() {
+        let ca = tempfile::NamedTempFile::new().unwrap();
+        let ca_line = format!("tls_ca_file = {:?}", ca.path().to_str().unwrap());
+        let cases: [(&str, &str, Option<(bool, bool, bool)>); 4] = [
+            ("disabled", "", None),
+            ("required", "", Some((true, true, false))),
+            ("verify_identity", "", Some((false, false, false))),
+            ("verify_identity", &ca_line, Some((false, false, true))),
+        ];
+        for (mode, extra, expected) in cases {
+            let text = format!(
+                "[source]\nhost = \"db\"\nuser = \"cdc\"\nserver_id = 7\ntls = \"{mode}\"\n{extra}\n\
+                 [outbox]\ntable = \"shop.outbox_events\"\n[kafka]\nbootstrap_servers = \"k:9092\"\n"
+            );
+            let conn = SourceConn::from_config(&Config::parse(&text).unwrap()).unwrap();
+            let actual = conn
+                .opts
+                .ssl_opts()
+                .map(|ssl| (ssl.accept_invalid_certs(), ssl.skip_domain_validation(), ssl.disable_built_in_roots()));
+            assert_eq!(actual, expected, "tls = {mode:?} {extra}");
+        }
+    }
 }
