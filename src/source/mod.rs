@@ -469,14 +469,16 @@ pub async fn position_purged(conn: &mut Conn, position: &Position) -> Result<Opt
 mod tests {
     use super::*;
 
-    /// What each `source.tls` setting asks of the TLS client: (accept any certificate, skip the host name
-    /// check, trust the configured CA alone). Guards against `tls_ca_file` being trusted *beside* the public
+    /// (accept any certificate, skip the host name check, trust the configured CA alone)
+    type Checks = (bool, bool, bool);
+
+    /// What each `source.tls` setting asks of the TLS client. Guards against `tls_ca_file` being trusted *beside* the public
     /// roots, which let any public CA vouch for the server.
     #[test]
     fn tls_settings_become_ssl_opts() {
         let ca = tempfile::NamedTempFile::new().unwrap();
         let ca_line = format!("tls_ca_file = {:?}", ca.path().to_str().unwrap());
-        let cases: [(&str, &str, Option<(bool, bool, bool)>); 4] = [
+        let cases: [(&str, &str, Option<Checks>); 4] = [
             ("disabled", "", None),
             ("required", "", Some((true, true, false))),
             ("verify_identity", "", Some((false, false, false))),
