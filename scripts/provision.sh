@@ -10,6 +10,7 @@
 #     system service is not used (if the package started one on 3306, it is left alone).
 #   - pkg-config, libssl-dev, make, gcc, g++: librdkafka's bundled C build (rdkafka crate, features
 #     ssl + zstd).
+#   - openssl: the CLI makes the CA and server certificates of tests/tls.rs.
 #   - docker-compose: the demo's docker-compose.yml (official Apache Kafka image) for users; and
 #     scripts/check-deploy validates that file with `docker-compose config` (no engine needed).
 #   - systemd: `systemd-analyze verify` of deploy/systemd/outbox-cdc.service (scripts/check-deploy).
@@ -20,7 +21,7 @@ set -euo pipefail
 
 TANSU_VERSION=0.6.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
-PACKAGES=(mariadb-server mariadb-client pkg-config libssl-dev make gcc g++ docker-compose systemd)
+PACKAGES=(mariadb-server mariadb-client pkg-config libssl-dev openssl make gcc g++ docker-compose systemd)
 
 log() { printf 'provision: %s\n' "$*"; }
 die() { printf 'provision: ERROR: %s\n' "$*" >&2; exit 1; }

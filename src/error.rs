@@ -150,6 +150,9 @@ pub mod mysql_codes {
     pub const PURGED_REQUIRED_GTIDS: u16 = 1789;
     /// ER_SLAVE_SAME_ID / duplicate server_id of a replica (MySQL reports it through 1236 too).
     pub const DUPLICATE_SERVER_ID: u16 = 4017;
+    /// ER_SECURE_TRANSPORT_REQUIRED (MySQL, `require_secure_transport=ON` and no TLS; MariaDB answers
+    /// [`ACCESS_DENIED`] instead)
+    pub const SECURE_TRANSPORT_REQUIRED: u16 = 3159;
 }
 
 /// Classifies a `mysql_async` error once, for every caller.
@@ -168,7 +171,15 @@ pub fn classify_mysql(err: &mysql_async::Error) -> Error {
                      retention (binlog_expire_logs_seconds / expire_logs_days); check the result with \
                      `outbox-cdc audit`"
                 )),
-                ACCESS_DENIED => Error::definite(format!("{text}. Check source.user and the password")),
+                ACCESS_DENIED => Error::definite(format!(
+                    "{text}. Check source.user and the password; if the server has require_secure_transport=ON \
+                     (MariaDB then refuses a connection without TLS this way), set source.tls = \"required\" or \
+                     \"verify_identity\""
+                )),
+                SECURE_TRANSPORT_REQUIRED => Error::definite(format!(
+                    "{text}. The server accepts only TLS connections: set source.tls = \"required\" or \
+                     \"verify_identity\""
+                )),
                 DB_ACCESS_DENIED | TABLE_ACCESS_DENIED | SPECIFIC_ACCESS_DENIED => Error::definite(format!(
                     "{text}. Grant the connector's user REPLICATION SLAVE, REPLICATION CLIENT (MariaDB: also \
                      BINLOG MONITOR) on *.* and SELECT on the outbox table; see `outbox-cdc check`"
@@ -177,11 +188,53 @@ pub fn classify_mysql(err: &mysql_async::Error) -> Error {
                 _ => Error::transient(text),
             }
         }
-        E::Io(io) => Error::transient(format!("connection to the database failed: {io}")),
+        // Building the TLS client from the config: a CA file that is not a certificate, a host name that
+        // cannot be a TLS server name.
+        E::Io(mysql_async::IoError::Tls(tls)) => Error::definite(format!(
+            "TLS to the database cannot be set up: {tls}. Check source.tls_ca_file (the PEM file of the CA that \
+             signed the server's certificate) and source.host"
+        )),
+        E::Io(mysql_async::IoError::Io(io)) => match tls_refusal(io) {
+            Some(refusal) => refusal,
+            None => Error::transient(format!("connection to the database failed: {io}")),
+        },
+        E::Driver(mysql_async::DriverError::NoClientSslFlagFromServer) => Error::definite(
+            "the database server does not offer TLS, and source.tls asks for it: give the server a certificate \
+             (ssl_cert, ssl_key; MariaDB: have_ssl must say YES), or set source.tls = \"disabled\" on a network \
+             you trust",
+        ),
         E::Driver(driver) => Error::transient(format!("database driver error: {driver}")),
         E::Url(url) => Error::definite(format!("invalid database connection settings: {url}")),
         E::Other(other) => Error::transient(format!("database error: {other}")),
     }
+}
+
+/// A TLS handshake with the database that failed because of the server's certificate or an incompatible TLS
+/// setup: a definite error with the fix, since the same certificate will be refused again. `None` for any
+/// other I/O error (a connection cut during the handshake stays transient).
+fn tls_refusal(io: &std::io::Error) -> Option<Error> {
+    use rustls::CertificateError as C;
+    // tokio-rustls hands rustls' handshake error up as the I/O error's inner error.
+    let tls = io.get_ref()?.downcast_ref::<rustls::Error>()?;
+    let fix = match tls {
+        rustls::Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => {
+            "The server's certificate is not signed by the CA in source.tls_ca_file (without source.tls_ca_file, \
+             only public CAs are trusted): point source.tls_ca_file at the PEM file of the CA that signed it"
+        }
+        rustls::Error::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+            "Set source.host to a name or IP address that the server's certificate lists in its subjectAltName, \
+             or reissue the certificate for source.host"
+        }
+        rustls::Error::InvalidCertificate(
+            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
+        ) => "Renew the server's certificate, or correct this machine's clock",
+        rustls::Error::InvalidCertificate(_)
+        | rustls::Error::NoCertificatesPresented
+        | rustls::Error::UnsupportedNameType
+        | rustls::Error::PeerIncompatible(_) => "Fix the server's certificate or TLS settings, or source.tls_ca_file",
+        _ => return None,
+    };
+    Some(Error::definite(format!("the TLS handshake with the database failed: {tls}. {fix}")))
 }
 
 /// Classifies an `rdkafka` error once, for every caller.
@@ -275,5 +328,79 @@ impl From<redb::Error> for Error {
 impl From<Poison> for Error {
     fn from(poison: Poison) -> Self {
         Error::definite(poison.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mysql_async::{DriverError, IoError, ServerError};
+    use rustls::CertificateError as C;
+
+    fn server(code: u16, message: &str) -> mysql_async::Error {
+        mysql_async::Error::Server(ServerError { code, message: message.into(), state: "28000".into() })
+    }
+
+    fn handshake(error: rustls::Error) -> mysql_async::Error {
+        mysql_async::Error::Io(IoError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, error)))
+    }
+
+    /// How each way a database connection can be refused over TLS is classified, and what the message sends
+    /// the operator to. Guards against certificate refusals being retried forever as if the network were down.
+    #[test]
+    fn tls_and_secure_transport_refusals() {
+        let cases: Vec<(&str, mysql_async::Error, Class, &str)> = vec![
+            (
+                "wrong CA",
+                handshake(rustls::Error::InvalidCertificate(C::UnknownIssuer)),
+                Class::Definite,
+                "source.tls_ca_file",
+            ),
+            ("name", handshake(rustls::Error::InvalidCertificate(C::NotValidForName)), Class::Definite, "source.host"),
+            ("expired", handshake(rustls::Error::InvalidCertificate(C::Expired)), Class::Definite, "Renew"),
+            ("revoked", handshake(rustls::Error::InvalidCertificate(C::Revoked)), Class::Definite, "certificate"),
+            ("no certificate", handshake(rustls::Error::NoCertificatesPresented), Class::Definite, "certificate"),
+            (
+                "corrupted record",
+                handshake(rustls::Error::DecryptError),
+                Class::Transient,
+                "connection to the database",
+            ),
+            (
+                "plain I/O",
+                mysql_async::Error::Io(IoError::Io(std::io::ErrorKind::ConnectionReset.into())),
+                Class::Transient,
+                "connection to the database",
+            ),
+            (
+                "bad CA file",
+                mysql_async::Error::Io(IoError::Tls(mysql_async::TlsError::Tls(rustls::Error::General("x".into())))),
+                Class::Definite,
+                "source.tls_ca_file",
+            ),
+            (
+                "server without TLS",
+                mysql_async::Error::Driver(DriverError::NoClientSslFlagFromServer),
+                Class::Definite,
+                "source.tls = \"disabled\"",
+            ),
+            (
+                "MySQL needs TLS",
+                server(mysql_codes::SECURE_TRANSPORT_REQUIRED, "insecure"),
+                Class::Definite,
+                "source.tls",
+            ),
+            (
+                "MariaDB needs TLS",
+                server(mysql_codes::ACCESS_DENIED, "Access denied"),
+                Class::Definite,
+                "require_secure_transport",
+            ),
+        ];
+        for (name, error, class, says) in cases {
+            let classified = classify_mysql(&error);
+            assert_eq!(classified.class(), class, "{name}: {classified}");
+            assert!(classified.to_string().contains(says), "{name} must say {says:?}: {classified}");
+        }
     }
 }

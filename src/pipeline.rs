@@ -27,11 +27,8 @@
 //! for up to [`SHUTDOWN_GRACE`]), waits for every record to be acknowledged, writes a final checkpoint and
 //! returns: a restart then neither loses nor repeats an event.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use tokio::sync::watch;
+use std::time::Duration;
 
 use crate::checkpoint::checkpointer::Checkpointer;
 use crate::checkpoint::{Mark, Store};
@@ -48,76 +45,11 @@ use crate::source::{preflight, SourceConn, SourceReader};
 mod plan;
 mod read_ahead;
 mod run;
+mod shutdown;
 
 use plan::{FilesPlan, Plan, ServerPlan};
 use run::Run;
-
-/// How long a graceful stop waits for the current transaction to finish and for acknowledgements.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
-/// How long a failed run waits for in-flight acknowledgements before giving up on them.
-const FAILURE_DRAIN: Duration = Duration::from_secs(5);
-
-/// A shutdown signal: when it was requested, if it was.
-#[derive(Debug, Clone)]
-pub struct Shutdown {
-    rx: watch::Receiver<Option<Instant>>,
-    /// Set with the watch value: polled per change without the watch's lock.
-    requested: Arc<AtomicBool>,
-}
-
-/// Triggers a [`Shutdown`].
-#[derive(Debug)]
-pub struct ShutdownTrigger {
-    tx: watch::Sender<Option<Instant>>,
-    requested: Arc<AtomicBool>,
-}
-
-impl ShutdownTrigger {
-    /// Requests shutdown (idempotent).
-    pub fn trigger(&self) {
-        self.requested.store(true, Ordering::Release);
-        self.tx.send_if_modified(|at| {
-            if at.is_none() {
-                *at = Some(Instant::now());
-                true
-            } else {
-                false
-            }
-        });
-    }
-}
-
-impl Shutdown {
-    /// A new signal and its trigger.
-    pub fn new() -> (ShutdownTrigger, Shutdown) {
-        let (tx, rx) = watch::channel(None);
-        let requested = Arc::new(AtomicBool::new(false));
-        (ShutdownTrigger { tx, requested: requested.clone() }, Shutdown { rx, requested })
-    }
-
-    /// Whether shutdown was requested (cheap).
-    pub fn is_requested(&self) -> bool {
-        self.requested.load(Ordering::Acquire)
-    }
-
-    /// When shutdown was requested.
-    pub fn requested_at(&self) -> Option<Instant> {
-        *self.rx.borrow()
-    }
-
-    /// Resolves once shutdown is requested.
-    pub async fn requested(&self) {
-        let mut rx = self.rx.clone();
-        let _ = rx.wait_for(Option::is_some).await;
-    }
-
-    /// Resolves [`SHUTDOWN_GRACE`] after shutdown was requested.
-    pub async fn grace_expired(&self) {
-        self.requested().await;
-        let at = self.requested_at().expect("requested");
-        tokio::time::sleep_until((at + SHUTDOWN_GRACE).into()).await;
-    }
-}
+pub use shutdown::{Shutdown, ShutdownTrigger, SHUTDOWN_GRACE};
 
 /// Everything a run needs that outlives it.
 pub struct Pipeline {
@@ -168,7 +100,7 @@ impl Pipeline {
             Plan::Fresh(position) => Plan::Resume(store_start(&checkpointer, position)?),
             plan => plan,
         };
-        let mut run = Run::new(self, checkpointer, shutdown)?;
+        let mut run = Run::new(&self.config, &self.source, self.router.clone(), checkpointer, shutdown)?;
         let start = match plan {
             Plan::Resume(mark) => mark,
             Plan::Fresh(_) => unreachable!("stored above"),
@@ -226,7 +158,7 @@ impl Pipeline {
             Plan::Fresh(position) => store_start(&checkpointer, position)?,
             Plan::Snapshot(_) => unreachable!("binlog files are never snapshotted"),
         };
-        let mut run = Run::new(self, checkpointer, shutdown)?;
+        let mut run = Run::new(&self.config, &self.source, self.router.clone(), checkpointer, shutdown)?;
         run.begin_stream(&start);
         tracing::info!(
             position = %start.position,
@@ -253,12 +185,6 @@ fn store_start(checkpointer: &Checkpointer, position: Position) -> Result<Mark> 
     let mark = Mark::boundary(position, None);
     checkpointer.save_now(mark.clone())?;
     Ok(mark)
-}
-
-impl Pipeline {
-    fn checkpoint_interval(&self) -> Duration {
-        Duration::from_millis(self.config.state.checkpoint_interval_ms)
-    }
 }
 
 /// Exponential back-off between transient failures, capped, reset after a healthy run.

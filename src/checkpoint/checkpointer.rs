@@ -43,6 +43,11 @@ impl Checkpointer {
         Arc::new(Checkpointer { store, server, saved: Mutex::new(None) })
     }
 
+    /// The store it writes to.
+    pub(crate) fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
     fn lock(&self) -> MutexGuard<'_, Option<Mark>> {
         // A panic mid-write leaves `saved` at a mark that was or was not written; either only costs a
         // redundant write later.

@@ -5,12 +5,13 @@
 //! Imports the floors below `pipeline` only.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::read_ahead::ReadAhead;
-use super::{Pipeline, Shutdown, FAILURE_DRAIN, SHUTDOWN_GRACE};
+use super::shutdown::{Shutdown, FAILURE_DRAIN, SHUTDOWN_GRACE};
 use crate::checkpoint::checkpointer::{Checkpointer, Periodic};
 use crate::checkpoint::{Mark, TxId, Watermark};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::health::health;
 use crate::metrics::metrics;
@@ -18,15 +19,17 @@ use crate::poison::{Origin, ResumePoint};
 use crate::position::snapshot::{Segment, SnapshotState};
 use crate::position::TxStart;
 use crate::publish::{Publisher, SourceRow};
+use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::binlog::Change;
 use crate::source::overlap::Overlap;
-use crate::source::{snapshot, ServerInfo, SourceReader};
+use crate::source::{snapshot, ServerInfo, SourceConn, SourceReader};
 
 /// Everything one run builds, owned for the run and handed to each phase.
 pub(super) struct Run<'a> {
-    /// What outlives the run: configuration, source, router, store.
-    pipeline: &'a Pipeline,
+    config: &'a Config,
+    /// Where the snapshot reads.
+    source: &'a SourceConn,
     /// The producer; mints the delivery proofs.
     sink: KafkaSink,
     /// Row to record, with the quarantine of poison rows.
@@ -45,13 +48,18 @@ impl<'a> Run<'a> {
     ///
     /// # Errors
     /// A definite error when the producer cannot be configured or the store cannot be read.
-    pub(super) fn new(pipeline: &'a Pipeline, checkpointer: Arc<Checkpointer>, shutdown: &'a Shutdown) -> Result<Self> {
-        let config = &pipeline.config;
+    pub(super) fn new(
+        config: &'a Config,
+        source: &'a SourceConn,
+        router: Router,
+        checkpointer: Arc<Checkpointer>,
+        shutdown: &'a Shutdown,
+    ) -> Result<Self> {
         let watermark = Arc::new(Watermark::new(None));
         let sink = KafkaSink::new(&config.kafka, watermark.clone())?;
-        let publisher = Publisher::new(config, pipeline.router.clone(), pipeline.store.clone())?;
-        let periodic = checkpointer.every(watermark.clone(), pipeline.checkpoint_interval());
-        Ok(Run { pipeline, sink, publisher, watermark, checkpointer, periodic, shutdown })
+        let publisher = Publisher::new(config, router, checkpointer.store().clone())?;
+        let periodic = checkpointer.every(watermark.clone(), checkpoint_interval(config));
+        Ok(Run { config, source, sink, publisher, watermark, checkpointer, periodic, shutdown })
     }
 
     /// Declares `start` (durable already) as where the stream phase begins.
@@ -66,7 +74,7 @@ impl<'a> Run<'a> {
     /// # Errors
     /// The error that ended the phase, or a failed final checkpoint.
     pub(super) async fn stream(&mut self, start: &Mark, reader: SourceReader, overlap: Option<Overlap>) -> Result<()> {
-        let mut reader = ReadAhead::spawn(reader, self.pipeline.config.source.read_ahead_bytes);
+        let mut reader = ReadAhead::spawn(reader, self.config.source.read_ahead_bytes);
         health().set_source_connected(true);
         self.publisher.resume(ResumePoint::Stream(&start.position));
         let mut stream = StreamState { current: None, start: None, overlap, row_index: 0 };
@@ -89,7 +97,7 @@ impl<'a> Run<'a> {
         let (sink, watermark, checkpointer) = (&self.sink, &self.watermark, &self.checkpointer);
         let limit = if result.is_ok() { SHUTDOWN_GRACE } else { FAILURE_DRAIN };
         let deadline = Instant::now() + limit;
-        let step = self.pipeline.checkpoint_interval();
+        let step = checkpoint_interval(self.config);
         // Keep checkpointing while acknowledgements arrive: a crash during a long drain keeps its progress.
         let drained = loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
@@ -125,14 +133,13 @@ impl<'a> Run<'a> {
     /// Scans the outbox tables in one consistent view and produces every row; ends with the watermark's
     /// last mark saying `done` once everything is acknowledged (see [`crate::source::snapshot`]).
     pub(super) async fn snapshot(&mut self, info: &ServerInfo, progress: Option<SnapshotState>) -> Result<()> {
-        let Run { pipeline, sink, publisher, watermark, checkpointer, periodic, shutdown } = self;
-        let config = &pipeline.config;
+        let Run { config, source, sink, publisher, watermark, checkpointer, periodic, shutdown } = self;
         let tables = config.tables().to_vec();
         if let Some(progress) = &progress {
             progress.check_tables(&tables).map_err(Error::definite)?;
         }
         let after = progress.as_ref().and_then(|p| p.last_key.clone());
-        let (mut scanner, view) = snapshot::open(&pipeline.source, info, config, after.clone()).await?;
+        let (mut scanner, view) = snapshot::open(source, info, config, after.clone()).await?;
         health().set_source_connected(true);
         let mut state = match progress {
             Some(mut state) => {
@@ -298,6 +305,11 @@ impl<'a> Run<'a> {
             }
         }
     }
+}
+
+/// How often the acknowledged mark is written.
+fn checkpoint_interval(config: &Config) -> Duration {
+    Duration::from_millis(config.state.checkpoint_interval_ms)
 }
 
 /// Per-run state of the stream phase.

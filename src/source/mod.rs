@@ -74,7 +74,18 @@ impl SourceConn {
             TlsMode::VerifyIdentity => {
                 let mut ssl = SslOpts::default();
                 if let Some(ca) = &source.tls_ca_file {
-                    ssl = ssl.with_root_certs(vec![ca.clone().into()]);
+                    // Read again at each connect (a renewed CA file is picked up); checked here so that a wrong
+                    // path stops the connector instead of failing every connect as if the network were down.
+                    std::fs::File::open(ca).map_err(|e| {
+                        Error::definite(format!(
+                            "source.tls_ca_file {}: {e}. Point it at the PEM file of the CA that signed the \
+                             server's certificate",
+                            ca.display()
+                        ))
+                    })?;
+                    // The configured CA only, as a MySQL client's --ssl-ca: left beside the built-in public
+                    // roots, any public CA could vouch for the server's name.
+                    ssl = ssl.with_root_certs(vec![ca.clone().into()]).with_disable_built_in_roots(true);
                 }
                 builder.ssl_opts(ssl)
             }
@@ -436,4 +447,38 @@ pub async fn position_purged(conn: &mut Conn, position: &Position) -> Result<Opt
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (accept any certificate, skip the host name check, trust the configured CA alone)
+    type Checks = (bool, bool, bool);
+
+    /// What each `source.tls` setting asks of the TLS client. Guards against `tls_ca_file` being trusted *beside* the public
+    /// roots, which let any public CA vouch for the server.
+    #[test]
+    fn tls_settings_become_ssl_opts() {
+        let ca = tempfile::NamedTempFile::new().unwrap();
+        let ca_line = format!("tls_ca_file = {:?}", ca.path().to_str().unwrap());
+        let cases: [(&str, &str, Option<Checks>); 4] = [
+            ("disabled", "", None),
+            ("required", "", Some((true, true, false))),
+            ("verify_identity", "", Some((false, false, false))),
+            ("verify_identity", &ca_line, Some((false, false, true))),
+        ];
+        for (mode, extra, expected) in cases {
+            let text = format!(
+                "[source]\nhost = \"db\"\nuser = \"cdc\"\nserver_id = 7\ntls = \"{mode}\"\n{extra}\n\
+                 [outbox]\ntable = \"shop.outbox_events\"\n[kafka]\nbootstrap_servers = \"k:9092\"\n"
+            );
+            let conn = SourceConn::from_config(&Config::parse(&text).unwrap()).unwrap();
+            let actual = conn
+                .opts
+                .ssl_opts()
+                .map(|ssl| (ssl.accept_invalid_certs(), ssl.skip_domain_validation(), ssl.disable_built_in_roots()));
+            assert_eq!(actual, expected, "tls = {mode:?} {extra}");
+        }
+    }
 }

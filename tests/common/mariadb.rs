@@ -49,6 +49,19 @@ pub struct MariaDbBuilder {
     server_id: Option<u32>,
     /// Whether to create `shop`, its tables and the `cdc` user.
     skip_schema: bool,
+    /// Serve TLS with these files and refuse plain TCP (see [`MariaDbBuilder::tls`]).
+    tls: Option<ServerTls>,
+}
+
+/// The files a server serves TLS with: `--ssl-cert`, `--ssl-key`, `--ssl-ca` (PEM).
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server's certificate.
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+    /// The CA that signed it.
+    pub ca: PathBuf,
 }
 
 impl MariaDbBuilder {
@@ -80,6 +93,14 @@ impl MariaDbBuilder {
         self
     }
 
+    /// Serves TLS with `tls` and refuses every TCP connection without it (`--require-secure-transport=ON`;
+    /// the harness's own SQL goes through the Unix socket, which counts as secure, and its TCP URLs ask for
+    /// TLS without verifying the certificate).
+    pub fn tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// Initialises the datadir (a copy of a per-binary template made by `mariadb-install-db`), starts the server, waits until it accepts connections and creates the
     /// schema and the `cdc` user.
     ///
@@ -95,6 +116,7 @@ impl MariaDbBuilder {
             port: free_port(),
             server_id,
             extra_args: self.extra_args,
+            tls: self.tls,
             dir,
         };
         db.install();
@@ -123,6 +145,9 @@ pub struct MariaDb {
     server_id: u32,
     /// Extra server arguments, re-applied on restart.
     extra_args: Vec<String>,
+    /// The TLS files of a server started with [`MariaDbBuilder::tls`] (the TCP URLs then ask for TLS), kept
+    /// across restarts.
+    tls: Option<ServerTls>,
     /// Holds `data/`, the socket, the pid file and `error.log`; deleted on drop (declared last so the
     /// process is gone first).
     dir: TempDir,
@@ -187,12 +212,21 @@ impl MariaDb {
     /// socket, bypassing anything a test puts in front of the port).
     pub fn url_root(&self) -> String {
         let db = if self.has_schema { "shop" } else { "" };
-        format!("mysql://root@127.0.0.1:{}/{db}?prefer_socket=false", self.port)
+        format!("mysql://root@127.0.0.1:{}/{db}?prefer_socket=false{}", self.port, self.url_tls())
     }
 
     /// mysql_async URL for the `cdc` user over TCP, no default database.
     pub fn url_cdc(&self) -> String {
-        format!("mysql://cdc:{CDC_PASSWORD}@127.0.0.1:{}?prefer_socket=false", self.port)
+        format!("mysql://cdc:{CDC_PASSWORD}@127.0.0.1:{}?prefer_socket=false{}", self.port, self.url_tls())
+    }
+
+    /// URL parameters for a server started with [`MariaDbBuilder::tls`]: encrypted, not verified (what the
+    /// tests verify is the connector's connection, not the harness's).
+    fn url_tls(&self) -> &'static str {
+        match self.tls {
+            Some(_) => "&require_ssl=true&verify_ca=false&verify_identity=false",
+            None => "",
+        }
     }
 
     /// mysql_async options for root (see [`MariaDb::url_root`]).
@@ -304,7 +338,7 @@ impl MariaDb {
             .unwrap_or_else(|e| panic!("copy the template datadir to {}: {e}", self.datadir().display()));
     }
 
-    /// The full server command line (defaults, then `extra_args`).
+    /// The full server command line (defaults, the TLS files, then `extra_args`).
     fn server_args(&self) -> Vec<String> {
         let d = self.dir.path();
         let mut args = vec![
@@ -336,6 +370,14 @@ impl MariaDb {
         ];
         if process::is_root() {
             args.push("--user=root".to_owned());
+        }
+        if let Some(tls) = &self.tls {
+            args.extend([
+                format!("--ssl-cert={}", tls.cert.display()),
+                format!("--ssl-key={}", tls.key.display()),
+                format!("--ssl-ca={}", tls.ca.display()),
+                "--require-secure-transport=ON".to_owned(),
+            ]);
         }
         args.extend(self.extra_args.iter().cloned());
         args

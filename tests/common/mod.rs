@@ -41,7 +41,7 @@ pub use broker::{Broker, Engine, Received};
 #[allow(unused_imports)]
 pub use connector::{write_config, AuditRun, Connector};
 #[allow(unused_imports)]
-pub use mariadb::{purge_binlogs_before_current, MariaDb, MariaDbBuilder};
+pub use mariadb::{purge_binlogs_before_current, MariaDb, MariaDbBuilder, ServerTls};
 #[allow(unused_imports)]
 pub use proxy::Proxy;
 #[allow(unused_imports)]
