@@ -20,18 +20,18 @@
 //!   idempotence, [`sink`]). There is no order across aggregates.
 //!
 //! # Checking the promise
-//! [`audit`] (`outbox-cdc audit`) compares the outbox table with the routed topics: missing ids, duplicates,
+//! [`ops::audit`] (`outbox-cdc audit`) compares the outbox table with the routed topics: missing ids, duplicates,
 //! per-aggregate order. Every fault scenario of the test suite ends with it; the crash windows a random
 //! kill -9 would hit only by luck are hit on purpose through [failpoints](mod@failpoint) (test builds only).
 //!
 //! # Poison rows
 //! A row that cannot become a valid record never stops the stream and is never skipped: it goes to a
-//! dead-letter topic and its aggregate is held until an operator releases it ([`quarantine`], [`release`]),
+//! dead-letter topic and its aggregate is held until an operator releases it ([`quarantine`], [`ops::release`]),
 //! so no consumer sees an aggregate's events out of order.
 //!
 //! # Operations
 //! [`metrics`] and [`http`] (`/metrics`, `/healthz`, `/readyz`), purge-risk monitoring
-//! ([`source::purge`]), [`replay`] and [`prune`].
+//! ([`source::purge`]), and the operator commands in [`ops`] ([`ops::replay`], [`ops::prune`], …).
 //!
 //! # Error model
 //! Every failure is transient (retry from the checkpoint) or definite (stop and tell the operator what to
@@ -43,7 +43,6 @@
 
 pub mod allocator;
 pub mod app;
-pub mod audit;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
@@ -51,16 +50,14 @@ pub mod failpoint;
 pub mod health;
 pub mod http;
 pub mod metrics;
+pub mod ops;
 pub mod outbox;
 pub mod pipeline;
 pub mod poison;
 pub mod position;
 pub mod progress;
-pub mod prune;
 pub mod publish;
 pub mod quarantine;
-pub mod release;
-pub mod replay;
 pub mod router;
 pub mod scheduling;
 pub mod secret;

@@ -7,15 +7,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use outbox_cdc::app::{self, RunOptions};
-use outbox_cdc::audit::{AuditOptions, EXIT_AUDIT_FAILED};
-use outbox_cdc::checkpoint::Store;
-use outbox_cdc::config::{Config, SourceKind};
-use outbox_cdc::error::{Error, EXIT_DEFINITE};
+use outbox_cdc::config::Config;
+use outbox_cdc::error::Error;
+use outbox_cdc::ops::prune::{self, PruneOptions};
+use outbox_cdc::ops::replay::{self, ReplayOptions};
+use outbox_cdc::ops::{self, audit::AuditOptions};
 use outbox_cdc::pipeline::Shutdown;
-use outbox_cdc::prune::{self, PruneOptions};
-use outbox_cdc::release;
-use outbox_cdc::replay::{self, ReplayOptions};
-use outbox_cdc::source::{self, preflight, SourceConn};
 
 /// mimalloc instead of glibc malloc, for Rust and (its `override` feature) librdkafka alike: the hot path
 /// allocates per event on one thread and frees on another, which glibc serves from its arena under a lock
@@ -205,27 +202,12 @@ fn main() -> ExitCode {
         let config = Config::load(&cli.config)?;
         match cli.command {
             Command::Run { accept_new_server } => run(config, RunOptions { accept_new_server }).await,
-            Command::Check => check(&config).await,
-            Command::Status { json } => status(&config, json).await,
-            Command::Quarantine { action: QuarantineAction::List { json } } => quarantine_list(&config, json),
+            Command::Check => ops::check::run(&config).await,
+            Command::Status { json } => ops::status::print(&config, json).await,
+            Command::Quarantine { action: QuarantineAction::List { json } } => ops::quarantine::list(&config, json),
             Command::Quarantine {
                 action: QuarantineAction::Release { aggregate_type, aggregate_id, skip_poison, accept_missing },
-            } => {
-                let report =
-                    release::release(&config, &aggregate_type, &aggregate_id, skip_poison, accept_missing).await?;
-                println!(
-                    "released {aggregate_type}/{aggregate_id}: {} event(s) republished{}",
-                    report.republished,
-                    match report.skipped.len() {
-                        0 => String::new(),
-                        n => format!(", {n} still-poison event(s) skipped: {}", report.skipped.join(", ")),
-                    }
-                );
-                if let Some(first) = report.missing_first {
-                    println!("the hold's first event {first} was not in the dead-letter topic (--accept-missing)");
-                }
-                Ok(())
-            }
+            } => ops::quarantine::release(&config, &aggregate_type, &aggregate_id, skip_poison, accept_missing).await,
             Command::Replay { since, until, aggregate_type, aggregate_id, topic_suffix, topic, rate, dry_run } => {
                 let options = ReplayOptions {
                     since,
@@ -237,21 +219,10 @@ fn main() -> ExitCode {
                     rate_per_sec: rate,
                     dry_run,
                 };
-                let report = replay::replay(&config, &options).await?;
-                let verb = if dry_run { "would replay" } else { "replayed" };
-                let topics: Vec<&str> = report.topics.iter().map(String::as_str).collect();
-                println!("{verb} {} record(s), {} bytes, to {}", report.rows, report.bytes, topics.join(", "));
-                Ok(())
+                ops::run_replay(&config, &options).await
             }
             Command::Prune { older_than, wait, dry_run } => {
-                let report = prune::prune(&config, &PruneOptions { older_than, wait, dry_run }).await?;
-                let verb = if dry_run { "would delete" } else { "deleted" };
-                println!(
-                    "{verb} {} row(s) with occurred_at < {} (UTC) in {} batch(es); the checkpoint {} covers the \
-                     server's position {}",
-                    report.rows_deleted, report.cutoff, report.batches, report.checkpoint, report.view
-                );
-                Ok(())
+                ops::run_prune(&config, &PruneOptions { older_than, wait, dry_run }).await
             }
             Command::Audit { since, until, condition, topics, json, limit, work_dir } => {
                 let opts = AuditOptions {
@@ -263,7 +234,7 @@ fn main() -> ExitCode {
                     work_dir,
                     ..Default::default()
                 };
-                audit(&config, &opts, json).await
+                ops::run_audit(&config, &opts, json).await
             }
         }
     });
@@ -293,210 +264,4 @@ async fn run(config: Config, options: RunOptions) -> Result<(), Error> {
         trigger.trigger();
     });
     app::run(config, options, shutdown).await
-}
-
-async fn check(config: &Config) -> Result<(), Error> {
-    if config.source.kind == SourceKind::Files {
-        return check_files(config);
-    }
-    let source = SourceConn::from_config(config)?;
-    let mut conn = source.connect().await?;
-    let info = source::server_info(&mut conn).await?;
-    let checkpoint = Store::read_only(&config.state.dir)?;
-    println!("server: {} ({})", preflight::describe_identity(&info.identity), info.version);
-    let checked = match &checkpoint {
-        Some(c) => {
-            let resume = preflight::Resume { server: c.server(), position: c.position(), end_event: c.end_event() };
-            Some(preflight::ResumeCheck::run(&mut conn, &info, config, resume).await?)
-        }
-        None => None,
-    };
-    let report = preflight::check(&mut conn, &info, config, checked.as_ref()).await?;
-    print!("{report}");
-    let failed = report.failures().count();
-    if failed > 0 {
-        println!("{failed} check(s) failed");
-        std::process::exit(EXIT_DEFINITE);
-    }
-    println!("all checks passed");
-    Ok(())
-}
-
-/// `check` for `source.kind = "files"`: every file is a complete binlog (the last may end in an incomplete
-/// transaction, which is reported), and where a run would start.
-fn check_files(config: &Config) -> Result<(), Error> {
-    let files = source::files::list_files(config)?;
-    let mut failed = 0;
-    for (i, path) in files.iter().enumerate() {
-        match source::files::scan(path) {
-            Ok(scan) => {
-                let state = match &scan.tail {
-                    None => "complete".to_string(),
-                    Some(tail) if i + 1 == files.len() => {
-                        format!(
-                            "last complete transaction ends at {} of {} bytes ({tail})",
-                            scan.complete_end, scan.len
-                        )
-                    }
-                    Some(tail) => {
-                        failed += 1;
-                        format!("DAMAGED: {tail} after offset {} (later files follow)", scan.complete_end)
-                    }
-                };
-                println!(
-                    "{}: {} server_id={}: {state}",
-                    path.display(),
-                    scan.header.server_version,
-                    scan.header.server_id
-                );
-                if i == 0 {
-                    let start =
-                        source::files::start_position(path, &scan.header, config.source.start_after.as_deref())?;
-                    println!("start without checkpoint: after {start}");
-                }
-            }
-            Err(e) => {
-                failed += 1;
-                println!("{}: {e}", path.display());
-            }
-        }
-    }
-    if let Some(cp) = Store::read_only(&config.state.dir)? {
-        println!("checkpoint: {} ({})", cp.position(), preflight::describe_identity(cp.server()));
-    }
-    if failed > 0 {
-        println!("{failed} file(s) failed");
-        std::process::exit(EXIT_DEFINITE);
-    }
-    println!("all files readable");
-    Ok(())
-}
-
-fn quarantine_list(config: &Config, json: bool) -> Result<(), Error> {
-    let holds = Store::inspect(&config.state.dir)?.map(|i| i.holds).unwrap_or_default();
-    if json {
-        println!("{}", serde_json::to_string_pretty(&holds).expect("serializes"));
-    } else {
-        print!("{}", release::describe(&holds));
-    }
-    Ok(())
-}
-
-async fn audit(config: &Config, opts: &AuditOptions, json: bool) -> Result<(), Error> {
-    let report = outbox_cdc::audit::run(config, opts).await?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report).expect("serializes"));
-    } else {
-        println!("{report}");
-    }
-    if !report.passed() {
-        std::process::exit(EXIT_AUDIT_FAILED);
-    }
-    Ok(())
-}
-
-async fn status(config: &Config, json: bool) -> Result<(), Error> {
-    let Some(inspection) = Store::inspect(&config.state.dir)? else {
-        println!("no checkpoint in {} (the connector has not started yet)", config.state.dir.display());
-        return Ok(());
-    };
-    // Messages are redacted when an error is built; a record written by an older version may not be.
-    let last_error = inspection.last_error.map(|mut e| {
-        e.message = outbox_cdc::secret::redact(&e.message).into_owned();
-        e
-    });
-    let Some(cp) = &inspection.checkpoint else {
-        println!("no checkpoint in {} (the connector has not started yet)", config.state.dir.display());
-        if let (false, Some(e)) = (json, &last_error) {
-            println!("last error ({}): {}", e.class, e.message);
-        }
-        return Ok(());
-    };
-    if json {
-        let mut value = serde_json::to_value(cp).expect("serializes");
-        value["holds"] = serde_json::to_value(&inspection.holds).expect("serializes");
-        value["last_error"] = serde_json::to_value(&last_error).expect("serializes");
-        println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
-        return Ok(());
-    }
-    let now_s = outbox_cdc::time::now_ms() / 1000;
-    println!("position:        {}", cp.position());
-    println!("server:          {}", preflight::describe_identity(cp.server()));
-    match cp.source_timestamp() {
-        Some(ts) => {
-            let age = now_s.saturating_sub(u64::from(ts));
-            println!("last committed:  unix {ts} ({age} s ago, source clock)");
-        }
-        None => println!("last committed:  (no transaction checkpointed yet)"),
-    }
-    if let Some(end) = cp.end_event() {
-        let start = cp.position().coord.pos.saturating_sub(u64::from(end.len));
-        println!(
-            "end event:       {} B at {}:{start}, CRC-32 {:08x} (compared with the server's binlog before a resume)",
-            end.len,
-            cp.position().coord.file,
-            end.crc32
-        );
-    }
-    if config.source.kind == SourceKind::Server {
-        println!("purge risk:      {}", purge_risk(config, cp, now_s).await);
-    }
-    if let Some(snapshot) = &cp.snapshot() {
-        if snapshot.done && snapshot.segments.len() == 1 {
-            println!("snapshot:        done ({} rows)", snapshot.rows_done);
-        } else if snapshot.done {
-            println!(
-                "snapshot:        done ({} rows); the stream still skips rows published by {} resumed segment(s)",
-                snapshot.rows_done,
-                snapshot.segments.len() - 1
-            );
-        } else {
-            let pct = if snapshot.rows_estimate > 0 {
-                format!(
-                    " ({:.1}%)",
-                    100.0 * snapshot.rows_done as f64 / snapshot.rows_estimate.max(snapshot.rows_done) as f64
-                )
-            } else {
-                String::new()
-            };
-            println!(
-                "snapshot:        in progress: {} of ~{} rows{pct}, {} read view(s), cut at {}",
-                snapshot.rows_done,
-                snapshot.rows_estimate,
-                snapshot.segments.len(),
-                snapshot.cut()
-            );
-            if !snapshot.tables.is_empty() {
-                println!("snapshot tables: {} (a resume needs this [outbox] list)", snapshot.tables.join(", "));
-            }
-        }
-    }
-    let age_ms = outbox_cdc::time::now_ms().saturating_sub(cp.written_at_ms());
-    println!("written:         {:.1} s ago", age_ms as f64 / 1000.0);
-    match inspection.holds.len() {
-        0 => println!("quarantine:      none"),
-        n => println!("quarantine:      {n} aggregate(s) held (outbox-cdc quarantine list)"),
-    }
-    match &last_error {
-        Some(e) => {
-            let ago = outbox_cdc::time::now_ms().saturating_sub(e.at_ms) / 1000;
-            println!("last error:      {ago} s ago ({}): {}", e.class, e.message);
-        }
-        None => println!("last error:      none"),
-    }
-    Ok(())
-}
-
-/// The purge risk of the checkpoint, or why it cannot be measured now.
-async fn purge_risk(config: &Config, cp: &outbox_cdc::checkpoint::Checkpoint, now_s: u64) -> String {
-    let measure = async {
-        let source = SourceConn::from_config(config)?;
-        let mut conn = source.connect().await?;
-        source::purge::measure(&mut conn, cp.position(), cp.source_timestamp(), now_s).await
-    };
-    match tokio::time::timeout(std::time::Duration::from_secs(10), measure).await {
-        Ok(Ok(risk)) => risk.to_string(),
-        Ok(Err(e)) => format!("unknown (cannot ask the server: {e})"),
-        Err(_) => "unknown (the server did not answer within 10 s)".to_string(),
-    }
 }

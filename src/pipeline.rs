@@ -12,7 +12,7 @@
 //! Two stages on two tasks: the reader decodes ahead into batches bounded in bytes
 //! ([`read_ahead`]), the pipeline's task routes and produces. The sink's byte budget is the one place that
 //! waits, and the read-ahead budget passes that back-pressure on to the binlog socket. Checkpoints are
-//! written off both tasks ([`checkpointer`]), so neither ever waits for an fsync. librdkafka's threads do
+//! written off both tasks ([`crate::checkpoint::checkpointer`]), so neither ever waits for an fsync. librdkafka's threads do
 //! the network I/O and call back with acknowledgements. The reader is the critical stage of a catch-up, so
 //! the pipeline's thread and librdkafka's do not preempt it when they wake ([`crate::scheduling`]).
 //!

@@ -25,7 +25,7 @@
 //!   the rule is in [`crate::poison`]).
 //!   Exactly the aggregate's events at or after the start go to the dead-letter topic; the ones before it go
 //!   to their normal topic, also when a restart reads them again after the hold was placed (below).
-//! - Release republishes only what it can prove is the whole hold (see [`crate::release`]), and the table
+//! - Release republishes only what it can prove is the whole hold (see [`crate::ops::release`]), and the table
 //!   keeps every row of a held aggregate (`prune` skips them), so a dead letter whose payload had to be cut
 //!   is republished from the table.
 //!

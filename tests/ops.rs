@@ -13,8 +13,8 @@ use common::{insert_event, Broker, Connector, Engine, Expected, MariaDb, OutboxR
 use mysql_async::prelude::Queryable;
 use outbox_cdc::config::Config;
 use outbox_cdc::error::Class;
-use outbox_cdc::prune::{self, PruneOptions};
-use outbox_cdc::replay::{self, ReplayOptions};
+use outbox_cdc::ops::prune::{self, PruneOptions};
+use outbox_cdc::ops::replay::{self, ReplayOptions};
 
 const TOPIC: &str = "outbox.event.order";
 const READ_TIMEOUT: Duration = Duration::from_secs(120);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{insert_event, Broker, Connector, Engine, MariaDb, OutboxRow, Received};
 use mysql_async::prelude::Queryable;
-use outbox_cdc::prune::{self, PruneOptions};
+use outbox_cdc::ops::prune::{self, PruneOptions};
 use serde_json::json;
 
 const TOPIC: &str = "outbox.event.order";

@@ -301,7 +301,7 @@ struct TopicSettings {
 impl TopicSettings {
     /// The configuration a topic is created with. The dead-letter topic keeps every record until an
     /// operator removes it (`retention.ms = -1`, no compaction): `quarantine release` must find a hold's
-    /// first record to prove it republishes the whole hold ([`crate::release`]).
+    /// first record to prove it republishes the whole hold ([`crate::ops::release`]).
     fn config_of(&self, topic: &str) -> BTreeMap<String, String> {
         let mut config = self.config.clone();
         if topic == self.dead_letter_topic {
@@ -943,7 +943,7 @@ mod tests {
     }
 
     /// Guards against a dead-letter topic created with the cluster's default retention (7 days): a hold
-    /// released later would have lost its first records ([`crate::release`] then refuses).
+    /// released later would have lost its first records ([`crate::ops::release`] then refuses).
     #[test]
     fn the_dead_letter_topic_keeps_its_records() {
         let settings = TopicSettings {

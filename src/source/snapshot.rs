@@ -38,7 +38,7 @@
 //! again and is dropped.
 //!
 //! A resumed snapshot must scan the same tables: keys name their table, and the state lists the tables
-//! in scan order ([`SnapshotState::check_tables`] refuses a changed list with the fix).
+//! in scan order ([`crate::position::snapshot::SnapshotState::check_tables`] refuses a changed list with the fix).
 //!
 //! **The one assumption:** outbox rows are not deleted or re-keyed before they are checkpointed (the
 //! cleanup job deletes only rows whose events are acknowledged). A row deleted between two views would be

@@ -1,0 +1,64 @@
+//! Operator commands, run beside the pipeline or instead of it: [`check`] before a first run, [`status`]
+//! while it runs, [`audit`] to prove the promise held, [`quarantine`] and [`release`] for held aggregates,
+//! [`replay`] to publish again what a consumer lost, [`prune`] to delete what Kafka has. Each reads the same
+//! configuration and state directory as `run`; the functions here print what a command reports.
+//!
+//! The top floor: may import anything below; nothing imports it but `main.rs`.
+
+pub mod audit;
+pub mod check;
+pub mod prune;
+pub mod quarantine;
+pub mod release;
+pub mod replay;
+pub mod status;
+
+use crate::config::Config;
+use crate::error::Result;
+use audit::{AuditOptions, EXIT_AUDIT_FAILED};
+use prune::PruneOptions;
+use replay::ReplayOptions;
+
+/// `outbox-cdc audit`: the report as text or JSON; exits with [`EXIT_AUDIT_FAILED`] when it found a problem.
+///
+/// # Errors
+/// When the audit could not run (connection, topic metadata, spill file).
+pub async fn run_audit(config: &Config, opts: &AuditOptions, json: bool) -> Result<()> {
+    let report = audit::run(config, opts).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("serializes"));
+    } else {
+        println!("{report}");
+    }
+    if !report.passed() {
+        std::process::exit(EXIT_AUDIT_FAILED);
+    }
+    Ok(())
+}
+
+/// `outbox-cdc replay`: what was (or, with `dry_run`, would be) published again.
+///
+/// # Errors
+/// What [`replay::replay`] refuses.
+pub async fn run_replay(config: &Config, options: &ReplayOptions) -> Result<()> {
+    let report = replay::replay(config, options).await?;
+    let verb = if options.dry_run { "would replay" } else { "replayed" };
+    let topics: Vec<&str> = report.topics.iter().map(String::as_str).collect();
+    println!("{verb} {} record(s), {} bytes, to {}", report.rows, report.bytes, topics.join(", "));
+    Ok(())
+}
+
+/// `outbox-cdc prune`: what was (or would be) deleted, and the proof that Kafka has it.
+///
+/// # Errors
+/// What [`prune::prune`] refuses.
+pub async fn run_prune(config: &Config, options: &PruneOptions) -> Result<()> {
+    let report = prune::prune(config, options).await?;
+    let verb = if options.dry_run { "would delete" } else { "deleted" };
+    println!(
+        "{verb} {} row(s) with occurred_at < {} (UTC) in {} batch(es); the checkpoint {} covers the \
+         server's position {}",
+        report.rows_deleted, report.cutoff, report.batches, report.checkpoint, report.view
+    );
+    Ok(())
+}

@@ -1,0 +1,46 @@
+//! `outbox-cdc quarantine list | release`: the aggregates on hold, and giving one back to its topic
+//! ([`super::release`] does the work).
+
+use crate::checkpoint::Store;
+use crate::config::Config;
+use crate::error::Result;
+
+/// `outbox-cdc quarantine list`: the aggregates on hold, as text or JSON.
+///
+/// # Errors
+/// A definite error when the store cannot be read.
+pub fn list(config: &Config, json: bool) -> Result<()> {
+    let holds = Store::inspect(&config.state.dir)?.map(|i| i.holds).unwrap_or_default();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&holds).expect("serializes"));
+    } else {
+        print!("{}", super::release::describe(&holds));
+    }
+    Ok(())
+}
+
+/// `outbox-cdc quarantine release`: republishes a hold's events and removes it, then says what happened.
+///
+/// # Errors
+/// What [`super::release::release`] refuses, with the fix.
+pub async fn release(
+    config: &Config,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    skip_poison: bool,
+    accept_missing: bool,
+) -> Result<()> {
+    let report = super::release::release(config, aggregate_type, aggregate_id, skip_poison, accept_missing).await?;
+    println!(
+        "released {aggregate_type}/{aggregate_id}: {} event(s) republished{}",
+        report.republished,
+        match report.skipped.len() {
+            0 => String::new(),
+            n => format!(", {n} still-poison event(s) skipped: {}", report.skipped.join(", ")),
+        }
+    );
+    if let Some(first) = report.missing_first {
+        println!("the hold's first event {first} was not in the dead-letter topic (--accept-missing)");
+    }
+    Ok(())
+}

@@ -1,0 +1,117 @@
+//! `outbox-cdc status`: what the state directory holds, readable while the connector runs.
+
+use crate::checkpoint::{Checkpoint, Store};
+use crate::config::{Config, SourceKind};
+use crate::error::Result;
+use crate::source::{self, preflight, SourceConn};
+
+/// Prints the stored checkpoint, what it means now (lag, purge risk, snapshot progress), holds and the last
+/// error; `json` prints the stored record with the holds and last error beside it.
+///
+/// # Errors
+/// A definite error when the store cannot be read.
+pub async fn print(config: &Config, json: bool) -> Result<()> {
+    let Some(inspection) = Store::inspect(&config.state.dir)? else {
+        println!("no checkpoint in {} (the connector has not started yet)", config.state.dir.display());
+        return Ok(());
+    };
+    // Messages are redacted when an error is built; a record written by an older version may not be.
+    let last_error = inspection.last_error.map(|mut e| {
+        e.message = crate::secret::redact(&e.message).into_owned();
+        e
+    });
+    let Some(cp) = &inspection.checkpoint else {
+        println!("no checkpoint in {} (the connector has not started yet)", config.state.dir.display());
+        if let (false, Some(e)) = (json, &last_error) {
+            println!("last error ({}): {}", e.class, e.message);
+        }
+        return Ok(());
+    };
+    if json {
+        let mut value = serde_json::to_value(cp).expect("serializes");
+        value["holds"] = serde_json::to_value(&inspection.holds).expect("serializes");
+        value["last_error"] = serde_json::to_value(&last_error).expect("serializes");
+        println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
+        return Ok(());
+    }
+    let now_s = crate::time::now_ms() / 1000;
+    println!("position:        {}", cp.position());
+    println!("server:          {}", preflight::describe_identity(cp.server()));
+    match cp.source_timestamp() {
+        Some(ts) => {
+            let age = now_s.saturating_sub(u64::from(ts));
+            println!("last committed:  unix {ts} ({age} s ago, source clock)");
+        }
+        None => println!("last committed:  (no transaction checkpointed yet)"),
+    }
+    if let Some(end) = cp.end_event() {
+        let start = cp.position().coord.pos.saturating_sub(u64::from(end.len));
+        println!(
+            "end event:       {} B at {}:{start}, CRC-32 {:08x} (compared with the server's binlog before a resume)",
+            end.len,
+            cp.position().coord.file,
+            end.crc32
+        );
+    }
+    if config.source.kind == SourceKind::Server {
+        println!("purge risk:      {}", purge_risk(config, cp, now_s).await);
+    }
+    if let Some(snapshot) = &cp.snapshot() {
+        if snapshot.done && snapshot.segments.len() == 1 {
+            println!("snapshot:        done ({} rows)", snapshot.rows_done);
+        } else if snapshot.done {
+            println!(
+                "snapshot:        done ({} rows); the stream still skips rows published by {} resumed segment(s)",
+                snapshot.rows_done,
+                snapshot.segments.len() - 1
+            );
+        } else {
+            let pct = if snapshot.rows_estimate > 0 {
+                format!(
+                    " ({:.1}%)",
+                    100.0 * snapshot.rows_done as f64 / snapshot.rows_estimate.max(snapshot.rows_done) as f64
+                )
+            } else {
+                String::new()
+            };
+            println!(
+                "snapshot:        in progress: {} of ~{} rows{pct}, {} read view(s), cut at {}",
+                snapshot.rows_done,
+                snapshot.rows_estimate,
+                snapshot.segments.len(),
+                snapshot.cut()
+            );
+            if !snapshot.tables.is_empty() {
+                println!("snapshot tables: {} (a resume needs this [outbox] list)", snapshot.tables.join(", "));
+            }
+        }
+    }
+    let age_ms = crate::time::now_ms().saturating_sub(cp.written_at_ms());
+    println!("written:         {:.1} s ago", age_ms as f64 / 1000.0);
+    match inspection.holds.len() {
+        0 => println!("quarantine:      none"),
+        n => println!("quarantine:      {n} aggregate(s) held (outbox-cdc quarantine list)"),
+    }
+    match &last_error {
+        Some(e) => {
+            let ago = crate::time::now_ms().saturating_sub(e.at_ms) / 1000;
+            println!("last error:      {ago} s ago ({}): {}", e.class, e.message);
+        }
+        None => println!("last error:      none"),
+    }
+    Ok(())
+}
+
+/// The purge risk of the checkpoint, or why it cannot be measured now.
+async fn purge_risk(config: &Config, cp: &Checkpoint, now_s: u64) -> String {
+    let measure = async {
+        let source = SourceConn::from_config(config)?;
+        let mut conn = source.connect().await?;
+        source::purge::measure(&mut conn, cp.position(), cp.source_timestamp(), now_s).await
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(10), measure).await {
+        Ok(Ok(risk)) => risk.to_string(),
+        Ok(Err(e)) => format!("unknown (cannot ask the server: {e})"),
+        Err(_) => "unknown (the server did not answer within 10 s)".to_string(),
+    }
+}
