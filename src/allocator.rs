@@ -1,6 +1,8 @@
 //! The process allocator: mimalloc, for the Rust code and, through its `override` feature, for librdkafka's
 //! C code too (`malloc` and `free` resolve to mimalloc in binaries of this crate).
 //!
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
+//!
 //! The C side is where it matters. librdkafka allocates each record's message and headers on the pipeline
 //! thread and frees them on its delivery thread. glibc's malloc serves that pattern from the arena's bins
 //! under the arena lock, never from its thread cache: in a profile of the batched catch-up, glibc's

@@ -1,4 +1,6 @@
 //! Wiring: builds the pieces from the config and keeps the pipeline running across transient failures.
+//!
+//! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,5 +1,7 @@
 //! `connector.toml`: the one configuration file.
 //!
+//! Floor 2 (docs/ARCHITECTURE.md): imports floors 0-1 (vocabulary, error, metrics).
+//!
 //! The serde structs below are the user-facing reference (their `///` comments are the docs); unknown keys
 //! are rejected. [`Config::load`] parses and validates, so the rest of the program only sees settings that
 //! make sense together. Secrets can come from the environment (`password_env`) and are never logged:

@@ -1,5 +1,7 @@
 //! The error model: every failure is either *transient* or *definite*.
 //!
+//! Floor 1 (docs/ARCHITECTURE.md): imports only the ground floor.
+//!
 //! - **Transient**: the world may heal by itself (connection refused or cut, server restarting, broker
 //!   unreachable, delivery timed out). The pipeline is torn down and restarted, with capped exponential
 //!   back-off, from the last position whose events Kafka acknowledged. Nothing is lost because nothing past

@@ -1,5 +1,7 @@
 //! Failpoints: named places where a test build crashes the process, to prove each crash window.
 //!
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
+//!
 //! `failpoint!("name")` compiles to nothing unless the crate is built with the `failpoints` feature
 //! (off by default; release builds never carry it). With the feature, it reads `OUTBOX_CDC_FAILPOINT`
 //! once per process: a comma-separated list of `name` or `name:nth`. On the `nth` hit of a listed point

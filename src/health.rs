@@ -1,7 +1,7 @@
 //! Whether the connector is ready: connected to the source and a broker, and its pipeline not failed.
 //! Updated where connections come and go, read by `/readyz` and the `outbox_cdc_ready` gauge.
 //!
-//! Ground floor: imports nothing of ours.
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};

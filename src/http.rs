@@ -1,6 +1,8 @@
 //! The operations endpoint: `/metrics` (OpenMetrics text), `/healthz` (the process is alive) and `/readyz`
 //! (connected to source and broker, not failed; 503 with the reason otherwise).
 //!
+//! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4.
+//!
 //! A deliberately small HTTP/1.1 responder over tokio: GET only, one request per connection. A misbehaving
 //! or hostile client (a slowloris that trickles its request, one that never reads the response, a flood of
 //! connections) can hold neither the connector's memory nor its tasks:

@@ -1,6 +1,8 @@
 //! Telemetry as a contract: every metric name is a constant in [`names`], documented in the README, and
 //! `tests/operate.rs` asserts that `/metrics` exposes each of them.
 //!
+//! Floor 1 (docs/ARCHITECTURE.md): imports only the ground floor.
+//!
 //! One process-wide [`Metrics`] ([`metrics()`]) is updated where things happen (reader, router, sink
 //! callbacks, checkpointer) and rendered by the HTTP endpoint ([`crate::http`]). Updates are atomics; a
 //! labelled series is found through a read-locked `&str` map, so the per-event path does not allocate.

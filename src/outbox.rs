@@ -2,7 +2,7 @@
 //! [`TableName`], the columns' roles ([`SLOT_NAMES`]) and [`quote_ident`], the one way an identifier is
 //! quoted for SQL.
 //!
-//! Ground floor: imports nothing of ours.
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
 
 use std::fmt;
 use std::sync::Arc;

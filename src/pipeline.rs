@@ -1,5 +1,7 @@
 //! One run of the streaming pipeline: from the last checkpoint until shutdown or the first error.
 //!
+//! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4.
+//!
 //! ```text
 //!  binlog ─► BinlogReader ─► ReadAhead ═batches═► Router ─► KafkaSink ─► librdkafka ─► broker
 //!       (own task: read, decode)   │ Begin/Commit         │ register        │ ack

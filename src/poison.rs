@@ -3,7 +3,7 @@
 //! [`Hold`] and [`KnownPoison`] are stored records (`checkpoint::store`); their JSON must not change.
 //! The machinery that uses them (dead letters, the quarantine of a run) is in [`crate::quarantine`].
 //!
-//! Ground floor: imports only `position` and `time`.
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
 //!
 //! # The start of a hold, across restarts
 //! The reader reads in source order, so "at or after the start" is decided by *what this run has read*, not

@@ -1,4 +1,6 @@
 //! Progress of long scans (snapshot, audit) for humans: a progress bar on a terminal, periodic log lines otherwise.
+//!
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
 
 use std::io::IsTerminal;
 use std::sync::Mutex;

@@ -1,6 +1,8 @@
 //! Pure routing: one outbox row becomes one Kafka record (topic, key, value, headers), following the
 //! Debezium Outbox Event Router conventions so that users migrating from Debezium feel at home.
 //!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//!
 //! - Topic: a template (default `outbox.event.${aggregate_type}`), checked against Kafka's topic-name rules.
 //! - Key: the aggregate id. The producer partitions with murmur2 (the Java client's default), so every
 //!   producer and consumer of the topic agrees on which partition holds an aggregate.

@@ -1,6 +1,8 @@
 //! Secrets in the configuration: which keys hold one ([`is_secret_key`]), and how a text that may quote one
 //! is made safe to show ([`redact`]).
 //!
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
+//!
 //! # Where a secret could get out, and what stops it
 //! - `Debug` of the config: passwords are [`Secret`]s and `[kafka.properties]` is [`Properties`]; both print
 //!   [`REDACTED`] instead of the value of a secret-looking key.

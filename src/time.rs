@@ -1,6 +1,6 @@
 //! Time helpers: the wall clock in Unix milliseconds, and `occurred_at` read as UTC.
 //!
-//! Ground floor: imports nothing of ours.
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -1,7 +1,7 @@
 //! Topic names: the `kafka.topic` template (`outbox.event.${aggregate_type}`) parsed once, and Kafka's rule
 //! for a legal topic name. Config validation and the router both use them.
 //!
-//! Imports `error` and `outbox` only.
+//! Floor 2 (docs/ARCHITECTURE.md): imports floors 0-1 (vocabulary, error, metrics).
 
 use crate::error::{Error, Result};
 use crate::outbox::TableName;

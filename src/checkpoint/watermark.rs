@@ -1,5 +1,7 @@
 //! The acknowledged watermark: which source position Kafka has fully acknowledged.
 //!
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//!
 //! Source transactions are registered in binlog order ([`Watermark::open`], one [`Watermark::add_record`]
 //! per produced record, then [`Watermark::close`] with the position after the transaction). Delivery
 //! proofs ([`Delivered`], which only the Kafka sink can create) settle records in any order. The watermark

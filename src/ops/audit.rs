@@ -1,5 +1,7 @@
 //! `outbox-cdc audit`: compares the outbox table with what Kafka holds, after an incident or at any time.
 //!
+//! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
+//!
 //! # What it reports
 //! - **missing**: rows of the audited window whose id is in no record of the routed topics (the promise is
 //!   broken: exit status 1);

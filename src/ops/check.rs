@@ -1,4 +1,6 @@
 //! `outbox-cdc check`: everything `run` needs, checked before it runs, with the fix for each problem.
+//!
+//! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 
 use crate::checkpoint::Store;
 use crate::config::{Config, SourceKind};

@@ -3,7 +3,7 @@
 //! [`replay`] to publish again what a consumer lost, [`prune`] to delete what Kafka has. Each reads the same
 //! configuration and state directory as `run`; the functions here print what a command reports.
 //!
-//! The top floor: may import anything below; nothing imports it but `main.rs`.
+//! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 
 pub mod audit;
 pub mod check;

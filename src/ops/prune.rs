@@ -1,5 +1,7 @@
 //! Safe cleanup: delete outbox rows that are past the retention window **and** provably delivered.
 //!
+//! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
+//!
 //! The outbox table only grows; `outbox-cdc prune --older-than 7d` (or [`prune`] from a scheduler) deletes
 //! old rows in small batches. Age alone is not enough: a row can be a week old and still unpublished (the
 //! connector was stopped, or is far behind), and deleting it loses the event for good, because the snapshot

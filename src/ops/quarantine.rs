@@ -1,5 +1,7 @@
 //! `outbox-cdc quarantine list | release`: the aggregates on hold, and giving one back to its topic
 //! ([`super::release`] does the work).
+//!
+//! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 
 use crate::checkpoint::Store;
 use crate::config::Config;

@@ -1,5 +1,7 @@
 //! `outbox-cdc quarantine release`: republish a held aggregate's events, in order, and lift the hold.
 //!
+//! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
+//!
 //! Runs while the connector is stopped: it takes the state store's writer role, which also guarantees that
 //! no newer event of the aggregate reaches the normal topic before the held ones (see
 //! [`crate::quarantine`]). Steps:

@@ -1,5 +1,7 @@
 //! Controlled replay: re-publish outbox rows still in the table to a separate topic, rate limited.
 //!
+//! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
+//!
 //! A consumer that lost data, or a new consumer that needs history, asks for the events of a time window
 //! and/or one aggregate again. `outbox-cdc replay` reads them from the outbox table (not from the binlog,
 //! which may be purged) and produces them to `<routed topic><suffix>` (default suffix `.replay`) or to one

@@ -1,4 +1,6 @@
 //! `outbox-cdc status`: what the state directory holds, readable while the connector runs.
+//!
+//! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 
 use crate::checkpoint::{Checkpoint, Store};
 use crate::config::{Config, SourceKind};

@@ -2,11 +2,11 @@
 //! before anything of the run is built, and returned as a value ([`Plan`]) that the wiring in
 //! [`super::Pipeline`] carries out.
 //!
+//! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4.
+//!
 //! The decision itself is pure ([`decide`], table-tested below); [`server`] and [`files()`] gather what it
 //! needs: the stored checkpoint, the checks that it may be resumed on this server or these files, and the
 //! preflight report, which refuses a server the stream cannot read before anything is produced.
-//!
-//! Imports the floors below `pipeline` only.
 
 use std::path::PathBuf;
 

@@ -2,6 +2,8 @@
 //! pipeline in batches, so that decoding one transaction overlaps with routing and producing the previous
 //! ones (two stages on two cores instead of one chain on one).
 //!
+//! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4.
+//!
 //! ```text
 //!  reader task: SourceReader::next ─► batch (≤ BATCH_CHANGES, ≤ BATCH_BYTES) ─► acquire budget ─► channel
 //!  pipeline:    ReadAhead::next ◄─ one change at a time ◄─ channel;  budget released once a batch is used up

@@ -2,7 +2,7 @@
 //! and its phases: [`Run::snapshot`], [`Run::stream`] (the one stream phase of live and binlog-file runs)
 //! and [`Run::settle`], which ends each of them.
 //!
-//! Imports the floors below `pipeline` only.
+//! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,4 +1,6 @@
 //! Graceful shutdown: a signal the run polls ([`Shutdown`]), its trigger, and how long a stop may take.
+//!
+//! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -1,5 +1,7 @@
 //! MariaDB GTID positions.
 //!
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
+//!
 //! A MariaDB GTID is `domain-server-seq`: the replication domain, the `server_id` that
 //! committed the transaction, and a sequence number. Within a domain, the binlog is one
 //! ordered stream, so a position is just the last GTID seen in each domain. That is what

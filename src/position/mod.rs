@@ -1,5 +1,7 @@
 //! Positions in a binlog: what a stream has seen, and where it resumes.
 //!
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
+//!
 //! A [`Position`] is the transaction boundary after which a stream resumes. It pairs the GTID
 //! state at that boundary ([`Gtids`]) with the binlog file and byte offset ([`BinlogCoord`]) that
 //! the server reported for it. Which half is authoritative depends on the server:

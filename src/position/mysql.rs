@@ -1,5 +1,7 @@
 //! MySQL GTID sets, including the tagged GTIDs of MySQL 8.4+.
 //!
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
+//!
 //! A MySQL GTID is `uuid:gno`: the UUID of the server that committed the transaction and a
 //! transaction number (GNO) that the server counts up from 1. MySQL 8.4 adds an optional tag,
 //! `uuid:tag:gno`, and each (uuid, tag) pair numbers its transactions independently. A server's

@@ -2,7 +2,7 @@
 //! so that a position is never resumed against another server ([`ServerIdentity`]) or another history of
 //! the same server ([`EndEvent`], compared by `source::history`). Their JSON must not change.
 //!
-//! Ground floor: imports only `position`.
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
 
 use mysql_common::binlog::events::Event;
 use serde::{Deserialize, Serialize};

@@ -3,7 +3,7 @@
 //! part of the checkpoint record and must not change. The snapshot itself, and why the state looks like
 //! this, is in `source::snapshot`; the overlap rule that reads it in `source::overlap`.
 //!
-//! Ground floor: imports only `position` and `outbox`.
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,6 +1,6 @@
 //! A source transaction's identity, and the one answer to "does this position hold that transaction".
 //!
-//! Ground floor: imports only the rest of `position`.
+//! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
 //!
 //! # Without comparable GTIDs
 //! GTIDs answer exactly, across servers and failovers. When the position or the transaction has none (MySQL

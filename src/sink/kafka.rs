@@ -1,5 +1,7 @@
 //! The Kafka producer: idempotent, `acks=all`, murmur2 partitioning, bounded in bytes.
 //!
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//!
 //! # Invariants
 //! - Every record handed to librdkafka was first registered with the [`Watermark`]; its delivery callback
 //!   either settles it with a [`Delivered`] proof or records a failure that freezes the watermark. A record

@@ -1,4 +1,6 @@
 //! The Kafka sink and its delivery proofs.
+//!
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
 
 pub mod kafka;
 

@@ -3,6 +3,8 @@
 //! statement-format writes, compressed transactions) is the decoder's, in [`super::change`]; this module
 //! owns the connection: where the stream starts, what the server is asked for, and when it is dead.
 //!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//!
 //! # MariaDB
 //! MariaDB needs what mysql_async does not do for it: announce capability 4 (else GTID events are replaced
 //! by `BEGIN` queries), resume with `@slave_connect_state` and a plain COM_BINLOG_DUMP, and parse GTID events

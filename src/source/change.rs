@@ -2,6 +2,8 @@
 //! outbox rows in them and keeps the position after each transaction. It does not know where events come
 //! from: the live replication stream ([`super::binlog`]) and binlog files ([`super::files`]) feed it alike.
 //!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//!
 //! # What it owns, and what it may import
 //! It owns what events mean (group boundaries, outbox rows, statements, compressed transactions), the state
 //! of the group being read (`Tx`, replaced whole at each boundary, so nothing of one group outlives it),

@@ -4,6 +4,8 @@
 //! TABLE_MAP ([`TypeFamily::of_binlog`]); `tests::sql_and_binlog_types_agree` keeps the two
 //! classifications the same. How the binlog's different representations are read is in
 //! [`super::decode`].
+//!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
 
 use mysql_common::constants::ColumnType;
 

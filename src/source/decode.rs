@@ -1,5 +1,7 @@
 //! Pure decoding: a TABLE_MAP event of an outbox table plus its row images become [`OutboxRow`]s.
 //!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//!
 //! Column names come from the TABLE_MAP's optional metadata, which servers write only with
 //! `binlog_row_metadata=FULL`. Without it a row is a list of anonymous values, and mapping them to names by
 //! position would silently break the day someone adds or reorders a column: we refuse instead, with the fix

@@ -3,6 +3,8 @@
 //! after GTID X"). Events go through the same [`ChangeDecoder`] as the live stream, so routing, delivery and
 //! checkpointing are the live ones.
 //!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//!
 //! # Order and start point
 //! Files are read in binlog index order: by name, the numeric suffix compared as a number
 //! (`mysql-bin.999999` before `mysql-bin.1000000`). The resume point is the checkpoint or, without one, the

@@ -1,5 +1,7 @@
 //! Is the server's binlog still the history the checkpoint was read from?
 //!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//!
 //! A GTID names a transaction only within one history. After `RESET MASTER` (binlogs and GTIDs start over
 //! on the same server), or on a server restored from an older backup under the same `server_id`, the
 //! checkpoint's GTID can name *another* transaction once the new history has written that many. The server

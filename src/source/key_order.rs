@@ -1,5 +1,7 @@
 //! How the server orders snapshot keys: each key column compared in its own type and collation.
 //!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//!
 //! The snapshot scans in keyset order `(aggregate_type, aggregate_id, occurred_at, id)` and stores the
 //! last acknowledged key as text. Two places compare keys afterwards: the scan's `WHERE key > after`
 //! (continuing a table, or resuming after a crash) and the stream's overlap rule ([`super::overlap`]),

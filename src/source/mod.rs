@@ -1,5 +1,7 @@
 //! The source side: connecting to MySQL/MariaDB, learning who the server is and where its binlog stands,
 //! preflight checks, and the binlog reader.
+//!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
 
 pub mod binlog;
 pub mod change;

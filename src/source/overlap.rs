@@ -1,5 +1,7 @@
 //! The overlap rule: which streamed rows a resumed snapshot already emitted.
 //!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//!
 //! After a crash mid-snapshot the scan resumes in a new read view, so the snapshot is a list of
 //! *segments* ([`SnapshotState::segments`]): segment `i` covers the keys after `after_i` (up to the next
 //! segment's start), as seen in view `V_i`. The stream starts at the first view, the cut. For a streamed

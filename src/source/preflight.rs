@@ -1,5 +1,7 @@
 //! Preflight: every server setting and privilege the connector depends on, checked before streaming and by
 //! `outbox-cdc check`. Each finding says the setting, what is expected, what the server has, and the fix.
+//!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
 
 use std::fmt;
 

@@ -1,5 +1,7 @@
 //! Purge risk: how close the checkpointed position is to being purged from the server's binlogs.
 //!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//!
 //! The server deletes binlog files older than its retention (`binlog_expire_logs_seconds`, or
 //! `expire_logs_days` on older servers). A connector that stays down, or behind, for longer loses the
 //! binlog it needs to resume, and then only a new snapshot recovers the events (see the runbook). We warn

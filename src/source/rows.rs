@@ -1,5 +1,7 @@
 //! The hot path of decoding: after-images of an outbox table's rows events, straight into value slots.
 //!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//!
 //! mysql_common's `RowsEvent::rows` builds, for every row, a `Column` (name, schema, table, flags,
 //! charset: several heap copies) for every column and re-parses the table's optional metadata. At tens of
 //! thousands of rows per second that was a quarter of the connector's CPU in `malloc`/`free`. Here the

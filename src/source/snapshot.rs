@@ -1,6 +1,8 @@
 //! The initial snapshot: rows already in the outbox table, handed over to the binlog stream at an exact
 //! position.
 //!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//!
 //! # The cut
 //! The snapshot reads the table inside one `START TRANSACTION WITH CONSISTENT SNAPSHOT` and learns the
 //! binlog position that is exactly consistent with that read view (the *cut*). The stream then starts at

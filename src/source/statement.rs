@@ -1,5 +1,7 @@
 //! What a binlog QUERY event's statement is, as far as outbox rows and transaction boundaries care.
 //!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//!
 //! A ROW-format binlog carries DDL and transaction control as statements; a write logged as a statement
 //! (a session with `binlog_format=STATEMENT` or `MIXED`) carries no rows the connector could decode. The
 //! reader must tell the two apart without a SQL parser: [`classify`] reads the leading keywords, and for
