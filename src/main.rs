@@ -52,8 +52,8 @@ enum Command {
         #[arg(long)]
         accept_new_server: bool,
     },
-    /// Check the server's settings, privileges and the outbox table; exit 0 when all is well, 2 for a
-    /// configuration or server problem, 3 when the server cannot be reached.
+    /// Check the server's settings, privileges and the outbox table, and what Kafka must allow; exit 0 when
+    /// all is well, 2 for a configuration or server problem, 3 when the server or Kafka cannot be reached.
     Check,
     /// Compare the outbox table with what Kafka holds: ids missing from Kafka, duplicated ids, per-aggregate
     /// order violations, records the table does not have. Exit 0 when nothing is missing or out of order,
@@ -313,7 +313,18 @@ async fn check(config: &Config) -> Result<(), Error> {
     };
     let report = preflight::check(&mut conn, &info, config, checked.as_ref()).await?;
     print!("{report}");
-    let failed = report.failures().count();
+    let routed = outbox_cdc::audit::routed_topics(config, &config.outbox_tables()?, &mut conn).await;
+    let kafka = match outbox_cdc::sink::check::check(&config.kafka, routed).await {
+        Ok(kafka) => kafka,
+        Err(e) if report.failures().count() == 0 => return Err(e),
+        // The source's failures need an operator whatever Kafka answered: exit 2.
+        Err(e) => {
+            println!("kafka: {e}\n{} check(s) failed", report.failures().count());
+            std::process::exit(EXIT_DEFINITE);
+        }
+    };
+    print!("{kafka}");
+    let failed = report.failures().count() + kafka.report.failures().count();
     if failed > 0 {
         println!("{failed} check(s) failed");
         std::process::exit(EXIT_DEFINITE);

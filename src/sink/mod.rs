@@ -1,5 +1,6 @@
 //! The Kafka sink and its delivery proofs.
 
+pub mod check;
 pub mod kafka;
 
 pub use kafka::{KafkaSink, IN_FLIGHT_OVERHEAD_BYTES};
