@@ -181,3 +181,26 @@ async fn the_check_command_fails_on_a_kafka_problem_and_passes_once_fixed() {
     assert!(out.contains("[ok  ] kafka write permission (idempotent producer id)"), "{out}");
     assert!(out.ends_with("all checks passed\n"), "{out}");
 }
+
+/// The source half of the same command reads the binlog retention where the server's provider keeps it
+/// (issue 20): this self-managed MariaDB by its variables, as MySQL's rules say (0: never expire; a short
+/// retention warns with the server's own fix, and does not fail the check).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_check_command_reports_the_binlog_retention() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let connector = Connector::new();
+    connector.write_config(&db, &broker, "");
+
+    db.sql("SET GLOBAL binlog_expire_logs_seconds = 0");
+    let (status, out, err) = connector.command(&["check"], EXIT_TIMEOUT).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("[ok  ] binlog retention: expected at least 24 h"), "{out}");
+    assert!(out.contains("actual binlogs never expire"), "{out}");
+
+    db.sql("SET GLOBAL binlog_expire_logs_seconds = 3600");
+    let (status, out, err) = connector.command(&["check"], EXIT_TIMEOUT).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("[WARN] binlog retention: expected at least 24 h"), "{out}");
+    assert!(out.contains("actual 3600 s") && out.contains("SET GLOBAL binlog_expire_logs_seconds = 604800"), "{out}");
+}

@@ -147,7 +147,8 @@ pub async fn check(
 ) -> Result<Report> {
     let mut report = Report::default();
     let flavor = info.identity.flavor;
-    let restart_note = "(set it in the server's configuration file and restart it; replicas need it too)";
+    let managed = super::purge::read_managed(conn).await?;
+    let restart_note = super::managed::where_to_set(managed.provider);
 
     let log_bin = variable(conn, "log_bin").await?;
     report.push("log_bin", "ON", &shown(&log_bin), on(&log_bin), &format!("enable binary logging {restart_note}"));
@@ -221,6 +222,18 @@ pub async fn check(
             !on(&compress),
             "SET GLOBAL log_bin_compress = OFF (compressed events cannot be decoded)",
         );
+    }
+
+    let retention = super::managed::judge(managed.provider, &managed.retention);
+    report.findings.push(Finding {
+        setting: retention.setting,
+        expected: retention.expected,
+        actual: retention.actual,
+        status: retention.status,
+        fix: retention.fix,
+    });
+    if let Some(problem) = &managed.endpoint_problem {
+        report.push("binlog source", "the writer (only it has binlogs)", "an Aurora reader", false, problem);
     }
 
     check_replica(conn, info, &mut report).await?;
