@@ -248,7 +248,7 @@ pub fn judge(provider: Provider, retention: &Result<Retention, String>) -> Verdi
         (_, Err(_)) if provider.retention_query() == RetentionQuery::RdsConfiguration => format!(
             "run {RDS_SHOW_CONFIGURATION} as the master user to see it, and let the connector's user read it \
              (GRANT EXECUTE ON PROCEDURE mysql.rds_show_configuration TO the connector's user); until then the \
-             purge-risk gauge assumes no retention. {}",
+             purge-risk gauge assumes no retention. To set it, {}",
             set_retention(provider)
         ),
         _ => set_retention(provider),
