@@ -204,3 +204,20 @@ async fn the_check_command_reports_the_binlog_retention() {
     assert!(out.contains("[WARN] binlog retention: expected at least 24 h"), "{out}");
     assert!(out.contains("actual 3600 s") && out.contains("SET GLOBAL binlog_expire_logs_seconds = 604800"), "{out}");
 }
+
+/// Credentials the broker refuses are a configuration problem: definite (exit 2), naming the properties to
+/// fix, not "unreachable" (exit 3). Tansu started without `--authentication` answers the SASL handshake with
+/// UNSUPPORTED_SASL_MECHANISM, which librdkafka reports as an authentication failure. Guards against the
+/// refusal going unseen (librdkafka queues it until the client is polled): it read as "no Kafka broker
+/// answered", exit 3.
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_credentials_are_definite() {
+    let broker = Broker::start(Engine::Memory);
+    let properties = "[kafka.properties]\n\"security.protocol\" = \"sasl_plaintext\"\n\"sasl.mechanism\" = \"PLAIN\"\n\
+                      \"sasl.username\" = \"cdc\"\n\"sasl.password\" = \"not-the-password\"";
+    let config = kafka_config(&broker, properties);
+    let error = check(&config, Ok(vec![])).await.expect_err("refused");
+    assert!(error.is_definite(), "{error}");
+    assert!(error.to_string().contains("security.protocol, ssl.* and sasl.*"), "{error}");
+    assert!(!error.to_string().contains("not-the-password"), "{error}");
+}

@@ -242,7 +242,13 @@ fn connect(producer: &BaseProducer<CheckContext>) -> Result<(Option<String>, Vec
     let client = producer.client();
     let metadata = match client.fetch_metadata(None, CHECK_TIMEOUT) {
         Ok(m) => m,
-        Err(e) => return Err(unreachable(&e, &producer.context().observed().errors)),
+        Err(e) => {
+            // The error callbacks of the attempts are queued until polled.
+            for _ in 0..20 {
+                producer.poll(Duration::from_millis(10));
+            }
+            return Err(unreachable(&e, &producer.context().observed().errors));
+        }
     };
     let brokers = metadata.brokers().iter().map(|b| format!("{} at {}:{}", b.id(), b.host(), b.port())).collect();
     Ok((client.fetch_cluster_id(CHECK_TIMEOUT), brokers))
@@ -262,7 +268,11 @@ fn unreachable(error: &KafkaError, seen: &[(Option<RDKafkaErrorCode>, String)]) 
         ));
     }
     let last = seen.last().map(|(_, r)| format!(" (last error: {r})")).unwrap_or_default();
-    classify_kafka(error).context(format_args!("no Kafka broker answered within {} s{last}", CHECK_TIMEOUT.as_secs()))
+    classify_kafka(error).context(format_args!(
+        "no Kafka broker answered within {} s{last}; check kafka.bootstrap_servers, the network, and that \
+         security.protocol matches the broker's listener (a TLS client waits on a plaintext listener)",
+        CHECK_TIMEOUT.as_secs()
+    ))
 }
 
 /// The topic's state in the metadata, asked for the topic alone (as `run` does: with
