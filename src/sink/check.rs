@@ -745,6 +745,30 @@ mod tests {
         }
     }
 
+    /// Why no broker answered: a refused credential or TLS setup is definite (exit 2), anything else
+    /// transient (exit 3), and the last error librdkafka reported is in the message.
+    #[test]
+    fn unreachable_classification() {
+        let timeout = KafkaError::MetadataFetch(RDKafkaErrorCode::BrokerTransportFailure);
+        let seen = |code: RDKafkaErrorCode, reason: &str| vec![(Some(code), reason.to_string())];
+        let cases: &[(Vec<(Option<RDKafkaErrorCode>, String)>, bool, &str)] = &[
+            (vec![], false, "no Kafka broker answered within 10 s; check kafka.bootstrap_servers"),
+            (
+                seen(RDKafkaErrorCode::BrokerTransportFailure, "Connection refused"),
+                false,
+                "last error: Connection refused",
+            ),
+            (seen(RDKafkaErrorCode::Authentication, "SASL authentication error"), true, "SASL authentication error"),
+            (seen(RDKafkaErrorCode::SaslAuthenticationFailed, "bad password"), true, "sasl.*"),
+            (seen(RDKafkaErrorCode::SSL, "certificate verify failed"), true, "certificate verify failed"),
+        ];
+        for (errors, definite, text) in cases {
+            let error = unreachable(&timeout, errors);
+            assert_eq!(error.is_definite(), *definite, "{errors:?}: {error}");
+            assert!(error.to_string().contains(text), "{errors:?}: {error}");
+        }
+    }
+
     /// librdkafka's `APIVERSION` debug lines, as its log callback passes them.
     #[test]
     fn api_version_lines() {
