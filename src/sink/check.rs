@@ -93,6 +93,9 @@ fn describe_versions(apis: &[(String, i16, i16)]) -> String {
     )
 }
 
+/// An error librdkafka reported through the error callback: its code, and its text.
+type SeenError = (Option<RDKafkaErrorCode>, String);
+
 /// What the check's producer saw through librdkafka's callbacks.
 #[derive(Debug, Default)]
 struct Observed {
@@ -101,7 +104,7 @@ struct Observed {
     /// The idempotent producer's state and id, from the statistics.
     producer_id: Option<(String, i64)>,
     /// Errors librdkafka reported while retrying (connection, TLS, SASL), newest last.
-    errors: Vec<(Option<RDKafkaErrorCode>, String)>,
+    errors: Vec<SeenError>,
 }
 
 /// Collects [`Observed`]; every other log line goes to `tracing` at debug level (the check prints findings,
@@ -256,7 +259,7 @@ fn connect(producer: &BaseProducer<CheckContext>) -> Result<(Option<String>, Vec
 
 /// Why no broker answered: a refused credential or certificate is definite (it needs an operator), anything
 /// else transient (as for the source: exit 3, "cannot be reached").
-fn unreachable(error: &KafkaError, seen: &[(Option<RDKafkaErrorCode>, String)]) -> Error {
+fn unreachable(error: &KafkaError, seen: &[SeenError]) -> Error {
     let definite = seen.iter().rev().find(|(code, _)| {
         matches!(code, Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed))
             || matches!(code, Some(RDKafkaErrorCode::SSL))
@@ -751,7 +754,7 @@ mod tests {
     fn unreachable_classification() {
         let timeout = KafkaError::MetadataFetch(RDKafkaErrorCode::BrokerTransportFailure);
         let seen = |code: RDKafkaErrorCode, reason: &str| vec![(Some(code), reason.to_string())];
-        let cases: &[(Vec<(Option<RDKafkaErrorCode>, String)>, bool, &str)] = &[
+        let cases: &[(Vec<SeenError>, bool, &str)] = &[
             (vec![], false, "no Kafka broker answered within 10 s; check kafka.bootstrap_servers"),
             (
                 seen(RDKafkaErrorCode::BrokerTransportFailure, "Connection refused"),
