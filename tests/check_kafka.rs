@@ -221,3 +221,35 @@ async fn refused_credentials_are_definite() {
     assert!(error.to_string().contains("security.protocol, ssl.* and sasl.*"), "{error}");
     assert!(!error.to_string().contains("not-the-password"), "{error}");
 }
+
+/// The RDS/Aurora retention query against a real server: `CALL mysql.rds_show_configuration` as RDS
+/// defines it (a result set of name, value, description; here a stand-in procedure of that shape, since
+/// no RDS is at hand), read for the NULL default and for a set value, and a user without EXECUTE on it
+/// gets the refusal as the reading's error, not a failed check.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rds_retention_query_reads_null_hours_and_refusals() {
+    use outbox_cdc::source::managed::Retention;
+    use outbox_cdc::source::purge::rds_retention;
+    let db = MariaDb::start();
+    let procedure = |hours: &str| {
+        format!(
+            "DROP PROCEDURE IF EXISTS mysql.rds_show_configuration; \
+             CREATE PROCEDURE mysql.rds_show_configuration() SELECT 'binlog retention hours' AS name, \
+             {hours} AS value, 'binlog retention hours specifies the duration in hours before binary logs are \
+             automatically deleted.' AS description UNION ALL SELECT 'source delay', '0', 'source delay'"
+        )
+    };
+    db.sql(&procedure("CAST(NULL AS CHAR)"));
+    let mut root = db.conn().await;
+    assert_eq!(rds_retention(&mut root).await.unwrap(), Ok(Retention::AsSoonAsPossible));
+    db.sql(&procedure("'168'"));
+    assert_eq!(rds_retention(&mut root).await.unwrap(), Ok(Retention::Seconds(168 * 3600)));
+
+    let cdc_opts = mysql_async::Opts::from_url(&db.url_cdc()).unwrap();
+    let mut cdc = mysql_async::Conn::new(cdc_opts.clone()).await.unwrap();
+    let refused = rds_retention(&mut cdc).await.unwrap().expect_err("cdc has no EXECUTE on it");
+    assert!(refused.starts_with("CALL mysql.rds_show_configuration was refused: "), "{refused}");
+    db.sql("GRANT EXECUTE ON PROCEDURE mysql.rds_show_configuration TO 'cdc'@'127.0.0.1'");
+    let mut cdc = mysql_async::Conn::new(cdc_opts).await.unwrap();
+    assert_eq!(rds_retention(&mut cdc).await.unwrap(), Ok(Retention::Seconds(168 * 3600)));
+}

@@ -92,22 +92,30 @@ pub async fn read_managed(conn: &mut Conn) -> Result<managed::Reading> {
     let provider = managed::detect(&vars);
     let retention = match provider.retention_query() {
         RetentionQuery::Variables { zero } => Ok(managed::retention_from_variables(&vars, zero)),
-        RetentionQuery::RdsConfiguration => {
-            match conn.query::<mysql_async::Row, _>(managed::RDS_SHOW_CONFIGURATION).await {
-                Ok(rows) => managed::retention_from_rds_configuration(
-                    &rows
-                        .iter()
-                        .map(|r| (r.get::<String, _>(0).unwrap_or_default(), r.get::<Option<String>, _>(1).flatten()))
-                        .collect::<Vec<_>>(),
-                ),
-                Err(mysql_async::Error::Server(e)) => {
-                    Err(format!("{} was refused: {}", managed::RDS_SHOW_CONFIGURATION, e.message))
-                }
-                Err(e) => return Err(classify_mysql(&e)),
-            }
-        }
+        RetentionQuery::RdsConfiguration => rds_retention(conn).await?,
     };
     Ok(managed::Reading { provider, retention, endpoint_problem: managed::endpoint_problem(provider, &vars) })
+}
+
+/// The retention RDS and Aurora report (`CALL mysql.rds_show_configuration`); `Err` when the server
+/// refused the call (the connector's user may lack EXECUTE on it) or answered something else.
+///
+/// # Errors
+/// Classified errors other than the server's refusal (a cut connection).
+pub async fn rds_retention(conn: &mut Conn) -> Result<std::result::Result<Retention, String>> {
+    match conn.query::<mysql_async::Row, _>(managed::RDS_SHOW_CONFIGURATION).await {
+        Ok(rows) => {
+            let rows: Vec<(String, Option<String>)> = rows
+                .iter()
+                .map(|r| (r.get::<String, _>(0).unwrap_or_default(), r.get::<Option<String>, _>(1).flatten()))
+                .collect();
+            Ok(managed::retention_from_rds_configuration(&rows))
+        }
+        Err(mysql_async::Error::Server(e)) => {
+            Ok(Err(format!("{} was refused: {}", managed::RDS_SHOW_CONFIGURATION, e.message)))
+        }
+        Err(e) => Err(classify_mysql(&e)),
+    }
 }
 
 /// Measures the purge risk of `checkpoint`, committed at `commit_s` (Unix seconds, server clock; `None`
