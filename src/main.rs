@@ -297,7 +297,7 @@ async fn run(config: Config, options: RunOptions) -> Result<(), Error> {
 
 async fn check(config: &Config) -> Result<(), Error> {
     if config.source.kind == SourceKind::Files {
-        return check_files(config);
+        return check_files(config).await;
     }
     let source = SourceConn::from_config(config)?;
     let mut conn = source.connect().await?;
@@ -334,8 +334,8 @@ async fn check(config: &Config) -> Result<(), Error> {
 }
 
 /// `check` for `source.kind = "files"`: every file is a complete binlog (the last may end in an incomplete
-/// transaction, which is reported), and where a run would start.
-fn check_files(config: &Config) -> Result<(), Error> {
+/// transaction, which is reported), where a run would start, and Kafka.
+async fn check_files(config: &Config) -> Result<(), Error> {
     let files = source::files::list_files(config)?;
     let mut failed = 0;
     for (i, path) in files.iter().enumerate() {
@@ -375,11 +375,15 @@ fn check_files(config: &Config) -> Result<(), Error> {
     if let Some(cp) = Store::read_only(&config.state.dir)? {
         println!("checkpoint: {} ({})", cp.position, preflight::describe_identity(&cp.server));
     }
+    let routed = outbox_cdc::sink::check::topics_without_rows(config);
+    let kafka = outbox_cdc::sink::check::check(&config.kafka, routed).await?;
+    print!("{kafka}");
+    failed += kafka.report.failures().count();
     if failed > 0 {
-        println!("{failed} file(s) failed");
+        println!("{failed} check(s) failed");
         std::process::exit(EXIT_DEFINITE);
     }
-    println!("all files readable");
+    println!("all files readable, all checks passed");
     Ok(())
 }
 

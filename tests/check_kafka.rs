@@ -253,3 +253,30 @@ async fn the_rds_retention_query_reads_null_hours_and_refusals() {
     let mut cdc = mysql_async::Conn::new(cdc_opts).await.unwrap();
     assert_eq!(rds_retention(&mut cdc).await.unwrap(), Ok(Retention::Seconds(168 * 3600)));
 }
+
+/// `check` with `source.kind = "files"` tests Kafka too: a topic template that depends on no column names
+/// its topics without a table, and a missing one fails (here with `create_topics = false`) like any other.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_check_command_tests_kafka_for_binlog_files() {
+    let broker = Broker::start(Engine::Sqlite);
+    create_topic(&broker, DEAD_LETTER, 1, &[("max.message.bytes", "16777216")]).await;
+    let connector = Connector::new();
+    let file = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/fixtures/binlog/mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010");
+    let text = format!(
+        "[source]\nkind = \"files\"\nbinlog_files = [{file}]\n\n[outbox]\ntable = \"shop.outbox_events\"\n\n\
+         [kafka]\nbootstrap_servers = {bootstrap}\ntopic = \"outbox.${{table}}\"\ncreate_topics = false\n\
+         topic_partitions = 1\n\n[state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n\n[metrics]\nenabled = false\n",
+        file = common::connector::toml_str(&file.to_string_lossy()),
+        bootstrap = common::connector::toml_str(&broker.bootstrap()),
+        state = common::connector::toml_str(&connector.state_dir().to_string_lossy()),
+    );
+    std::fs::write(connector.config_path(), text).unwrap();
+
+    let (status, out, err) = connector.command(&["check"], EXIT_TIMEOUT).unwrap();
+    assert_eq!(status.code(), Some(2), "{out}{err}");
+    assert!(out.contains("kafka: cluster id tansu_cluster; broker(s): "), "{out}");
+    assert!(out.contains("[FAIL] kafka topic outbox.outbox_events: expected exists with at least 1"), "{out}");
+    assert!(out.contains(&format!("[ok  ] kafka topic {DEAD_LETTER}:")), "{out}");
+    assert!(out.contains("1 check(s) failed"), "{out}");
+}

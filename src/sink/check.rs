@@ -38,8 +38,9 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Statistics};
 
 use super::kafka::{self, TopicSettings};
-use crate::config::KafkaConfig;
+use crate::config::{Config, KafkaConfig};
 use crate::error::{classify_kafka, Error, Result};
+use crate::router::TopicTemplate;
 use crate::source::preflight::{Finding, Report, Status};
 
 /// How long each question to the cluster may take.
@@ -227,6 +228,23 @@ pub async fn check(config: &KafkaConfig, routed: Result<Vec<String>>) -> Result<
     report.findings.push(producer_id_finding(&outcome));
     let api_versions = producer.context().observed().api_versions.clone();
     Ok(KafkaCheck { cluster_id, brokers, api_versions, report })
+}
+
+/// The routed topics known without reading outbox rows (`source.kind = "files"` has no table to read): the
+/// topic template rendered for each outbox table, when it depends on no column of the row.
+///
+/// # Errors
+/// Why they are not known: the template depends on the rows, or is invalid.
+pub fn topics_without_rows(config: &Config) -> Result<Vec<String>> {
+    let template = TopicTemplate::parse(&config.kafka.topic)?;
+    if template.uses_columns() != (false, false) {
+        return Err(Error::definite(format!(
+            "kafka.topic {:?} depends on the rows' columns, which source.kind = \"files\" has no table to list",
+            config.kafka.topic
+        )));
+    }
+    let topics: BTreeSet<String> = config.outbox_tables()?.iter().map(|t| template.render_parts(t, "", "")).collect();
+    Ok(topics.into_iter().collect())
 }
 
 /// Runs `f` on the producer on a blocking thread (librdkafka's metadata calls block).
@@ -770,6 +788,23 @@ mod tests {
             assert_eq!(error.is_definite(), *definite, "{errors:?}: {error}");
             assert!(error.to_string().contains(text), "{errors:?}: {error}");
         }
+    }
+
+    /// Without rows, only a template that depends on no column of the row names its topics.
+    #[test]
+    fn topics_without_rows_from_the_template() {
+        let config = |topic: &str| {
+            let text = format!(
+                "[source]\nkind = \"files\"\nbinlog_dir = \"/b\"\n[outbox]\ntables = [\"shop.a\", \"shop.b\"]\n[kafka]\n\
+                 bootstrap_servers = \"b:9092\"\ntopic = \"{topic}\"\n[snapshot]\nmode = \"never\"\n"
+            );
+            crate::config::Config::parse(&text).unwrap()
+        };
+        let fixed = topics_without_rows(&config("outbox.${database}.${table}")).unwrap();
+        assert_eq!(fixed, ["outbox.shop.a", "outbox.shop.b"]);
+        assert_eq!(topics_without_rows(&config("events")).unwrap(), ["events"]);
+        let by_type = topics_without_rows(&config("outbox.event.${aggregate_type}")).unwrap_err();
+        assert!(by_type.to_string().contains("depends on the rows' columns"), "{by_type}");
     }
 
     /// librdkafka's `APIVERSION` debug lines, as its log callback passes them.
