@@ -47,6 +47,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod failpoint;
+pub mod findings;
 pub mod health;
 pub mod http;
 pub mod metrics;

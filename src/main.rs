@@ -49,8 +49,8 @@ enum Command {
         #[arg(long)]
         accept_new_server: bool,
     },
-    /// Check the server's settings, privileges and the outbox table; exit 0 when all is well, 2 for a
-    /// configuration or server problem, 3 when the server cannot be reached.
+    /// Check the server's settings, privileges and the outbox table, and what Kafka must allow; exit 0 when
+    /// all is well, 2 for a configuration or server problem, 3 when the server or Kafka cannot be reached.
     Check,
     /// Compare the outbox table with what Kafka holds: ids missing from Kafka, duplicated ids, per-aggregate
     /// order violations, records the table does not have. Exit 0 when nothing is missing or out of order,

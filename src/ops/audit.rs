@@ -333,7 +333,7 @@ fn describe_window(opts: &AuditOptions) -> String {
 }
 
 /// The topics the routing produces to for the rows in the table.
-async fn routed_topics(config: &Config, tables: &[TableName], conn: &mut Conn) -> Result<Vec<String>> {
+pub async fn routed_topics(config: &Config, tables: &[TableName], conn: &mut Conn) -> Result<Vec<String>> {
     let template = config.topic().clone();
     let c = &config.outbox.columns;
     let (by_type, by_event) = template.uses_columns();

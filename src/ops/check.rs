@@ -1,4 +1,5 @@
-//! `outbox-cdc check`: everything `run` needs, checked before it runs, with the fix for each problem.
+//! `outbox-cdc check`: everything `run` needs, checked before it runs (the source and Kafka), with the fix
+//! for each problem.
 //!
 //! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 
@@ -14,7 +15,7 @@ use crate::source::{self, preflight, SourceConn};
 /// Connection errors before the checks could run.
 pub async fn run(config: &Config) -> Result<()> {
     if config.source.kind == SourceKind::Files {
-        return check_files(config);
+        return check_files(config).await;
     }
     let source = SourceConn::from_config(config)?;
     let mut conn = source.connect().await?;
@@ -30,7 +31,18 @@ pub async fn run(config: &Config) -> Result<()> {
     };
     let report = preflight::check(&mut conn, &info, config, checked.as_ref()).await?;
     print!("{report}");
-    let failed = report.failures().count();
+    let routed = super::audit::routed_topics(config, config.tables(), &mut conn).await;
+    let kafka = match crate::sink::check::check(&config.kafka, routed).await {
+        Ok(kafka) => kafka,
+        Err(e) if report.failures().count() == 0 => return Err(e),
+        // The source's failures need an operator whatever Kafka answered: exit 2.
+        Err(e) => {
+            println!("kafka: {e}\n{} check(s) failed", report.failures().count());
+            std::process::exit(EXIT_DEFINITE);
+        }
+    };
+    print!("{kafka}");
+    let failed = report.failures().count() + kafka.report.failures().count();
     if failed > 0 {
         println!("{failed} check(s) failed");
         std::process::exit(EXIT_DEFINITE);
@@ -40,8 +52,8 @@ pub async fn run(config: &Config) -> Result<()> {
 }
 
 /// `check` for `source.kind = "files"`: every file is a complete binlog (the last may end in an incomplete
-/// transaction, which is reported), and where a run would start.
-fn check_files(config: &Config) -> Result<()> {
+/// transaction, which is reported), where a run would start, and Kafka.
+async fn check_files(config: &Config) -> Result<()> {
     let files = source::files::list_files(config)?;
     let mut failed = 0;
     for (i, path) in files.iter().enumerate() {
@@ -81,10 +93,14 @@ fn check_files(config: &Config) -> Result<()> {
     if let Some(cp) = Store::read_only(&config.state.dir)? {
         println!("checkpoint: {} ({})", cp.position(), preflight::describe_identity(cp.server()));
     }
+    let routed = crate::sink::check::topics_without_rows(config);
+    let kafka = crate::sink::check::check(&config.kafka, routed).await?;
+    print!("{kafka}");
+    failed += kafka.report.failures().count();
     if failed > 0 {
-        println!("{failed} file(s) failed");
+        println!("{failed} check(s) failed");
         std::process::exit(EXIT_DEFINITE);
     }
-    println!("all files readable");
+    println!("all files readable, all checks passed");
     Ok(())
 }

@@ -109,7 +109,7 @@ pub(super) async fn server(
     }
     let checked = checked.filter(|_| !snapshot_again);
     let report = preflight::check(&mut conn, &info, config, checked.as_ref()).await?;
-    for finding in report.findings.iter().filter(|f| f.status == preflight::Status::Warn) {
+    for finding in report.findings.iter().filter(|f| f.status == crate::findings::Status::Warn) {
         tracing::warn!(setting = %finding.setting, actual = %finding.actual, fix = %finding.fix, "preflight warning");
     }
     report.into_result()?;

@@ -233,7 +233,7 @@ fn blame_size_refusal(record_bytes: usize, topic_limit: Option<usize>, batch_lim
 
 /// The smallest topic `max.message.bytes` that takes every batch of up to `batch_limit` bytes:
 /// compression may grow incompressible data (lz4 by 1/255 at worst), and the batch has its own header.
-fn required_topic_limit(batch_limit: usize) -> usize {
+pub(super) fn required_topic_limit(batch_limit: usize) -> usize {
     batch_limit + batch_limit / 255 + RECORD_OVERHEAD_BYTES
 }
 
@@ -241,7 +241,7 @@ fn required_topic_limit(batch_limit: usize) -> usize {
 ///
 /// # Errors
 /// A definite error naming both limits and what to change when a batch of small records could be refused.
-fn check_topic_limit(topic: &str, limit: usize, batch_limit: usize) -> Result<()> {
+pub(super) fn check_topic_limit(topic: &str, limit: usize, batch_limit: usize) -> Result<()> {
     let required = required_topic_limit(batch_limit);
     if limit >= required {
         return Ok(());
@@ -291,20 +291,38 @@ fn header<'a>(message: &'a rdkafka::message::BorrowedMessage<'_>, name: &str) ->
 
 /// Settings for topics the sink creates.
 #[derive(Debug, Clone)]
-struct TopicSettings {
-    create: bool,
-    partitions: i32,
-    replication_factor: i32,
+pub(super) struct TopicSettings {
+    pub(super) create: bool,
+    pub(super) partitions: i32,
+    pub(super) replication_factor: i32,
     config: BTreeMap<String, String>,
     /// `kafka.dead_letter_topic`: created to keep its records for good (see [`TopicSettings::config_of`]).
     dead_letter_topic: String,
 }
 
 impl TopicSettings {
+    /// The settings of topics created for `config`: its own, with room for the largest record and for the
+    /// largest batch of several (`batch_limit_bytes`).
+    pub(super) fn of(config: &KafkaConfig, batch_limit_bytes: usize) -> Self {
+        TopicSettings {
+            create: config.create_topics,
+            partitions: config.topic_partitions,
+            replication_factor: config.topic_replication_factor,
+            config: {
+                let mut topic_config = config.topic_config.clone();
+                // Room for the largest record and for the largest batch of several.
+                let max_message_bytes = config.max_record_bytes.max(required_topic_limit(batch_limit_bytes));
+                topic_config.entry("max.message.bytes".to_string()).or_insert_with(|| max_message_bytes.to_string());
+                topic_config
+            },
+            dead_letter_topic: config.dead_letter_topic.clone(),
+        }
+    }
+
     /// The configuration a topic is created with. The dead-letter topic keeps every record until an
     /// operator removes it (`retention.ms = -1`, no compaction): `quarantine release` must find a hold's
     /// first record to prove it republishes the whole hold ([`crate::ops::release`]).
-    fn config_of(&self, topic: &str) -> BTreeMap<String, String> {
+    pub(super) fn config_of(&self, topic: &str) -> BTreeMap<String, String> {
         let mut config = self.config.clone();
         if topic == self.dead_letter_topic {
             config.insert("retention.ms".into(), "-1".into());
@@ -339,6 +357,39 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
     cc
 }
 
+/// The producer's librdkafka configuration (the configured properties, with the delivery guarantee's settings
+/// over them) and the largest batch of several records it builds (`min(batch.size, message.max.bytes)`):
+/// what `run` produces with, and what `check` tests ([`super::check`]).
+///
+/// # Errors
+/// A definite error for a `batch.size` that is not a number.
+pub(super) fn producer_config(config: &KafkaConfig) -> Result<(ClientConfig, usize)> {
+    let mut cc = client_config(config);
+    // The delivery guarantee's settings (config validation refuses other values for them): see the
+    // module's invariants.
+    cc.set("enable.idempotence", "true")
+        .set("enable.gapless.guarantee", "true")
+        .set("acks", "all")
+        .set("message.timeout.ms", "0")
+        .set("partitioner", "murmur2_random")
+        .set("compression.type", &config.compression)
+        .set("allow.auto.create.topics", "false")
+        .set("message.max.bytes", config.max_record_bytes.to_string())
+        .set("queue.buffering.max.messages", "2000000")
+        .set("queue.buffering.max.kbytes", "2097151")
+        .set("statistics.interval.ms", "5000");
+    if !config.properties.contains_key("linger.ms") {
+        cc.set("linger.ms", "5");
+    }
+    let batch_size = match config.properties.get("batch.size") {
+        Some(v) => v.trim().parse::<usize>().map_err(|_| {
+            Error::definite(format!("kafka.properties.\"batch.size\" = {v:?} is not a number of bytes"))
+        })?,
+        None => DEFAULT_BATCH_SIZE,
+    };
+    Ok((cc, batch_size.min(config.max_record_bytes)))
+}
+
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Headroom for librdkafka's per-record framing when checking a record against `message.max.bytes`, and
@@ -368,30 +419,7 @@ impl KafkaSink {
     /// A definite error for an invalid librdkafka configuration.
     pub fn new(config: &KafkaConfig, watermark: Arc<Watermark>) -> Result<Self> {
         let budget = Arc::new(Semaphore::new(config.max_in_flight_bytes));
-        let mut cc = client_config(config);
-        // The delivery guarantee's settings (config validation refuses other values for them): see the
-        // module's invariants.
-        cc.set("enable.idempotence", "true")
-            .set("enable.gapless.guarantee", "true")
-            .set("acks", "all")
-            .set("message.timeout.ms", "0")
-            .set("partitioner", "murmur2_random")
-            .set("compression.type", &config.compression)
-            .set("allow.auto.create.topics", "false")
-            .set("message.max.bytes", config.max_record_bytes.to_string())
-            .set("queue.buffering.max.messages", "2000000")
-            .set("queue.buffering.max.kbytes", "2097151")
-            .set("statistics.interval.ms", "5000");
-        if !config.properties.contains_key("linger.ms") {
-            cc.set("linger.ms", "5");
-        }
-        let batch_size = match config.properties.get("batch.size") {
-            Some(v) => v.trim().parse::<usize>().map_err(|_| {
-                Error::definite(format!("kafka.properties.\"batch.size\" = {v:?} is not a number of bytes"))
-            })?,
-            None => DEFAULT_BATCH_SIZE,
-        };
-        let batch_limit_bytes = batch_size.min(config.max_record_bytes);
+        let (cc, batch_limit_bytes) = producer_config(config)?;
         let context = SinkContext {
             watermark: watermark.clone(),
             budget: budget.clone(),
@@ -417,21 +445,7 @@ impl KafkaSink {
             max_record_bytes: config.max_record_bytes,
             known_topics: HashSet::new(),
             dead_letter_topic: config.dead_letter_topic.clone(),
-            topics: TopicSettings {
-                create: config.create_topics,
-                partitions: config.topic_partitions,
-                replication_factor: config.topic_replication_factor,
-                config: {
-                    let mut topic_config = config.topic_config.clone();
-                    // Room for the largest record and for the largest batch of several.
-                    let max_message_bytes = config.max_record_bytes.max(required_topic_limit(batch_limit_bytes));
-                    topic_config
-                        .entry("max.message.bytes".to_string())
-                        .or_insert_with(|| max_message_bytes.to_string());
-                    topic_config
-                },
-                dead_letter_topic: config.dead_letter_topic.clone(),
-            },
+            topics: TopicSettings::of(config, batch_limit_bytes),
         })
     }
 

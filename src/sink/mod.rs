@@ -2,6 +2,7 @@
 //!
 //! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
 
+pub mod check;
 pub mod kafka;
 
 pub use kafka::{KafkaSink, IN_FLIGHT_OVERHEAD_BYTES};

@@ -10,6 +10,7 @@ pub mod decode;
 pub mod files;
 pub mod history;
 pub mod key_order;
+pub mod managed;
 pub mod overlap;
 pub mod preflight;
 pub mod purge;

@@ -3,8 +3,6 @@
 //!
 //! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
 
-use std::fmt;
-
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
@@ -14,103 +12,11 @@ use super::key_order::KeyType;
 use super::{NameCase, ServerInfo};
 use crate::config::{ColumnNames, Config, ResumeBy};
 use crate::error::{classify_mysql, Error, Result};
+use crate::findings::{Finding, Report};
 use crate::outbox::TableName;
 use crate::position::EndEvent;
 use crate::position::ServerIdentity;
 use crate::position::{Flavor, Position};
-
-/// Outcome of one check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    /// As required.
-    Ok,
-    /// Works, but worth attention.
-    Warn,
-    /// The connector cannot run correctly like this.
-    Fail,
-}
-
-/// One checked setting.
-#[derive(Debug, Clone)]
-pub struct Finding {
-    /// What was checked.
-    pub setting: String,
-    /// The required value.
-    pub expected: String,
-    /// What the server has.
-    pub actual: String,
-    /// Outcome.
-    pub status: Status,
-    /// How to fix it (empty when OK).
-    pub fix: String,
-}
-
-/// All findings for one server.
-#[derive(Debug, Clone, Default)]
-pub struct Report {
-    /// Findings in check order.
-    pub findings: Vec<Finding>,
-}
-
-impl Report {
-    fn push(&mut self, setting: &str, expected: &str, actual: &str, ok: bool, fix: &str) {
-        self.findings.push(Finding {
-            setting: setting.into(),
-            expected: expected.into(),
-            actual: actual.into(),
-            status: if ok { Status::Ok } else { Status::Fail },
-            fix: if ok { String::new() } else { fix.into() },
-        });
-    }
-
-    fn warn(&mut self, setting: &str, expected: &str, actual: &str, fix: &str) {
-        self.findings.push(Finding {
-            setting: setting.into(),
-            expected: expected.into(),
-            actual: actual.into(),
-            status: Status::Warn,
-            fix: fix.into(),
-        });
-    }
-
-    /// Failed findings.
-    pub fn failures(&self) -> impl Iterator<Item = &Finding> {
-        self.findings.iter().filter(|f| f.status == Status::Fail)
-    }
-
-    /// A definite error listing every failure, or `Ok` when nothing failed.
-    ///
-    /// # Errors
-    /// A definite error when any check failed.
-    pub fn into_result(self) -> Result<()> {
-        let failures: Vec<String> = self
-            .failures()
-            .map(|f| format!("{}: expected {}, found {} — {}", f.setting, f.expected, f.actual, f.fix))
-            .collect();
-        if failures.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::definite(format!("preflight failed:\n  {}", failures.join("\n  "))))
-        }
-    }
-}
-
-impl fmt::Display for Report {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for finding in &self.findings {
-            let mark = match finding.status {
-                Status::Ok => "ok  ",
-                Status::Warn => "WARN",
-                Status::Fail => "FAIL",
-            };
-            writeln!(f, "[{mark}] {}: expected {}, actual {}", finding.setting, finding.expected, finding.actual)?;
-            if !finding.fix.is_empty() {
-                writeln!(f, "       fix: {}", finding.fix)?;
-            }
-        }
-        Ok(())
-    }
-}
 
 async fn variable(conn: &mut Conn, name: &str) -> Result<Option<String>> {
     let row: Option<(String, String)> = conn
@@ -152,7 +58,8 @@ pub async fn check(
 ) -> Result<Report> {
     let mut report = Report::default();
     let flavor = info.identity.flavor;
-    let restart_note = "(set it in the server's configuration file and restart it; replicas need it too)";
+    let managed = super::purge::read_managed(conn).await?;
+    let restart_note = super::managed::where_to_set(managed.provider);
 
     let log_bin = variable(conn, "log_bin").await?;
     report.push("log_bin", "ON", &shown(&log_bin), on(&log_bin), &format!("enable binary logging {restart_note}"));
@@ -226,6 +133,18 @@ pub async fn check(
             !on(&compress),
             "SET GLOBAL log_bin_compress = OFF (compressed events cannot be decoded)",
         );
+    }
+
+    let retention = super::managed::judge(managed.provider, &managed.retention);
+    report.findings.push(Finding {
+        setting: retention.setting,
+        expected: retention.expected,
+        actual: retention.actual,
+        status: retention.status,
+        fix: retention.fix,
+    });
+    if let Some(problem) = &managed.endpoint_problem {
+        report.push("binlog source", "the writer (only it has binlogs)", "an Aurora reader", false, problem);
     }
 
     check_replica(conn, info, &mut report).await?;

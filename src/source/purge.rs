@@ -18,6 +18,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
 use super::binary_logs;
+use super::managed::{self, Retention, RetentionQuery};
 use crate::error::{classify_mysql, Result};
 use crate::position::Position;
 
@@ -55,6 +56,8 @@ impl std::fmt::Display for PurgeRisk {
         }
         let retention = if self.retention_seconds == 0 {
             "binlogs never expire".to_string()
+        } else if self.retention_seconds == managed::AS_SOON_AS_POSSIBLE_SECONDS {
+            "no retention: the server purges binlogs as soon as possible (see outbox-cdc check)".to_string()
         } else {
             format!("retention {}", human_seconds(self.retention_seconds))
         };
@@ -68,21 +71,51 @@ impl std::fmt::Display for PurgeRisk {
     }
 }
 
-/// The server's binlog retention in seconds (0 = never expires).
+/// The server's binlog retention in seconds as its provider applies it (0 = never expires,
+/// [`managed::AS_SOON_AS_POSSIBLE_SECONDS`] = purged as soon as possible, also when a managed service's
+/// setting could not be read: the estimate errs on the side of warning early).
 ///
 /// # Errors
 /// Classified query errors.
 pub async fn retention_seconds(conn: &mut Conn) -> Result<u64> {
-    // MySQL 8+ and MariaDB 10.6+ have binlog_expire_logs_seconds (MariaDB keeps it in sync with
-    // expire_logs_days); older servers only expire_logs_days. MySQL 8.4 removed expire_logs_days.
-    if let Ok(Some(seconds)) = conn.query_first::<u64, _>("SELECT @@global.binlog_expire_logs_seconds").await {
-        if seconds > 0 {
-            return Ok(seconds);
+    let reading = read_managed(conn).await?;
+    Ok(reading.retention.unwrap_or(Retention::AsSoonAsPossible).gauge_seconds())
+}
+
+/// Who runs the server and its binlog retention, read where that provider keeps it ([`managed`]).
+///
+/// # Errors
+/// Classified query errors; a refused retention query is the reading's `Err` instead.
+pub async fn read_managed(conn: &mut Conn) -> Result<managed::Reading> {
+    let names: Vec<String> = managed::REPORTED_VARIABLES.iter().map(|n| format!("'{n}'")).collect();
+    let sql = format!("SHOW GLOBAL VARIABLES WHERE Variable_name IN ({})", names.join(", "));
+    let vars: std::collections::BTreeMap<String, String> =
+        conn.query(sql).await.map_err(|e| classify_mysql(&e))?.into_iter().collect();
+    let provider = managed::detect(&vars);
+    let retention = match provider.retention_query() {
+        RetentionQuery::Variables { zero } => Ok(managed::retention_from_variables(&vars, zero)),
+        RetentionQuery::RdsConfiguration => rds_retention(conn).await?,
+    };
+    Ok(managed::Reading { provider, retention, endpoint_problem: managed::endpoint_problem(provider, &vars) })
+}
+
+/// The retention RDS and Aurora report (`CALL mysql.rds_show_configuration`); `Err` when the server
+/// refused the call (the connector's user may lack EXECUTE on it) or answered something else.
+///
+/// # Errors
+/// Classified errors other than the server's refusal (a cut connection).
+pub async fn rds_retention(conn: &mut Conn) -> Result<std::result::Result<Retention, String>> {
+    match conn.query::<mysql_async::Row, _>(managed::RDS_SHOW_CONFIGURATION).await {
+        Ok(rows) => {
+            let rows: Vec<(String, Option<String>)> = rows
+                .iter()
+                .map(|r| (r.get::<String, _>(0).unwrap_or_default(), r.get::<Option<String>, _>(1).flatten()))
+                .collect();
+            Ok(managed::retention_from_rds_configuration(&rows))
         }
-    }
-    match conn.query_first::<f64, _>("SELECT @@global.expire_logs_days").await {
-        Ok(days) => Ok((days.unwrap_or(0.0) * 86_400.0) as u64),
-        Err(mysql_async::Error::Server(_)) => Ok(0),
+        Err(mysql_async::Error::Server(e)) => {
+            Ok(Err(format!("{} was refused: {}", managed::RDS_SHOW_CONFIGURATION, e.message)))
+        }
         Err(e) => Err(classify_mysql(&e)),
     }
 }
@@ -149,6 +182,10 @@ mod tests {
         );
         let never = PurgeRisk { retention_seconds: 0, ..risk };
         assert_eq!(never.ratio(), 0.0);
+        // A managed service that purges binlogs as soon as possible (RDS's default): never "ample".
+        let none = PurgeRisk { retention_seconds: managed::AS_SOON_AS_POSSIBLE_SECONDS, ..risk };
+        assert!(none.ratio() > 1.0);
+        assert!(none.to_string().contains("no retention: the server purges binlogs as soon as possible"), "{none}");
         let gone = PurgeRisk { file_gone: true, ..risk };
         assert!(gone.ratio().is_infinite());
         assert!(gone.to_string().starts_with("PURGED"));

@@ -1,0 +1,870 @@
+//! `outbox-cdc check`, the Kafka half: what `run` will need from the cluster, asked before it is needed.
+//!
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//!
+//! The check connects with the producer's own configuration ([`super::kafka::producer_config`]: the
+//! configured `[kafka.properties]` with the delivery guarantee's settings over them), so a property
+//! librdkafka refuses, a wrong credential or an unreachable listener shows here exactly as it would at `run`.
+//! Then, for every topic the connector will write to (the routed topics the caller lists, and the dead-letter
+//! topic):
+//! - it exists with at least `kafka.topic_partitions` partitions, or, with `kafka.create_topics = true`, a
+//!   validate-only CreateTopics with the settings `run` creates it with is accepted;
+//! - its `max.message.bytes` takes the producer's batches ([`super::kafka::check_topic_limit`], the rule `run`
+//!   applies at a topic's first record), and the dead-letter topic takes records of `kafka.max_record_bytes`.
+//!
+//! And once for the cluster: the idempotent producer gets a producer id (InitProducerId), which needs the
+//! permission to write: `IDEMPOTENT_WRITE` on the cluster, or, from Kafka 3.0 on (KIP-679), `WRITE` on any
+//! topic. librdkafka asks for it as soon as a broker is up, before any record is produced, and makes an
+//! authorization error fatal: so the check produces nothing and still sees the refusal `run` would meet.
+//!
+//! # What it cannot see
+//! - The broker's version: the Kafka protocol has no field for it. What the broker does say is the range of
+//!   versions of each request it supports (ApiVersions); the check shows those that the connector uses.
+//! - `WRITE` on each topic: only a produce request proves it, and the check does not write to the user's
+//!   topics. The producer id proves write permission somewhere; a topic without it fails at `run` with
+//!   TOPIC_AUTHORIZATION_FAILED, a definite error naming the topic.
+//! - A validate-only CreateTopics is only as good as the broker's support of it: a broker that ignores the
+//!   flag creates the topic (with the settings `run` would have used); the finding says so.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientContext, Statistics};
+
+use super::kafka::{self, TopicSettings};
+use crate::config::{Config, KafkaConfig};
+use crate::error::{classify_kafka, Error, Result};
+use crate::findings::{Finding, Report, Status};
+
+/// How long each question to the cluster may take.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The APIs whose supported versions the check shows: the ones the connector sends.
+const SHOWN_APIS: [&str; 6] = ["Produce", "Metadata", "InitProducerId", "CreateTopics", "DescribeConfigs", "Fetch"];
+
+/// What `check` found out about the Kafka cluster.
+#[derive(Debug, Clone)]
+pub struct KafkaCheck {
+    /// The cluster id, when the broker reports one.
+    pub cluster_id: Option<String>,
+    /// `id at host:port` of each broker in the metadata.
+    pub brokers: Vec<String>,
+    /// `(api, min, max)` of each request the first broker that answered supports, in ApiKey order.
+    pub api_versions: Vec<(String, i16, i16)>,
+    /// One finding per requirement, printed like the source's.
+    pub report: Report,
+}
+
+impl fmt::Display for KafkaCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "kafka: cluster id {}; broker(s): {}",
+            self.cluster_id.as_deref().unwrap_or("(not reported)"),
+            self.brokers.join(", ")
+        )?;
+        writeln!(f, "kafka broker version: {}", describe_versions(&self.api_versions))?;
+        write!(f, "{}", self.report)
+    }
+}
+
+/// The broker's version as far as the protocol tells it.
+fn describe_versions(apis: &[(String, i16, i16)]) -> String {
+    if apis.is_empty() {
+        return "not part of the Kafka protocol, and the broker's ApiVersions answer was not seen (a broker \
+                before Kafka 0.10, or api.version.request = false)"
+            .to_string();
+    }
+    let shown: Vec<String> = SHOWN_APIS
+        .iter()
+        .filter_map(|name| apis.iter().find(|(api, _, _)| api == name))
+        .map(|(api, min, max)| format!("{api} v{min}-{max}"))
+        .collect();
+    format!(
+        "not part of the Kafka protocol; the broker supports {} request types, among them {}",
+        apis.len(),
+        shown.join(", ")
+    )
+}
+
+/// An error librdkafka reported through the error callback: its code, and its text.
+type SeenError = (Option<RDKafkaErrorCode>, String);
+
+/// What the check's producer saw through librdkafka's callbacks.
+#[derive(Debug, Default)]
+struct Observed {
+    /// From the `APIVERSION` debug lines of the first broker that answered.
+    api_versions: Vec<(String, i16, i16)>,
+    /// The idempotent producer's state and id, from the statistics.
+    producer_id: Option<(String, i64)>,
+    /// Errors librdkafka reported while retrying (connection, TLS, SASL), newest last.
+    errors: Vec<SeenError>,
+}
+
+/// Collects [`Observed`]; every other log line goes to `tracing` at debug level (the check prints findings,
+/// not librdkafka's retries).
+#[derive(Default)]
+struct CheckContext {
+    observed: Mutex<Observed>,
+}
+
+impl CheckContext {
+    fn observed(&self) -> std::sync::MutexGuard<'_, Observed> {
+        self.observed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl ClientContext for CheckContext {
+    fn log(&self, _level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        if fac == "APIVERSION" {
+            if let Some(api) = parse_api_version(log_message) {
+                let mut observed = self.observed();
+                // Each broker logs its list; keep the first broker's.
+                if !observed.api_versions.iter().any(|(name, _, _)| *name == api.0) {
+                    observed.api_versions.push(api);
+                }
+            }
+            return;
+        }
+        tracing::debug!(target: "librdkafka", fac, "{log_message}");
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        let mut observed = self.observed();
+        observed.errors.push((error.rdkafka_error_code(), format!("{error}: {reason}")));
+        let excess = observed.errors.len().saturating_sub(16);
+        observed.errors.drain(..excess);
+    }
+
+    fn stats(&self, statistics: Statistics) {
+        if let Some(eos) = statistics.eos {
+            self.observed().producer_id = Some((eos.idemp_state, eos.producer_id));
+        }
+    }
+}
+
+impl ProducerContext for CheckContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, _: &DeliveryResult<'_>, _: ()) {}
+}
+
+/// `(api, min, max)` from librdkafka's `APIVERSION` debug line `…ApiKey Produce (0) Versions 0..11`.
+fn parse_api_version(line: &str) -> Option<(String, i16, i16)> {
+    let rest = &line[line.find("ApiKey ")? + "ApiKey ".len()..];
+    let (name, rest) = rest.split_once(" (")?;
+    let versions = rest.split_once("Versions ")?.1.trim();
+    let (min, max) = versions.split_once("..")?;
+    Some((name.to_string(), min.trim().parse().ok()?, max.trim().parse().ok()?))
+}
+
+/// A topic as the metadata shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TopicState {
+    /// Not in the cluster.
+    Missing,
+    /// The connector's principal may not describe it.
+    Denied,
+    /// The metadata's error for it.
+    Error(String),
+    /// Exists with this many partitions.
+    Exists(usize),
+}
+
+/// Checks the cluster `config` names for everything `run` will need, writing to the `routed` topics (as
+/// the caller could list them: `Err` says why it could not) and the dead-letter topic.
+///
+/// # Errors
+/// A definite error when librdkafka refuses the configuration or the broker the credentials; a transient
+/// one when no broker answers. Everything else is a finding.
+pub async fn check(config: &KafkaConfig, routed: Result<Vec<String>>) -> Result<KafkaCheck> {
+    let (mut cc, batch_limit_bytes) = kafka::producer_config(config)?;
+    // The ApiVersions answer is logged only at debug level with the `feature` context; the statistics carry
+    // the idempotent producer's state.
+    let debug = match config.properties.get("debug") {
+        Some(d) if !d.trim().is_empty() => format!("{d},feature"),
+        _ => "feature".to_string(),
+    };
+    cc.set("debug", &debug).set("statistics.interval.ms", "100").set_log_level(RDKafkaLogLevel::Debug);
+    let producer: BaseProducer<CheckContext> =
+        cc.create_with_context(CheckContext::default()).map_err(|e| classify_kafka(&e))?;
+    let producer = Arc::new(producer);
+    let admin: AdminClient<DefaultClientContext> =
+        kafka::client_config(config).create().map_err(|e| classify_kafka(&e))?;
+    let settings = TopicSettings::of(config, batch_limit_bytes);
+
+    let mut report = Report::default();
+    let mut topics: BTreeSet<String> = BTreeSet::new();
+    match routed {
+        Ok(list) if list.is_empty() => report.findings.push(warn(
+            "kafka routed topics",
+            "the topics the outbox rows route to",
+            "none yet (the topic template depends on the rows, and the table has none)",
+            "only the dead-letter topic was checked; the routed topics are checked when rows exist",
+        )),
+        Ok(list) => topics.extend(list),
+        Err(e) => report.findings.push(warn(
+            "kafka routed topics",
+            "the topics the outbox rows route to",
+            "cannot be listed",
+            &format!("only the dead-letter topic was checked ({e})"),
+        )),
+    }
+    topics.insert(config.dead_letter_topic.clone());
+
+    let (cluster_id, brokers) = blocking(&producer, connect).await?;
+    for topic in &topics {
+        let dead_letter = *topic == config.dead_letter_topic;
+        check_topic(&producer, &admin, &settings, config, topic, dead_letter, batch_limit_bytes, &mut report).await?;
+    }
+    let outcome = blocking(&producer, |p| Ok(await_producer_id(p))).await?;
+    report.findings.push(producer_id_finding(&outcome));
+    let api_versions = producer.context().observed().api_versions.clone();
+    Ok(KafkaCheck { cluster_id, brokers, api_versions, report })
+}
+
+/// The routed topics known without reading outbox rows (`source.kind = "files"` has no table to read): the
+/// topic template rendered for each outbox table, when it depends on no column of the row.
+///
+/// # Errors
+/// Why they are not known: the template depends on the rows.
+pub fn topics_without_rows(config: &Config) -> Result<Vec<String>> {
+    let template = config.topic();
+    if template.uses_columns() != (false, false) {
+        return Err(Error::definite(format!(
+            "kafka.topic {:?} depends on the rows' columns, which source.kind = \"files\" has no table to list",
+            config.kafka.topic
+        )));
+    }
+    let topics: BTreeSet<String> = config.tables().iter().map(|t| template.render_parts(t, "", "")).collect();
+    Ok(topics.into_iter().collect())
+}
+
+/// Runs `f` on the producer on a blocking thread (librdkafka's metadata calls block).
+async fn blocking<T: Send + 'static>(
+    producer: &Arc<BaseProducer<CheckContext>>,
+    f: impl FnOnce(&BaseProducer<CheckContext>) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let producer = producer.clone();
+    tokio::task::spawn_blocking(move || f(&producer))
+        .await
+        .map_err(|e| Error::transient(format!("the Kafka check's task failed: {e}")))?
+}
+
+/// Asks for the cluster's metadata: the first answer proves that the listener, TLS and SASL settings work.
+fn connect(producer: &BaseProducer<CheckContext>) -> Result<(Option<String>, Vec<String>)> {
+    let client = producer.client();
+    let metadata = match client.fetch_metadata(None, CHECK_TIMEOUT) {
+        Ok(m) => m,
+        Err(e) => {
+            // The error callbacks of the attempts are queued until polled.
+            for _ in 0..20 {
+                producer.poll(Duration::from_millis(10));
+            }
+            return Err(unreachable(&e, &producer.context().observed().errors));
+        }
+    };
+    let brokers = metadata.brokers().iter().map(|b| format!("{} at {}:{}", b.id(), b.host(), b.port())).collect();
+    Ok((client.fetch_cluster_id(CHECK_TIMEOUT), brokers))
+}
+
+/// Why no broker answered: a refused credential or certificate is definite (it needs an operator), anything
+/// else transient (as for the source: exit 3, "cannot be reached").
+fn unreachable(error: &KafkaError, seen: &[SeenError]) -> Error {
+    let definite = seen.iter().rev().find(|(code, _)| {
+        matches!(code, Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed))
+            || matches!(code, Some(RDKafkaErrorCode::SSL))
+    });
+    if let Some((_, reason)) = definite {
+        return Error::definite(format!(
+            "Kafka refused the connection: {reason}. Check the security.protocol, ssl.* and sasl.* entries of \
+             [kafka.properties] and the broker's listener"
+        ));
+    }
+    let last = seen.last().map(|(_, r)| format!(" (last error: {r})")).unwrap_or_default();
+    classify_kafka(error).context(format_args!(
+        "no Kafka broker answered within {} s{last}; check kafka.bootstrap_servers, the network, and that \
+         security.protocol matches the broker's listener (a TLS client waits on a plaintext listener)",
+        CHECK_TIMEOUT.as_secs()
+    ))
+}
+
+/// The topic's state in the metadata, asked for the topic alone (as `run` does: with
+/// `allow.auto.create.topics = false` the request creates nothing, and a topic the principal may not describe
+/// answers TOPIC_AUTHORIZATION_FAILED instead of being left out).
+fn topic_state(producer: &BaseProducer<CheckContext>, topic: &str) -> Result<TopicState> {
+    let metadata = producer
+        .client()
+        .fetch_metadata(Some(topic), CHECK_TIMEOUT)
+        .map_err(|e| classify_kafka(&e).context(format_args!("fetching the metadata of Kafka topic {topic:?}")))?;
+    let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else { return Ok(TopicState::Missing) };
+    Ok(match t.error().map(RDKafkaErrorCode::from) {
+        None if t.partitions().is_empty() => TopicState::Missing,
+        None => TopicState::Exists(t.partitions().len()),
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic) => TopicState::Missing,
+        Some(RDKafkaErrorCode::TopicAuthorizationFailed) => TopicState::Denied,
+        Some(code) => TopicState::Error(code.to_string()),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn check_topic(
+    producer: &Arc<BaseProducer<CheckContext>>,
+    admin: &AdminClient<DefaultClientContext>,
+    settings: &TopicSettings,
+    config: &KafkaConfig,
+    topic: &str,
+    dead_letter: bool,
+    batch_limit_bytes: usize,
+    report: &mut Report,
+) -> Result<()> {
+    let name = topic.to_string();
+    let mut state = blocking(producer, move |p| topic_state(p, &name)).await?;
+    let mut created_by_validation = false;
+    if state == TopicState::Missing && settings.create {
+        let finding = validate_creation(admin, settings, topic).await?;
+        if finding.status == Status::Fail {
+            report.findings.push(finding);
+            return Ok(());
+        }
+        let name = topic.to_string();
+        state = blocking(producer, move |p| topic_state(p, &name)).await?;
+        created_by_validation = state != TopicState::Missing;
+        if !created_by_validation {
+            report.findings.push(finding);
+            return Ok(());
+        }
+    }
+    report.findings.push(topic_finding(topic, &state, settings, created_by_validation));
+    if matches!(state, TopicState::Exists(_)) {
+        let limit = read_topic_limit(admin, topic).await;
+        report.findings.push(limit_finding(topic, limit, batch_limit_bytes, config.max_record_bytes, dead_letter));
+    }
+    Ok(())
+}
+
+/// The finding for a topic that exists, is missing (and may not be created), or cannot be described.
+fn topic_finding(topic: &str, state: &TopicState, settings: &TopicSettings, created_by_validation: bool) -> Finding {
+    let setting = format!("kafka topic {topic}");
+    let wanted = settings.partitions;
+    let expected = if settings.create {
+        "exists, or may be created".to_string()
+    } else {
+        format!("exists with at least {wanted} partition(s) (kafka.topic_partitions; kafka.create_topics = false)")
+    };
+    let config = settings.config_of(topic);
+    let max_message_bytes = config.get("max.message.bytes").map_or("", String::as_str);
+    let create_it = format!(
+        "create it (kafka-topics --create --topic {topic} --partitions {wanted} --config \
+         max.message.bytes={max_message_bytes}), or set kafka.create_topics = true"
+    );
+    match state {
+        TopicState::Exists(n) if !settings.create && (*n as i64) < i64::from(wanted) => fail(
+            &setting,
+            &expected,
+            &format!("{n} partition(s)"),
+            &format!(
+                "kafka.topic_partitions = {wanted} but the topic has {n}: add partitions before the first event \
+                 (kafka-topics --alter --topic {topic} --partitions {wanted}; adding them later moves \
+                 aggregates to other partitions, and their order across the move is lost), or set \
+                 kafka.topic_partitions = {n} if {n} is what you want"
+            ),
+        ),
+        TopicState::Exists(n) if created_by_validation => ok(
+            &setting,
+            &expected,
+            &format!(
+                "{n} partition(s): the broker created it although asked only to validate its creation (with the \
+                 settings run would have used)"
+            ),
+        ),
+        TopicState::Exists(n) => ok(&setting, &expected, &format!("exists, {n} partition(s)")),
+        TopicState::Missing => fail(&setting, &expected, "missing", &create_it),
+        TopicState::Denied => fail(
+            &setting,
+            &expected,
+            "not permitted to describe it (TOPIC_AUTHORIZATION_FAILED)",
+            &format!(
+                "grant the connector's principal DESCRIBE and WRITE on the topic (kafka-acls --add \
+                 --allow-principal User:<name> --operation Describe --operation Write --topic {topic}); \
+                 with kafka.create_topics = true, CREATE too"
+            ),
+        ),
+        TopicState::Error(code) => fail(
+            &setting,
+            &expected,
+            &format!("the metadata answered {code}"),
+            "see the broker's log; check again once the topic's partitions have a leader",
+        ),
+    }
+}
+
+/// Asks the broker to validate the creation of `topic` with the settings `run` would create it with.
+async fn validate_creation(
+    admin: &AdminClient<DefaultClientContext>,
+    settings: &TopicSettings,
+    topic: &str,
+) -> Result<Finding> {
+    let setting = format!("kafka topic {topic}");
+    let expected = "exists, or may be created";
+    let topic_config = settings.config_of(topic);
+    let mut new_topic = NewTopic::new(topic, settings.partitions, TopicReplication::Fixed(settings.replication_factor));
+    for (k, v) in &topic_config {
+        new_topic = new_topic.set(k, v);
+    }
+    let options = AdminOptions::new().validate_only(true).request_timeout(Some(CHECK_TIMEOUT));
+    let results = admin
+        .create_topics([&new_topic], &options)
+        .await
+        .map_err(|e| classify_kafka(&e).context(format_args!("validating the creation of Kafka topic {topic:?}")))?;
+    let code = results.into_iter().find_map(|r| r.err().map(|(_, code)| code));
+    Ok(creation_finding(&setting, expected, settings, code))
+}
+
+/// The finding for a validate-only CreateTopics that answered `code` (`None`: accepted).
+fn creation_finding(
+    setting: &str,
+    expected: &str,
+    settings: &TopicSettings,
+    code: Option<RDKafkaErrorCode>,
+) -> Finding {
+    let partitions = settings.partitions;
+    match code {
+        None | Some(RDKafkaErrorCode::TopicAlreadyExists) => ok(
+            setting,
+            expected,
+            &format!("missing; the broker accepts its creation ({partitions} partition(s)), which run will do"),
+        ),
+        Some(c @ (RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::ClusterAuthorizationFailed)) => fail(
+            setting,
+            expected,
+            &format!("missing, and creating it is not permitted ({c:?})"),
+            "grant the connector's principal CREATE on the cluster or on the topic (kafka-acls --add \
+                 --allow-principal User:<name> --operation Create --topic <topic>), or create the topic yourself \
+                 and set kafka.create_topics = false",
+        ),
+        Some(RDKafkaErrorCode::InvalidReplicationFactor) => fail(
+            setting,
+            expected,
+            &format!("missing, and replication factor {} is refused", settings.replication_factor),
+            "set kafka.topic_replication_factor to at most the number of brokers, or -1 for the broker's \
+             default.replication.factor",
+        ),
+        Some(RDKafkaErrorCode::InvalidPartitions) => fail(
+            setting,
+            expected,
+            &format!("missing, and {partitions} partition(s) are refused"),
+            "set kafka.topic_partitions to a count the broker accepts",
+        ),
+        Some(c @ (RDKafkaErrorCode::InvalidConfig | RDKafkaErrorCode::PolicyViolation)) => fail(
+            setting,
+            expected,
+            &format!("missing, and its settings are refused ({c:?})"),
+            "the broker refuses kafka.topic_config (with max.message.bytes as check computes it): fix \
+             kafka.topic_config, or create the topic yourself and set kafka.create_topics = false",
+        ),
+        Some(c) => fail(
+            setting,
+            expected,
+            &format!("missing, and the broker refused its creation ({c:?})"),
+            "see the broker's log, or create the topic yourself and set kafka.create_topics = false",
+        ),
+    }
+}
+
+/// `max.message.bytes` of `topic` from DescribeConfigs; `Err` says why it is unknown.
+async fn read_topic_limit(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+) -> std::result::Result<usize, String> {
+    let resource = ResourceSpecifier::Topic(topic);
+    let options = AdminOptions::new().request_timeout(Some(CHECK_TIMEOUT));
+    let results = admin.describe_configs([&resource], &options).await.map_err(|e| e.to_string())?;
+    match results.into_iter().next() {
+        Some(Ok(config)) => match config.get("max.message.bytes").and_then(|e| e.value.as_deref()) {
+            Some(value) => value.trim().parse().map_err(|_| format!("the broker answered {value:?}")),
+            None => Err("the broker's answer has no max.message.bytes".to_string()),
+        },
+        Some(Err(code)) => Err(format!("the broker answered {code:?}")),
+        None => Err("the broker answered nothing".to_string()),
+    }
+}
+
+/// The finding for a topic's `max.message.bytes`: the rule `run` applies at the topic's first record
+/// ([`kafka::check_topic_limit`]), and for the dead-letter topic room for a record of `max_record_bytes`.
+/// A smaller routed topic only dead-letters its larger records; an unknown limit cannot be checked.
+fn limit_finding(
+    topic: &str,
+    limit: std::result::Result<usize, String>,
+    batch_limit_bytes: usize,
+    max_record_bytes: usize,
+    dead_letter: bool,
+) -> Finding {
+    let setting = format!("kafka topic {topic} max.message.bytes");
+    let batches = kafka::required_topic_limit(batch_limit_bytes);
+    let records =
+        if dead_letter { format!(", and >= kafka.max_record_bytes ({max_record_bytes})") } else { String::new() };
+    let expected = format!(">= {batches} (the producer's batches){records}");
+    let raise = |to: usize| {
+        format!("kafka-configs --alter --entity-type topics --entity-name {topic} --add-config max.message.bytes={to}")
+    };
+    let limit = match limit {
+        Ok(l) => l,
+        Err(why) => {
+            return warn(
+                &setting,
+                &expected,
+                &format!("unknown ({why})"),
+                &format!(
+                    "cannot be checked: keep the topic's max.message.bytes at {} or more",
+                    batches.max(if dead_letter { max_record_bytes } else { 0 })
+                ),
+            )
+        }
+    };
+    if let Err(e) = kafka::check_topic_limit(topic, limit, batch_limit_bytes) {
+        return fail(&setting, &expected, &limit.to_string(), &e.to_string());
+    }
+    if dead_letter && limit < max_record_bytes {
+        return fail(
+            &setting,
+            &expected,
+            &limit.to_string(),
+            &format!(
+                "a dead letter of up to kafka.max_record_bytes would be refused: {}, or lower \
+                 kafka.max_record_bytes to {limit}",
+                raise(max_record_bytes)
+            ),
+        );
+    }
+    if limit < max_record_bytes {
+        return warn(
+            &setting,
+            &expected,
+            &format!("{limit}, below kafka.max_record_bytes ({max_record_bytes})"),
+            &format!(
+                "records of this topic larger than {limit} bytes go to the dead-letter topic; if they should not, \
+                 {}",
+                raise(max_record_bytes)
+            ),
+        );
+    }
+    ok(&setting, &expected, &limit.to_string())
+}
+
+/// How the idempotent producer's InitProducerId ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ProducerId {
+    /// The broker assigned this producer id.
+    Assigned(i64),
+    /// The producer failed fatally with this error (an authorization refusal is fatal in librdkafka).
+    Fatal(RDKafkaErrorCode, String),
+    /// Neither within the timeout: the idempotence state, and the last error librdkafka reported.
+    NoAnswer(String, Option<String>),
+}
+
+/// Polls the producer until it has a producer id or failed fatally.
+fn await_producer_id(producer: &BaseProducer<CheckContext>) -> ProducerId {
+    let deadline = Instant::now() + CHECK_TIMEOUT;
+    loop {
+        producer.poll(Duration::from_millis(50));
+        if let Some((code, reason)) = producer.client().fatal_error() {
+            return ProducerId::Fatal(code, reason);
+        }
+        let observed = producer.context().observed();
+        match &observed.producer_id {
+            Some((state, id)) if state == "Assigned" && *id >= 0 => return ProducerId::Assigned(*id),
+            state if Instant::now() >= deadline => {
+                let state = state.as_ref().map_or_else(|| "unknown".to_string(), |(s, _)| s.clone());
+                return ProducerId::NoAnswer(state, observed.errors.last().map(|(_, r)| r.clone()));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The write-permission finding from the InitProducerId outcome.
+fn producer_id_finding(outcome: &ProducerId) -> Finding {
+    const SETTING: &str = "kafka write permission (idempotent producer id)";
+    const EXPECTED: &str = "InitProducerId answered with a producer id";
+    match outcome {
+        ProducerId::Assigned(id) => ok(SETTING, EXPECTED, &format!("producer id {id}")),
+        ProducerId::Fatal(
+            code @ (RDKafkaErrorCode::ClusterAuthorizationFailed | RDKafkaErrorCode::TopicAuthorizationFailed),
+            reason,
+        ) => fail(
+            SETTING,
+            EXPECTED,
+            &format!("refused ({code:?}): {reason}"),
+            "grant the connector's principal WRITE on its topics (Kafka 3.0+: kafka-acls --add --allow-principal \
+             User:<name> --operation Write --topic <topic>, for the routed and the dead-letter topics) or, on \
+             older brokers, IDEMPOTENT_WRITE on the cluster (--operation IdempotentWrite --cluster)",
+        ),
+        ProducerId::Fatal(RDKafkaErrorCode::UnsupportedFeature, reason) => fail(
+            SETTING,
+            EXPECTED,
+            &format!("not supported: {reason}"),
+            "the broker cannot serve an idempotent producer (Kafka 0.11 or later is needed); the connector's \
+             ordering and duplicate guarantees depend on it",
+        ),
+        ProducerId::Fatal(code, reason) => fail(
+            SETTING,
+            EXPECTED,
+            &format!("failed ({code:?}): {reason}"),
+            "see the broker's log; run cannot produce until the producer gets an id",
+        ),
+        ProducerId::NoAnswer(state, last) => fail(
+            SETTING,
+            EXPECTED,
+            &format!(
+                "no producer id within {} s (state {state}{})",
+                CHECK_TIMEOUT.as_secs(),
+                last.as_ref().map(|l| format!(", last error: {l}")).unwrap_or_default()
+            ),
+            "check that the broker supports idempotent producers and serves InitProducerId (its log), then check \
+             again",
+        ),
+    }
+}
+
+fn finding(setting: &str, expected: &str, actual: &str, status: Status, fix: &str) -> Finding {
+    Finding {
+        setting: setting.into(),
+        expected: expected.into(),
+        actual: actual.into(),
+        status,
+        fix: if status == Status::Ok { String::new() } else { fix.into() },
+    }
+}
+
+fn ok(setting: &str, expected: &str, actual: &str) -> Finding {
+    finding(setting, expected, actual, Status::Ok, "")
+}
+
+fn warn(setting: &str, expected: &str, actual: &str, fix: &str) -> Finding {
+    finding(setting, expected, actual, Status::Warn, fix)
+}
+
+fn fail(setting: &str, expected: &str, actual: &str, fix: &str) -> Finding {
+    finding(setting, expected, actual, Status::Fail, fix)
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+    use super::*;
+
+    fn kafka_config(bootstrap: &str, kafka: &str) -> KafkaConfig {
+        let text = format!(
+            "[source]\nhost = \"h\"\nuser = \"u\"\nserver_id = 1\n[outbox]\ntable = \"s.t\"\n[kafka]\n\
+             bootstrap_servers = \"{bootstrap}\"\n{kafka}\n"
+        );
+        crate::config::Config::parse(&text).unwrap().kafka
+    }
+
+    fn settings(kafka: &str) -> TopicSettings {
+        TopicSettings::of(&kafka_config("b:9092", kafka), 1_000_000)
+    }
+
+    /// The topic rules, one row each: partitions count only when the connector may not create topics.
+    #[test]
+    fn topic_findings() {
+        let fixed = settings("create_topics = false\ntopic_partitions = 6");
+        let creating = settings("create_topics = true\ntopic_partitions = 6");
+        let cases: &[(&TopicSettings, TopicState, Status, &str)] = &[
+            (&fixed, TopicState::Exists(6), Status::Ok, ""),
+            (&fixed, TopicState::Exists(12), Status::Ok, ""),
+            (&fixed, TopicState::Exists(3), Status::Fail, "kafka.topic_partitions = 3"),
+            (&creating, TopicState::Exists(3), Status::Ok, ""),
+            (&fixed, TopicState::Missing, Status::Fail, "kafka-topics --create --topic t --partitions 6"),
+            (&fixed, TopicState::Denied, Status::Fail, "--operation Describe --operation Write --topic t"),
+            (&creating, TopicState::Error("LeaderNotAvailable".into()), Status::Fail, "leader"),
+        ];
+        for (settings, state, status, fix) in cases {
+            let finding = topic_finding("t", state, settings, false);
+            assert_eq!(finding.status, *status, "{state:?}: {finding:?}");
+            assert!(finding.fix.contains(fix), "{state:?}: {}", finding.fix);
+        }
+    }
+
+    /// A validate-only CreateTopics: each refusal the broker can answer gets its own fix.
+    #[test]
+    fn creation_findings() {
+        let s = settings("create_topics = true\ntopic_replication_factor = 3");
+        let cases: &[(Option<RDKafkaErrorCode>, Status, &str)] = &[
+            (None, Status::Ok, ""),
+            (Some(RDKafkaErrorCode::TopicAlreadyExists), Status::Ok, ""),
+            (Some(RDKafkaErrorCode::TopicAuthorizationFailed), Status::Fail, "--operation Create"),
+            (Some(RDKafkaErrorCode::ClusterAuthorizationFailed), Status::Fail, "--operation Create"),
+            (Some(RDKafkaErrorCode::InvalidReplicationFactor), Status::Fail, "kafka.topic_replication_factor"),
+            (Some(RDKafkaErrorCode::PolicyViolation), Status::Fail, "kafka.topic_config"),
+            (Some(RDKafkaErrorCode::RequestTimedOut), Status::Fail, "broker's log"),
+        ];
+        for (code, status, fix) in cases {
+            let finding = creation_finding("kafka topic t", "e", &s, *code);
+            assert_eq!(finding.status, *status, "{code:?}: {finding:?}");
+            assert!(finding.fix.contains(fix), "{code:?}: {}", finding.fix);
+        }
+    }
+
+    /// `max.message.bytes`: below the producer's batches fails for every topic (as at `run`), below
+    /// `max_record_bytes` fails for the dead-letter topic only, unknown is a warning.
+    #[test]
+    fn limit_findings() {
+        let batch = 1_000_000;
+        let max_record = 16 * 1024 * 1024;
+        let batches = kafka::required_topic_limit(batch);
+        let cases: &[(std::result::Result<usize, String>, bool, Status, &str)] = &[
+            (Ok(max_record), false, Status::Ok, ""),
+            (Ok(max_record), true, Status::Ok, ""),
+            (Ok(1_048_588), false, Status::Warn, "dead-letter"),
+            (Ok(1_048_588), true, Status::Fail, &format!("max.message.bytes={max_record}")),
+            (Ok(100_000), false, Status::Fail, "batch.size"),
+            (Ok(batches - 1), true, Status::Fail, "batch.size"),
+            (Err("the broker answered nothing".into()), false, Status::Warn, &format!("{batches} or more")),
+            (Err("the broker answered nothing".into()), true, Status::Warn, &format!("{max_record} or more")),
+        ];
+        for (limit, dead_letter, status, fix) in cases {
+            let finding = limit_finding("t", limit.clone(), batch, max_record, *dead_letter);
+            assert_eq!(finding.status, *status, "{limit:?} dead letter {dead_letter}: {finding:?}");
+            assert!(finding.fix.contains(fix), "{limit:?} dead letter {dead_letter}: {}", finding.fix);
+        }
+    }
+
+    /// The write-permission finding: an authorization refusal names the ACL to grant.
+    #[test]
+    fn producer_id_findings() {
+        let cases: &[(ProducerId, Status, &str)] = &[
+            (ProducerId::Assigned(7), Status::Ok, ""),
+            (
+                ProducerId::Fatal(RDKafkaErrorCode::ClusterAuthorizationFailed, "r".into()),
+                Status::Fail,
+                "IdempotentWrite",
+            ),
+            (
+                ProducerId::Fatal(RDKafkaErrorCode::TopicAuthorizationFailed, "r".into()),
+                Status::Fail,
+                "--operation Write",
+            ),
+            (ProducerId::Fatal(RDKafkaErrorCode::UnsupportedFeature, "r".into()), Status::Fail, "0.11"),
+            (ProducerId::Fatal(RDKafkaErrorCode::Fenced, "r".into()), Status::Fail, "broker's log"),
+            (ProducerId::NoAnswer("RequestPID".into(), None), Status::Fail, "InitProducerId"),
+        ];
+        for (outcome, status, fix) in cases {
+            let finding = producer_id_finding(outcome);
+            assert_eq!(finding.status, *status, "{outcome:?}: {finding:?}");
+            assert!(finding.fix.contains(fix), "{outcome:?}: {}", finding.fix);
+        }
+    }
+
+    /// Why no broker answered: a refused credential or TLS setup is definite (exit 2), anything else
+    /// transient (exit 3), and the last error librdkafka reported is in the message.
+    #[test]
+    fn unreachable_classification() {
+        let timeout = KafkaError::MetadataFetch(RDKafkaErrorCode::BrokerTransportFailure);
+        let seen = |code: RDKafkaErrorCode, reason: &str| vec![(Some(code), reason.to_string())];
+        let cases: &[(Vec<SeenError>, bool, &str)] = &[
+            (vec![], false, "no Kafka broker answered within 10 s; check kafka.bootstrap_servers"),
+            (
+                seen(RDKafkaErrorCode::BrokerTransportFailure, "Connection refused"),
+                false,
+                "last error: Connection refused",
+            ),
+            (seen(RDKafkaErrorCode::Authentication, "SASL authentication error"), true, "SASL authentication error"),
+            (seen(RDKafkaErrorCode::SaslAuthenticationFailed, "bad password"), true, "sasl.*"),
+            (seen(RDKafkaErrorCode::SSL, "certificate verify failed"), true, "certificate verify failed"),
+        ];
+        for (errors, definite, text) in cases {
+            let error = unreachable(&timeout, errors);
+            assert_eq!(error.is_definite(), *definite, "{errors:?}: {error}");
+            assert!(error.to_string().contains(text), "{errors:?}: {error}");
+        }
+    }
+
+    /// Without rows, only a template that depends on no column of the row names its topics.
+    #[test]
+    fn topics_without_rows_from_the_template() {
+        let config = |topic: &str| {
+            let text = format!(
+                "[source]\nkind = \"files\"\nbinlog_dir = \"/b\"\n[outbox]\ntables = [\"shop.a\", \"shop.b\"]\n[kafka]\n\
+                 bootstrap_servers = \"b:9092\"\ntopic = \"{topic}\"\n[snapshot]\nmode = \"never\"\n"
+            );
+            crate::config::Config::parse(&text).unwrap()
+        };
+        let fixed = topics_without_rows(&config("outbox.${database}.${table}")).unwrap();
+        assert_eq!(fixed, ["outbox.shop.a", "outbox.shop.b"]);
+        assert_eq!(topics_without_rows(&config("events")).unwrap(), ["events"]);
+        let by_type = topics_without_rows(&config("outbox.event.${aggregate_type}")).unwrap_err();
+        assert!(by_type.to_string().contains("depends on the rows' columns"), "{by_type}");
+    }
+
+    /// librdkafka's `APIVERSION` debug lines, as its log callback passes them.
+    #[test]
+    fn api_version_lines() {
+        let cases = [
+            (
+                "[thrd:127.0.0.1:9092/bootstrap]: 127.0.0.1:9092/bootstrap:   ApiKey Produce (0) Versions 0..11",
+                Some(("Produce", 0, 11)),
+            ),
+            ("  ApiKey InitProducerId (22) Versions 0..5", Some(("InitProducerId", 0, 5))),
+            ("Broker API support:", None),
+            ("  ApiKey Produce (0) Versions x..11", None),
+        ];
+        for (line, expected) in cases {
+            let parsed = parse_api_version(line);
+            assert_eq!(parsed, expected.map(|(n, a, b)| (n.to_string(), a, b)), "{line}");
+        }
+    }
+
+    /// An InitProducerId refused for lack of permission (CLUSTER_AUTHORIZATION_FAILED, as a Kafka broker
+    /// with ACLs answers a principal without IDEMPOTENT_WRITE/WRITE) is a failed finding naming the ACL, not
+    /// an error that hides the other findings, and not a pass. librdkafka's mock cluster injects the refusal
+    /// (the test broker, Tansu, has no ACLs).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_refused_producer_id_fails_the_write_permission_check() {
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.create_topic("outbox.event.order", 1, 1).unwrap();
+        cluster.create_topic("outbox-cdc.dead-letter", 1, 1).unwrap();
+        cluster.request_errors(
+            RDKafkaApiKey::InitProducerId,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED],
+        );
+        let config = kafka_config(&cluster.bootstrap_servers(), "create_topics = false\ntopic_partitions = 1");
+        let checked = check(&config, Ok(vec!["outbox.event.order".into()])).await.unwrap();
+        let text = checked.to_string();
+        let write = checked.report.findings.iter().find(|f| f.setting.contains("write permission")).expect("{text}");
+        assert_eq!(write.status, Status::Fail, "{text}");
+        assert!(write.actual.contains("ClusterAuthorizationFailed") && write.fix.contains("IdempotentWrite"), "{text}");
+        let topics: Vec<&Finding> = checked
+            .report
+            .findings
+            .iter()
+            .filter(|f| f.setting.starts_with("kafka topic") && !f.setting.contains("max.message"))
+            .collect();
+        assert!(topics.len() == 2 && topics.iter().all(|f| f.status == Status::Ok), "{text}");
+    }
+
+    /// The other side: the mock cluster grants a producer id, and the check reports it.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_granted_producer_id_passes() {
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.create_topic("outbox-cdc.dead-letter", 1, 1).unwrap();
+        let config = kafka_config(&cluster.bootstrap_servers(), "create_topics = false\ntopic_partitions = 1");
+        let checked = check(&config, Ok(vec![])).await.unwrap();
+        let text = checked.to_string();
+        let write = checked.report.findings.iter().find(|f| f.setting.contains("write permission")).expect("{text}");
+        assert_eq!(write.status, Status::Ok, "{text}");
+        assert!(write.actual.starts_with("producer id "), "{text}");
+        assert!(text.contains("kafka broker version: not part of the Kafka protocol; the broker supports"), "{text}");
+    }
+}
