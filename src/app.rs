@@ -156,7 +156,8 @@ async fn watch_purge_risk(source: SourceConn, store: Arc<Store>, interval: Durat
                         tracing::warn!(
                             position = %checkpoint.position(),
                             "purge risk {risk}: the server may soon delete binlogs the connector still needs. \
-                             Let the connector catch up (see the lag metrics), or raise binlog_expire_logs_seconds"
+                             Let the connector catch up (see the lag metrics), or raise the server's binlog retention \
+                             (`outbox-cdc check` prints how on this server)"
                         );
                         warned_at = Some(Instant::now());
                     }

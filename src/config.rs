@@ -476,7 +476,8 @@ pub struct KafkaConfig {
     /// definite error naming it.
     #[serde(default = "default_true")]
     pub create_topics: bool,
-    /// Partitions of created topics.
+    /// Partitions of created topics; with `create_topics = false`, the fewest partitions `check` accepts of
+    /// an existing routed or dead-letter topic.
     #[serde(default = "default_partitions")]
     pub topic_partitions: i32,
     /// Replication factor of created topics; -1 lets the broker decide (`default.replication.factor`).

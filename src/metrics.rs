@@ -72,8 +72,9 @@ pub mod names {
     pub const BINLOG_NEEDED_AGE_SECONDS: &str = "outbox_cdc_binlog_needed_age_seconds";
     /// Gauge: bytes of the server's binlog files from the one holding the checkpoint to the newest.
     pub const BINLOG_NEEDED_BYTES: &str = "outbox_cdc_binlog_needed_bytes";
-    /// Gauge: the server's binlog retention in seconds (`binlog_expire_logs_seconds` / `expire_logs_days`);
-    /// 0 = never expires.
+    /// Gauge: the server's binlog retention in seconds as its provider applies it (`binlog_expire_logs_seconds`
+    /// / `expire_logs_days`; RDS and Aurora: `binlog retention hours`); 0 = never expires, 1 = purged as soon
+    /// as possible (or a managed service's retention that could not be read).
     pub const BINLOG_RETENTION_SECONDS: &str = "outbox_cdc_binlog_retention_seconds";
     /// Gauge: needed age / retention; at 1 the server may purge what the connector still needs.
     pub const PURGE_RISK_RATIO: &str = "outbox_cdc_purge_risk_ratio";
@@ -473,7 +474,7 @@ fn help(name: &str) -> &'static str {
         names::QUARANTINED_AGGREGATES => "Aggregates held in quarantine",
         names::BINLOG_NEEDED_AGE_SECONDS => "Age of the checkpointed transaction (oldest binlog still needed)",
         names::BINLOG_NEEDED_BYTES => "Bytes of binlog files from the checkpoint's file to the newest",
-        names::BINLOG_RETENTION_SECONDS => "Server binlog retention in seconds (0 = never expires)",
+        names::BINLOG_RETENTION_SECONDS => "Server binlog retention in seconds (0 = never expires, 1 = purged as soon as possible)",
         names::PURGE_RISK_RATIO => "Needed binlog age divided by retention; 1 = may be purged",
         names::READY => "1 when connected to source and broker and not failed",
         _ => "",
