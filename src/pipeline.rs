@@ -33,11 +33,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::checkpoint::checkpointer::Checkpointer;
-use crate::checkpoint::{Mark, Store};
+use crate::checkpoint::Store;
 use crate::config::{Config, SnapshotMode, SourceKind};
 use crate::error::{Error, Result};
 use crate::health::health;
-use crate::position::Position;
 use crate::router::Router;
 use crate::source::binlog::{BinlogReader, ReaderSettings};
 use crate::source::files::FilesReader;
@@ -49,7 +48,7 @@ mod read_ahead;
 mod run;
 mod shutdown;
 
-use plan::{FilesPlan, Plan, ServerPlan};
+use plan::{FilesPlan, First, ServerPlan};
 use run::Run;
 pub use shutdown::{Shutdown, ShutdownTrigger, SHUTDOWN_GRACE};
 
@@ -98,15 +97,11 @@ impl Pipeline {
         }
         let ServerPlan { info, plan } = plan::server(&self.source, config, &self.store, self.accept_new_server).await?;
         let checkpointer = Checkpointer::new(self.store.clone(), info.identity.clone());
-        let plan = match plan {
-            Plan::Fresh(position) => Plan::Resume(store_start(&checkpointer, position)?),
-            plan => plan,
-        };
+        let first = plan.first(&checkpointer)?;
         let mut run = Run::new(&self.config, &self.source, self.router.clone(), checkpointer, shutdown)?;
-        let start = match plan {
-            Plan::Resume(mark) => mark,
-            Plan::Fresh(_) => unreachable!("stored above"),
-            Plan::Snapshot(progress) => {
+        let start = match first {
+            First::Stream(mark) => mark,
+            First::Snapshot(progress) => {
                 let result = run.snapshot(&info, progress).await;
                 match run.settle(result).await? {
                     Some(mark) if config.snapshot.mode != SnapshotMode::InitialOnly => mark,
@@ -155,10 +150,9 @@ impl Pipeline {
         let FilesPlan { paths, first, identity, plan } =
             plan::files(&self.config, &self.store, self.accept_new_server)?;
         let checkpointer = Checkpointer::new(self.store.clone(), identity.clone());
-        let start = match plan {
-            Plan::Resume(mark) => mark,
-            Plan::Fresh(position) => store_start(&checkpointer, position)?,
-            Plan::Snapshot(_) => unreachable!("binlog files are never snapshotted"),
+        let start = match plan.first(&checkpointer)? {
+            First::Stream(mark) => mark,
+            First::Snapshot(_) => unreachable!("plan::files never plans a snapshot: there is no table"),
         };
         let mut run = Run::new(&self.config, &self.source, self.router.clone(), checkpointer, shutdown)?;
         run.begin_stream(&start);
@@ -180,13 +174,6 @@ impl Pipeline {
         }
         Ok(())
     }
-}
-
-/// Stores a fresh start point before anything is produced (see [`Plan::Fresh`]).
-fn store_start(checkpointer: &Checkpointer, position: Position) -> Result<Mark> {
-    let mark = Mark::boundary(position, None);
-    checkpointer.save_now(mark.clone())?;
-    Ok(mark)
 }
 
 /// Exponential back-off between transient failures, capped, reset after a healthy run.

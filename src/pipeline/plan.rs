@@ -10,6 +10,7 @@
 
 use std::path::PathBuf;
 
+use crate::checkpoint::checkpointer::Checkpointer;
 use crate::checkpoint::{Checkpoint, Mark, Store};
 use crate::config::{Config, SnapshotMode};
 use crate::error::{Error, Result};
@@ -30,6 +31,34 @@ pub(super) enum Plan {
     /// a crash before the first acknowledgement resumes there, not at a later "current" position that would
     /// skip what was committed meanwhile.
     Fresh(Position),
+}
+
+impl Plan {
+    /// What the run does first, once its start point is durable: a fresh one is stored before anything is
+    /// produced (see [`Plan::Fresh`]); a checkpoint or a snapshot's progress already is.
+    ///
+    /// # Errors
+    /// A definite error when the start point cannot be stored.
+    pub(super) fn first(self, checkpointer: &Checkpointer) -> Result<First> {
+        match self {
+            Plan::Snapshot(progress) => Ok(First::Snapshot(progress)),
+            Plan::Resume(mark) => Ok(First::Stream(mark)),
+            Plan::Fresh(position) => {
+                let mark = Mark::boundary(position, None);
+                checkpointer.save_now(mark.clone())?;
+                Ok(First::Stream(mark))
+            }
+        }
+    }
+}
+
+/// What a run does first, from a durable start point.
+#[derive(Debug)]
+pub(super) enum First {
+    /// Scan the outbox tables, then stream from the snapshot's cut.
+    Snapshot(Option<SnapshotState>),
+    /// Stream from this mark.
+    Stream(Mark),
 }
 
 /// What [`decide`] chose, before a fresh start point is looked up.
