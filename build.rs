@@ -17,6 +17,12 @@ fn main() {
         // rustc sees the variable itself: `option_env!` reads it.
         return;
     }
+    // Only this repository's commit: a source tarball unpacked inside some other checkout is not built from it.
+    let dir = std::env::var("CARGO_MANIFEST_DIR").ok().and_then(|d| std::fs::canonicalize(d).ok());
+    let top = git(&["rev-parse", "--show-toplevel"]).and_then(|t| std::fs::canonicalize(t).ok());
+    if dir.is_none() || dir != top {
+        return;
+    }
     if let Some(commit) = git(&["rev-parse", "--short=12", "HEAD"]) {
         println!("cargo:rustc-env=OUTBOX_CDC_COMMIT={commit}");
     }
