@@ -3,10 +3,13 @@ FROM rust:1-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends cmake pkg-config libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY examples ./examples
 COPY connector.toml ./
+# .dockerignore keeps .git out: outbox_cdc_build_info's commit comes from
+# `docker build --build-arg OUTBOX_CDC_COMMIT=$(git rev-parse --short=12 HEAD) .`, else "unknown".
+ARG OUTBOX_CDC_COMMIT=unknown
 # The release profile keeps line tables for profiling (~90 MB binary); the image needs only the symbols,
 # so a panic's backtrace still names functions (~18 MB), as in scripts/release's tarball.
 RUN cargo build --release --locked --bin outbox-cdc && strip --strip-debug target/release/outbox-cdc

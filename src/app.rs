@@ -30,7 +30,8 @@ pub struct RunOptions {
 /// Runs the connector until shutdown or a definite error.
 ///
 /// # Errors
-/// The first definite error; transient ones are retried with capped exponential back-off.
+/// The first definite error; transient ones are retried with capped, jittered exponential back-off
+/// ([`Backoff`]).
 pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Result<()> {
     let config = Arc::new(config);
     // Aborted when `run` returns (the handles' guards).

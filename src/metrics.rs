@@ -55,7 +55,11 @@ pub mod names {
     /// Histogram by `aggregate_type`: seconds from the row's `occurred_at` (read as UTC) to Kafka's
     /// acknowledgement. Streamed rows only: snapshot rows are old by nature.
     pub const END_TO_END_LATENCY_SECONDS: &str = "outbox_cdc_end_to_end_latency_seconds";
-    /// Gauge: bytes of records handed to the producer and not yet acknowledged.
+    /// Gauge: bytes of records handed to the producer and not yet acknowledged, as the in-flight budget
+    /// counts them (each record's bytes plus ~1 KB of librdkafka's overhead).
+    pub const IN_FLIGHT_BYTES: &str = "outbox_cdc_in_flight_bytes";
+    /// Deprecated: [`IN_FLIGHT_BYTES`] under its name before the unit-suffix convention, exposed with the
+    /// same value for one release (see [`DEPRECATED`]).
     pub const BYTES_IN_FLIGHT: &str = "outbox_cdc_bytes_in_flight";
     /// Gauge: records handed to the producer and not yet acknowledged (queue depth).
     pub const RECORDS_IN_FLIGHT: &str = "outbox_cdc_records_in_flight";
@@ -80,8 +84,15 @@ pub mod names {
     pub const PURGE_RISK_RATIO: &str = "outbox_cdc_purge_risk_ratio";
     /// Gauge: 1 when connected to source and broker and not failed, else 0 (what `/readyz` reports).
     pub const READY: &str = "outbox_cdc_ready";
+    /// Gauge, always 1, labelled `version` (the crate's) and `commit` (the git commit built, `unknown`
+    /// when the build did not know it): which build runs where, e.g. `count by (version)`.
+    pub const BUILD_INFO: &str = "outbox_cdc_build_info";
 
-    /// Every name, for the README and the contract test.
+    /// Deprecated names, each with its replacement: exposed with the replacement's value for one release
+    /// after the rename, then removed.
+    pub const DEPRECATED: &[(&str, &str)] = &[(BYTES_IN_FLIGHT, IN_FLIGHT_BYTES)];
+
+    /// Every name, for the README and the contract test (deprecated ones too, while they are exposed).
     pub const ALL: &[&str] = &[
         SOURCE_SECONDS_BEHIND,
         CHECKPOINT_LAG_SECONDS,
@@ -94,6 +105,7 @@ pub mod names {
         PRODUCE_RETRIES,
         RECONNECTS,
         END_TO_END_LATENCY_SECONDS,
+        IN_FLIGHT_BYTES,
         BYTES_IN_FLIGHT,
         RECORDS_IN_FLIGHT,
         SNAPSHOT_ROWS_DONE,
@@ -105,6 +117,7 @@ pub mod names {
         BINLOG_RETENTION_SECONDS,
         PURGE_RISK_RATIO,
         READY,
+        BUILD_INFO,
     ];
 }
 
@@ -134,6 +147,21 @@ struct AggregateTypeLabel {
     aggregate_type: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabel {
+    version: String,
+    commit: String,
+}
+
+/// The crate's version, as `outbox_cdc_build_info` labels it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The git commit this binary was built from (see `build.rs`), or `unknown`.
+pub const COMMIT: &str = match option_env!("OUTBOX_CDC_COMMIT") {
+    Some(commit) if !commit.is_empty() => commit,
+    _ => "unknown",
+};
+
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 /// The process's metrics and health state.
@@ -147,7 +175,8 @@ pub struct Metrics {
     produce_retries: Counter,
     reconnects: Family<ClassLabel, Counter>,
     latency: Family<AggregateTypeLabel, Histogram>,
-    bytes_in_flight: Gauge,
+    /// Registered under [`names::IN_FLIGHT_BYTES`] and, deprecated, [`names::BYTES_IN_FLIGHT`]: one value.
+    in_flight_bytes: Gauge,
     records_in_flight: Gauge,
     snapshot_rows_done: Gauge,
     snapshot_rows_total: Gauge,
@@ -161,6 +190,7 @@ pub struct Metrics {
     binlog_retention_seconds: Gauge,
     purge_risk_ratio: FloatGauge,
     ready_gauge: Gauge,
+    build_info: Family<BuildLabel, Gauge>,
     /// Commit time (Unix seconds) of the last transaction read; 0 = none yet.
     last_read_commit_s: AtomicU64,
     /// Whether a heartbeat arrived after that transaction (the reader is at the end of the binlog).
@@ -239,6 +269,7 @@ impl Metrics {
         }
         drop(metrics.reconnects.get_or_create(&ClassLabel { class: "transient".into() }));
         drop(metrics.produce_errors.get_or_create(&KindLabel { kind: "MessageTimedOut".into() }));
+        metrics.build_info.get_or_create(&BuildLabel { version: VERSION.into(), commit: COMMIT.into() }).set(1);
         metrics
     }
 
@@ -265,7 +296,11 @@ impl Metrics {
                     Histogram::new(LATENCY_BUCKETS_SECONDS.iter().copied())
                 })
             ),
-            bytes_in_flight: reg!(names::BYTES_IN_FLIGHT, Gauge::default()),
+            in_flight_bytes: {
+                let gauge = reg!(names::IN_FLIGHT_BYTES, Gauge::default());
+                registry.register(names::BYTES_IN_FLIGHT, help(names::BYTES_IN_FLIGHT), gauge.clone());
+                gauge
+            },
             records_in_flight: reg!(names::RECORDS_IN_FLIGHT, Gauge::default()),
             snapshot_rows_done: reg!(names::SNAPSHOT_ROWS_DONE, Gauge::default()),
             snapshot_rows_total: reg!(names::SNAPSHOT_ROWS_TOTAL, Gauge::default()),
@@ -279,6 +314,7 @@ impl Metrics {
             binlog_retention_seconds: reg!(names::BINLOG_RETENTION_SECONDS, Gauge::default()),
             purge_risk_ratio: reg!(names::PURGE_RISK_RATIO, FloatGauge::default()),
             ready_gauge: reg!(names::READY, Gauge::default()),
+            build_info: reg!(names::BUILD_INFO, Family::default()),
             registry,
             last_read_commit_s: AtomicU64::new(0),
             caught_up: AtomicBool::new(false),
@@ -342,13 +378,13 @@ impl Metrics {
     /// One record handed to the producer.
     pub fn event_produced(&self, topic: &str, bytes: usize) {
         self.with_topic(topic, |h| h.produced.inc());
-        self.bytes_in_flight.inc_by(bytes as i64);
+        self.in_flight_bytes.inc_by(bytes as i64);
         self.records_in_flight.inc();
     }
 
     /// One record settled (acknowledged or failed): no longer in flight.
     pub fn record_settled(&self, bytes: usize) {
-        self.bytes_in_flight.dec_by(bytes as i64);
+        self.in_flight_bytes.dec_by(bytes as i64);
         self.records_in_flight.dec();
     }
 
@@ -466,7 +502,10 @@ fn help(name: &str) -> &'static str {
         names::PRODUCE_RETRIES => "Produce requests retried by librdkafka",
         names::RECONNECTS => "Pipeline restarts after transient failures",
         names::END_TO_END_LATENCY_SECONDS => "Seconds from occurred_at to Kafka acknowledgement",
-        names::BYTES_IN_FLIGHT => "Bytes of records not yet acknowledged",
+        names::IN_FLIGHT_BYTES => {
+            "Bytes of records not yet acknowledged (record + ~1 KB each, as the in-flight budget counts them)"
+        }
+        names::BYTES_IN_FLIGHT => "Deprecated: use outbox_cdc_in_flight_bytes, removed in the next release",
         names::RECORDS_IN_FLIGHT => "Records not yet acknowledged",
         names::SNAPSHOT_ROWS_DONE => "Rows produced by the initial snapshot",
         names::SNAPSHOT_ROWS_TOTAL => "Estimated rows of the initial snapshot",
@@ -479,6 +518,7 @@ fn help(name: &str) -> &'static str {
         }
         names::PURGE_RISK_RATIO => "Needed binlog age divided by retention; 1 = may be purged",
         names::READY => "1 when connected to source and broker and not failed",
+        names::BUILD_INFO => "Always 1; labels: the connector's version and the git commit it was built from",
         _ => "",
     }
 }
@@ -503,5 +543,40 @@ mod tests {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing from:\n{text}");
         }
         assert!(text.contains("outbox_cdc_events_read_total{topic=\"t\"} 1"), "{text}");
+    }
+
+    /// The value of the unlabelled series `name` on a rendered page.
+    fn sample(text: &str, name: &str) -> Option<f64> {
+        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// Regression guard for the rename of `outbox_cdc_bytes_in_flight`: for one release dashboards and alerts
+    /// on the old name keep working, so it shows the new name's value, and its help says what replaces it.
+    #[test]
+    fn a_deprecated_name_shows_its_replacements_value() {
+        let m = Metrics::register();
+        m.event_produced("t", 1500);
+        m.event_produced("t", 700);
+        m.record_settled(700);
+        let text = m.render();
+        for (old, new) in names::DEPRECATED {
+            assert_eq!(sample(&text, new), Some(1500.0), "{text}");
+            assert_eq!(sample(&text, old), sample(&text, new), "{old} and {new} differ:\n{text}");
+            assert!(
+                text.contains(&format!("# HELP {old} Deprecated: use {new}, removed in the next release")),
+                "{text}"
+            );
+            assert!(names::ALL.contains(old) && names::ALL.contains(new), "{old}, {new}");
+        }
+    }
+
+    /// `outbox_cdc_build_info` is one series at 1, labelled with this build's version and commit.
+    #[test]
+    fn build_info_names_the_version_and_commit() {
+        let text = metrics().render();
+        let line = format!("{}{{version=\"{VERSION}\",commit=\"{COMMIT}\"}} 1", names::BUILD_INFO);
+        assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+        assert_eq!(text.lines().filter(|l| l.starts_with(names::BUILD_INFO)).count(), 1, "{text}");
+        assert!(!COMMIT.is_empty() && VERSION == env!("CARGO_PKG_VERSION"));
     }
 }

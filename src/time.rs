@@ -1,4 +1,7 @@
-//! Time helpers: the wall clock in Unix milliseconds, and `occurred_at` read as UTC.
+//! Time helpers: the wall clock in Unix milliseconds, `occurred_at` read as UTC, and Unix times written as
+//! RFC 3339 UTC text for people. Both directions use Howard Hinnant's civil-date algorithms
+//! (<https://howardhinnant.github.io/date_algorithms.html>), exact over the proleptic Gregorian calendar:
+//! no date library for two small functions.
 //!
 //! Floor 0, the ground floor (docs/ARCHITECTURE.md): imports nothing of ours but other ground-floor modules.
 
@@ -29,15 +32,45 @@ pub fn parse_occurred_at_ms(text: &str) -> Option<i64> {
             millis = millis * 10 + digit;
         }
     }
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if mo <= 2 { y - 1 } else { y };
+    let days = days_from_civil(y, mo, d);
+    Some(((days * 24 + h) * 60 + mi) * 60_000 + s * 1000 + millis)
+}
+
+/// A Unix time in milliseconds as RFC 3339 UTC text to the second, e.g. `2026-12-01T21:34:12Z`: what
+/// `status` and `quarantine list` print next to an age. Milliseconds are truncated, not rounded, like a
+/// clock's seconds hand: the text never names a second that had not begun yet.
+pub fn utc_text(unix_ms: u64) -> String {
+    let secs = (unix_ms / 1000) as i64;
+    let (days, secs_of_day) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, mo, d) = civil_from_days(days);
+    let (h, mi, s) = (secs_of_day / 3600, secs_of_day / 60 % 60, secs_of_day % 60);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (`month` 1-12).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    // Years start in March, so the leap day is the last day of its year.
+    let y = if month <= 2 { year - 1 } else { year };
     let era = y.div_euclid(400);
     let yoe = y - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(((days * 24 + h) * 60 + mi) * 60_000 + s * 1000 + millis)
+    era * 146_097 + doe - 719_468
+}
+
+/// The inverse of [`days_from_civil`]: (year, month 1-12, day 1-31).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
 }
 
 #[cfg(test)]
@@ -50,5 +83,40 @@ mod tests {
         assert_eq!(parse_occurred_at_ms("2026-11-30T12:34:56.789123"), Some(1_796_042_096_789));
         assert_eq!(parse_occurred_at_ms("2000-02-29T00:00:01.5"), Some(951_782_401_500));
         assert_eq!(parse_occurred_at_ms("garbage"), None);
+    }
+
+    #[test]
+    fn utc_text_is_rfc_3339_to_the_second() {
+        let cases: &[(u64, &str, &str)] = &[
+            (0, "1970-01-01T00:00:00Z", "the epoch"),
+            (999, "1970-01-01T00:00:00Z", "milliseconds truncate, never round up into the next second"),
+            (1_000, "1970-01-01T00:00:01Z", "a whole second"),
+            (86_399_999, "1970-01-01T23:59:59Z", "the last millisecond of a day"),
+            (951_782_399_000, "2000-02-28T23:59:59Z", "the eve of a leap day in a year divisible by 400"),
+            (951_782_400_000, "2000-02-29T00:00:00Z", "a leap day"),
+            (951_868_800_000, "2000-03-01T00:00:00Z", "the day after a leap day"),
+            (4_107_542_399_000, "2100-02-28T23:59:59Z", "2100 is not a leap year (divisible by 100, not 400)..."),
+            (4_107_542_400_000, "2100-03-01T00:00:00Z", "...so 28 February is followed by 1 March"),
+            (1_796_042_096_789, "2026-11-30T12:34:56Z", "a recent time with milliseconds"),
+            (1_798_761_599_000, "2026-12-31T23:59:59Z", "the last second of a year"),
+            (2_147_483_647_000, "2038-01-19T03:14:07Z", "the last second a signed 32-bit time_t holds"),
+            (2_147_483_648_000, "2038-01-19T03:14:08Z", "one second later: no 2038 overflow"),
+            (u64::from(u32::MAX) * 1000, "2106-02-07T06:28:15Z", "the largest binlog timestamp (u32 seconds)"),
+            (253_402_300_799_999, "9999-12-31T23:59:59Z", "the last second with a four-digit year"),
+        ];
+        for &(ms, text, why) in cases {
+            assert_eq!(utc_text(ms), text, "{why}");
+        }
+    }
+
+    /// The two directions agree, on days spread over 1970-9999 (a round trip through the
+    /// parser, which `occurred_at` already relies on).
+    #[test]
+    fn utc_text_and_the_parser_agree() {
+        for day in (0..=2_932_896_i64).step_by(97) {
+            let ms = day * 86_400_000 + 45_296_000;
+            let text = utc_text(ms as u64);
+            assert_eq!(parse_occurred_at_ms(text.trim_end_matches('Z')), Some(ms), "{text}");
+        }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{free_port, insert_event, wait_until, Broker, Connector, Engine, MariaDb, OutboxRow, Received};
 use mysql_async::prelude::Queryable;
-use outbox_cdc::metrics::names;
+use outbox_cdc::metrics::{names, COMMIT, VERSION};
 use serde_json::json;
 
 const TOPIC: &str = "outbox.event.order";
@@ -79,6 +79,10 @@ async fn metrics_health_and_readiness() {
         "{text}"
     );
     assert_eq!(sample(&text, "outbox_cdc_records_in_flight"), Some(0.0), "{text}");
+    assert_eq!(sample(&text, names::IN_FLIGHT_BYTES), Some(0.0), "{text}");
+    assert_eq!(sample(&text, names::BYTES_IN_FLIGHT), Some(0.0), "the deprecated name, kept one release: {text}");
+    let build = format!("{}{{version=\"{VERSION}\",commit=\"{COMMIT}\"}} 1", names::BUILD_INFO);
+    assert!(text.lines().any(|l| l == build), "no {build:?} in:\n{text}");
     let partitions: f64 = text
         .lines()
         .filter(|l| l.starts_with("outbox_cdc_partition_events_total{"))

@@ -369,12 +369,14 @@ pub fn describe(holds: &[Hold]) -> String {
         return "no aggregate is quarantined\n".to_string();
     }
     let mut out = format!("{} aggregate(s) quarantined:\n", holds.len());
+    let now_ms = crate::time::now_ms();
     for h in holds {
-        let since = (crate::time::now_ms().saturating_sub(h.held_at_ms)) / 1000;
+        let since = now_ms.saturating_sub(h.held_at_ms) / 1000;
         out.push_str(&format!(
-            "  {}/{}  held {since} s ago at {}\n    first event {} ({}): {}\n    release: outbox-cdc quarantine release {} {}\n",
+            "  {}/{}  held since {} ({since} s ago) at {}\n    first event {} ({}): {}\n    release: outbox-cdc quarantine release {} {}\n",
             h.aggregate_type,
             h.aggregate_id,
+            crate::time::utc_text(h.held_at_ms),
             h.origin,
             h.hold_id,
             h.kind.as_str(),

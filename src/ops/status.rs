@@ -2,13 +2,16 @@
 //!
 //! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 
+use crate::checkpoint::store::LastError;
 use crate::checkpoint::{Checkpoint, Store};
 use crate::config::{Config, SourceKind};
 use crate::error::Result;
 use crate::source::{self, preflight, SourceConn};
+use crate::time::utc_text;
 
 /// Prints the stored checkpoint, what it means now (lag, purge risk, snapshot progress), holds and the last
-/// error; `json` prints the stored record with the holds and last error beside it.
+/// error, times as UTC text with their age; `json` prints the stored record (Unix times, unchanged: scripts
+/// read it) with the holds and last error beside it.
 ///
 /// # Errors
 /// A definite error when the store cannot be read.
@@ -25,7 +28,7 @@ pub async fn print(config: &Config, json: bool) -> Result<()> {
     let Some(cp) = &inspection.checkpoint else {
         println!("no checkpoint in {} (the connector has not started yet)", config.state.dir.display());
         if let (false, Some(e)) = (json, &last_error) {
-            println!("last error ({}): {}", e.class, e.message);
+            println!("{}", last_error_line(e, crate::time::now_ms()));
         }
         return Ok(());
     };
@@ -36,13 +39,14 @@ pub async fn print(config: &Config, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
         return Ok(());
     }
-    let now_s = crate::time::now_ms() / 1000;
+    let now_ms = crate::time::now_ms();
+    let now_s = now_ms / 1000;
     println!("position:        {}", cp.position());
     println!("server:          {}", preflight::describe_identity(cp.server()));
     match cp.source_timestamp() {
         Some(ts) => {
             let age = now_s.saturating_sub(u64::from(ts));
-            println!("last committed:  unix {ts} ({age} s ago, source clock)");
+            println!("last committed:  {} ({age} s ago, source clock)", utc_text(u64::from(ts) * 1000));
         }
         None => println!("last committed:  (no transaction checkpointed yet)"),
     }
@@ -88,20 +92,23 @@ pub async fn print(config: &Config, json: bool) -> Result<()> {
             }
         }
     }
-    let age_ms = crate::time::now_ms().saturating_sub(cp.written_at_ms());
-    println!("written:         {:.1} s ago", age_ms as f64 / 1000.0);
+    let age_ms = now_ms.saturating_sub(cp.written_at_ms());
+    println!("written:         {} ({:.1} s ago)", utc_text(cp.written_at_ms()), age_ms as f64 / 1000.0);
     match inspection.holds.len() {
         0 => println!("quarantine:      none"),
         n => println!("quarantine:      {n} aggregate(s) held (outbox-cdc quarantine list)"),
     }
     match &last_error {
-        Some(e) => {
-            let ago = crate::time::now_ms().saturating_sub(e.at_ms) / 1000;
-            println!("last error:      {ago} s ago ({}): {}", e.class, e.message);
-        }
+        Some(e) => println!("{}", last_error_line(e, now_ms)),
         None => println!("last error:      none"),
     }
     Ok(())
+}
+
+/// `last error:` with when (UTC and how long ago), the class and the message.
+fn last_error_line(e: &LastError, now_ms: u64) -> String {
+    let ago = now_ms.saturating_sub(e.at_ms) / 1000;
+    format!("last error:      {} ({ago} s ago, {}): {}", utc_text(e.at_ms), e.class, e.message)
 }
 
 /// The purge risk of the checkpoint, or why it cannot be measured now.
@@ -115,5 +122,19 @@ async fn purge_risk(config: &Config, cp: &Checkpoint, now_s: u64) -> String {
         Ok(Ok(risk)) => risk.to_string(),
         Ok(Err(e)) => format!("unknown (cannot ask the server: {e})"),
         Err(_) => "unknown (the server did not answer within 10 s)".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_error_says_when_in_utc_and_how_long_ago() {
+        let e = LastError { at_ms: 1_796_042_096_789, class: "definite".into(), message: "binlog purged".into() };
+        assert_eq!(
+            last_error_line(&e, 1_796_042_156_000),
+            "last error:      2026-11-30T12:34:56Z (59 s ago, definite): binlog purged"
+        );
     }
 }
