@@ -150,8 +150,12 @@ pub mod mysql_codes {
     pub const UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
     /// ER_MASTER_HAS_PURGED_REQUIRED_GTIDS (MySQL)
     pub const PURGED_REQUIRED_GTIDS: u16 = 1789;
-    /// ER_SLAVE_SAME_ID / duplicate server_id of a replica (MySQL reports it through 1236 too).
+    /// A duplicate server_id of a replica, as some servers report it (see [`SLAVE_SAME_ID`]).
     pub const DUPLICATE_SERVER_ID: u16 = 4017;
+    /// ER_SLAVE_SAME_ID (MariaDB 10.2.5+): another replica connected with this one's server_id, and the server
+    /// dropped this one. MySQL says the same through [`FATAL_READING_BINLOG`], with the message
+    /// "A slave with the same server_uuid/server_id as this slave has connected to the master" (or "replica").
+    pub const SLAVE_SAME_ID: u16 = 4052;
     /// ER_SECURE_TRANSPORT_REQUIRED (MySQL, `require_secure_transport=ON` and no TLS; MariaDB answers
     /// [`ACCESS_DENIED`] instead)
     pub const SECURE_TRANSPORT_REQUIRED: u16 = 3159;
@@ -164,7 +168,16 @@ pub fn classify_mysql(err: &mysql_async::Error) -> Error {
         E::Server(server) => {
             use mysql_codes::*;
             let text = format!("server error {} ({}): {}", server.code, server.state, server.message);
+            let same_id = server.code == SLAVE_SAME_ID
+                || server.code == DUPLICATE_SERVER_ID
+                || (server.code == FATAL_READING_BINLOG && server.message.contains("same server_uuid/server_id"));
             match server.code {
+                // Two clients with one server_id drop each other in turn, forever: an operator must choose.
+                _ if same_id => Error::definite(format!(
+                    "{text}. Another replica or CDC client connected to the server with this connector's \
+                     source.server_id; the server keeps only one of them. Give every connector and every replica \
+                     of this server its own server_id"
+                )),
                 FATAL_READING_BINLOG | PURGED_REQUIRED_GTIDS => Error::definite(format!(
                     "{text}. The binlog no longer holds the position this connector needs (purged, or the \
                      server's history diverged: RESET MASTER, a restored backup, another server). Events written \
@@ -186,7 +199,7 @@ pub fn classify_mysql(err: &mysql_async::Error) -> Error {
                     "{text}. Grant the connector's user REPLICATION SLAVE, REPLICATION CLIENT (MariaDB: also \
                      BINLOG MONITOR) on *.* and SELECT on the outbox table; see `outbox-cdc check`"
                 )),
-                BAD_DB | NO_SUCH_TABLE | UNKNOWN_SYSTEM_VARIABLE | DUPLICATE_SERVER_ID => Error::definite(text),
+                BAD_DB | NO_SUCH_TABLE | UNKNOWN_SYSTEM_VARIABLE => Error::definite(text),
                 _ => Error::transient(text),
             }
         }
@@ -345,6 +358,21 @@ mod tests {
 
     fn handshake(error: rustls::Error) -> mysql_async::Error {
         mysql_async::Error::Io(IoError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, error)))
+    }
+
+    /// Guards against two connectors (or a connector and a replica) with one server_id dropping each other
+    /// forever as transient errors, and against MySQL's form of it being read as a purged binlog.
+    #[test]
+    fn a_duplicate_server_id_is_definite_and_names_the_setting() {
+        let same = "A slave with the same server_uuid/server_id as this slave has connected to the master";
+        for error in [server(4052, same), server(1236, &format!("{same}; the first event 'binlog.000001' at 4"))] {
+            let classified = classify_mysql(&error);
+            assert!(classified.is_definite(), "{classified}");
+            assert!(classified.to_string().contains("its own server_id"), "{classified}");
+            assert!(!classified.to_string().contains("re-snapshot"), "{classified}");
+        }
+        let purged = classify_mysql(&server(1236, "Could not find first log file name in binary log index file"));
+        assert!(purged.to_string().contains("re-snapshot"), "{purged}");
     }
 
     /// How each way a database connection can be refused over TLS is classified, and what the message sends

@@ -246,3 +246,44 @@ async fn rows_undone_by_rollback_to_savepoint_are_not_published() {
     assert_eq!(got, [kept.id.as_str(), last.id.as_str()], "{}", connector.logs());
     connector.terminate();
 }
+
+/// Two connectors configured with one `server_id`: the server keeps one replication connection per id and
+/// drops the other (MariaDB's ER_SLAVE_SAME_ID, 4052). Regression guard: that error was transient, so the two
+/// reconnected and dropped each other in turn forever; now the dropped one stops with exit 2 and the fix.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_connectors_with_one_server_id_stop_with_the_fix() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut first = Connector::start(&db, &broker, "");
+    let deadline = std::time::Instant::now() + READ_TIMEOUT;
+    while !first.logs().contains("streaming") {
+        assert!(std::time::Instant::now() < deadline, "the first connector never streamed\n{}", first.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let first_config = std::fs::read_to_string(first.config_path()).unwrap();
+    let server_id = first_config.lines().find(|l| l.starts_with("server_id")).unwrap().to_string();
+    let mut second = Connector::new();
+    let config = second.write_config(&db, &broker, "");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let own = text.lines().find(|l| l.starts_with("server_id")).unwrap().to_string();
+    std::fs::write(&config, text.replace(&own, &server_id)).unwrap();
+    second.run(&config);
+
+    let deadline = std::time::Instant::now() + EXIT_TIMEOUT;
+    let stopped = loop {
+        if let Some(status) = first.wait_exit(Duration::from_millis(500)) {
+            break (status, first.logs());
+        }
+        if let Some(status) = second.wait_exit(Duration::from_millis(500)) {
+            break (status, second.logs());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "neither connector stopped\nfirst:\n{}\nsecond:\n{}",
+            first.logs(),
+            second.logs()
+        );
+    };
+    assert_eq!(stopped.0.code(), Some(2), "{}", stopped.1);
+    assert!(stopped.1.contains("its own server_id"), "{}", stopped.1);
+}
