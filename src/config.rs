@@ -807,19 +807,11 @@ impl Config {
     /// A definite error when `password_env` names a variable that is not set, or `password_file` a file
     /// that cannot be read or is empty.
     pub fn source_password(&self) -> Result<Option<Secret>> {
-        let source = &self.source;
-        password("source", source.password.as_ref(), source.password_env.as_deref(), source.password_file.as_deref())
-    }
-}
-
-impl PruneConfig {
-    /// The password of `prune.user`, read from the environment or a file if configured so; `None` also
-    /// when `user` is not set (prune then connects as the source user, with the source password).
-    ///
-    /// # Errors
-    /// As [`Config::source_password`].
-    pub fn password(&self) -> Result<Option<Secret>> {
-        password("prune", self.password.as_ref(), self.password_env.as_deref(), self.password_file.as_deref())
+        match (&self.source.password_env, &self.source.password_file) {
+            (Some(var), _) => from_env("source.password_env", var).map(Some),
+            (None, Some(path)) => from_file("source.password_file", path).map(Some),
+            (None, None) => Ok(self.source.password.clone()),
+        }
     }
 }
 
@@ -847,15 +839,6 @@ impl KafkaConfig {
             resolved.insert(key.clone(), secret.expose().to_string());
         }
         Ok(resolved.into_iter().collect())
-    }
-}
-
-/// A password set in clear, from the environment or from a file (at most one of them: validation).
-fn password(section: &str, literal: Option<&Secret>, env: Option<&str>, file: Option<&Path>) -> Result<Option<Secret>> {
-    match (env, file) {
-        (Some(var), _) => from_env(&format!("{section}.password_env"), var).map(Some),
-        (None, Some(path)) => from_file(&format!("{section}.password_file"), path).map(Some),
-        (None, None) => Ok(literal.cloned()),
     }
 }
 
@@ -1329,23 +1312,20 @@ mod tests {
         assert!(error.to_string().contains(&format!("kafka.properties_env (for sasl.password) names {unset}")));
     }
 
-    /// `source.password_file` and `prune.password_file`: read when asked for, trailing newline trimmed,
-    /// the path (never the content) in the error.
+    /// `source.password_file` (and so `prune.password_file`, which `prune` reads through the same
+    /// settings): read when asked for, trailing newline trimmed, the path (never the content) in the error.
     #[test]
     fn database_passwords_are_read_from_files() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("db-password");
         std::fs::write(&file, "s3cret\r\n").unwrap();
         let text = MINIMAL.replace("password = \"pw\"", &format!("password_file = \"{}\"", file.display()));
-        let text = format!("{text}\n[prune]\nuser = \"pruner\"\npassword_file = \"{}\"\n", file.display());
         let config = Config::parse(&text).unwrap();
         assert_eq!(config.source_password().unwrap().unwrap().expose(), "s3cret");
-        assert_eq!(config.prune.password().unwrap().unwrap().expose(), "s3cret");
         std::fs::write(&file, "").unwrap();
-        for error in [config.source_password().unwrap_err(), config.prune.password().unwrap_err()] {
-            let text = error.to_string();
-            assert!(error.is_definite() && text.contains("db-password") && text.contains("empty"), "{text}");
-        }
+        let error = config.source_password().unwrap_err();
+        let text = error.to_string();
+        assert!(error.is_definite() && text.contains("db-password") && text.contains("empty"), "{text}");
         std::fs::remove_file(&file).unwrap();
         let error = config.source_password().unwrap_err().to_string();
         assert!(
