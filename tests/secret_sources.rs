@@ -1,8 +1,8 @@
 //! Secrets from the environment and from files (`source.password_file`, `[kafka] properties_env` and
 //! `properties_file`), through the real binary: a missing variable or file stops `check` and `run` with a
 //! definite error (exit 2) naming it, `status` does not need them, a secret read from a file or a variable
-//! is never printed nor stored, and the database password from a file streams and audits against a real
-//! MariaDB and broker.
+//! is never printed nor stored, and the database passwords from files stream, audit and prune against a
+//! real MariaDB and broker.
 //!
 //! No test here authenticates to Kafka with SASL: the test broker (Tansu) offers no mechanism librdkafka
 //! shares, and librdkafka's mock cluster implements no SASL. That the secrets reach librdkafka's
@@ -17,7 +17,9 @@ use std::time::Duration;
 use common::connector::toml_str;
 use common::mariadb::CDC_PASSWORD;
 use common::{insert_event, Broker, Connector, Engine, MariaDb, OutboxRow};
+use outbox_cdc::config::Config;
 use outbox_cdc::error::EXIT_DEFINITE;
+use outbox_cdc::ops::prune::{self, PruneOptions};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const PASSWORD: &str = "hunter2-from-a-file";
@@ -154,24 +156,31 @@ fn a_secret_from_a_file_or_the_environment_is_never_printed_nor_stored() {
     }
 }
 
-/// The live path: the replication user's password comes from a file ending in a newline (as `echo` and
-/// editors write it); `check` connects with it, `run` streams with it and `audit` reads the table with it.
+/// The live path: the replication user's password and the prune user's come from files ending in a
+/// newline (as `echo` and editors write them); `check` connects with the first, `run` streams with it,
+/// `audit` reads the table with it, and `prune` deletes as the prune user with the second.
 #[tokio::test(flavor = "multi_thread")]
-async fn the_database_password_from_a_file_streams_and_audits() {
+async fn database_passwords_from_files_stream_audit_and_prune() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
+    db.sql(
+        "CREATE USER 'pruner'@'127.0.0.1' IDENTIFIED BY 'prune-pw'; \
+         GRANT SELECT, DELETE ON shop.outbox_events TO 'pruner'@'127.0.0.1'",
+    );
     let mut conn = db.conn().await;
-    let row = OutboxRow::new("A-1");
+    let row = OutboxRow::new("A-1").occurred_at("2001-02-03 04:05:06.000000");
     insert_event(&mut conn, &row).await.unwrap();
 
     let mut connector = Connector::new();
-    let secret = write_secret(connector.dir(), "db-password", &format!("{CDC_PASSWORD}\n"));
-    let config = connector.write_config(&db, &broker, "");
+    let cdc = write_secret(connector.dir(), "db-password", &format!("{CDC_PASSWORD}\n"));
+    let pruner = write_secret(connector.dir(), "prune-password", "prune-pw\r\n");
+    let prune = format!("\n[prune]\nuser = \"pruner\"\npassword_file = {}\n", toml_str(&pruner.to_string_lossy()));
+    let config = connector.write_config(&db, &broker, &prune);
     let text = std::fs::read_to_string(&config).unwrap().replace(
         &format!("password = {}", toml_str(CDC_PASSWORD)),
-        &format!("password_file = {}", toml_str(&secret.to_string_lossy())),
+        &format!("password_file = {}", toml_str(&cdc.to_string_lossy())),
     );
-    assert!(!text.contains(CDC_PASSWORD), "{text}");
+    assert!(!text.contains(CDC_PASSWORD) && !text.contains("prune-pw"), "{text}");
     std::fs::write(&config, text).unwrap();
 
     let (status, out, err) = connector.command(&["check"], TIMEOUT).unwrap();
@@ -180,7 +189,13 @@ async fn the_database_password_from_a_file_streams_and_audits() {
     let records = broker.read_all("outbox.event.order", 1, TIMEOUT);
     assert_eq!(records.len(), 1, "{}", connector.logs());
     assert_eq!(records[0].header_str("id"), Some(row.id.as_str()));
-    connector.terminate();
     let audit = connector.audit(&[]);
     assert_eq!(audit.code, Some(0), "{}\n{}", audit.report, audit.stderr);
+
+    let options = PruneOptions { older_than: Duration::from_secs(86_400), wait: TIMEOUT, dry_run: false };
+    let report = prune::prune(&Config::load(&config).unwrap(), &options)
+        .await
+        .unwrap_or_else(|e| panic!("prune: {e}\n{}", connector.logs()));
+    assert_eq!(report.rows_deleted, 1, "the old row is deleted as the prune user");
+    connector.terminate();
 }
