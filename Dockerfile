@@ -1,6 +1,9 @@
 # Builds the outbox-cdc binary and ships it in a slim Debian image.
 FROM rust:1-bookworm AS build
+# librdkafka's build: OpenSSL (TLS, SASL PLAIN/SCRAM/OAUTHBEARER), libcurl (OAUTHBEARER OIDC), Cyrus SASL
+# (GSSAPI/Kerberos).
 RUN apt-get update && apt-get install -y --no-install-recommends cmake pkg-config libssl-dev \
+        libcurl4-openssl-dev libsasl2-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
@@ -15,7 +18,10 @@ ARG OUTBOX_CDC_COMMIT=unknown
 RUN cargo build --release --locked --bin outbox-cdc && strip --strip-debug target/release/outbox-cdc
 
 FROM debian:bookworm-slim
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 \
+# The libraries the binary links (libcurl for OAUTHBEARER OIDC, libsasl2 for GSSAPI), Cyrus SASL's GSSAPI
+# plugin and kinit (librdkafka renews a Kerberos ticket from the keytab with `kinit`).
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        ca-certificates libssl3 libcurl4 libsasl2-2 libsasl2-modules-gssapi-mit krb5-user \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --home /var/lib/outbox-cdc outbox-cdc \
     && mkdir -p /var/lib/outbox-cdc/state && chown -R outbox-cdc /var/lib/outbox-cdc

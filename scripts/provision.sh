@@ -9,7 +9,8 @@
 #     mariadb-binlog). Tests start private servers on free ports in temp dirs; the package's own
 #     system service is not used (if the package started one on 3306, it is left alone).
 #   - pkg-config, libssl-dev, make, gcc, g++: librdkafka's bundled C build (rdkafka crate, features
-#     ssl + zstd).
+#     ssl + zstd + curl + gssapi); libcurl4-openssl-dev for OAUTHBEARER OIDC (curl), libsasl2-dev for
+#     GSSAPI/Kerberos (Cyrus SASL). sink::kafka's unit test asserts librdkafka's built-in features.
 #   - openssl: the CLI makes the CA and server certificates of tests/tls.rs.
 #   - docker-compose: the demo's docker-compose.yml (official Apache Kafka image) for users; and
 #     scripts/check-deploy validates that file with `docker-compose config` (no engine needed).
@@ -21,7 +22,8 @@ set -euo pipefail
 
 TANSU_VERSION=0.6.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
-PACKAGES=(mariadb-server mariadb-client pkg-config libssl-dev openssl make gcc g++ docker-compose systemd)
+PACKAGES=(mariadb-server mariadb-client pkg-config libssl-dev libcurl4-openssl-dev libsasl2-dev openssl make gcc g++
+    docker-compose systemd)
 
 log() { printf 'provision: %s\n' "$*"; }
 die() { printf 'provision: ERROR: %s\n' "$*" >&2; exit 1; }

@@ -4,9 +4,12 @@
 //!
 //! The serde structs below are the user-facing reference (their `///` comments are the docs); unknown keys
 //! are rejected. [`Config::load`] parses and validates, so the rest of the program only sees settings that
-//! make sense together. Secrets can come from the environment (`password_env`) and are never logged:
-//! [`Secret`] and [`Properties`] redact themselves in `Debug`, and a TOML error never quotes the file (see
-//! [`crate::secret`]).
+//! make sense together. Secrets can be written in the file, or come from the environment (`password_env`,
+//! `[kafka] properties_env`) or from files (`password_file`, `[kafka] properties_file`: a Kubernetes or
+//! Docker secret mounted as a volume). The environment and the files are read when a command connects
+//! ([`Config::source_password`], [`KafkaConfig::resolved_properties`]), not when the config is loaded, so
+//! `status` works without them. Secrets are never logged: [`Secret`] and [`Properties`] redact themselves
+//! in `Debug`, and a TOML error never quotes the file (see [`crate::secret`]).
 
 use std::collections::BTreeMap;
 
@@ -127,15 +130,19 @@ pub struct PruneConfig {
     #[serde(default)]
     pub port: Option<u16>,
     /// User with `DELETE` (and `SELECT`) on the outbox table(s). Default: `source.user` with the source
-    /// password; when set, `password` or `password_env` must be set too.
+    /// password; when set, its password is one of `password`, `password_env` or `password_file` (none:
+    /// no password).
     #[serde(default)]
     pub user: Option<String>,
-    /// Password of `user` in clear. Prefer `password_env`.
+    /// Password of `user` in clear. Prefer `password_file` or `password_env`.
     #[serde(default)]
     pub password: Option<Secret>,
     /// Name of an environment variable holding the password of `user`; an error if named but not set.
     #[serde(default)]
     pub password_env: Option<String>,
+    /// File holding the password of `user`, as `source.password_file` reads it.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
     /// Rows deleted per `DELETE` statement (one short transaction each). Small batches keep row locks,
     /// undo and binlog events small and let replicas keep up. Between 1 and 100000.
     #[serde(default = "default_prune_batch_rows")]
@@ -154,6 +161,7 @@ impl Default for PruneConfig {
             user: None,
             password: None,
             password_env: None,
+            password_file: None,
             batch_rows: default_prune_batch_rows(),
             pause_ms: default_prune_pause_ms(),
         }
@@ -262,13 +270,19 @@ pub struct SourceConfig {
     /// Required with `kind = "server"`.
     #[serde(default)]
     pub user: String,
-    /// Password in clear. Prefer `password_env`.
+    /// Password in clear. Prefer `password_file` or `password_env`. At most one of the three is set;
+    /// none means no password.
     #[serde(default)]
     pub password: Option<Secret>,
-    /// Name of an environment variable holding the password. Takes precedence over `password`; it is an
-    /// error if the variable is named but not set.
+    /// Name of an environment variable holding the password, read when the connector connects; it is an
+    /// error if the variable is not set then.
     #[serde(default)]
     pub password_env: Option<String>,
+    /// File holding the password (a Kubernetes Secret mounted as a volume, a Docker secret), read when the
+    /// connector connects. One trailing line break is not part of the password; an empty or unreadable
+    /// file is an error naming the path.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
     /// Replication client id; must be unique among all replicas and CDC clients of the server
     /// (a duplicate makes the server disconnect the older client). Required with `kind = "server"`.
     #[serde(default)]
@@ -505,6 +519,21 @@ pub struct KafkaConfig {
     /// `Debug` masks secret-looking values.
     #[serde(default)]
     pub properties: Properties,
+    /// librdkafka properties whose values come from environment variables, read when a command connects:
+    /// `{ "sasl.password" = "KAFKA_PASSWORD" }`. Only for secrets (keys such as `sasl.username`,
+    /// `sasl.password`, `sasl.oauthbearer.client.secret`, `ssl.key.password`, whose values no message ever
+    /// shows); other properties belong in `properties`. A variable that is not set, or set to nothing, is
+    /// an error naming it. A key may be set in only one of `properties`, `properties_env` and
+    /// `properties_file`.
+    #[serde(default)]
+    pub properties_env: BTreeMap<String, String>,
+    /// librdkafka properties whose values are the contents of files (a Kubernetes Secret mounted as a
+    /// volume), read when a command connects: `{ "sasl.password" = "/run/secrets/kafka/password" }`.
+    /// Same keys as `properties_env`; a file loses one trailing line break, and an empty or unreadable
+    /// file is an error naming the path. (Certificates and keys librdkafka reads from a path itself go in
+    /// `properties`: `ssl.ca.location`, `ssl.key.location`.)
+    #[serde(default)]
+    pub properties_file: BTreeMap<String, PathBuf>,
     /// Topic for poison rows and the held events of quarantined aggregates (see `outbox.on_poison`).
     /// Created like routed topics. Keyed by aggregate id, so each aggregate's held events stay in order.
     #[serde(default = "default_dead_letter_topic")]
@@ -672,6 +701,60 @@ const OWNED_PROPERTIES: &[OwnedProperty] = &[
     },
 ];
 
+/// librdkafka properties that have their own `[kafka]` setting.
+const DEDICATED_PROPERTIES: &[&str] =
+    &["bootstrap.servers", "compression.type", "compression.codec", "message.max.bytes"];
+
+/// Refuses a `section` with more than one of `password`, `password_env` and `password_file`.
+fn one_password(section: &str, literal: bool, env: bool, file: bool) -> Result<()> {
+    match [literal, env, file].iter().filter(|set| **set).count() {
+        0 | 1 => Ok(()),
+        _ => Err(Error::definite(format!(
+            "set at most one of {section}.password, {section}.password_env and {section}.password_file"
+        ))),
+    }
+}
+
+/// Refuses a `properties_env` or `properties_file` key that is set elsewhere too, that outbox-cdc owns or
+/// has a dedicated setting for, or that is not a secret: only the values of secret-looking keys are kept
+/// out of every message ([`crate::secret::is_secret_key`]), and these tables hold secrets.
+fn validate_secret_properties(kafka: &KafkaConfig) -> Result<()> {
+    let env = kafka.properties_env.iter().map(|(k, v)| ("properties_env", k, v.is_empty()));
+    let file = kafka.properties_file.iter().map(|(k, v)| ("properties_file", k, v.as_os_str().is_empty()));
+    for (table, key, empty) in env.chain(file) {
+        let elsewhere = [
+            ("properties", kafka.properties.contains_key(key)),
+            ("properties_env", kafka.properties_env.contains_key(key)),
+            ("properties_file", kafka.properties_file.contains_key(key)),
+        ];
+        if let Some((other, _)) = elsewhere.iter().find(|(other, set)| *set && *other != table) {
+            return Err(Error::definite(format!(
+                "kafka.{table}.\"{key}\" is set in kafka.{other} too: set each property in one place"
+            )));
+        }
+        if empty {
+            return Err(Error::definite(format!("kafka.{table}.\"{key}\" names nothing: name a variable or a file")));
+        }
+        if OWNED_PROPERTIES.iter().any(|o| o.keys.contains(&key.as_str())) {
+            return Err(Error::definite(format!(
+                "kafka.{table}.\"{key}\": outbox-cdc sets {key} itself (the delivery guarantee depends on it); \
+                 remove it"
+            )));
+        }
+        if DEDICATED_PROPERTIES.contains(&key.as_str()) {
+            return Err(Error::definite(format!("kafka.{table}.\"{key}\": use the dedicated [kafka] setting instead")));
+        }
+        if !crate::secret::is_secret_key(key) {
+            return Err(Error::definite(format!(
+                "kafka.{table}.\"{key}\": {table} is for secrets (sasl.username, sasl.password, \
+                 sasl.oauthbearer.client.secret, ssl.key.password, ...), whose values no message shows; \
+                 {key} is not one, set it in [kafka.properties]"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Refuses librdkafka properties that would weaken the delivery guarantee, saying why and what to do.
 fn validate_kafka_properties(properties: &BTreeMap<String, String>) -> Result<()> {
     for (key, value) in properties {
@@ -719,18 +802,71 @@ impl Config {
         &self.topic
     }
 
-    /// The database password, resolved from the environment if configured so.
+    /// The database password, read from the environment or a file if configured so.
     ///
     /// # Errors
-    /// A definite error when `password_env` names a variable that is not set.
+    /// A definite error when `password_env` names a variable that is not set, or `password_file` a file
+    /// that cannot be read or is empty.
     pub fn source_password(&self) -> Result<Option<Secret>> {
-        match &self.source.password_env {
-            Some(var) => std::env::var(var).map(|v| Some(Secret::new(v))).map_err(|_| {
-                Error::definite(format!("source.password_env names {var}, but that environment variable is not set"))
-            }),
-            None => Ok(self.source.password.clone()),
+        match (&self.source.password_env, &self.source.password_file) {
+            (Some(var), _) => from_env("source.password_env", var).map(Some),
+            (None, Some(path)) => from_file("source.password_file", path).map(Some),
+            (None, None) => Ok(self.source.password.clone()),
         }
     }
+}
+
+impl KafkaConfig {
+    /// `properties` with the secrets of `properties_env` and `properties_file` added: what every Kafka
+    /// client of every command (`run`, `check`, `audit`, `replay`, `quarantine release`) is configured with.
+    ///
+    /// # Errors
+    /// A definite error naming the variable that is not set (or empty), or the file that cannot be read or
+    /// is empty; never with a secret's value.
+    pub fn resolved_properties(&self) -> Result<Properties> {
+        let mut resolved: BTreeMap<String, String> =
+            self.properties.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (key, var) in &self.properties_env {
+            let secret = from_env(&format!("kafka.properties_env (for {key})"), var)?;
+            if secret.expose().is_empty() {
+                return Err(Error::definite(format!(
+                    "kafka.properties_env (for {key}) names {var}, but that environment variable is empty"
+                )));
+            }
+            resolved.insert(key.clone(), secret.expose().to_string());
+        }
+        for (key, path) in &self.properties_file {
+            let secret = from_file(&format!("kafka.properties_file (for {key})"), path)?;
+            resolved.insert(key.clone(), secret.expose().to_string());
+        }
+        Ok(resolved.into_iter().collect())
+    }
+}
+
+/// The secret in environment variable `var`, which `setting` names.
+fn from_env(setting: &str, var: &str) -> Result<Secret> {
+    match std::env::var(var) {
+        Ok(value) => Ok(Secret::new(value)),
+        Err(std::env::VarError::NotPresent) => {
+            Err(Error::definite(format!("{setting} names {var}, but that environment variable is not set")))
+        }
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(Error::definite(format!("{setting} names {var}, but that environment variable is not UTF-8 text")))
+        }
+    }
+}
+
+/// The secret in the file at `path`, which `setting` names ([`crate::secret::read_file`]).
+fn from_file(setting: &str, path: &Path) -> Result<Secret> {
+    crate::secret::read_file(path).map_err(|e| {
+        let fix = match e {
+            crate::secret::FileSecretError::Unreadable(_) => {
+                "; mount the secret there, readable by the connector's user"
+            }
+            _ => "",
+        };
+        Error::definite(format!("{setting} names the file {}, but {e}{fix}", path.display()))
+    })
 }
 
 impl ConfigFile {
@@ -740,9 +876,13 @@ impl ConfigFile {
     /// A definite error naming the first setting that does not.
     fn validate(self) -> Result<Config> {
         let tables = self.outbox_tables()?;
-        if self.source.password.is_some() && self.source.password_env.is_some() {
-            return Err(Error::definite("set either source.password or source.password_env, not both"));
-        }
+        let source = &self.source;
+        one_password(
+            "source",
+            source.password.is_some(),
+            source.password_env.is_some(),
+            source.password_file.is_some(),
+        )?;
         self.validate_source_kind()?;
         if self.source.kind == SourceKind::Server && self.source.server_id == 0 {
             return Err(Error::definite("source.server_id must be a non-zero id unique among the server's replicas"));
@@ -761,13 +901,14 @@ impl ConfigFile {
             return Err(Error::definite("metrics.purge_warn_ratio must be > 0 (e.g. 0.5)"));
         }
         validate_kafka_properties(&self.kafka.properties)?;
-        for key in ["bootstrap.servers", "compression.type", "compression.codec", "message.max.bytes"] {
-            if self.kafka.properties.contains_key(key) {
+        for key in DEDICATED_PROPERTIES {
+            if self.kafka.properties.contains_key(*key) {
                 return Err(Error::definite(format!(
                     "kafka.properties.{key}: use the dedicated [kafka] setting instead"
                 )));
             }
         }
+        validate_secret_properties(&self.kafka)?;
         if !(1..=1_000_000).contains(&self.snapshot.chunk_rows) {
             return Err(Error::definite("snapshot.chunk_rows must be between 1 and 1000000"));
         }
@@ -798,12 +939,12 @@ impl ConfigFile {
         if !(1..=100_000).contains(&self.prune.batch_rows) {
             return Err(Error::definite("prune.batch_rows must be between 1 and 100000"));
         }
-        if self.prune.password.is_some() && self.prune.password_env.is_some() {
-            return Err(Error::definite("set either prune.password or prune.password_env, not both"));
-        }
-        if self.prune.user.is_none() && (self.prune.password.is_some() || self.prune.password_env.is_some()) {
+        let prune = &self.prune;
+        let prune_passwords = [prune.password.is_some(), prune.password_env.is_some(), prune.password_file.is_some()];
+        one_password("prune", prune_passwords[0], prune_passwords[1], prune_passwords[2])?;
+        if prune.user.is_none() && prune_passwords.contains(&true) {
             return Err(Error::definite(
-                "prune.password/password_env need prune.user (the default is the source user)",
+                "prune.password/password_env/password_file need prune.user (the default is the source user)",
             ));
         }
         Ok(Config {
@@ -1081,6 +1222,117 @@ mod tests {
         assert!(Config::parse(&live).unwrap_err().to_string().contains("only with"));
         let no_host = MINIMAL.replace("host = \"127.0.0.1\"", "");
         assert!(Config::parse(&no_host).unwrap_err().to_string().contains("source.host"));
+    }
+
+    /// Where each secret can come from, one row per rule: at most one source per password; the Kafka
+    /// secret tables take only secret-looking keys, set nowhere else, never one outbox-cdc owns.
+    #[test]
+    fn secret_sources_are_validated() {
+        let source = |password: &str| MINIMAL.replace("password = \"pw\"", password);
+        let kafka = |tables: &str| format!("{MINIMAL}\n{tables}\n");
+        let cases: &[(String, Option<&str>)] = &[
+            (source("password_file = \"/run/secrets/db\""), None),
+            (source("password_env = \"PW\""), None),
+            (source(""), None),
+            (source("password = \"pw\"\npassword_file = \"/f\""), Some("at most one of source.password")),
+            (source("password_env = \"PW\"\npassword_file = \"/f\""), Some("at most one of source.password")),
+            (format!("{MINIMAL}\n[prune]\nuser = \"p\"\npassword_file = \"/f\"\n"), None),
+            (format!("{MINIMAL}\n[prune]\npassword_file = \"/f\"\n"), Some("need prune.user")),
+            (
+                format!("{MINIMAL}\n[prune]\nuser = \"p\"\npassword_env = \"PW\"\npassword_file = \"/f\"\n"),
+                Some("at most one of prune.password"),
+            ),
+            (kafka("[kafka.properties_env]\n\"sasl.password\" = \"KAFKA_PASSWORD\""), None),
+            (kafka("[kafka.properties_file]\n\"sasl.username\" = \"/u\"\n\"sasl.password\" = \"/p\""), None),
+            (kafka("[kafka.properties_file]\n\"sasl.oauthbearer.client.secret\" = \"/s\""), None),
+            (
+                kafka("[kafka.properties]\n\"sasl.password\" = \"x\"\n[kafka.properties_env]\n\"sasl.password\" = \"P\""),
+                Some("kafka.properties_env.\"sasl.password\" is set in kafka.properties too"),
+            ),
+            (
+                kafka("[kafka.properties_env]\n\"sasl.password\" = \"P\"\n[kafka.properties_file]\n\"sasl.password\" = \"/p\""),
+                Some("is set in kafka.properties_file too"),
+            ),
+            (kafka("[kafka.properties_env]\n\"sasl.password\" = \"\""), Some("names nothing")),
+            (kafka("[kafka.properties_file]\n\"sasl.password\" = \"\""), Some("names nothing")),
+            (kafka("[kafka.properties_env]\n\"acks\" = \"ACKS\""), Some("outbox-cdc sets acks itself")),
+            (kafka("[kafka.properties_file]\n\"enable.idempotence\" = \"/i\""), Some("sets enable.idempotence itself")),
+            (kafka("[kafka.properties_env]\n\"bootstrap.servers\" = \"B\""), Some("use the dedicated [kafka] setting")),
+            (
+                kafka("[kafka.properties_env]\n\"sasl.mechanism\" = \"M\""),
+                Some("sasl.mechanism is not one, set it in [kafka.properties]"),
+            ),
+            (kafka("[kafka.properties_file]\n\"sasl.oauthbearer.client.id\" = \"/id\""), Some("is not one")),
+        ];
+        for (text, refusal) in cases {
+            match (Config::parse(text), refusal) {
+                (Ok(_), None) => {}
+                (Err(e), Some(expected)) => assert!(e.to_string().contains(expected), "{e}\n{text}"),
+                (got, _) => panic!("{:?} for\n{text}", got.map(|_| "accepted")),
+            }
+        }
+    }
+
+    /// The secrets of `properties_env` and `properties_file` join the literal properties; a file loses
+    /// its trailing newline. A missing variable or file is a definite error naming it and the setting.
+    #[test]
+    fn kafka_secrets_are_read_from_the_environment_and_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let password = dir.path().join("kafka-password");
+        std::fs::write(&password, "hunter2\n").unwrap();
+        // PATH: a variable every test process has, so that the test sets none.
+        let text = format!(
+            "{MINIMAL}\n[kafka.properties]\n\"sasl.mechanism\" = \"SCRAM-SHA-512\"\n[kafka.properties_env]\n\
+             \"sasl.username\" = \"PATH\"\n[kafka.properties_file]\n\"sasl.password\" = \"{}\"\n",
+            password.display()
+        );
+        let config = Config::parse(&text).unwrap();
+        let resolved = config.kafka.resolved_properties().unwrap();
+        let get = |key: &str| resolved.get(key).map(String::as_str);
+        assert_eq!(get("sasl.mechanism"), Some("SCRAM-SHA-512"));
+        assert_eq!(get("sasl.password"), Some("hunter2"));
+        assert_eq!(get("sasl.username"), std::env::var("PATH").ok().as_deref());
+        assert!(!format!("{config:?}{resolved:?}").contains("hunter2"));
+
+        std::fs::remove_file(&password).unwrap();
+        let error = config.kafka.resolved_properties().unwrap_err();
+        let text_of = error.to_string();
+        assert!(error.is_definite(), "{text_of}");
+        assert!(text_of.contains("kafka.properties_file (for sasl.password)"), "{text_of}");
+        assert!(text_of.contains(&password.display().to_string()) && text_of.contains("No such file"), "{text_of}");
+
+        std::fs::write(&password, "\n").unwrap();
+        let error = config.kafka.resolved_properties().unwrap_err().to_string();
+        assert!(error.contains("the file is empty") && error.contains("kafka-password"), "{error}");
+
+        let unset = "OUTBOX_CDC_TEST_UNSET_KAFKA_VAR";
+        let config =
+            Config::parse(&format!("{MINIMAL}\n[kafka.properties_env]\n\"sasl.password\" = \"{unset}\"\n")).unwrap();
+        let error = config.kafka.resolved_properties().unwrap_err();
+        assert!(error.is_definite());
+        assert!(error.to_string().contains(&format!("kafka.properties_env (for sasl.password) names {unset}")));
+    }
+
+    /// `source.password_file` (and so `prune.password_file`, which `prune` reads through the same
+    /// settings): read when asked for, trailing newline trimmed, the path (never the content) in the error.
+    #[test]
+    fn database_passwords_are_read_from_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("db-password");
+        std::fs::write(&file, "s3cret\r\n").unwrap();
+        let text = MINIMAL.replace("password = \"pw\"", &format!("password_file = \"{}\"", file.display()));
+        let config = Config::parse(&text).unwrap();
+        assert_eq!(config.source_password().unwrap().unwrap().expose(), "s3cret");
+        std::fs::write(&file, "").unwrap();
+        let error = config.source_password().unwrap_err();
+        let text = error.to_string();
+        assert!(error.is_definite() && text.contains("db-password") && text.contains("empty"), "{text}");
+        std::fs::remove_file(&file).unwrap();
+        let error = config.source_password().unwrap_err().to_string();
+        assert!(
+            error.starts_with("source.password_file names the file ") && error.contains("mount the secret"),
+            "{error}"
+        );
     }
 
     #[test]

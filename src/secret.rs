@@ -18,12 +18,15 @@
 //! careful than the library), or when one of its words (split at `.`, `_`, `-`) names a secret: a
 //! password (also misspelled: `pasword`, `passwd`, `pwd`, `passwort`, `pasword1`), a passphrase, a secret,
 //! a token, a credential, a JAAS config, an API or private key. A key ending in `_env` names an
-//! environment variable that holds a secret, not the secret itself. The rule errs towards redacting: a false
-//! positive costs a value in an error message, a false negative a password in the log.
+//! environment variable that holds a secret, and one ending in `_file` a file that holds one
+//! ([`read_file`]), not the secret itself: a message may show the variable's name or the file's path. The
+//! rule errs towards redacting: a false positive costs a value in an error message, a false negative a
+//! password in the log.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::Path;
 
 use serde::Deserialize;
 
@@ -63,7 +66,7 @@ pub fn is_secret_key(key: &str) -> bool {
     if LIBRDKAFKA_SENSITIVE.iter().any(sensitive) {
         return true;
     }
-    if key.ends_with("_env") {
+    if key.ends_with("_env") || key.ends_with("_file") {
         return false;
     }
     let words: Vec<&str> = key.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| !w.is_empty()).collect();
@@ -248,6 +251,46 @@ pub fn mask_values(text: &str, values: &[String]) -> String {
     text
 }
 
+/// Why a secret file cannot be used. It never holds any of the file's content.
+#[derive(Debug, thiserror::Error)]
+pub enum FileSecretError {
+    /// The file cannot be opened or read: missing, a directory, no permission.
+    #[error("it cannot be read ({0})")]
+    Unreadable(std::io::Error),
+    /// Nothing is left once the trailing newline is trimmed.
+    #[error("the file is empty")]
+    Empty,
+    /// The content is not UTF-8 text.
+    #[error("the file is not UTF-8 text")]
+    NotText,
+}
+
+/// Reads a secret from a file: a Kubernetes Secret or a Docker secret mounted as a volume, systemd's
+/// `LoadCredential=`. The content is the secret, less one trailing line break (`\n` or `\r\n`) that an
+/// editor or `echo` leaves; everything else, inner and leading blanks included, is the secret's own.
+///
+/// # Errors
+/// [`FileSecretError`] when the file cannot be read, is empty, or is not UTF-8 text.
+pub fn read_file(path: &Path) -> Result<Secret, FileSecretError> {
+    let bytes = std::fs::read(path).map_err(FileSecretError::Unreadable)?;
+    secret_in_file(bytes)
+}
+
+/// The secret a file's content holds (see [`read_file`]).
+fn secret_in_file(bytes: Vec<u8>) -> Result<Secret, FileSecretError> {
+    let mut text = String::from_utf8(bytes).map_err(|_| FileSecretError::NotText)?;
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    match text.is_empty() {
+        true => Err(FileSecretError::Empty),
+        false => Ok(Secret(text)),
+    }
+}
+
 /// A string that never appears in logs: `Debug` prints [`REDACTED`].
 #[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(transparent)]
@@ -367,6 +410,9 @@ mod tests {
             // not secrets
             ("password_env", false, "names an environment variable"),
             ("source.password_env", false, "names an environment variable"),
+            ("password_file", false, "names a file"),
+            ("prune.password_file", false, "names a file"),
+            ("properties_file", false, "names files"),
             ("user", false, "not a secret"),
             ("bootstrap.servers", false, "not a secret"),
             ("sasl.mechanism", false, "not a secret"),
@@ -440,6 +486,50 @@ mod tests {
             mask_values("invalid type: integer `12345`, expected one of `kind`, `kinds`", &values),
             "invalid type: integer `***`, expected one of `***`, `kinds`"
         );
+    }
+
+    /// The content of a secret file, one row per rule: one trailing line break is the editor's, not the
+    /// secret's; an empty file is a mistake, not an empty password.
+    #[test]
+    fn a_secret_file_loses_one_trailing_line_break_only() {
+        let cases: &[(&[u8], Option<&str>)] = &[
+            (b"hunter2", Some("hunter2")),
+            (b"hunter2\n", Some("hunter2")),
+            (b"hunter2\r\n", Some("hunter2")),
+            (b"hunter2\n\n", Some("hunter2\n")),
+            (b"hunter2\r", Some("hunter2\r")),
+            (b" hunter2 \n", Some(" hunter2 ")),
+            (b"two\nlines\n", Some("two\nlines")),
+            (b"", None),
+            (b"\n", None),
+            (b"\r\n", None),
+            (b"\n\n", Some("\n")),
+        ];
+        for (content, expected) in cases {
+            let got = secret_in_file(content.to_vec());
+            match expected {
+                Some(secret) => assert_eq!(got.unwrap().expose(), *secret, "{content:?}"),
+                None => assert!(matches!(got, Err(FileSecretError::Empty)), "{content:?}: {got:?}"),
+            }
+        }
+        assert!(matches!(secret_in_file(vec![0xff, 0xfe]), Err(FileSecretError::NotText)));
+    }
+
+    /// What goes wrong with a secret file is said without any of its content, and an unreadable one says
+    /// why (the path is the caller's to name).
+    #[test]
+    fn a_secret_file_error_shows_no_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = read_file(&dir.path().join("missing")).unwrap_err();
+        assert!(matches!(missing, FileSecretError::Unreadable(_)), "{missing:?}");
+        assert!(missing.to_string().contains("No such file"), "{missing}");
+        assert!(matches!(read_file(dir.path()), Err(FileSecretError::Unreadable(_))), "a directory");
+        let file = dir.path().join("pw");
+        std::fs::write(&file, [b'h', b'u', 0xff, b'\n']).unwrap();
+        let error = read_file(&file).unwrap_err().to_string();
+        assert_eq!(error, "the file is not UTF-8 text");
+        std::fs::write(&file, "hunter2\n").unwrap();
+        assert_eq!(read_file(&file).unwrap().expose(), "hunter2");
     }
 
     #[test]

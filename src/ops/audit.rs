@@ -290,10 +290,11 @@ pub async fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport> {
         ..AuditReport::default()
     };
     tracing::info!(tables = ?report.tables, topics = ?topics, window = %report.window, "audit: scanning the table");
+    // Before the scan: a missing secret is found before the table is read.
+    let consumer_config = consumer_config(config)?;
     report.table_rows = scan_table(config, opts, &tables, &mut conn, &db).await?;
 
     tracing::info!(rows = report.table_rows, "audit: reading Kafka");
-    let consumer_config = consumer_config(config);
     let (db2, limit, quiet) = (db.clone(), opts.list_limit, Duration::from_millis(opts.quiet_ms));
     let mut kafka = tokio::task::spawn_blocking(move || read_kafka(&consumer_config, &topics, &db2, limit, quiet))
         .await
@@ -457,11 +458,14 @@ async fn scan_table(
     Ok(total)
 }
 
-/// The reader's librdkafka settings: the connector's connection and security properties, no group
-/// offsets, only committed records.
-fn consumer_config(config: &Config) -> ClientConfig {
+/// The reader's librdkafka settings: the connector's connection and security properties (its secrets
+/// read as `run` reads them), no group offsets, only committed records.
+///
+/// # Errors
+/// A definite error when a secret's variable or file is missing.
+fn consumer_config(config: &Config) -> Result<ClientConfig> {
     let mut cfg = ClientConfig::new();
-    for (k, v) in &config.kafka.properties {
+    for (k, v) in &config.kafka.resolved_properties()? {
         let connection =
             ["security.", "ssl.", "sasl.", "socket.", "client.", "broker."].iter().any(|p| k.starts_with(p));
         if connection {
@@ -480,7 +484,7 @@ fn consumer_config(config: &Config) -> ClientConfig {
         // does not grow with the number of partitions.
         .set("queued.max.messages.kbytes", "8192")
         .set("queued.min.messages", "2000");
-    cfg
+    Ok(cfg)
 }
 
 /// What the Kafka pass found.

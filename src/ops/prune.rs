@@ -280,6 +280,7 @@ fn delete_conn(config: &Config) -> Result<SourceConn> {
         c.source.user = user.clone();
         c.source.password = prune.password.clone();
         c.source.password_env = prune.password_env.clone();
+        c.source.password_file = prune.password_file.clone();
     }
     SourceConn::from_config(&c).map_err(|e| e.context("[prune] connection"))
 }

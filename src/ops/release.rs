@@ -289,7 +289,7 @@ async fn payloads_from_table(config: &Config, letters: &[DeadLetter]) -> Result<
 
 /// This hold's dead-letter records, in offset order, first occurrence of each event id.
 fn read_hold(config: &crate::config::KafkaConfig, topic: &str, hold_id: &str) -> Result<HoldRead> {
-    let mut cc = client_config(config);
+    let mut cc = client_config(config)?;
     cc.set("group.id", "outbox-cdc-quarantine-release")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")

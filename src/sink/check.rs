@@ -198,7 +198,7 @@ pub async fn check(config: &KafkaConfig, routed: Result<Vec<String>>) -> Result<
         cc.create_with_context(CheckContext::default()).map_err(|e| classify_kafka(&e))?;
     let producer = Arc::new(producer);
     let admin: AdminClient<DefaultClientContext> =
-        kafka::client_config(config).create().map_err(|e| classify_kafka(&e))?;
+        kafka::client_config(config)?.create().map_err(|e| classify_kafka(&e))?;
     let settings = TopicSettings::of(config, batch_limit_bytes);
 
     let mut report = Report::default();

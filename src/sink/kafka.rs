@@ -387,14 +387,19 @@ pub struct KafkaSink {
     dead_letter_topic: String,
 }
 
-/// Builds the librdkafka configuration shared by the producer and the admin client.
-pub fn client_config(config: &KafkaConfig) -> ClientConfig {
+/// Builds the librdkafka configuration every Kafka client starts from: the producer, the admin client, and
+/// the consumers of `audit` and `quarantine release`; with the secrets of `properties_env` and
+/// `properties_file` read ([`KafkaConfig::resolved_properties`]).
+///
+/// # Errors
+/// A definite error when a secret's variable or file is missing.
+pub fn client_config(config: &KafkaConfig) -> Result<ClientConfig> {
     let mut cc = ClientConfig::new();
     cc.set("bootstrap.servers", &config.bootstrap_servers).set("client.id", "outbox-cdc");
-    for (k, v) in &config.properties {
+    for (k, v) in &config.resolved_properties()? {
         cc.set(k, v);
     }
-    cc
+    Ok(cc)
 }
 
 /// The producer's librdkafka configuration (the configured properties, with the delivery guarantee's settings
@@ -402,9 +407,9 @@ pub fn client_config(config: &KafkaConfig) -> ClientConfig {
 /// what `run` produces with, and what `check` tests ([`super::check`]).
 ///
 /// # Errors
-/// A definite error for a `batch.size` that is not a number.
+/// A definite error for a `batch.size` that is not a number, or a secret's missing variable or file.
 pub(super) fn producer_config(config: &KafkaConfig) -> Result<(ClientConfig, usize)> {
-    let mut cc = client_config(config);
+    let mut cc = client_config(config)?;
     // The delivery guarantee's settings (config validation refuses other values for them): see the
     // module's invariants.
     cc.set("enable.idempotence", "true")
@@ -473,7 +478,7 @@ impl KafkaSink {
             cc.create_with_context(context).map_err(|e| classify_kafka(&e))?;
         producer.context().native.store(producer.client().native_ptr(), Ordering::Release);
         let admin: AdminClient<DefaultClientContext> =
-            client_config(config).create().map_err(|e| classify_kafka(&e))?;
+            client_config(config)?.create().map_err(|e| classify_kafka(&e))?;
         let producer = Arc::new(producer);
         tokio::spawn(probe_brokers(Arc::downgrade(&producer), config.dead_letter_topic.clone()));
         Ok(KafkaSink {
@@ -822,6 +827,50 @@ mod tests {
         // The batch.size it proposes passes the check.
         let proposed: usize = text.rsplit(' ').next().unwrap().parse().unwrap();
         assert!(check_topic_limit("t", 100_000, proposed).is_ok(), "{proposed}");
+    }
+
+    /// Regression guard for the build: the SASL mechanisms and codecs the README promises are in the
+    /// librdkafka this binary links. A change of the rdkafka features (or of the system libraries its
+    /// build finds) that drops one fails here, not at a user's first connection to a managed cluster.
+    #[test]
+    fn librdkafka_has_the_promised_features() {
+        let features = ClientConfig::new().create_native_config().unwrap().get("builtin.features").unwrap();
+        let features: Vec<&str> = features.split(',').collect();
+        for (feature, why) in [
+            ("ssl", "TLS: security.protocol = ssl / sasl_ssl"),
+            ("sasl_plain", "SASL/PLAIN (Confluent Cloud API keys, Azure Event Hubs)"),
+            ("sasl_scram", "SASL/SCRAM-SHA-256 and -512 (MSK, Aiven, Redpanda)"),
+            ("sasl_oauthbearer", "SASL/OAUTHBEARER"),
+            ("oidc", "sasl.oauthbearer.method = oidc: librdkafka fetches tokens itself (libcurl)"),
+            ("sasl_gssapi", "SASL/GSSAPI: Kerberos (libsasl2)"),
+            ("zstd", "kafka.compression = zstd"),
+            ("lz4", "kafka.compression = lz4, the default"),
+            ("snappy", "kafka.compression = snappy"),
+            ("gzip", "kafka.compression = gzip"),
+        ] {
+            assert!(features.contains(&feature), "librdkafka lacks {feature} ({why}); it has {features:?}");
+        }
+    }
+
+    /// Every client is configured through [`client_config`]: a secret from `properties_file` and one from
+    /// `properties_env` reach the producer's, the admin client's and the consumers' configuration.
+    #[test]
+    fn secrets_from_files_and_the_environment_reach_the_client() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("client-secret");
+        std::fs::write(&file, "oidc-secret\n").unwrap();
+        let mut config = kafka_config("127.0.0.1:9", "\"sasl.mechanism\" = \"OAUTHBEARER\"");
+        config.properties_file.insert("sasl.oauthbearer.client.secret".into(), file.clone());
+        config.properties_env.insert("sasl.username".into(), "PATH".into());
+        let (producer, _) = producer_config(&config).unwrap();
+        for cc in [client_config(&config).unwrap(), producer] {
+            assert_eq!(cc.get("sasl.oauthbearer.client.secret"), Some("oidc-secret"));
+            assert_eq!(cc.get("sasl.username"), std::env::var("PATH").ok().as_deref());
+            assert_eq!(cc.get("sasl.mechanism"), Some("OAUTHBEARER"));
+        }
+        std::fs::remove_file(&file).unwrap();
+        let error = client_config(&config).unwrap_err();
+        assert!(error.is_definite() && error.to_string().contains("client-secret"), "{error}");
     }
 
     fn kafka_config(bootstrap: &str, properties: &str) -> KafkaConfig {
