@@ -89,11 +89,15 @@ impl DeadRow {
             id: s("id")?,
             aggregate_type: s("aggregate_type")?,
             aggregate_id: s("aggregate_id")?,
-            event_type: s("event_type")?,
-            schema_version: u16::try_from(self.columns.get("schema_version")?.as_u64()?).ok()?,
+            // Absent (a table without the column) is JSON null; a number out of range is not a row.
+            event_type: s("event_type"),
+            schema_version: match self.columns.get("schema_version").filter(|v| !v.is_null()) {
+                Some(v) => Some(u16::try_from(v.as_u64()?).ok()?),
+                None => None,
+            },
             payload: s("payload")?,
             headers: s("headers"),
-            occurred_at: s("occurred_at")?,
+            occurred_at: s("occurred_at"),
             from_snapshot,
         })
     }
@@ -314,11 +318,11 @@ mod tests {
             id: "e-1".into(),
             aggregate_type: "order".into(),
             aggregate_id: "A-1".into(),
-            event_type: "OrderCreated".into(),
-            schema_version: 2,
+            event_type: Some("OrderCreated".into()),
+            schema_version: Some(2),
             payload: r#"{"a":"订单"}"#.into(),
             headers: None,
-            occurred_at: "2026-11-30T01:02:03.000004".into(),
+            occurred_at: Some("2026-11-30T01:02:03.000004".into()),
             from_snapshot: false,
         }
     }
