@@ -200,10 +200,11 @@ async fn binary_ids_bigint_aggregates_and_timestamps_snapshot_and_stream_alike()
     audit_passes(&connector);
 }
 
-/// A table without `occurred_at` whose id is an AUTO_INCREMENT BIGINT: the snapshot orders each
-/// aggregate's rows by the id (the key is in effect `(aggregate_type, aggregate_id, id)`, stored in the
-/// checkpoint with the id in `occurred_at`'s place) and resumes after it chunk by chunk; the snapshot and
-/// the stream publish identical records, without `occurred_at`, and the audit passes.
+/// A table without `occurred_at` whose id is an AUTO_INCREMENT BIGINT, and without an index for the
+/// snapshot: `check` warns with the `ALTER TABLE` that adds one; the snapshot orders each aggregate's rows
+/// by the id (the key is in effect `(aggregate_type, aggregate_id, id)`, stored in the checkpoint with the
+/// id in `occurred_at`'s place) and resumes after it chunk by chunk; the snapshot and the stream publish
+/// identical records, without `occurred_at`, and the audit passes.
 #[tokio::test(flavor = "multi_thread")]
 async fn integer_ids_order_a_table_without_occurred_at() {
     let db = MariaDb::start();
@@ -225,7 +226,23 @@ async fn integer_ids_order_a_table_without_occurred_at() {
     };
     insert();
     let broker = Broker::start(Engine::Memory);
-    let mut connector = Connector::start(&db, &broker, "[snapshot]\nmode = \"initial\"\nchunk_rows = 2\n");
+    // No index serves the snapshot's keyset: check says so with the ALTER TABLE, and shows how each column
+    // is published; the snapshot still runs, in order.
+    let snapshot = "[snapshot]\nmode = \"initial\"\nchunk_rows = 2\n";
+    let checker = Connector::new();
+    checker.write_config(&db, &broker, snapshot);
+    let (status, out, err) = checker.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("[WARN] table shop.outbox_events snapshot index"), "{out}");
+    assert!(
+        out.contains(
+            "ALTER TABLE `shop`.`outbox_events` ADD INDEX idx_outbox_cdc_snapshot (`aggregate_type`, `aggregate_id`)"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("[ok  ] table shop.outbox_events id: expected a mapped column, or absent if optional, actual `id` bigint(20) unsigned: its decimal digits"), "{out}");
+    assert!(out.contains("[ok  ] table shop.outbox_events occurred_at: expected a mapped column, or absent if optional, actual absent"), "{out}");
+    let mut connector = Connector::start(&db, &broker, snapshot);
     wait_streaming(&connector);
     insert();
     let records = broker.read_all(TOPIC, 12, READ_TIMEOUT);
