@@ -474,9 +474,7 @@ fn help(name: &str) -> &'static str {
         names::QUARANTINED_AGGREGATES => "Aggregates held in quarantine",
         names::BINLOG_NEEDED_AGE_SECONDS => "Age of the checkpointed transaction (oldest binlog still needed)",
         names::BINLOG_NEEDED_BYTES => "Bytes of binlog files from the checkpoint's file to the newest",
-        names::BINLOG_RETENTION_SECONDS => {
-            "Server binlog retention in seconds (0 = never expires, 1 = purged as soon as possible)"
-        }
+        names::BINLOG_RETENTION_SECONDS => "Server binlog retention in seconds (0 = never expires, 1 = purged as soon as possible)",
         names::PURGE_RISK_RATIO => "Needed binlog age divided by retention; 1 = may be purged",
         names::READY => "1 when connected to source and broker and not failed",
         _ => "",
