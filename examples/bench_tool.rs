@@ -398,11 +398,11 @@ async fn connector_records(mysql_url: &str, topic: &str, limit: usize) -> anyhow
                 id,
                 aggregate_type,
                 aggregate_id,
-                event_type,
-                schema_version,
+                event_type: Some(event_type),
+                schema_version: Some(schema_version),
                 payload,
                 headers,
-                occurred_at,
+                occurred_at: Some(occurred_at),
                 from_snapshot: false,
             };
             router.route(&row).map_err(err)

@@ -420,8 +420,13 @@ pub enum OnUpdate {
 }
 
 /// `[outbox.columns]`: column names (Debezium: `table.field.event.*`).
+///
+/// `id`, `aggregate_type`, `aggregate_id` and `payload` must exist under their (default or configured)
+/// names. `event_type`, `schema_version`, `occurred_at` and `headers` are optional: a table without a
+/// column of the *default* name simply publishes records without that field; a name *set* here must exist,
+/// so that a typo is a definite error naming it instead of a silently dropped field.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(from = "ColumnNamesToml")]
 pub struct ColumnNames {
     /// Stable event id, sent as the `id` header and `event_id` field.
     pub id: String,
@@ -429,46 +434,110 @@ pub struct ColumnNames {
     pub aggregate_type: String,
     /// Aggregate id: the Kafka key.
     pub aggregate_id: String,
-    /// Event type.
+    /// Event type (optional column).
     pub event_type: String,
-    /// Schema version of the payload.
+    /// Schema version of the payload (optional column).
     pub schema_version: String,
     /// JSON payload.
     pub payload: String,
-    /// Optional JSON object whose top-level string entries become Kafka headers.
+    /// JSON object whose top-level string entries become Kafka headers (optional column).
     pub headers: String,
-    /// When the event occurred (DATETIME(6)).
+    /// When the event occurred: DATETIME(n) or TIMESTAMP(n) (optional column).
     pub occurred_at: String,
+    /// Which names were set in `[outbox.columns]`, in [`crate::outbox::SLOT_NAMES`] order.
+    set: [bool; 8],
 }
 
-impl Default for ColumnNames {
-    fn default() -> Self {
+/// `[outbox.columns]` as written: `None` where the default name applies.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ColumnNamesToml {
+    id: Option<String>,
+    aggregate_type: Option<String>,
+    aggregate_id: Option<String>,
+    event_type: Option<String>,
+    schema_version: Option<String>,
+    payload: Option<String>,
+    headers: Option<String>,
+    occurred_at: Option<String>,
+}
+
+impl From<ColumnNamesToml> for ColumnNames {
+    fn from(t: ColumnNamesToml) -> Self {
+        let set = [
+            t.id.is_some(),
+            t.aggregate_type.is_some(),
+            t.aggregate_id.is_some(),
+            t.event_type.is_some(),
+            t.schema_version.is_some(),
+            t.payload.is_some(),
+            t.headers.is_some(),
+            t.occurred_at.is_some(),
+        ];
+        let [id, aggregate_type, aggregate_id, event_type, schema_version, payload, headers, occurred_at] =
+            crate::outbox::SLOT_NAMES;
         ColumnNames {
-            id: "id".into(),
-            aggregate_type: "aggregate_type".into(),
-            aggregate_id: "aggregate_id".into(),
-            event_type: "event_type".into(),
-            schema_version: "schema_version".into(),
-            payload: "payload".into(),
-            headers: "headers".into(),
-            occurred_at: "occurred_at".into(),
+            id: t.id.unwrap_or_else(|| id.into()),
+            aggregate_type: t.aggregate_type.unwrap_or_else(|| aggregate_type.into()),
+            aggregate_id: t.aggregate_id.unwrap_or_else(|| aggregate_id.into()),
+            event_type: t.event_type.unwrap_or_else(|| event_type.into()),
+            schema_version: t.schema_version.unwrap_or_else(|| schema_version.into()),
+            payload: t.payload.unwrap_or_else(|| payload.into()),
+            headers: t.headers.unwrap_or_else(|| headers.into()),
+            occurred_at: t.occurred_at.unwrap_or_else(|| occurred_at.into()),
+            set,
         }
     }
 }
 
+impl Default for ColumnNames {
+    fn default() -> Self {
+        ColumnNamesToml::default().into()
+    }
+}
+
+/// Roles the table must have whatever `[outbox.columns]` says, in [`crate::outbox::SLOT_NAMES`] order.
+const ALWAYS_REQUIRED: [bool; 8] = [true, true, true, false, false, true, false, false];
+
 impl ColumnNames {
-    /// The columns the connector needs, with whether each may be absent from the table (`headers` may).
+    /// The mapped columns in [`crate::outbox::SLOT_NAMES`] order, each with whether the table must have
+    /// it: the four required roles always, an optional role when its name was set in `[outbox.columns]`.
     pub fn required(&self) -> [(&str, bool); 8] {
-        [
-            (&self.id, true),
-            (&self.aggregate_type, true),
-            (&self.aggregate_id, true),
-            (&self.event_type, true),
-            (&self.schema_version, true),
-            (&self.payload, true),
-            (&self.headers, false),
-            (&self.occurred_at, true),
-        ]
+        let names = [
+            &self.id,
+            &self.aggregate_type,
+            &self.aggregate_id,
+            &self.event_type,
+            &self.schema_version,
+            &self.payload,
+            &self.headers,
+            &self.occurred_at,
+        ];
+        std::array::from_fn(|slot| (names[slot].as_str(), ALWAYS_REQUIRED[slot] || self.set[slot]))
+    }
+
+    /// Whether the column of role `slot` ([`crate::outbox::SLOT_NAMES`] order) must exist in the table.
+    pub fn must_exist(&self, slot: usize) -> bool {
+        ALWAYS_REQUIRED[slot] || self.set[slot]
+    }
+
+    /// The names with `role` set explicitly to `name`, for tests and programmatic configs.
+    #[must_use]
+    pub fn with(mut self, role: &str, name: &str) -> Self {
+        let slot = crate::outbox::SLOT_NAMES.iter().position(|r| *r == role).expect("a role of SLOT_NAMES");
+        let field = match slot {
+            0 => &mut self.id,
+            1 => &mut self.aggregate_type,
+            2 => &mut self.aggregate_id,
+            3 => &mut self.event_type,
+            4 => &mut self.schema_version,
+            5 => &mut self.payload,
+            6 => &mut self.headers,
+            _ => &mut self.occurred_at,
+        };
+        *field = name.to_string();
+        self.set[slot] = true;
+        self
     }
 }
 
@@ -1065,6 +1134,51 @@ mod tests {
         assert_eq!(c.state.dir, PathBuf::from("state"));
         assert_eq!(c.outbox.on_update, OnUpdate::Ignore);
         assert_eq!(c.tables().to_vec(), vec![TableName { database: "shop".into(), table: "outbox_events".into() }]);
+    }
+
+    /// The optional roles may be absent from the table under their default names, never under a name set
+    /// in `[outbox.columns]` (a typo must not drop a field silently); the required roles must always
+    /// exist. Existing configs parse as before, unknown keys are still refused.
+    #[test]
+    fn column_names_know_which_were_set() {
+        let c = Config::parse(MINIMAL).unwrap();
+        let required: Vec<bool> = c.outbox.columns.required().iter().map(|(_, r)| *r).collect();
+        assert_eq!(required, [true, true, true, false, false, true, false, false]);
+        assert_eq!(c.outbox.columns, ColumnNames::default());
+
+        let text = MINIMAL.replace(
+            "table = \"shop.outbox_events\"",
+            "table = \"shop.outbox_events\"\n[outbox.columns]\naggregate_type = \"aggregatetype\"\n\
+             event_type = \"type\"\noccurred_at = \"event_type\"",
+        );
+        let columns = Config::parse(&text).unwrap().outbox.columns;
+        let mapped: Vec<(&str, bool)> = columns.required().to_vec();
+        assert_eq!(
+            mapped,
+            [
+                ("id", true),
+                ("aggregatetype", true),
+                ("aggregate_id", true),
+                ("type", true),
+                ("schema_version", false),
+                ("payload", true),
+                ("headers", false),
+                ("event_type", true),
+            ]
+        );
+        assert_eq!(
+            ColumnNames::default()
+                .with("event_type", "type")
+                .with("aggregate_type", "aggregatetype")
+                .with("occurred_at", "event_type"),
+            columns
+        );
+
+        let typo = MINIMAL.replace(
+            "table = \"shop.outbox_events\"",
+            "table = \"shop.outbox_events\"\n[outbox.columns]\noccured_at = \"t\"",
+        );
+        assert!(Config::parse(&typo).unwrap_err().to_string().contains("occured_at"));
     }
 
     #[test]

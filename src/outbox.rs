@@ -18,16 +18,18 @@ pub struct OutboxRow {
     pub aggregate_type: String,
     /// Aggregate id (the Kafka key).
     pub aggregate_id: String,
-    /// Event type.
-    pub event_type: String,
-    /// Payload schema version.
-    pub schema_version: u16,
+    /// Event type; `None` when the table has no `event_type` column (and then only then: a NULL in an
+    /// existing column is undecodable).
+    pub event_type: Option<String>,
+    /// Payload schema version; `None` when the table has no `schema_version` column.
+    pub schema_version: Option<u16>,
     /// Payload as JSON text.
     pub payload: String,
     /// `headers` column as JSON text, if present and not NULL.
     pub headers: Option<String>,
-    /// `occurred_at` as ISO-8601 (`YYYY-MM-DDTHH:MM:SS[.ffffff]`, the column's own precision, no zone).
-    pub occurred_at: String,
+    /// `occurred_at` as ISO-8601 (`YYYY-MM-DDTHH:MM:SS[.ffffff]`, the column's own precision, no zone;
+    /// TIMESTAMP columns in UTC); `None` when the table has no `occurred_at` column.
+    pub occurred_at: Option<String>,
     /// Read by the initial snapshot rather than from the binlog.
     pub from_snapshot: bool,
 }
@@ -68,7 +70,8 @@ impl TableName {
 }
 
 /// The outbox columns' roles in the order decoders hold their values (slots), named as in
-/// `[outbox.columns]`.
+/// `[outbox.columns]`. The first three and `payload` every table has; `event_type`, `schema_version`,
+/// `headers` and `occurred_at` are optional (see `ColumnNames` in the config).
 pub const SLOT_NAMES: [&str; 8] =
     ["id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers", "occurred_at"];
 

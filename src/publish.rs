@@ -104,7 +104,8 @@ impl Publisher {
         match self.router.route_into(row, &mut self.record) {
             Ok(()) if fits(&self.record) => {
                 metrics().event_read(&self.record.topic);
-                let occurred_at_ms = if row.from_snapshot { None } else { parse_occurred_at_ms(&row.occurred_at) };
+                let occurred_at_ms =
+                    if row.from_snapshot { None } else { row.occurred_at.as_deref().and_then(parse_occurred_at_ms) };
                 Ok(Prepared { record: &self.record, occurred_at_ms })
             }
             Ok(()) => {
@@ -228,11 +229,11 @@ mod tests {
             id: id.into(),
             aggregate_type: "order".into(),
             aggregate_id: aggregate_id.into(),
-            event_type: "Created".into(),
-            schema_version: 1,
+            event_type: Some("Created".into()),
+            schema_version: Some(1),
             payload: "{}".into(),
             headers: None,
-            occurred_at: "2026-11-30T00:00:00.000000".into(),
+            occurred_at: Some("2026-11-30T00:00:00.000000".into()),
             from_snapshot: false,
         }
     }

@@ -83,17 +83,28 @@ impl DeadRow {
     /// The decoded row again, when every column is there (release of held events).
     pub fn to_row(&self, from_snapshot: bool) -> Option<OutboxRow> {
         let s = |name: &str| self.columns.get(name).and_then(|v| v.as_str()).map(String::from);
+        // An optional column: absent from the table (JSON null, or no entry) is `None`; any other value
+        // that is not text (an undecodable image's `{"hex": …}`) means the row is not whole.
+        let optional = |name: &str| match self.columns.get(name) {
+            None | Some(serde_json::Value::Null) => Some(None),
+            Some(serde_json::Value::String(text)) => Some(Some(text.clone())),
+            Some(_) => None,
+        };
         let (database, table) = self.table.split_once('.')?;
         Some(OutboxRow {
             table: Arc::new(crate::outbox::TableName { database: database.into(), table: table.into() }),
             id: s("id")?,
             aggregate_type: s("aggregate_type")?,
             aggregate_id: s("aggregate_id")?,
-            event_type: s("event_type")?,
-            schema_version: u16::try_from(self.columns.get("schema_version")?.as_u64()?).ok()?,
+            event_type: optional("event_type")?,
+            // As `optional`, for a number: absent is null; anything but a u16 means the row is not whole.
+            schema_version: match self.columns.get("schema_version").filter(|v| !v.is_null()) {
+                Some(v) => Some(u16::try_from(v.as_u64()?).ok()?),
+                None => None,
+            },
             payload: s("payload")?,
             headers: s("headers"),
-            occurred_at: s("occurred_at")?,
+            occurred_at: optional("occurred_at")?,
             from_snapshot,
         })
     }
@@ -314,11 +325,11 @@ mod tests {
             id: "e-1".into(),
             aggregate_type: "order".into(),
             aggregate_id: "A-1".into(),
-            event_type: "OrderCreated".into(),
-            schema_version: 2,
+            event_type: Some("OrderCreated".into()),
+            schema_version: Some(2),
             payload: r#"{"a":"订单"}"#.into(),
             headers: None,
-            occurred_at: "2026-11-30T01:02:03.000004".into(),
+            occurred_at: Some("2026-11-30T01:02:03.000004".into()),
             from_snapshot: false,
         }
     }
@@ -330,6 +341,27 @@ mod tests {
         let json = serde_json::to_string(&dead).unwrap();
         let back: DeadRow = serde_json::from_str(&json).unwrap();
         assert_eq!(back.to_row(false), Some(row()));
+    }
+
+    /// A decoded row of a table without the optional columns round-trips with them absent; an
+    /// undecodable image (an optional column that is `{"hex": …}`) is never taken for a whole row.
+    /// Regression: with optional columns read leniently, `quarantine release` republished an undecodable
+    /// row (invalid UTF-8 in event_type) as if it had no event_type.
+    #[test]
+    fn absent_optional_columns_round_trip_and_undecodable_ones_do_not() {
+        let mut sparse = row();
+        (sparse.event_type, sparse.schema_version, sparse.occurred_at, sparse.headers) = (None, None, None, None);
+        assert_eq!(DeadRow::from_row(&sparse).to_row(false), Some(sparse));
+        for (column, value) in [
+            ("event_type", serde_json::json!({"hex": "fffe"})),
+            ("occurred_at", serde_json::json!(5)),
+            ("schema_version", serde_json::json!("abc")),
+            ("schema_version", serde_json::json!(65536)),
+        ] {
+            let mut dead = DeadRow::from_row(&row());
+            dead.columns.insert(column.into(), value.clone());
+            assert_eq!(dead.to_row(false), None, "{column} = {value}");
+        }
     }
 
     #[test]

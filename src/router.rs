@@ -22,7 +22,8 @@ use crate::outbox::OutboxRow;
 use crate::poison::{Poison, PoisonKind};
 use crate::topic::{is_legal_topic, TopicTemplate};
 
-/// Where a routed record's `aggregate_type` header is: the sink's delivery callback looks there first.
+/// Where a routed record's `aggregate_type` header is when the table has an `event_type` column: the sink's
+/// delivery callback looks there first (and searches by name otherwise).
 pub const AGGREGATE_TYPE_HEADER_INDEX: usize = 2;
 
 /// A header name: the connector's own are static (no allocation per record).
@@ -58,13 +59,17 @@ pub struct Router {
     value_format: ValueFormat,
 }
 
+/// The envelope value. A field whose column the table does not have (`type`, `version`, `occurred_at`)
+/// is left out, not written as `null`: the reference schema's envelope is unchanged byte for byte.
 #[derive(Serialize)]
 struct Envelope<'a> {
     event_id: &'a str,
-    #[serde(rename = "type")]
-    event_type: &'a str,
-    version: u16,
-    occurred_at: &'a str,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    event_type: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    occurred_at: Option<&'a str>,
     aggregate_type: &'a str,
     aggregate_id: &'a str,
     data: &'a RawValue,
@@ -96,7 +101,15 @@ impl Router {
         let poison = |kind: PoisonKind, what: String| {
             Poison::new(kind, format!("outbox row id={} in {} cannot become a Kafka record: {what}", row.id, row.table))
         };
-        self.template.render_into(&mut record.topic, &row.table, &row.aggregate_type, &row.event_type);
+        if row.event_type.is_none() && self.template.uses_columns().1 {
+            // Preflight refuses this configuration; a table altered while running still gets a diagnosis.
+            return Err(poison(
+                PoisonKind::IllegalTopic,
+                "kafka.topic uses ${event_type} but the table has no event_type column".into(),
+            ));
+        }
+        let event_type = row.event_type.as_deref().unwrap_or_default();
+        self.template.render_into(&mut record.topic, &row.table, &row.aggregate_type, event_type);
         if !is_legal_topic(&record.topic) {
             return Err(poison(
                 PoisonKind::IllegalTopic,
@@ -123,9 +136,9 @@ impl Router {
                     &mut record.value,
                     &Envelope {
                         event_id: &row.id,
-                        event_type: &row.event_type,
+                        event_type: row.event_type.as_deref(),
                         version: row.schema_version,
-                        occurred_at: &row.occurred_at,
+                        occurred_at: row.occurred_at.as_deref(),
                         aggregate_type: &row.aggregate_type,
                         aggregate_id: &row.aggregate_id,
                         data: payload,
@@ -137,9 +150,14 @@ impl Router {
         }
         let mut headers = HeaderWriter { headers: &mut record.headers, len: 0 };
         headers.put_static("id", row.id.as_bytes());
-        headers.put_static("event_type", row.event_type.as_bytes());
+        // Headers of absent columns are left out; the others keep their order.
+        if let Some(event_type) = &row.event_type {
+            headers.put_static("event_type", event_type.as_bytes());
+        }
         headers.put_static("aggregate_type", row.aggregate_type.as_bytes());
-        headers.put_static("schema_version", itoa_u16(row.schema_version, &mut [0; 5]));
+        if let Some(version) = row.schema_version {
+            headers.put_static("schema_version", itoa_u16(version, &mut [0; 5]));
+        }
         if row.from_snapshot {
             headers.put_static("source", b"snapshot");
         }
@@ -254,13 +272,46 @@ mod tests {
             id: "0b0e1c9e-8d2f-4f7e-9c1a-2a2b3c4d5e6f".into(),
             aggregate_type: "order".into(),
             aggregate_id: "A-1".into(),
-            event_type: "OrderCreated".into(),
-            schema_version: 3,
+            event_type: Some("OrderCreated".into()),
+            schema_version: Some(3),
             payload: r#"{"total": 12.5, "note": "订单 🚀"}"#.into(),
             headers: Some(r#"{"traceparent": "00-abc-01", "n": 5}"#.into()),
-            occurred_at: "2026-11-30T12:34:56.123456".into(),
+            occurred_at: Some("2026-11-30T12:34:56.123456".into()),
             from_snapshot: false,
         }
+    }
+
+    /// A table without the optional columns (`event_type`, `schema_version`, `occurred_at`, `headers`):
+    /// the envelope leaves out `type`, `version` and `occurred_at` (never `null`), the headers leave out
+    /// `event_type` and `schema_version`; everything else is as for the reference schema.
+    #[test]
+    fn absent_optional_columns_leave_their_fields_out() {
+        let mut r = row();
+        (r.event_type, r.schema_version, r.occurred_at, r.headers) = (None, None, None, None);
+        let rec = router("outbox.event.${aggregate_type}", ValueFormat::Envelope).route(&r).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&rec.value).unwrap(),
+            r#"{"event_id":"0b0e1c9e-8d2f-4f7e-9c1a-2a2b3c4d5e6f","aggregate_type":"order","aggregate_id":"A-1","data":{"total": 12.5, "note": "订单 🚀"}}"#
+        );
+        let names: Vec<&str> = rec.headers.iter().map(|(k, _)| k.as_ref()).collect();
+        assert_eq!(names, ["id", "aggregate_type"]);
+        let payload_only = router("t", ValueFormat::Payload).route(&r).unwrap();
+        assert_eq!(payload_only.value, r.payload.as_bytes());
+        // A topic template that needs the absent column is a poison verdict naming it, never a topic with a
+        // hole in it.
+        let err = router("outbox.${event_type}", ValueFormat::Envelope).route(&r).unwrap_err();
+        assert!(err.to_string().contains("no event_type column"), "{err}");
+    }
+
+    /// Regression guard for the reference schema: its envelope stays byte for byte what it was before the
+    /// optional columns (field order and spelling included).
+    #[test]
+    fn reference_envelope_is_unchanged() {
+        let rec = router("t", ValueFormat::Envelope).route(&row()).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&rec.value).unwrap(),
+            r#"{"event_id":"0b0e1c9e-8d2f-4f7e-9c1a-2a2b3c4d5e6f","type":"OrderCreated","version":3,"occurred_at":"2026-11-30T12:34:56.123456","aggregate_type":"order","aggregate_id":"A-1","data":{"total": 12.5, "note": "订单 🚀"}}"#
+        );
     }
 
     fn router(template: &str, format: ValueFormat) -> Router {
@@ -349,7 +400,7 @@ mod tests {
         let mut small = row();
         small.aggregate_type = "o".into();
         small.aggregate_id = "B".into();
-        small.schema_version = 12;
+        small.schema_version = Some(12);
         small.headers = Some(r#"{"a": "1"}"#.into());
         let mut reused = KafkaRecord::default();
         for r in [&big, &small, &big, &row(), &small] {

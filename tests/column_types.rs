@@ -116,7 +116,7 @@ async fn check_refuses_unreadable_column_types() {
     assert!(out.contains("[ok  ] table shop.outbox_events column types"), "{out}");
 
     db.sql(
-        "ALTER TABLE shop.outbox_events MODIFY id BINARY(16) NOT NULL, MODIFY schema_version VARCHAR(8) NOT NULL, \
+        "ALTER TABLE shop.outbox_events MODIFY id BINARY(8) NOT NULL, MODIFY schema_version VARCHAR(8) NOT NULL, \
          MODIFY aggregate_id VARCHAR(128) CHARACTER SET latin1 NOT NULL, MODIFY occurred_at DATE NOT NULL, \
          MODIFY event_type VARBINARY(128) NOT NULL, MODIFY payload BLOB NOT NULL, \
          MODIFY aggregate_type SET('payment','order') NOT NULL",
@@ -125,9 +125,9 @@ async fn check_refuses_unreadable_column_types() {
     assert_eq!(status.code(), Some(2), "{out}{err}");
     assert!(out.contains("[FAIL] table shop.outbox_events column types"), "{out}");
     for expected in [
-        "column `id` (id) of shop.outbox_events is binary(16) (a fixed-length binary string: the binlog drops \
-         the zero bytes a SELECT pads it with, and its bytes are not text); change it to CHAR/VARCHAR/TEXT in \
-         utf8mb4 (a UUID as CHAR(36))",
+        "column `id` (id) of shop.outbox_events is binary(8) (a fixed-length binary string other than \
+         BINARY(16) (a UUID): its bytes are not text); change it to CHAR/VARCHAR/TEXT in utf8mb4, BINARY(16) \
+         (a UUID) or an integer type",
         "column `schema_version` (schema_version) of shop.outbox_events is varchar(8)",
         "an integer type (SMALLINT UNSIGNED)",
         "column `aggregate_id` (aggregate_id) of shop.outbox_events is varchar(128) (character set latin1",
@@ -152,8 +152,8 @@ async fn check_refuses_unreadable_column_types() {
 /// A column altered to a type the connector does not read while it runs: preflight passed, so the
 /// TABLE_MAP says it. Each row of such a table map is undecodable with the reason and the fix
 /// (dead-lettered by default), never published with a guessed value: before, a DATE `occurred_at`
-/// was published as `…T00:00:00` (a snapshot prints `2026-03-01`), and a BINARY(16) aggregate id
-/// without the zero bytes a snapshot reads.
+/// was published as `…T00:00:00` (a snapshot prints `2026-03-01`), and a BINARY(n) aggregate id
+/// without the zero bytes a snapshot reads (BINARY(16) is read, as a UUID: tests/table_shapes.rs).
 #[tokio::test(flavor = "multi_thread")]
 async fn type_altered_while_streaming_is_undecodable_with_the_fix() {
     let db = MariaDb::start();
@@ -172,7 +172,7 @@ async fn type_altered_while_streaming_is_undecodable_with_the_fix() {
 
     db.sql("ALTER TABLE shop.outbox_events MODIFY occurred_at DATE NOT NULL");
     insert("date-1", "a-2");
-    db.sql("ALTER TABLE shop.outbox_events MODIFY occurred_at DATETIME(6) NOT NULL, MODIFY aggregate_id BINARY(16) NOT NULL");
+    db.sql("ALTER TABLE shop.outbox_events MODIFY occurred_at DATETIME(6) NOT NULL, MODIFY aggregate_id BINARY(8) NOT NULL");
     insert("binary-1", "a-3");
 
     let letters = broker.read_all(DEAD_LETTER, 2, READ_TIMEOUT);

@@ -58,6 +58,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::Config;
 use crate::error::{classify_kafka, classify_mysql, Error, Result};
 use crate::outbox::{quote_ident, TableName};
+use crate::source::column_types::{text_sql, TypeFamily};
 use crate::source::SourceConn;
 use crate::topic::is_legal_topic;
 
@@ -411,19 +412,46 @@ async fn scan_table(
     let (id, at) = (quote_ident(&c.id), quote_ident(&c.occurred_at));
     let mut total = 0u64;
     for t in tables {
+        // A table without occurred_at (an optional column) has no time to order by or to window on: its
+        // rows are read with none, so the order check accepts any order of its events (see the module
+        // documentation), and --since/--until are refused.
+        let roles = crate::source::snapshot::role_columns(conn, t, c).await?;
+        let has_occurred_at = roles[7].is_some();
+        // Ids as the connector publishes them (a BINARY(16) as UUID text, an integer as digits).
+        let text_of = |slot: usize, name: &str| match roles[slot].flatten() {
+            Some(family) => text_sql(family, &quote_ident(name)),
+            None => quote_ident(name),
+        };
+        let (id_text, aggregate_id_text) = (text_of(0, &c.id), text_of(2, &c.aggregate_id));
+        // The keyset continues after the last id in the column's own order (ORDER BY {id}), so the
+        // parameter carrying its text is typed as the column is.
+        let id_param = match roles[0].flatten() {
+            Some(TypeFamily::Uuid) => "UNHEX(REPLACE(?, '-', ''))",
+            Some(TypeFamily::Integer) => "CAST(? AS DECIMAL(20, 0))",
+            _ => "?",
+        };
+        if !has_occurred_at && (opts.since.is_some() || opts.until.is_some()) {
+            return Err(Error::definite(format!(
+                "--since/--until select rows by occurred_at, and {t} has no `{}` column; select with --where",
+                c.occurred_at
+            )));
+        }
+        let at_text = match has_occurred_at {
+            true => format!("DATE_FORMAT({at}, '%Y-%m-%d %H:%i:%s.%f')"),
+            false => "NULL".to_string(),
+        };
         let mut after: Option<String> = None;
         loop {
             let (mut conditions, mut params) = window_conditions(opts, &at);
             if let Some(a) = &after {
-                conditions.push(format!("{id} > ?"));
+                conditions.push(format!("{id} > {id_param}"));
                 params.push(a.clone().into());
             }
             let filter =
                 if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
             let sql = format!(
-                "SELECT {id}, {}, {}, DATE_FORMAT({at}, '%Y-%m-%d %H:%i:%s.%f') FROM {}{filter} ORDER BY {id} LIMIT {SCAN_CHUNK}",
+                "SELECT {id_text}, {}, {aggregate_id_text}, {at_text} FROM {}{filter} ORDER BY {id} LIMIT {SCAN_CHUNK}",
                 quote_ident(&c.aggregate_type),
-                quote_ident(&c.aggregate_id),
                 t.quoted()
             );
             let rows: Vec<(String, String, String, Option<String>)> = conn

@@ -295,6 +295,13 @@ async fn prune_table(
     mut deleter: Option<&mut Conn>,
     report: &mut PruneReport,
 ) -> Result<()> {
+    if crate::source::snapshot::role_columns(view, table, &config.outbox.columns).await?[7].is_none() {
+        return Err(Error::definite(format!(
+            "prune deletes rows by their age, read from occurred_at, and {table} has no `{}` column: map the \
+             column that says when each event was written as occurred_at in [outbox.columns]",
+            config.outbox.columns.occurred_at
+        )));
+    }
     let (id, occurred_at) = (quote_ident(&config.outbox.columns.id), quote_ident(&config.outbox.columns.occurred_at));
     let batch = config.prune.batch_rows;
     let pause = Duration::from_millis(config.prune.pause_ms);

@@ -41,7 +41,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::checkpoint::{Store, Watermark};
 use crate::config::Config;
 use crate::error::{classify_kafka, Error, Result};
-use crate::outbox::quote_ident;
+use crate::outbox::{quote_ident, TableName};
 use crate::poison::{Hold, PoisonKind};
 use crate::quarantine::{headers, DeadLetter};
 use crate::router::{KafkaRecord, Router};
@@ -264,12 +264,16 @@ async fn payloads_from_table(config: &Config, letters: &[DeadLetter]) -> Result<
     let columns = &config.outbox.columns;
     for (table, id) in wanted {
         let Some((database, name)) = table.split_once('.') else { continue };
+        // The id as published (a BINARY(16) as UUID text) back to the column's value.
+        let outbox = TableName { database: database.into(), table: name.into() };
+        let id_family = crate::source::snapshot::role_columns(&mut conn, &outbox, columns).await?[0].flatten();
         let sql = format!(
-            "SELECT {} FROM {}.{} WHERE {} = ?",
+            "SELECT {} FROM {}.{} WHERE {} = {}",
             quote_ident(&columns.payload),
             quote_ident(database),
             quote_ident(name),
-            quote_ident(&columns.id)
+            quote_ident(&columns.id),
+            crate::source::column_types::id_param_sql(id_family)
         );
         let payload: Option<Option<String>> = conn
             .exec_first(sql, (id,))

@@ -292,6 +292,17 @@ fn template_could_render(template: &str, topic: &str) -> bool {
 /// The SQL condition for the options, or `None` for every row.
 async fn selection(conn: &mut Conn, config: &Config, options: &ReplayOptions) -> Result<Option<String>> {
     let c = &config.outbox.columns;
+    if options.since.is_some() || options.until.is_some() {
+        for table in config.tables() {
+            if crate::source::snapshot::role_columns(conn, table, c).await?[7].is_none() {
+                return Err(Error::definite(format!(
+                    "--since/--until select rows by occurred_at, and {table} has no `{}` column; select by \
+                     --aggregate-type/--aggregate-id instead",
+                    c.occurred_at
+                )));
+            }
+        }
+    }
     let mut conditions = Vec::new();
     for (bound, op, name) in [(&options.since, ">=", "since"), (&options.until, "<", "until")] {
         if let Some(text) = bound {

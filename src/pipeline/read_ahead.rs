@@ -213,10 +213,10 @@ fn size_of_change(change: &Change) -> usize {
                 row.id.len()
                     + row.aggregate_type.len()
                     + row.aggregate_id.len()
-                    + row.event_type.len()
+                    + row.event_type.as_ref().map_or(0, String::len)
                     + row.payload.len()
                     + row.headers.as_ref().map_or(0, String::len)
-                    + row.occurred_at.len()
+                    + row.occurred_at.as_ref().map_or(0, String::len)
             }
             Change::Undecodable(bad) => bad.message.len() + serde_json::to_vec(&bad.image).map_or(0, |json| json.len()),
             Change::Begin(start) => start.coord.file.len(),
@@ -269,11 +269,11 @@ mod tests {
             id: format!("id-{n}"),
             aggregate_type: "order".into(),
             aggregate_id: format!("order-{}", n % 7),
-            event_type: "Created".into(),
-            schema_version: 1,
+            event_type: Some("Created".into()),
+            schema_version: Some(1),
             payload: "x".repeat(payload_bytes),
             headers: None,
-            occurred_at: "2026-11-30T00:00:00".into(),
+            occurred_at: Some("2026-11-30T00:00:00".into()),
             from_snapshot: false,
         })
     }

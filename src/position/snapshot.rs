@@ -32,8 +32,9 @@ impl SnapshotKey {
             table: KeyTable::of(table),
             aggregate_type: row.aggregate_type.clone(),
             aggregate_id: row.aggregate_id.clone(),
-            // Back to the server's text: decoding turned its one space into the ISO `T`.
-            occurred_at: row.occurred_at.replacen('T', " ", 1),
+            // Back to the server's text: decoding turned its one space into the ISO `T`. A table without
+            // occurred_at orders by its integer id in this place (source::key_order).
+            occurred_at: row.occurred_at.as_ref().map_or_else(|| row.id.clone(), |o| o.replacen('T', " ", 1)),
             id: row.id.clone(),
         }
     }

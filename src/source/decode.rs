@@ -43,7 +43,7 @@ use mysql_common::binlog::value::BinlogValue;
 use mysql_common::constants::ColumnType;
 use mysql_common::value::Value;
 
-use super::column_types::{column_type_problem, TypeFamily};
+use super::column_types::{column_type_problem, uuid_text, TypeFamily};
 use super::rows::{AfterImages, RowLayout, Slots};
 use crate::config::ColumnNames;
 use crate::error::{Error, Result};
@@ -54,8 +54,8 @@ use crate::outbox::{OutboxRow, TableName, SLOT_NAMES};
 pub struct OutboxTable {
     /// Table name.
     pub name: Arc<TableName>,
-    /// Whether the table has a `headers` column.
-    has_headers: bool,
+    /// Which roles the table has a column for, in [`SLOT_NAMES`] order (optional ones may be absent).
+    present: [bool; 8],
     /// Where the needed columns are; slots in [`SLOT_NAMES`] order.
     layout: RowLayout,
     /// How each slot's value is read, in [`SLOT_NAMES`] order.
@@ -63,6 +63,9 @@ pub struct OutboxTable {
     /// Fractional-second digits of `occurred_at` (DATETIME(n) or TIMESTAMP(n)).
     occurred_at_fsp: u8,
 }
+
+/// Slots of the optional roles (`event_type`, `schema_version`, `headers`, `occurred_at`).
+const OPTIONAL_SLOTS: [usize; 4] = [3, 4, 6, 7];
 
 /// How the decoder reads one outbox column, beyond what its value says by itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +78,8 @@ enum ColumnKind {
     Set(Vec<String>),
     /// TIMESTAMP: seconds since the epoch, written as UTC.
     Timestamp,
+    /// BINARY(16): a UUID, written as its canonical text ([`uuid_text`]).
+    Uuid,
     /// A type the decoder does not read: every row of the table is undecodable, with this reason and fix.
     Refused(String),
 }
@@ -97,37 +102,34 @@ impl OutboxTable {
                  written afterwards)"
             )));
         }
-        let find = |column: &str, required: bool| -> Result<Option<usize>> {
+        // Each role's column index; `usize::MAX` for an optional role the table does not have (it then
+        // matches no column of the layout).
+        let mut wanted = [usize::MAX; 8];
+        for (slot, (column, required)) in columns.required().into_iter().enumerate() {
             match names.iter().position(|n| n.eq_ignore_ascii_case(column)) {
-                Some(i) => Ok(Some(i)),
-                None if !required => Ok(None),
-                None => Err(Error::definite(format!(
-                    "outbox table {name} has no column `{column}` (columns in the binlog: {}); fix \
-                     [outbox.columns] or the table",
-                    names.join(", ")
-                ))),
+                Some(i) => wanted[slot] = i,
+                None if !required => {}
+                None => {
+                    return Err(Error::definite(format!(
+                        "outbox table {name} has no column `{column}` ({role}{set}; columns in the binlog: {}); \
+                         fix [outbox.columns] or the table",
+                        names.join(", "),
+                        role = SLOT_NAMES[slot],
+                        set = if OPTIONAL_SLOTS.contains(&slot) { ", named in [outbox.columns]" } else { "" },
+                    )))
+                }
             }
+        }
+        let present = wanted.map(|w| w != usize::MAX);
+        let occurred_at_fsp = match wanted[7] {
+            usize::MAX => 0,
+            column => match tme.get_column_type(column) {
+                Ok(Some(ColumnType::MYSQL_TYPE_DATETIME2)) | Ok(Some(ColumnType::MYSQL_TYPE_TIMESTAMP2)) => {
+                    tme.get_column_metadata(column).and_then(|m| m.first().copied()).unwrap_or(0)
+                }
+                _ => 0,
+            },
         };
-        let need = |column: &str| -> Result<usize> { Ok(find(column, true)?.expect("required")) };
-        let occurred_at = need(&columns.occurred_at)?;
-        let occurred_at_fsp = match tme.get_column_type(occurred_at) {
-            Ok(Some(ColumnType::MYSQL_TYPE_DATETIME2)) | Ok(Some(ColumnType::MYSQL_TYPE_TIMESTAMP2)) => {
-                tme.get_column_metadata(occurred_at).and_then(|m| m.first().copied()).unwrap_or(0)
-            }
-            _ => 0,
-        };
-        let headers = find(&columns.headers, false)?;
-        // Slot order is SLOT_NAMES, the order `decode` reads them in; an absent `headers` never matches.
-        let wanted = [
-            need(&columns.id)?,
-            need(&columns.aggregate_type)?,
-            need(&columns.aggregate_id)?,
-            need(&columns.event_type)?,
-            need(&columns.schema_version)?,
-            need(&columns.payload)?,
-            headers.unwrap_or(usize::MAX),
-            occurred_at,
-        ];
         let mut kinds = Vec::with_capacity(wanted.len());
         for (slot, &column) in wanted.iter().enumerate() {
             if column == usize::MAX {
@@ -146,7 +148,7 @@ impl OutboxTable {
         }
         let layout = RowLayout::new(tme, &wanted)
             .map_err(|e| Error::definite(format!("cannot read the column layout of {name} from the binlog: {e}")))?;
-        Ok(OutboxTable { has_headers: headers.is_some(), occurred_at_fsp, layout, kinds, name })
+        Ok(OutboxTable { present, occurred_at_fsp, layout, kinds, name })
     }
 
     /// The after-images of an outbox rows event, as value slots for [`OutboxTable::decode`].
@@ -165,7 +167,10 @@ impl OutboxTable {
         match self.convert(&mut values) {
             Ok(decoded) => Ok(decoded),
             Err(error) => {
-                let image = values.iter().map(|(name, value)| (name.to_string(), render(value.as_ref()))).collect();
+                let image = (values.iter().zip(self.present))
+                    .filter(|(_, present)| *present)
+                    .map(|((name, value), _)| (name.to_string(), render(value.as_ref())))
+                    .collect();
                 let text_of = |name: &str| match values.iter().find(|(n, _)| *n == name) {
                     Some((_, Some(BinlogValue::Value(Value::Bytes(b))))) => {
                         std::str::from_utf8(b).ok().map(String::from)
@@ -198,30 +203,41 @@ impl OutboxTable {
         }) {
             return Err(fail(v, Error::definite(problem.clone())));
         }
-        // ENUM and SET values become their labels in place, so that a failed row shows them too.
+        // ENUM and SET values become their labels, BINARY(16) UUIDs their text, in place, so that a failed
+        // row shows them so too.
         for (slot, kind) in self.kinds.iter().enumerate().take(4) {
-            if matches!(kind, ColumnKind::Enum(_) | ColumnKind::Set(_)) {
-                let (name, value) = &mut v[slot];
-                if let Err(e) = label(value, kind, name) {
-                    return Err(if slot == 0 { e } else { fail(v, e) });
-                }
+            let (name, value) = &mut v[slot];
+            let converted = match kind {
+                ColumnKind::Enum(_) | ColumnKind::Set(_) => label(value, kind, name),
+                ColumnKind::Uuid => uuid(value, name),
+                _ => continue,
+            };
+            if let Err(e) = converted {
+                return Err(if slot == 0 { e } else { fail(v, e) });
             }
         }
         check_text(&v[0].1, "id")?;
         check_text(&v[1].1, "aggregate_type").map_err(|e| fail(v, e))?;
         check_text(&v[2].1, "aggregate_id").map_err(|e| fail(v, e))?;
-        check_text(&v[3].1, "event_type").map_err(|e| fail(v, e))?;
-        let schema_version = small_uint(&v[4].1, "schema_version").map_err(|e| fail(v, e))?;
-        let occurred_at = match self.kinds[7] {
-            ColumnKind::Timestamp => timestamp(&v[7].1, self.occurred_at_fsp, "occurred_at"),
-            _ => datetime(&v[7].1, self.occurred_at_fsp, "occurred_at"),
+        if self.present[3] {
+            check_text(&v[3].1, "event_type").map_err(|e| fail(v, e))?;
         }
+        let schema_version = match self.present[4] {
+            true => Some(small_uint(&v[4].1, "schema_version").map_err(|e| fail(v, e))?),
+            false => None,
+        };
+        let occurred_at = match (self.present[7], &self.kinds[7]) {
+            (false, _) => None,
+            (true, ColumnKind::Timestamp) => Some(timestamp(&v[7].1, self.occurred_at_fsp, "occurred_at")),
+            (true, _) => Some(datetime(&v[7].1, self.occurred_at_fsp, "occurred_at")),
+        }
+        .transpose()
         .map_err(|e| fail(v, e))?;
         if matches!(v[5].1, Some(BinlogValue::Value(Value::NULL))) {
             return Err(fail(v, Error::definite("payload is NULL")));
         }
         let payload = json(&mut v[5].1, "payload").map_err(|e| fail(v, e))?.expect("NULL checked above");
-        let headers = match self.has_headers {
+        let headers = match self.present[6] {
             true => match json(&mut v[6].1, "headers") {
                 Ok(headers) => headers,
                 Err(e) => {
@@ -234,7 +250,7 @@ impl OutboxTable {
         let id = take_text(&mut v[0].1);
         let aggregate_type = take_text(&mut v[1].1);
         let aggregate_id = take_text(&mut v[2].1);
-        let event_type = take_text(&mut v[3].1);
+        let event_type = self.present[3].then(|| take_text(&mut v[3].1));
         Ok(OutboxRow {
             table: self.name.clone(),
             id,
@@ -344,7 +360,8 @@ impl ColumnFacts {
         match tme.get_column_type(i) {
             Ok(Some(ty)) => {
                 let shown = format!("binlog type {}", format!("{ty:?}").trim_start_matches("MYSQL_TYPE_"));
-                (shown, TypeFamily::of_binlog(ty, self.collations[i]))
+                let meta = tme.get_column_metadata(i).unwrap_or(&[]);
+                (shown, TypeFamily::of_binlog(ty, meta, self.collations[i]))
             }
             Ok(None) => ("no type".into(), Err("the TABLE_MAP does not describe it".into())),
             Err(e) => ("an unknown binlog type".into(), Err(e.to_string())),
@@ -364,6 +381,7 @@ impl ColumnFacts {
             TypeFamily::Enum => ColumnKind::Enum(self.enum_labels[i].clone().ok_or_else(|| no_labels("ENUM"))?),
             TypeFamily::Set => ColumnKind::Set(self.set_labels[i].clone().ok_or_else(|| no_labels("SET"))?),
             TypeFamily::Timestamp => ColumnKind::Timestamp,
+            TypeFamily::Uuid => ColumnKind::Uuid,
             _ => ColumnKind::Plain,
         })
     }
@@ -585,6 +603,19 @@ fn label(slot: &mut Slot, kind: &ColumnKind, column: &str) -> Result<()> {
     Ok(())
 }
 
+/// Replaces a BINARY(16) value by its UUID text ([`uuid_text`]), in place. A NULL is left for the caller.
+fn uuid(slot: &mut Slot, column: &str) -> Result<()> {
+    let text = match slot.as_ref().ok_or_else(|| missing(column))? {
+        BinlogValue::Value(Value::Bytes(bytes)) => {
+            uuid_text(bytes).map_err(|e| Error::definite(format!("column {column}: {e}")))?
+        }
+        BinlogValue::Value(Value::NULL) => return Ok(()),
+        other => return Err(unexpected(column, other)),
+    };
+    *slot = Some(BinlogValue::Value(Value::Bytes(text.into_bytes())));
+    Ok(())
+}
+
 /// ISO-8601 without zone, with exactly `fsp` fractional digits (the column's declared precision).
 #[allow(clippy::too_many_arguments)]
 pub fn format_datetime(y: u16, mo: u8, d: u8, h: u8, mi: u8, s: u8, micros: u32, fsp: u8) -> String {
@@ -785,6 +816,43 @@ mod tests {
         let mut null = slot(Value::NULL);
         label(&mut null, &enum_kind, "aggregate_type").unwrap();
         assert_eq!(null, slot(Value::NULL));
+    }
+
+    /// The stream's side of [`super::super::column_types::expectations`]: BINARY(16) ids become their UUID
+    /// text whether the binlog kept their trailing zero bytes or not; integers their digits; texts (empty,
+    /// 4-byte UTF-8) arrive unchanged; a NULL is left for the NULL check.
+    #[test]
+    fn ids_and_texts_as_the_expectations_say() {
+        use crate::source::column_types::expectations::{BINARY16, INTEGERS, TEXTS};
+        for (bytes, expected) in BINARY16 {
+            let zeros = bytes.iter().rev().take_while(|b| **b == 0).count();
+            for image in [&bytes[..], &bytes[..16 - zeros]] {
+                let mut value = slot(Value::Bytes(image.to_vec()));
+                uuid(&mut value, "id").unwrap();
+                check_text(&value, "id").unwrap();
+                assert_eq!(take_text(&mut value), *expected, "{image:02x?}");
+            }
+        }
+        for (n, expected) in INTEGERS {
+            let mut value = match i64::try_from(*n) {
+                Ok(i) => slot(Value::Int(i)),
+                Err(_) => slot(Value::UInt(u64::try_from(*n).unwrap())),
+            };
+            check_text(&value, "aggregate_id").unwrap();
+            assert_eq!(take_text(&mut value), *expected);
+        }
+        for text in TEXTS {
+            let mut value = slot(Value::Bytes(text.as_bytes().to_vec()));
+            check_text(&value, "aggregate_id").unwrap();
+            assert_eq!(take_text(&mut value), *text);
+        }
+        let mut null = slot(Value::NULL);
+        uuid(&mut null, "id").unwrap();
+        assert!(check_text(&null, "id").unwrap_err().to_string().contains("id is NULL"));
+        let err = uuid(&mut slot(Value::Bytes(vec![1; 17])), "id").unwrap_err().to_string();
+        assert!(err.contains("17 bytes"), "{err}");
+        let err = check_text(&slot(Value::Bytes(vec![0xf0, 0x9f])), "aggregate_id").unwrap_err().to_string();
+        assert!(err.contains("not valid UTF-8"), "{err}");
     }
 
     #[test]

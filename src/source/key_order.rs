@@ -52,6 +52,8 @@ pub enum KeyType {
     },
     /// BINARY, VARBINARY, BLOB: bytes.
     Binary,
+    /// BINARY(16): a UUID's bytes, stored in a key as its canonical text and compared as the bytes again.
+    Uuid,
     /// DATETIME and TIMESTAMP (both compared as the server prints them in the session time zone).
     DateTime,
     /// DATE.
@@ -93,6 +95,7 @@ impl KeyType {
                 }
                 _ => KeyType::Binary,
             },
+            "binary" if column_type.eq_ignore_ascii_case("binary(16)") => KeyType::Uuid,
             "binary" | "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob" => KeyType::Binary,
             "datetime" | "timestamp" => KeyType::DateTime,
             "date" => KeyType::Date,
@@ -113,6 +116,8 @@ impl KeyType {
             KeyType::Float => "CAST(? AS DOUBLE)".into(),
             KeyType::Text { charset, collation } => format!("CONVERT(? USING {charset}) COLLATE {collation}"),
             KeyType::Binary => "CAST(? AS BINARY)".into(),
+            // The stored text is `column_types::uuid_text` of the bytes: its hex digits are the bytes.
+            KeyType::Uuid => "UNHEX(REPLACE(?, '-', ''))".into(),
             KeyType::DateTime => "CAST(? AS DATETIME(6))".into(),
             KeyType::Date => "CAST(? AS DATE)".into(),
             KeyType::Time => "CAST(? AS TIME(6))".into(),
@@ -181,10 +186,40 @@ fn enum_labels(column_type: &str) -> Option<Vec<String>> {
     }
 }
 
+/// The third key column of a table without `occurred_at`: the `id` column again, when its order is the
+/// order of insertion (an integer, i.e. an AUTO_INCREMENT or sequence-fed key), so the key is in effect
+/// `(aggregate_type, aggregate_id, id)`. A text or binary id (a UUID) says nothing about when the row was
+/// written: the snapshot cannot order one aggregate's rows by it and refuses, with the fix.
+///
+/// # Errors
+/// A definite error with the fix when the id is not an integer.
+///
+/// # The limit
+/// Both `occurred_at` and an AUTO_INCREMENT id are assigned when a row is *inserted*, not when its
+/// transaction commits: two transactions that insert events of the same aggregate concurrently can commit
+/// in the other order. Per-aggregate order in the snapshot is commit order exactly when the writers of one
+/// aggregate are serialized (they update or lock the aggregate's row in the same transaction, as the
+/// outbox pattern usually does); the binlog stream is in commit order regardless.
+pub fn order_without_occurred_at(table: &TableName, id: &(String, KeyType)) -> Result<(String, KeyType)> {
+    match id.1 {
+        KeyType::Signed | KeyType::Unsigned => Ok(id.clone()),
+        _ => Err(Error::definite(format!(
+            "outbox table {table} has no occurred_at column and its id column {} is not an integer: the \
+             snapshot orders one aggregate's events by occurred_at (or by an integer, insertion-ordered id) \
+             and cannot order them by this id. Map a DATETIME/TIMESTAMP column that records when each event \
+             was written as occurred_at in [outbox.columns], or skip the snapshot with snapshot.mode = \
+             \"never\" when the table holds no events still to publish (a column added now would give the \
+             rows already there one shared time, and their order would be the id's again)",
+            id.0
+        ))),
+    }
+}
+
 /// The four key columns of one table, in scan order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyColumns {
-    /// `(name, type)` of aggregate_type, aggregate_id, occurred_at, id.
+    /// `(name, type)` of aggregate_type, aggregate_id, occurred_at, id; a table without `occurred_at` has
+    /// its integer id in third place too ([`order_without_occurred_at`]).
     pub columns: [(String, KeyType); 4],
 }
 
@@ -194,7 +229,7 @@ impl KeyColumns {
     /// # Errors
     /// Classified query errors; a definite error for a missing column or a type that cannot be ordered.
     pub async fn load(conn: &mut Conn, table: &TableName, names: &ColumnNames) -> Result<KeyColumns> {
-        let mut load = async |name: &String| -> Result<(String, KeyType)> {
+        let mut load = async |name: &String, required: bool| -> Result<Option<(String, KeyType)>> {
             type Info = (String, String, Option<String>, Option<String>);
             let info: Option<Info> = conn
                 .exec_first(
@@ -204,20 +239,26 @@ impl KeyColumns {
                 )
                 .await
                 .map_err(|e| classify_mysql(&e).context(format_args!("reading the type of {table}.{name}")))?;
-            let (data_type, column_type, charset, collation) = info.ok_or_else(|| {
-                Error::definite(format!("outbox table {table} has no column {name} (see [outbox.columns])"))
-            })?;
+            let Some((data_type, column_type, charset, collation)) = info else {
+                return match required {
+                    true => Err(Error::definite(format!(
+                        "outbox table {table} has no column {name} (see [outbox.columns])"
+                    ))),
+                    false => Ok(None),
+                };
+            };
             let key = KeyType::from_schema(name, &data_type, &column_type, charset.as_deref(), collation.as_deref())?;
-            Ok((name.clone(), key))
+            Ok(Some((name.clone(), key)))
         };
-        Ok(KeyColumns {
-            columns: [
-                load(&names.aggregate_type).await?,
-                load(&names.aggregate_id).await?,
-                load(&names.occurred_at).await?,
-                load(&names.id).await?,
-            ],
-        })
+        let required = |slot| names.must_exist(slot);
+        let aggregate_type = load(&names.aggregate_type, true).await?.expect("required");
+        let aggregate_id = load(&names.aggregate_id, true).await?.expect("required");
+        let id = load(&names.id, true).await?.expect("required");
+        let occurred_at = match load(&names.occurred_at, required(7)).await? {
+            Some(occurred_at) => occurred_at,
+            None => order_without_occurred_at(table, &id)?,
+        };
+        Ok(KeyColumns { columns: [aggregate_type, aggregate_id, occurred_at, id] })
     }
 
     /// The parameter values of a stored key, in column order.
@@ -280,7 +321,7 @@ mod tests {
         #[rustfmt::skip]
         /// DATA_TYPE, COLUMN_TYPE, CHARACTER_SET_NAME, COLLATION_NAME -> type and parameter SQL.
         type Case<'a> = (&'a str, &'a str, Option<&'a str>, Option<&'a str>, KeyType, &'a str);
-        let cases: [Case; 14] = [
+        let cases: [Case; 15] = [
             ("int", "int(11)", None, None, KeyType::Signed, "CAST(? AS SIGNED)"),
             ("bigint", "bigint(20)", None, None, KeyType::Signed, "CAST(? AS SIGNED)"),
             ("bigint", "bigint(20) unsigned", None, None, KeyType::Unsigned, "CAST(? AS UNSIGNED)"),
@@ -312,6 +353,7 @@ mod tests {
             ),
             ("char", "char(36)", Some("binary"), Some("binary"), KeyType::Binary, "CAST(? AS BINARY)"),
             ("varbinary", "varbinary(16)", None, None, KeyType::Binary, "CAST(? AS BINARY)"),
+            ("binary", "binary(16)", None, None, KeyType::Uuid, "UNHEX(REPLACE(?, '-', ''))"),
             ("datetime", "datetime(6)", None, None, KeyType::DateTime, "CAST(? AS DATETIME(6))"),
             ("timestamp", "timestamp(3)", None, None, KeyType::DateTime, "CAST(? AS DATETIME(6))"),
             (

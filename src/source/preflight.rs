@@ -8,12 +8,12 @@ use mysql_async::Conn;
 
 use super::column_types;
 use super::history::{self, Comparison};
-use super::key_order::KeyType;
+use super::key_order::{order_without_occurred_at, KeyType};
 use super::{NameCase, ServerInfo};
 use crate::config::{ColumnNames, Config, ResumeBy};
 use crate::error::{classify_mysql, Error, Result};
 use crate::findings::{Finding, Report};
-use crate::outbox::TableName;
+use crate::outbox::{quote_ident, TableName};
 use crate::position::EndEvent;
 use crate::position::ServerIdentity;
 use crate::position::{Flavor, Position};
@@ -156,7 +156,8 @@ pub async fn check(
     for table in config.tables() {
         check_table(conn, table, &config.outbox.columns, &mut report).await?;
         let snapshots = config.snapshot.mode != crate::config::SnapshotMode::Never;
-        check_column_types(conn, table, &config.outbox.columns, snapshots, &mut report).await?;
+        let uses_event_type = config.topic().uses_columns().1;
+        check_column_types(conn, table, &config.outbox.columns, snapshots, uses_event_type, &mut report).await?;
     }
 
     if let Some(checked) = checkpoint {
@@ -594,18 +595,17 @@ async fn check_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, 
         );
         return Ok(());
     }
-    let missing: Vec<&str> = columns
-        .required()
-        .iter()
-        .filter(|(name, required)| *required && !present.iter().any(|(c, _)| c.eq_ignore_ascii_case(name)))
-        .map(|(name, _)| *name)
+    let missing: Vec<String> = (columns.required().iter().zip(crate::outbox::SLOT_NAMES))
+        .filter(|((name, required), _)| *required && !present.iter().any(|(c, _)| c.eq_ignore_ascii_case(name)))
+        .map(|((name, _), role)| if *name == role { format!("`{name}`") } else { format!("`{name}` ({role})") })
         .collect();
     report.push(
         &format!("table {table} columns"),
-        "id, aggregate_type, aggregate_id, event_type, schema_version, payload, occurred_at (as configured)",
+        "id, aggregate_type, aggregate_id, payload, and each optional column (event_type, schema_version, \
+         headers, occurred_at) named in [outbox.columns] (as configured)",
         &if missing.is_empty() { "present".to_string() } else { format!("missing {}", missing.join(", ")) },
         missing.is_empty(),
-        "fix the table or [outbox.columns]",
+        "fix the table or [outbox.columns] (an optional column left at its default name may be absent)",
     );
     let select = format!("SELECT 1 FROM {} LIMIT 0", table.quoted());
     let readable = conn.query_drop(select).await;
@@ -635,6 +635,7 @@ async fn check_column_types(
     table: &TableName,
     columns: &ColumnNames,
     snapshot: bool,
+    topic_uses_event_type: bool,
     report: &mut Report,
 ) -> Result<()> {
     type ColumnRow = (String, String, String, Option<String>, Option<String>);
@@ -657,31 +658,78 @@ async fn check_column_types(
     let problems: Vec<String> = mapped
         .iter()
         .filter_map(|(role, name, (_, data_type, shown, charset, _))| {
-            let family = column_types::TypeFamily::of_sql(data_type, charset.as_deref());
+            let family = column_types::TypeFamily::of_sql(data_type, shown, charset.as_deref());
             column_types::column_type_problem(table, role, name, shown, family)
         })
         .collect();
+    // One line per role: the column's type and what becomes of it in the record (problems are the
+    // summary's, below).
+    for (slot, role) in crate::outbox::SLOT_NAMES.iter().enumerate() {
+        let column = mapped.iter().find(|(r, _, _)| r == role);
+        let actual = match column {
+            Some((_, name, (_, data_type, shown, charset, _))) => {
+                match column_types::TypeFamily::of_sql(data_type, shown, charset.as_deref()) {
+                    Ok(family) if column_types::accepted_families(role).contains(&family) => format!(
+                        "`{name}` {shown}: {}, published as {}",
+                        column_types::rendering(family),
+                        column_types::published_as(slot)
+                    ),
+                    _ => continue,
+                }
+            }
+            None if !columns.must_exist(slot) => format!("absent: {}", column_types::published_without(slot)),
+            None => continue,
+        };
+        report.push(&format!("table {table} {role}"), "a mapped column, or absent if optional", &actual, true, "");
+    }
     report.push(
         &format!("table {table} column types"),
-        "types the connector reads (text in utf8mb4, integers, ENUM/SET, JSON, DATETIME/TIMESTAMP, by column)",
+        "types the connector reads (text in utf8mb4, integers, BINARY(16) ids, ENUM/SET, JSON, DATETIME/TIMESTAMP, \
+         by column)",
         &if problems.is_empty() { "as expected".to_string() } else { format!("{} unreadable", problems.len()) },
         problems.is_empty(),
         &problems.join("; "),
     );
+    let has = |slot: usize| mapped.iter().any(|(role, _, _)| *role == crate::outbox::SLOT_NAMES[slot]);
+    if topic_uses_event_type && !has(3) {
+        report.push(
+            &format!("table {table} event_type for kafka.topic"),
+            "an event_type column (kafka.topic uses ${event_type})",
+            "absent",
+            false,
+            &format!(
+                "map the column that holds the event type as event_type in [outbox.columns], or take \
+                 ${{event_type}} out of kafka.topic (table {table} has no `{}` column)",
+                columns.event_type
+            ),
+        );
+    }
 
     // The snapshot scans in keyset chunks, ORDER BY the key columns, then `key > last key` with each value
     // typed as its column (key_order). A type whose order cannot be reproduced from its text is refused
     // there; say so here first, with the fix.
     if snapshot {
-        let key_columns = [&columns.aggregate_type, &columns.aggregate_id, &columns.occurred_at, &columns.id];
-        let unordered: Vec<String> = key_columns
-            .iter()
-            .filter_map(|name| present.iter().find(|c| c.0.eq_ignore_ascii_case(name)))
-            .filter_map(|(name, data_type, shown, charset, collation)| {
-                KeyType::from_schema(name, data_type, shown, charset.as_deref(), collation.as_deref()).err()
-            })
-            .map(|e| e.to_string())
-            .collect();
+        // A table without occurred_at orders each aggregate by its id, which must be an integer
+        // (key_order::order_without_occurred_at says why, and the fix).
+        let third = if has(7) { &columns.occurred_at } else { &columns.id };
+        let key_columns = [&columns.aggregate_type, &columns.aggregate_id, third, &columns.id];
+        let mut unordered: Vec<String> = Vec::new();
+        for (i, name) in key_columns.iter().enumerate() {
+            let Some((name, data_type, shown, charset, collation)) =
+                present.iter().find(|c| c.0.eq_ignore_ascii_case(name))
+            else {
+                continue;
+            };
+            match KeyType::from_schema(name, data_type, shown, charset.as_deref(), collation.as_deref()) {
+                Err(e) => unordered.push(e.to_string()),
+                Ok(key) if i == 2 && !has(7) => {
+                    if let Err(e) = order_without_occurred_at(table, &(name.clone(), key)) {
+                        unordered.push(e.to_string());
+                    }
+                }
+                Ok(_) => {}
+            }
+        }
         report.push(
             &format!("table {table} snapshot key order"),
             "key columns of a type the snapshot can resume in order",
@@ -692,6 +740,57 @@ async fn check_column_types(
             },
             unordered.is_empty(),
             &unordered.join("; "),
+        );
+        check_snapshot_index(conn, table, key_columns, report).await?;
+    }
+    Ok(())
+}
+
+/// The snapshot's keyset query reads along `(aggregate_type, aggregate_id, occurred_at)`, the id last: with
+/// an index that starts with those columns each chunk is an index range; without one the server sorts the
+/// rows after the last key for every chunk (correct, and memory-bounded on our side, but each chunk
+/// costs a scan of the rest of the table). A warning with the `ALTER TABLE` that adds it.
+async fn check_snapshot_index(
+    conn: &mut Conn,
+    table: &TableName,
+    key: [&String; 4],
+    report: &mut Report,
+) -> Result<()> {
+    let columns: Vec<(String, String)> = conn
+        .exec(
+            "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY INDEX_NAME, SEQ_IN_INDEX",
+            (&table.database, &table.table),
+        )
+        .await
+        .map_err(|e| classify_mysql(&e))?;
+    // The third column may be the id itself (a table without occurred_at): then the first two suffice,
+    // InnoDB appends the primary key to every secondary index.
+    let wanted: Vec<&String> = if key[2] == key[3] { key[..2].to_vec() } else { key[..3].to_vec() };
+    let mut indexes: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (index, column) in &columns {
+        match indexes.last_mut() {
+            Some((name, cols)) if name == index => cols.push(column),
+            _ => indexes.push((index, vec![column])),
+        }
+    }
+    let covered = indexes.iter().any(|(_, cols)| {
+        cols.len() >= wanted.len() && cols.iter().zip(&wanted).all(|(c, w)| c.eq_ignore_ascii_case(w))
+    });
+    let setting = format!("table {table} snapshot index");
+    let expected = format!("an index on ({})", wanted.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", "));
+    if covered {
+        report.push(&setting, &expected, "present", true, "");
+    } else {
+        report.warn(
+            &setting,
+            &expected,
+            "none: the snapshot still runs in order, but every chunk sorts the rest of the table",
+            &format!(
+                "ALTER TABLE {} ADD INDEX idx_outbox_cdc_snapshot ({}), ALGORITHM=INPLACE, LOCK=NONE",
+                table.quoted(),
+                wanted.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ")
+            ),
         );
     }
     Ok(())

@@ -54,6 +54,7 @@ use std::sync::Arc;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 
+use super::column_types::{uuid_text, TypeFamily};
 use super::decode::format_datetime;
 use super::key_order::KeyColumns;
 use super::{ServerInfo, SourceConn};
@@ -82,8 +83,8 @@ pub struct Scanner {
     /// Next table to scan, and the key to continue after.
     table: usize,
     after: Option<SnapshotKey>,
-    /// The current table's optional `headers` column and key column types: (table index, present, keys).
-    table_info: Option<(usize, bool, KeyColumns)>,
+    /// The current table's columns: (table index, which roles it has, the key columns and their types).
+    table_info: Option<(usize, [bool; 8], KeyColumns)>,
 }
 
 /// Opens a consistent read view and returns it with its exact binlog position.
@@ -222,29 +223,20 @@ impl Scanner {
 
     /// Runs the next keyset query and decodes its rows as they arrive.
     async fn query_chunk(&mut self) -> Result<Vec<OutboxRow>> {
-        let headers = self.columns.headers.clone();
         let table = self.tables[self.table].clone();
         if self.table_info.as_ref().is_none_or(|(t, _, _)| *t != self.table) {
-            let present = self.has_column(&headers).await?;
+            let present = present_roles(&mut self.conn, &table, &self.columns).await?;
             let keys = KeyColumns::load(&mut self.conn, &table, &self.columns).await?;
             self.table_info = Some((self.table, present, keys));
         }
-        let (_, has_headers, keys) = self.table_info.as_ref().expect("loaded above");
-        let has_headers = *has_headers;
-        let c = &self.columns;
-        let key_cols = [&c.aggregate_type, &c.aggregate_id, &c.occurred_at, &c.id].map(|n| quote_ident(n));
-        let mut sql = format!(
-            "SELECT {}, {}, {}, {}, {}, {}, {}, {} FROM {}",
-            key_cols[0],
-            key_cols[1],
-            key_cols[2],
-            key_cols[3],
-            quote_ident(&c.event_type),
-            quote_ident(&c.schema_version),
-            quote_ident(&c.payload),
-            if has_headers { quote_ident(&headers) } else { "NULL".into() },
-            &table.quoted()
-        );
+        let (_, present, keys) = self.table_info.as_ref().expect("loaded above");
+        let present = *present;
+        // The roles in SLOT_NAMES order, NULL for an optional one the table lacks ([`decode`] reads them so).
+        let select: Vec<String> = (self.columns.required().iter().zip(present))
+            .map(|((name, _), present)| if present { quote_ident(name) } else { "NULL".into() })
+            .collect();
+        let key_cols = keys.columns.each_ref().map(|(name, _)| quote_ident(name));
+        let mut sql = format!("SELECT {} FROM {}", select.join(", "), &table.quoted());
         let mut conditions = Vec::new();
         if let Some(filter) = &self.filter {
             conditions.push(format!("({filter})"));
@@ -271,23 +263,10 @@ impl Scanner {
         let failed = |e: mysql_async::Error| classify_mysql(&e).context(format_args!("snapshot scan of {table}"));
         let capacity = self.chunk_rows.min(4096);
         if params.is_empty() {
-            decode_all(self.conn.query_iter(sql).await.map_err(failed)?, &table, capacity).await
+            decode_all(self.conn.query_iter(sql).await.map_err(failed)?, &table, present, capacity).await
         } else {
-            decode_all(self.conn.exec_iter(sql, params).await.map_err(failed)?, &table, capacity).await
+            decode_all(self.conn.exec_iter(sql, params).await.map_err(failed)?, &table, present, capacity).await
         }
-    }
-
-    async fn has_column(&mut self, name: &str) -> Result<bool> {
-        let table = &self.tables[self.table];
-        let found: Option<u8> = self
-            .conn
-            .exec_first(
-                "SELECT 1 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND COLUMN_NAME = ?",
-                (&table.database, &table.table, name),
-            )
-            .await
-            .map_err(|e| classify_mysql(&e))?;
-        Ok(found.is_some())
     }
 
     /// Scans on a task of its own, one chunk ahead of the caller: the server runs the next keyset query
@@ -321,30 +300,85 @@ impl Scanner {
     }
 }
 
+/// Which roles ([`crate::outbox::SLOT_NAMES`] order) `table` has a column for, from `information_schema`.
+///
+/// # Errors
+/// As [`role_columns`].
+pub async fn present_roles(conn: &mut Conn, table: &TableName, columns: &ColumnNames) -> Result<[bool; 8]> {
+    Ok(role_columns(conn, table, columns).await?.map(|c| c.is_some()))
+}
+
+/// The type family of each role's column ([`crate::outbox::SLOT_NAMES`] order): `None` for an optional
+/// role the table lacks, `Some(None)` for a column of a type the connector does not read (preflight's
+/// finding).
+///
+/// # Errors
+/// A definite error naming a column the table must have but lacks (a required role, or an optional one
+/// named in `[outbox.columns]`); classified query errors.
+pub async fn role_columns(
+    conn: &mut Conn,
+    table: &TableName,
+    columns: &ColumnNames,
+) -> Result<[Option<Option<TypeFamily>>; 8]> {
+    let found: Vec<(String, String, String, Option<String>)> = conn
+        .exec(
+            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, CHARACTER_SET_NAME FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            (&table.database, &table.table),
+        )
+        .await
+        .map_err(|e| classify_mysql(&e).context(format_args!("reading the columns of {table}")))?;
+    let mut roles = [None; 8];
+    for (slot, (name, required)) in columns.required().into_iter().enumerate() {
+        match found.iter().find(|c| c.0.eq_ignore_ascii_case(name)) {
+            Some((_, data_type, column_type, charset)) => {
+                roles[slot] = Some(TypeFamily::of_sql(data_type, column_type, charset.as_deref()).ok());
+            }
+            None if required => {
+                let names: Vec<&str> = found.iter().map(|c| c.0.as_str()).collect();
+                return Err(Error::definite(format!(
+                    "outbox table {table} has no column `{name}` ({}; columns: {}); fix [outbox.columns] or the \
+                     table",
+                    crate::outbox::SLOT_NAMES[slot],
+                    names.join(", ")
+                )));
+            }
+            None => {}
+        }
+    }
+    Ok(roles)
+}
+
 /// Decodes a chunk's rows as they arrive.
 async fn decode_all<P: mysql_async::prelude::Protocol>(
     mut result: mysql_async::QueryResult<'_, 'static, P>,
     table: &Arc<TableName>,
+    present: [bool; 8],
     capacity: usize,
 ) -> Result<Vec<OutboxRow>> {
     let mut rows = Vec::with_capacity(capacity);
     while let Some(row) =
         result.next().await.map_err(|e| classify_mysql(&e).context(format_args!("snapshot scan of {table}")))?
     {
-        rows.push(decode(table, row)?);
+        rows.push(decode(table, present, row)?);
     }
     Ok(rows)
 }
 
-/// Decodes one scanned row (columns in the order of [`Scanner::query_chunk`]'s SELECT), moving its values.
+/// Decodes one scanned row (the roles in [`crate::outbox::SLOT_NAMES`] order, as [`Scanner::query_chunk`]
+/// selects them), moving its values. `present` says which roles the table has: an absent optional role
+/// is `None` in the row, a NULL in a present column is an error as in the stream.
 ///
 /// The first chunk's plain query returns every value as text; the later chunks' prepared statements return
 /// typed values. A DATETIME (`occurred_at`) is written like the stream writes it, with the column's declared
 /// fractional digits, so an event's `occurred_at` does not depend on how it was read.
-fn decode(table: &Arc<TableName>, mut row: Row) -> Result<OutboxRow> {
+fn decode(table: &Arc<TableName>, present: [bool; 8], mut row: Row) -> Result<OutboxRow> {
     let mut text = |i: usize, what: &str| -> Result<Option<String>> {
         match row.take::<mysql_async::Value, _>(i) {
             None | Some(mysql_async::Value::NULL) => Ok(None),
+            Some(mysql_async::Value::Bytes(b)) if row.columns_ref().get(i).is_some_and(is_binary16) => {
+                uuid_text(&b).map(Some).map_err(|e| Error::definite(format!("snapshot of {table}: column {what}: {e}")))
+            }
             Some(mysql_async::Value::Bytes(b)) => String::from_utf8(b)
                 .map(Some)
                 .map_err(|_| Error::definite(format!("snapshot of {table}: column {what} is not valid UTF-8"))),
@@ -355,27 +389,50 @@ fn decode(table: &Arc<TableName>, mut row: Row) -> Result<OutboxRow> {
             Some(other) => Ok(Some(other.as_sql(true).trim_matches('\'').to_string())),
         }
     };
-    let id = need(text(3, "id")?, table, "id")?;
-    let mut occurred_at = need(text(2, "occurred_at")?, table, "occurred_at")?;
-    let version = need(text(5, "schema_version")?, table, "schema_version")?;
-    let schema_version = version.parse::<u16>().map_err(|_| {
-        Error::definite(format!("outbox row id={id} in {table}: schema_version {version} is not in 0..=65535"))
-    })?;
-    if let Some(space) = occurred_at.find(' ') {
-        occurred_at.replace_range(space..=space, "T");
-    }
+    let id = need(text(0, "id")?, table, "id")?;
+    let event_type = match present[3] {
+        true => Some(need(text(3, "event_type")?, table, "event_type")?),
+        false => None,
+    };
+    let schema_version = match present[4] {
+        true => {
+            let version = need(text(4, "schema_version")?, table, "schema_version")?;
+            Some(version.parse::<u16>().map_err(|_| {
+                Error::definite(format!("outbox row id={id} in {table}: schema_version {version} is not in 0..=65535"))
+            })?)
+        }
+        false => None,
+    };
+    let occurred_at = match present[7] {
+        true => {
+            let mut occurred_at = need(text(7, "occurred_at")?, table, "occurred_at")?;
+            if let Some(space) = occurred_at.find(' ') {
+                occurred_at.replace_range(space..=space, "T");
+            }
+            Some(occurred_at)
+        }
+        false => None,
+    };
     Ok(OutboxRow {
         table: table.clone(),
-        aggregate_type: need(text(0, "aggregate_type")?, table, "aggregate_type")?,
-        aggregate_id: need(text(1, "aggregate_id")?, table, "aggregate_id")?,
-        event_type: need(text(4, "event_type")?, table, "event_type")?,
+        aggregate_type: need(text(1, "aggregate_type")?, table, "aggregate_type")?,
+        aggregate_id: need(text(2, "aggregate_id")?, table, "aggregate_id")?,
+        event_type,
         schema_version,
-        payload: need(text(6, "payload")?, table, "payload")?,
-        headers: text(7, "headers")?,
+        payload: need(text(5, "payload")?, table, "payload")?,
+        headers: text(6, "headers")?,
         occurred_at,
         id,
         from_snapshot: true,
     })
+}
+
+/// Whether a result column is a BINARY(16) (a UUID, read as [`uuid_text`] like the stream reads it).
+fn is_binary16(column: &mysql_async::Column) -> bool {
+    const BINARY_CHARSET: u16 = 63;
+    column.column_type() == mysql_async::consts::ColumnType::MYSQL_TYPE_STRING
+        && column.character_set() == BINARY_CHARSET
+        && column.column_length() == 16
 }
 
 /// A column that must not be NULL.
@@ -413,30 +470,85 @@ mod tests {
 
     use super::*;
 
-    /// A scanned row as the SELECT returns it, with `occurred_at` as given and declared with `fsp` digits.
+    /// A scanned row as the SELECT returns it (roles in SLOT_NAMES order), with `occurred_at` as given
+    /// and declared with `fsp` digits.
     fn scanned(occurred_at: Value, fsp: u8) -> Row {
         let text = || Column::new(ColumnType::MYSQL_TYPE_VAR_STRING);
         let columns: Arc<[Column]> = Arc::from(vec![
             text(),
             text(),
-            Column::new(ColumnType::MYSQL_TYPE_DATETIME).with_decimals(fsp),
             text(),
             text(),
             Column::new(ColumnType::MYSQL_TYPE_SHORT),
             text(),
             text(),
+            Column::new(ColumnType::MYSQL_TYPE_DATETIME).with_decimals(fsp),
         ]);
         let values = vec![
+            Value::Bytes(b"7c1f2b9e-0000-4000-8000-000000000001".to_vec()),
             Value::Bytes(b"order".to_vec()),
             Value::Bytes(b"order-1".to_vec()),
-            occurred_at,
-            Value::Bytes(b"7c1f2b9e-0000-4000-8000-000000000001".to_vec()),
             Value::Bytes(b"OrderCreated".to_vec()),
             Value::UInt(3),
             Value::Bytes(br#"{"total":"45.48"}"#.to_vec()),
             Value::NULL,
+            occurred_at,
         ];
         mysql_common::row::new_row(values, columns)
+    }
+
+    /// A table without the optional columns: the SELECT gives NULL in their places, the row carries
+    /// `None`; the same NULL in a column the table has is an error, as in the stream.
+    #[test]
+    fn absent_optional_roles_are_none_and_present_nulls_are_errors() {
+        let table = Arc::new(TableName { database: "shop".into(), table: "outbox_events".into() });
+        let mut required_only = [true; 8];
+        for slot in [3, 4, 6, 7] {
+            required_only[slot] = false;
+        }
+        let row = decode(&table, required_only, scanned(Value::NULL, 6)).unwrap();
+        assert_eq!((row.event_type, row.schema_version, row.occurred_at, row.headers), (None, None, None, None));
+        let err = decode(&table, [true; 8], scanned(Value::NULL, 6)).unwrap_err();
+        assert!(err.to_string().contains("occurred_at is NULL"), "{err}");
+    }
+
+    /// The snapshot's side of [`crate::source::column_types::expectations`], on the same table as the
+    /// stream's: a BINARY(16) id (result column of type STRING, binary charset, length 16) becomes its
+    /// UUID text, an integer aggregate id its digits (binary protocol) or its text (text protocol), texts
+    /// arrive unchanged.
+    #[test]
+    fn ids_and_texts_as_the_expectations_say() {
+        use crate::source::column_types::expectations::{BINARY16, INTEGERS, TEXTS};
+        let table = Arc::new(TableName { database: "shop".into(), table: "outbox_events".into() });
+        let with = |id: (Column, Value), aggregate_id: (Column, Value)| {
+            let mut row = scanned(Value::Bytes(b"2026-01-02 03:04:05".to_vec()), 0);
+            let mut columns: Vec<Column> = row.columns_ref().to_vec();
+            let mut values: Vec<Value> = (0..8).map(|i| row.take(i).unwrap()).collect();
+            (columns[0], values[0]) = id;
+            (columns[2], values[2]) = aggregate_id;
+            decode(&table, [true; 8], mysql_common::row::new_row(values, Arc::from(columns))).unwrap()
+        };
+        let text = |s: &str| (Column::new(ColumnType::MYSQL_TYPE_VAR_STRING), Value::Bytes(s.as_bytes().to_vec()));
+        let binary16 = Column::new(ColumnType::MYSQL_TYPE_STRING).with_character_set(63).with_column_length(16);
+        for (bytes, expected) in BINARY16 {
+            let row = with((binary16.clone(), Value::Bytes(bytes.to_vec())), text("a"));
+            assert_eq!(row.id, *expected);
+        }
+        for (n, expected) in INTEGERS {
+            let binary = match i64::try_from(*n) {
+                Ok(i) => Value::Int(i),
+                Err(_) => Value::UInt(u64::try_from(*n).unwrap()),
+            };
+            let as_text = Value::Bytes(expected.as_bytes().to_vec());
+            for value in [binary, as_text] {
+                let row = with(text("e-1"), (Column::new(ColumnType::MYSQL_TYPE_LONGLONG), value));
+                assert_eq!(row.aggregate_id, *expected);
+            }
+        }
+        for s in TEXTS {
+            let row = with(text(s), text(s));
+            assert_eq!((row.id.as_str(), row.aggregate_id.as_str()), (*s, *s));
+        }
     }
 
     #[test]
@@ -451,9 +563,9 @@ mod tests {
             (Value::Date(2026, 1, 2, 3, 4, 5, 0), 0, "2026-01-02T03:04:05"),
         ];
         for (value, fsp, expected) in cases {
-            let row = decode(&table, scanned(value.clone(), fsp)).unwrap();
-            assert_eq!(row.occurred_at, expected, "{value:?} with {fsp} digits");
-            assert_eq!((row.schema_version, row.headers.as_deref()), (3, None));
+            let row = decode(&table, [true; 8], scanned(value.clone(), fsp)).unwrap();
+            assert_eq!(row.occurred_at.as_deref(), Some(expected), "{value:?} with {fsp} digits");
+            assert_eq!((row.schema_version, row.headers.as_deref()), (Some(3), None));
             assert!(row.from_snapshot);
         }
     }
@@ -461,7 +573,7 @@ mod tests {
     #[test]
     fn null_occurred_at_is_a_definite_error() {
         let table = Arc::new(TableName { database: "shop".into(), table: "outbox_events".into() });
-        let err = decode(&table, scanned(Value::NULL, 6)).unwrap_err();
+        let err = decode(&table, [true; 8], scanned(Value::NULL, 6)).unwrap_err();
         assert!(err.to_string().contains("occurred_at is NULL"), "{err}");
     }
 }

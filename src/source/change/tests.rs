@@ -169,11 +169,11 @@ fn row(id: &str) -> Change {
         id: id.into(),
         aggregate_type: "order".into(),
         aggregate_id: "A-1".into(),
-        event_type: "OrderCreated".into(),
-        schema_version: 1,
+        event_type: Some("OrderCreated".into()),
+        schema_version: Some(1),
         payload: "{}".into(),
         headers: None,
-        occurred_at: "2026-12-01T00:00:00".into(),
+        occurred_at: Some("2026-12-01T00:00:00".into()),
         from_snapshot: false,
     })
 }

@@ -790,11 +790,11 @@ fn mysql_outbox_transaction_routes_like_mariadb() {
         id: "e-1".into(),
         aggregate_type: "order".into(),
         aggregate_id: "o-1".into(),
-        event_type: "OrderPlaced".into(),
-        schema_version: 1,
+        event_type: Some("OrderPlaced".into()),
+        schema_version: Some(1),
         payload: r#"{"sku": "A-1", "amount": 12}"#.into(),
         headers: None,
-        occurred_at: "2026-03-01T12:34:56.789012".into(),
+        occurred_at: Some("2026-03-01T12:34:56.789012".into()),
         from_snapshot: false,
     };
     assert_eq!(OutboxRow { payload: mariadb.payload.clone(), ..rows[0].clone() }, mariadb);

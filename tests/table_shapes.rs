@@ -1,0 +1,263 @@
+//! Outbox tables that are not our reference schema, against a real MariaDB and a real broker: Debezium's
+//! reference table mapped through `[outbox.columns]` (no `schema_version`, no `occurred_at`), BINARY(16)
+//! ids, BIGINT aggregate ids, a TIMESTAMP(6) `occurred_at`, and an integer id standing in for a missing
+//! `occurred_at`. Each table is streamed and, where its rows can be ordered, snapshotted; the two paths
+//! must publish identical records for identical rows, and `outbox-cdc audit` must pass.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Broker, Connector, Engine, MariaDb, Received};
+
+const READ_TIMEOUT: Duration = Duration::from_secs(120);
+const DEAD_LETTER: &str = "outbox-cdc.dead-letter";
+const TOPIC: &str = "outbox.event.order";
+
+/// Debezium's names, mapped onto our roles.
+const DEBEZIUM_COLUMNS: &str = "[outbox.columns]\nid = \"id\"\naggregate_type = \"aggregatetype\"\n\
+     aggregate_id = \"aggregateid\"\nevent_type = \"type\"\npayload = \"payload\"\n";
+
+/// Replaces the reference table with `ddl` (a `CREATE TABLE shop.outbox_events …`).
+fn reshape(db: &MariaDb, ddl: &str) {
+    db.sql("DROP TABLE shop.outbox_events");
+    db.sql(ddl);
+}
+
+fn wait_streaming(connector: &Connector) {
+    let ok = common::wait_until(Duration::from_secs(120), || connector.stderr().contains(" streaming "));
+    assert!(ok, "connector never started streaming\n{}", connector.logs());
+}
+
+fn value(r: &Received) -> serde_json::Value {
+    serde_json::from_slice(r.value.as_deref().expect("a value")).expect("a JSON value")
+}
+
+/// What a record says apart from which row it is and which path read it: key, value without
+/// `event_id`, headers without `id` and `source`. The snapshot's and the stream's records of equal rows
+/// must be equal in this.
+fn content(r: &Received) -> serde_json::Value {
+    let mut v = value(r);
+    v.as_object_mut().expect("an envelope").remove("event_id");
+    let headers: Vec<(String, String)> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| k != "id" && k != "source")
+        .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+        .collect();
+    serde_json::json!({ "key": String::from_utf8_lossy(r.key.as_deref().unwrap_or_default()), "value": v, "headers": headers })
+}
+
+/// The record whose `id` header is `id`.
+fn by_id<'a>(records: &'a [Received], id: &str, connector: &Connector) -> &'a Received {
+    records
+        .iter()
+        .find(|r| r.header_str("id") == Some(id))
+        .unwrap_or_else(|| panic!("{id} was not published\n{}", connector.logs()))
+}
+
+/// Runs the audit and requires it to pass.
+fn audit_passes(connector: &Connector) {
+    let run = connector.audit(&[]);
+    assert_eq!(run.code, Some(0), "audit: {}\n{}", run.report, run.stderr);
+    assert_eq!(run.count("missing"), 0, "{}", run.report);
+}
+
+/// Debezium's reference outbox table as it is (`id` VARCHAR(255), `aggregatetype`, `aggregateid`, `type`,
+/// `payload` JSON; no `schema_version`, no `occurred_at`, no `headers`): preflight used to refuse it for
+/// the missing columns. It streams; its records leave out `version` and `occurred_at` (never `null`) and
+/// the `schema_version` header. Its snapshot is refused with the reason and the fix: nothing in the table
+/// says in which order one aggregate's events were written.
+#[tokio::test(flavor = "multi_thread")]
+async fn debezium_reference_table_streams_and_its_snapshot_is_refused() {
+    let db = MariaDb::start();
+    reshape(
+        &db,
+        "CREATE TABLE shop.outbox_events (id VARCHAR(255) PRIMARY KEY, aggregatetype VARCHAR(255) NOT NULL, \
+         aggregateid VARCHAR(255) NOT NULL, type VARCHAR(255) NOT NULL, payload JSON) DEFAULT CHARSET=utf8mb4",
+    );
+    let broker = Broker::start(Engine::Memory);
+    let connector = Connector::new();
+    connector.write_config(&db, &broker, &format!("{DEBEZIUM_COLUMNS}[snapshot]\nmode = \"initial\"\n"));
+    let (status, out, err) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert_eq!(status.code(), Some(2), "{out}{err}");
+    assert!(out.contains("[ok  ] table shop.outbox_events columns"), "{out}");
+    assert!(out.contains("[FAIL] table shop.outbox_events snapshot key order"), "{out}");
+    assert!(out.contains("has no occurred_at column and its id column id is not an integer"), "{out}");
+    assert!(out.contains("absent: records carry no envelope `version`"), "{out}");
+
+    let mut connector = Connector::start(&db, &broker, DEBEZIUM_COLUMNS);
+    wait_streaming(&connector);
+    for (i, aggregate) in ["o-1", "o-2", "o-1"].iter().enumerate() {
+        db.sql(&format!(
+            "INSERT INTO shop.outbox_events VALUES ('e-{i}', 'order', '{aggregate}', 'OrderEvent{i}', \
+             '{{\"n\": {i}, \"text\": \"\u{1F680}\"}}')"
+        ));
+    }
+    let records = broker.read_all(TOPIC, 3, READ_TIMEOUT);
+    assert_eq!(records.len(), 3, "{}", connector.logs());
+    let first = by_id(&records, "e-0", &connector);
+    assert_eq!(first.key.as_deref(), Some(&b"o-1"[..]));
+    assert_eq!(
+        value(first),
+        serde_json::json!({"event_id": "e-0", "type": "OrderEvent0", "aggregate_type": "order",
+                           "aggregate_id": "o-1", "data": {"n": 0, "text": "\u{1F680}"}})
+    );
+    let names: Vec<&str> = first.headers.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["id", "event_type", "aggregate_type"]);
+    assert!(broker.read_all(DEAD_LETTER, 1, Duration::from_secs(2)).is_empty(), "{}", connector.logs());
+    connector.terminate();
+    audit_passes(&connector);
+}
+
+/// A name set in `[outbox.columns]` must exist: a typo is a definite error naming it, never a silently
+/// dropped field (an optional column absent under its *default* name is fine).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_misspelt_optional_column_is_refused_by_name() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let connector = Connector::new();
+    connector.write_config(&db, &broker, "[outbox.columns]\noccurred_at = \"occured_at\"\n");
+    let (status, out, err) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert_eq!(status.code(), Some(2), "{out}{err}");
+    assert!(out.contains("missing `occured_at` (occurred_at)"), "{out}");
+}
+
+/// Debezium's table with the variants teams run: a BINARY(16) UUID id, a BIGINT aggregate id and a
+/// TIMESTAMP(6) mapped as `occurred_at`. Ids with 0x00 and 0xFF bytes and trailing zero bytes (which the
+/// binlog leaves out) are published as the same UUID text by the snapshot and the stream; aggregate ids
+/// 20 and 100 are scanned in numeric order one row per chunk (the keyset resumes after a BINARY id and a
+/// BIGINT); the two paths publish identical records, and the audit passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn binary_ids_bigint_aggregates_and_timestamps_snapshot_and_stream_alike() {
+    // TIMESTAMP values are written in the session's zone and published in UTC: make them the same here.
+    let db = MariaDb::builder().arg("--default-time-zone=+00:00").start();
+    reshape(
+        &db,
+        "CREATE TABLE shop.outbox_events (id BINARY(16) PRIMARY KEY, aggregatetype VARCHAR(255) NOT NULL, \
+         aggregateid BIGINT NOT NULL, type VARCHAR(255) NOT NULL, payload JSON NOT NULL, \
+         created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+         KEY idx_aggregate (aggregatetype, aggregateid, created_at)) DEFAULT CHARSET=utf8mb4",
+    );
+    let rows: [(i64, &str); 4] = [
+        (100, "1970-01-01 00:00:01.000000"),
+        (20, "2026-03-29 01:00:00.000001"),
+        (100, "2026-10-25 00:59:59.999999"),
+        (-7, "2038-01-19 03:14:07.000000"),
+    ];
+    // `source` 0x00 for the snapshot's rows, 0xff for the stream's; trailing zeros are in every id. The
+    // stream's rows go to other aggregates (+1000): theirs would otherwise be out of occurred_at order
+    // after the snapshot's, which the audit rightly reports.
+    let id = |source: u8, i: usize| format!("{source:02x}ff00{i:02x}-0000-4000-8000-000000000000");
+    let aggregate_of = |source: u8, aggregate: i64| if source == 0 { aggregate } else { aggregate + 1000 };
+    let insert = |source: u8| {
+        for (i, (aggregate, at)) in rows.iter().enumerate() {
+            db.sql(&format!(
+                "INSERT INTO shop.outbox_events VALUES (UNHEX(REPLACE('{}', '-', '')), 'order', {}, \
+                 'Placed', '{{\"i\": {i}}}', '{at}')",
+                id(source, i),
+                aggregate_of(source, *aggregate)
+            ));
+        }
+    };
+    insert(0x00);
+    let columns = format!("{DEBEZIUM_COLUMNS}occurred_at = \"created_at\"\n");
+    let broker = Broker::start(Engine::Memory);
+    let mut connector =
+        Connector::start(&db, &broker, &format!("{columns}[snapshot]\nmode = \"initial\"\nchunk_rows = 1\n"));
+    wait_streaming(&connector);
+    insert(0xff);
+    let records = broker.read_all(TOPIC, 8, READ_TIMEOUT);
+    assert_eq!(records.len(), 8, "{}", connector.logs());
+    for (i, (aggregate, at)) in rows.iter().enumerate() {
+        let snap = by_id(&records, &id(0x00, i), &connector);
+        let stream = by_id(&records, &id(0xff, i), &connector);
+        assert_eq!(snap.header_str("source"), Some("snapshot"));
+        for (source, record) in [(0x00, snap), (0xff, stream)] {
+            let v = value(record);
+            let aggregate = aggregate_of(source, *aggregate).to_string();
+            assert_eq!((&v["aggregate_id"], &v["event_id"]), (&aggregate.clone().into(), &id(source, i).into()), "{v}");
+            assert_eq!(v["occurred_at"], at.replacen(' ', "T", 1), "{v}");
+            assert_eq!(record.key.as_deref(), Some(aggregate.as_bytes()));
+        }
+        let without_aggregate = |r: &Received| {
+            let mut c = content(r);
+            c["key"] = serde_json::Value::Null;
+            c["value"]["aggregate_id"] = serde_json::Value::Null;
+            c
+        };
+        assert_eq!(without_aggregate(snap), without_aggregate(stream), "row {i}");
+    }
+    // Per aggregate, the snapshot's records come in occurred_at order.
+    let snapshot_order: Vec<String> = records
+        .iter()
+        .filter(|r| r.header_str("source") == Some("snapshot") && r.key.as_deref() == Some(&b"100"[..]))
+        .map(|r| r.header_str("id").unwrap().to_string())
+        .collect();
+    assert_eq!(snapshot_order, [id(0, 0), id(0, 2)]);
+    assert!(broker.read_all(DEAD_LETTER, 1, Duration::from_secs(2)).is_empty(), "{}", connector.logs());
+    connector.terminate();
+    audit_passes(&connector);
+}
+
+/// A table without `occurred_at` whose id is an AUTO_INCREMENT BIGINT, and without an index for the
+/// snapshot: `check` warns with the `ALTER TABLE` that adds one; the snapshot orders each aggregate's rows
+/// by the id (the key is in effect `(aggregate_type, aggregate_id, id)`, stored in the checkpoint with the
+/// id in `occurred_at`'s place) and resumes after it chunk by chunk; the snapshot and the stream publish
+/// identical records, without `occurred_at`, and the audit passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn integer_ids_order_a_table_without_occurred_at() {
+    let db = MariaDb::start();
+    reshape(
+        &db,
+        "CREATE TABLE shop.outbox_events (id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY, \
+         aggregate_type VARCHAR(64) NOT NULL, aggregate_id VARCHAR(128) NOT NULL, event_type VARCHAR(128) NOT NULL, \
+         schema_version INT NOT NULL, payload LONGTEXT NOT NULL) DEFAULT CHARSET=utf8mb4",
+    );
+    // Ids 1..=12: the snapshot's rows 1..=6, the stream's 7..=12, row i and row i + 6 alike.
+    let insert = || {
+        for i in 0..6 {
+            db.sql(&format!(
+                "INSERT INTO shop.outbox_events (aggregate_type, aggregate_id, event_type, schema_version, payload) \
+                 VALUES ('order', 'a-{}', 'E{i}', {i}, '{{\"i\": {i}}}')",
+                i % 2
+            ));
+        }
+    };
+    insert();
+    let broker = Broker::start(Engine::Memory);
+    // No index serves the snapshot's keyset: check says so with the ALTER TABLE, and shows how each column
+    // is published; the snapshot still runs, in order.
+    let snapshot = "[snapshot]\nmode = \"initial\"\nchunk_rows = 2\n";
+    let checker = Connector::new();
+    checker.write_config(&db, &broker, snapshot);
+    let (status, out, err) = checker.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("[WARN] table shop.outbox_events snapshot index"), "{out}");
+    assert!(
+        out.contains(
+            "ALTER TABLE `shop`.`outbox_events` ADD INDEX idx_outbox_cdc_snapshot (`aggregate_type`, `aggregate_id`)"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("[ok  ] table shop.outbox_events id: expected a mapped column, or absent if optional, actual `id` bigint(20) unsigned: its decimal digits"), "{out}");
+    assert!(out.contains("[ok  ] table shop.outbox_events occurred_at: expected a mapped column, or absent if optional, actual absent"), "{out}");
+    let mut connector = Connector::start(&db, &broker, snapshot);
+    wait_streaming(&connector);
+    insert();
+    let records = broker.read_all(TOPIC, 12, READ_TIMEOUT);
+    assert_eq!(records.len(), 12, "{}", connector.logs());
+    for i in 1..=6 {
+        let snap = by_id(&records, &i.to_string(), &connector);
+        let stream = by_id(&records, &(i + 6).to_string(), &connector);
+        assert_eq!(snap.header_str("source"), Some("snapshot"));
+        assert_eq!(content(snap), content(stream), "row {i}");
+        assert!(value(stream).get("occurred_at").is_none(), "{}", value(stream));
+    }
+    // Per aggregate, in id order: a-0 holds 1, 3, 5 and then the stream's 7, 9, 11.
+    let a0: Vec<&str> =
+        records.iter().filter(|r| r.key.as_deref() == Some(&b"a-0"[..])).map(|r| r.header_str("id").unwrap()).collect();
+    assert_eq!(a0, ["1", "3", "5", "7", "9", "11"]);
+    connector.terminate();
+    audit_passes(&connector);
+}
