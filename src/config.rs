@@ -290,7 +290,9 @@ pub struct SourceConfig {
     /// TLS to the server: "disabled", "required" (encrypt, do not verify) or "verify_identity".
     #[serde(default)]
     pub tls: TlsMode,
-    /// PEM file with the CA that signed the server's certificate (for "verify_identity").
+    /// PEM file with the CA certificate(s) that signed the server's certificate (for "verify_identity"). When
+    /// set, only these CAs are trusted; without it, the public CAs compiled into the binary (not the system
+    /// trust store).
     #[serde(default)]
     pub tls_ca_file: Option<PathBuf>,
     /// How the stream resumes: "gtid" (default; requires GTIDs on MySQL) or "file" (binlog file + position,
