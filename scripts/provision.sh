@@ -62,7 +62,14 @@ else
     fi
     # --no-install-recommends: docker-compose would otherwise pull in the docker.io engine.
     log "apt-get install ${missing[*]}"
-    apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}"
+    # A machine image's package lists can be older than its installed packages (seen: libcurl4 installed
+    # at a newer point release than the lists' libcurl4-openssl-dev depends on): refresh them and retry once.
+    if ! apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}"; then
+        ((need_update)) && die "apt-get install ${missing[*]} failed after apt-get update"
+        log "apt-get install failed on these package lists: apt-get update, then once more"
+        apt-get "${apt_opts[@]}" update
+        apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}"
+    fi
 fi
 
 # mariadbd lives in /usr/sbin, which may not be on a non-login PATH; the test harness looks there too.
