@@ -399,10 +399,11 @@ async fn connector_records(mysql_url: &str, topic: &str, limit: usize) -> anyhow
                 aggregate_type,
                 aggregate_id,
                 event_type: Some(event_type),
-                schema_version: Some(schema_version),
-                payload,
+                schema_version: Some(schema_version.into()),
+                payload: payload.into(),
                 headers,
                 occurred_at: Some(occurred_at),
+                additional: Vec::new(),
                 from_snapshot: false,
             };
             router.route(&row).map_err(err)

@@ -46,7 +46,7 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
     };
     let pipeline = Pipeline {
         source: SourceConn::from_config(&config)?,
-        router: Router::new(config.topic().clone(), config.kafka.value_format),
+        router: Router::for_config(&config),
         reader: Arc::new(ReaderSettings {
             server_id: config.source.server_id,
             tables: config.tables().to_vec(),

@@ -69,6 +69,8 @@ pub struct Config {
     tables: Vec<TableName>,
     /// `kafka.topic`, parsed.
     topic: TopicTemplate,
+    /// `outbox.additional_placement`, parsed.
+    placements: Vec<Placement>,
 }
 
 /// `[metrics]`: the HTTP operations endpoint and purge-risk monitoring.
@@ -254,10 +256,14 @@ pub struct SourceConfig {
     /// whatever order they are listed in. A file that is not a binlog is an error.
     #[serde(default)]
     pub binlog_files: Vec<PathBuf>,
-    /// `kind = "files"`, first run only (a checkpoint takes precedence): transactions already published,
-    /// which are skipped — a MySQL GTID set (`uuid:1-100`) or a MariaDB GTID position (`0-1-100`), the way
-    /// a replica's `gtid_executed` / `gtid_slave_pos` reads. Default: publish everything after the first
-    /// file's PREVIOUS_GTIDS / GTID_LIST.
+    /// First run only (a checkpoint takes precedence): transactions already published, which are skipped
+    /// — a MySQL GTID set (`uuid:1-100`) or a MariaDB GTID position (`0-1-100`), the way a replica's
+    /// `gtid_executed` / `gtid_slave_pos` reads. With `kind = "files"` the default is everything after the
+    /// first file's PREVIOUS_GTIDS / GTID_LIST. With `kind = "server"` (needs `snapshot.mode = "never"`
+    /// and `resume_by = "gtid"`) the stream starts right after these GTIDs instead of at `start_from`: the
+    /// way to take over from Debezium, whose offsets hold the GTIDs it published
+    /// (docs/MIGRATING-FROM-DEBEZIUM.md). The server must still hold the binlogs after them, and must
+    /// have executed them.
     #[serde(default)]
     pub start_after: Option<String>,
     /// Host name or IP address of the server. Required with `kind = "server"`.
@@ -395,6 +401,86 @@ pub struct OutboxConfig {
     /// `outbox-cdc quarantine release`), while other aggregates flow on; "fail" stops with a definite error.
     #[serde(default)]
     pub on_poison: OnPoison,
+    /// How the payload column is read: "json" (default: JSON, or text holding JSON, embedded in the
+    /// envelope) or "bytes" (BLOB/VARBINARY: Avro, Protobuf…; the column's bytes become the record value
+    /// unchanged, never parsed; needs `kafka.value_format = "payload"`).
+    #[serde(default)]
+    pub payload_encoding: PayloadEncoding,
+    /// A NULL or empty payload publishes a tombstone (same key and headers, null value) instead of a dead
+    /// letter. (Debezium: `route.tombstone.on.empty.payload`.)
+    #[serde(default)]
+    pub tombstone_on_empty_payload: bool,
+    /// More columns to publish, each `"column:header[:name]"` (a Kafka header) or
+    /// `"column:envelope[:name]"` (an envelope field), `name` defaulting to the column's.
+    /// (Debezium: `table.fields.additional.placement`, same syntax.)
+    #[serde(default)]
+    pub additional_placement: Vec<String>,
+}
+
+/// Headers the connector writes itself: an additional placement may not take their names.
+const RESERVED_HEADERS: &[&str] =
+    &["id", "event_type", "aggregate_type", "schema_version", "source", "replay", "replayed_at", "released_from_hold"];
+
+/// Envelope fields the connector writes itself.
+const RESERVED_ENVELOPE_FIELDS: &[&str] =
+    &["event_id", "type", "version", "occurred_at", "aggregate_type", "aggregate_id", "data"];
+
+/// How the payload column is read (`[outbox] payload_encoding`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PayloadEncoding {
+    /// JSON, or text holding JSON.
+    #[default]
+    Json,
+    /// Bytes published unchanged.
+    Bytes,
+}
+
+/// One `[outbox] additional_placement` entry, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The table's column.
+    pub column: String,
+    /// Where its value goes.
+    pub target: PlacementTarget,
+    /// The header's or envelope field's name.
+    pub name: String,
+}
+
+/// Where an additional column is placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlacementTarget {
+    /// A Kafka header holding the value's text.
+    Header,
+    /// A field of the envelope.
+    Envelope,
+}
+
+impl Placement {
+    /// `column:header[:name]` or `column:envelope[:name]`.
+    ///
+    /// # Errors
+    /// What is wrong with `entry`, for the operator.
+    pub fn parse(entry: &str) -> std::result::Result<Self, String> {
+        let parts: Vec<&str> = entry.split(':').collect();
+        let target = match parts.get(1) {
+            Some(&"header") => PlacementTarget::Header,
+            Some(&"envelope") => PlacementTarget::Envelope,
+            _ => {
+                return Err(format!(
+                    "outbox.additional_placement entry {entry:?} must be \"column:header[:name]\" or \
+                     \"column:envelope[:name]\""
+                ))
+            }
+        };
+        if parts.len() > 3 || parts.iter().any(|p| p.is_empty()) {
+            return Err(format!(
+                "outbox.additional_placement entry {entry:?} must be \"column:header[:name]\" or \
+                 \"column:envelope[:name]\" (no empty part)"
+            ));
+        }
+        Ok(Placement { column: parts[0].into(), target, name: parts.get(2).unwrap_or(&parts[0]).to_string() })
+    }
 }
 
 /// Behaviour on poison rows.
@@ -448,6 +534,11 @@ pub struct ColumnNames {
     pub occurred_at: String,
     /// Which names were set in `[outbox.columns]`, in [`crate::outbox::SLOT_NAMES`] order.
     set: [bool; 8],
+    /// The `[outbox] additional_placement` columns, each once, in its order (filled in by validation):
+    /// every decoder reads them after the eight roles.
+    additional: Vec<String>,
+    /// `[outbox] payload_encoding` (filled in by validation): how decoders read the payload column.
+    payload_encoding: PayloadEncoding,
 }
 
 /// `[outbox.columns]` as written: `None` where the default name applies.
@@ -488,6 +579,8 @@ impl From<ColumnNamesToml> for ColumnNames {
             headers: t.headers.unwrap_or_else(|| headers.into()),
             occurred_at: t.occurred_at.unwrap_or_else(|| occurred_at.into()),
             set,
+            additional: Vec::new(),
+            payload_encoding: PayloadEncoding::Json,
         }
     }
 }
@@ -523,6 +616,23 @@ impl ColumnNames {
         ALWAYS_REQUIRED[slot] || self.set[slot]
     }
 
+    /// The `[outbox] additional_placement` columns, in its order: read after the eight roles.
+    pub fn additional(&self) -> &[String] {
+        &self.additional
+    }
+
+    /// How the payload column is read (`[outbox] payload_encoding`).
+    pub fn payload_encoding(&self) -> PayloadEncoding {
+        self.payload_encoding
+    }
+
+    /// The names with these additional columns and payload encoding, for tests and programmatic configs.
+    #[must_use]
+    pub fn reading(mut self, additional: Vec<String>, payload_encoding: PayloadEncoding) -> Self {
+        (self.additional, self.payload_encoding) = (additional, payload_encoding);
+        self
+    }
+
     /// The names with `role` set explicitly to `name`, for tests and programmatic configs.
     #[must_use]
     pub fn with(mut self, role: &str, name: &str) -> Self {
@@ -552,9 +662,19 @@ pub struct KafkaConfig {
     /// Topic template. Placeholders: `${aggregate_type}`, `${event_type}`, `${database}`, `${table}`.
     #[serde(default = "default_topic")]
     pub topic: String,
-    /// "envelope" (default: event metadata + `data`) or "payload" (the payload JSON only).
+    /// "envelope" (default: event metadata + `data`), "payload" (the payload only) or "cloudevents"
+    /// (structured JSON CloudEvents 1.0).
     #[serde(default)]
     pub value_format: ValueFormat,
+    /// "string" (default: the aggregate id's bytes) or "json" (the aggregate id as a JSON string, what
+    /// Debezium with JsonConverter wrote: a migrated topic keeps its partitions).
+    #[serde(default)]
+    pub key_format: KeyFormat,
+    /// The record timestamp: "produced" (default: when the connector produced it) or "occurred_at" (the
+    /// row's `occurred_at` in ms, UTC, where the table has the column; Debezium:
+    /// `table.field.event.timestamp`). Broker retention counts from this timestamp.
+    #[serde(default)]
+    pub record_timestamp: RecordTimestamp,
     /// Compression codec: "none", "gzip", "snappy", "lz4" (default) or "zstd".
     #[serde(default = "default_compression")]
     pub compression: String,
@@ -622,8 +742,35 @@ pub enum ValueFormat {
     /// `{"event_id","type","version","occurred_at","aggregate_type","aggregate_id","data"}`.
     #[default]
     Envelope,
-    /// The payload JSON only (Debezium's expanded payload).
+    /// The payload only (Debezium's expanded payload): its JSON, or with `payload_encoding = "bytes"` its
+    /// bytes.
     Payload,
+    /// Structured JSON CloudEvents 1.0 (`specversion`, `id`, `source`, `type`, `subject`, `time`,
+    /// `datacontenttype`, `data`).
+    #[serde(rename = "cloudevents")]
+    CloudEvents,
+}
+
+/// Shape of the Kafka record key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyFormat {
+    /// The aggregate id's UTF-8 bytes.
+    #[default]
+    String,
+    /// The aggregate id as a JSON string (with quotes).
+    Json,
+}
+
+/// Which time the Kafka record carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordTimestamp {
+    /// When the connector produced the record (the producer's clock).
+    #[default]
+    Produced,
+    /// The row's `occurred_at` (ms, UTC), where the table has the column.
+    OccurredAt,
 }
 
 /// `[state]`: the checkpoint store.
@@ -868,6 +1015,11 @@ impl Config {
         &self.tables
     }
 
+    /// `outbox.additional_placement`, parsed: more columns to publish as headers or envelope fields.
+    pub fn placements(&self) -> &[Placement] {
+        &self.placements
+    }
+
     /// The topic template (`kafka.topic`), parsed.
     pub fn topic(&self) -> &TopicTemplate {
         &self.topic
@@ -945,7 +1097,7 @@ impl ConfigFile {
     ///
     /// # Errors
     /// A definite error naming the first setting that does not.
-    fn validate(self) -> Result<Config> {
+    fn validate(mut self) -> Result<Config> {
         let tables = self.outbox_tables()?;
         let source = &self.source;
         one_password(
@@ -1018,6 +1170,15 @@ impl ConfigFile {
                 "prune.password/password_env/password_file need prune.user (the default is the source user)",
             ));
         }
+        let placements = self.validate_shape()?;
+        // Each column once, though it may be placed twice (as a header and in the envelope).
+        let mut additional: Vec<String> = Vec::new();
+        for placement in &placements {
+            if !additional.iter().any(|c| c.eq_ignore_ascii_case(&placement.column)) {
+                additional.push(placement.column.clone());
+            }
+        }
+        self.outbox.columns = self.outbox.columns.reading(additional, self.outbox.payload_encoding);
         Ok(Config {
             source: self.source,
             outbox: self.outbox,
@@ -1028,17 +1189,74 @@ impl ConfigFile {
             prune: self.prune,
             tables,
             topic,
+            placements,
         })
+    }
+
+    /// The record's shape: payload encoding, value and key formats, additional placements.
+    fn validate_shape(&self) -> Result<Vec<Placement>> {
+        let (outbox, kafka) = (&self.outbox, &self.kafka);
+        if outbox.payload_encoding == PayloadEncoding::Bytes && kafka.value_format != ValueFormat::Payload {
+            return Err(Error::definite(
+                "outbox.payload_encoding = \"bytes\" needs kafka.value_format = \"payload\": bytes (Avro, \
+                 Protobuf…) cannot be embedded in a JSON envelope",
+            ));
+        }
+        let mut placements = Vec::with_capacity(outbox.additional_placement.len());
+        for entry in &outbox.additional_placement {
+            let placement = Placement::parse(entry).map_err(Error::definite)?;
+            if placement.target == PlacementTarget::Envelope && kafka.value_format != ValueFormat::Envelope {
+                return Err(Error::definite(format!(
+                    "outbox.additional_placement {entry:?} places a column in the envelope, and \
+                     kafka.value_format = {:?} has none: place it as a header, or use value_format = \"envelope\"",
+                    kafka.value_format
+                )));
+            }
+            let columns = &outbox.columns;
+            if columns.required().iter().any(|(name, _)| name.eq_ignore_ascii_case(&placement.column)) {
+                return Err(Error::definite(format!(
+                    "outbox.additional_placement {entry:?}: `{}` is one of the outbox's own columns \
+                     ([outbox.columns]), already published",
+                    placement.column
+                )));
+            }
+            let clash = placements.iter().any(|p: &Placement| p.target == placement.target && p.name == placement.name);
+            let reserved = match placement.target {
+                PlacementTarget::Header => RESERVED_HEADERS.contains(&placement.name.as_str()),
+                PlacementTarget::Envelope => RESERVED_ENVELOPE_FIELDS.contains(&placement.name.as_str()),
+            };
+            if clash || reserved {
+                return Err(Error::definite(format!(
+                    "outbox.additional_placement {entry:?}: the name `{}` is {}; give it another with \
+                     \"column:{}:other_name\"",
+                    placement.name,
+                    if clash { "placed twice" } else { "one the connector writes itself" },
+                    if placement.target == PlacementTarget::Header { "header" } else { "envelope" },
+                )));
+            }
+            placements.push(placement);
+        }
+        Ok(placements)
     }
 
     fn validate_source_kind(&self) -> Result<()> {
         let source = &self.source;
         match source.kind {
             SourceKind::Server => {
-                if source.binlog_dir.is_some() || !source.binlog_files.is_empty() || source.start_after.is_some() {
+                if source.binlog_dir.is_some() || !source.binlog_files.is_empty() {
                     return Err(Error::definite(
-                        "source.binlog_dir, source.binlog_files and source.start_after apply only with \
-                         source.kind = \"files\"",
+                        "source.binlog_dir and source.binlog_files apply only with source.kind = \"files\"",
+                    ));
+                }
+                if source.start_after.is_some() && self.snapshot.mode != SnapshotMode::Never {
+                    return Err(Error::definite(
+                        "source.start_after starts streaming after GTIDs already published (e.g. by Debezium), \
+                         without a snapshot: set [snapshot] mode = \"never\"",
+                    ));
+                }
+                if source.start_after.is_some() && source.resume_by != ResumeBy::Gtid {
+                    return Err(Error::definite(
+                        "source.start_after is a GTID position: it needs source.resume_by = \"gtid\"",
                     ));
                 }
                 if source.host.is_empty() || source.user.is_empty() {
@@ -1058,16 +1276,16 @@ impl ConfigFile {
                          snapshot. Set [snapshot] mode = \"never\"",
                     ));
                 }
-                if let Some(after) = &source.start_after {
-                    let mysql = after.parse::<crate::position::mysql::GtidSet>();
-                    let mariadb = after.parse::<crate::position::mariadb::GtidPos>();
-                    if let (Err(a), Err(b)) = (mysql, mariadb) {
-                        return Err(Error::definite(format!(
-                            "source.start_after = {after:?} is neither a MySQL GTID set ({a}) nor a MariaDB \
-                             GTID position ({b})"
-                        )));
-                    }
-                }
+            }
+        }
+        if let Some(after) = &source.start_after {
+            let mysql = after.parse::<crate::position::mysql::GtidSet>();
+            let mariadb = after.parse::<crate::position::mariadb::GtidPos>();
+            if let (Err(a), Err(b)) = (mysql, mariadb) {
+                return Err(Error::definite(format!(
+                    "source.start_after = {after:?} is neither a MySQL GTID set ({a}) nor a MariaDB GTID \
+                     position ({b})"
+                )));
             }
         }
         Ok(())

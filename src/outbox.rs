@@ -22,16 +22,102 @@ pub struct OutboxRow {
     /// existing column is undecodable).
     pub event_type: Option<String>,
     /// Payload schema version; `None` when the table has no `schema_version` column.
-    pub schema_version: Option<u16>,
-    /// Payload as JSON text.
-    pub payload: String,
+    pub schema_version: Option<SchemaVersion>,
+    /// The payload, as `[outbox] payload_encoding` reads it.
+    pub payload: Payload,
     /// `headers` column as JSON text, if present and not NULL.
     pub headers: Option<String>,
     /// `occurred_at` as ISO-8601 (`YYYY-MM-DDTHH:MM:SS[.ffffff]`, the column's own precision, no zone;
     /// TIMESTAMP columns in UTC); `None` when the table has no `occurred_at` column.
     pub occurred_at: Option<String>,
+    /// Values of the `[outbox] additional_placement` columns, in that list's order.
+    pub additional: Vec<ColumnValue>,
     /// Read by the initial snapshot rather than from the binlog.
     pub from_snapshot: bool,
+}
+
+/// The value of an additionally placed column (`[outbox] additional_placement`), as its type reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ColumnValue {
+    /// SQL NULL: no header; `null` in the envelope.
+    Null,
+    /// Text, an ENUM's label, a UUID's or a date-time's text: a JSON string in the envelope.
+    Text(String),
+    /// An integer column: a JSON number in the envelope, its digits in a header.
+    Integer(i128),
+    /// A JSON column: embedded as JSON in the envelope, its text in a header.
+    Json(String),
+}
+
+/// The `payload` column's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    /// `payload_encoding = "json"`: JSON text (the router validates it).
+    Json(String),
+    /// `payload_encoding = "bytes"`: the column's bytes, published unchanged and never parsed.
+    Bytes(Vec<u8>),
+    /// SQL NULL: a tombstone with `tombstone_on_empty_payload`, poison otherwise.
+    Null,
+}
+
+impl Payload {
+    /// The bytes the value holds (none for NULL).
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            Payload::Json(text) => text.as_bytes(),
+            Payload::Bytes(bytes) => bytes,
+            Payload::Null => &[],
+        }
+    }
+
+    /// Bytes held, for memory accounting.
+    pub fn len(&self) -> usize {
+        self.as_bytes().len()
+    }
+
+    /// NULL, or no bytes: what `tombstone_on_empty_payload` turns into a tombstone.
+    pub fn is_empty(&self) -> bool {
+        self.as_bytes().is_empty()
+    }
+}
+
+impl From<&str> for Payload {
+    fn from(text: &str) -> Self {
+        Payload::Json(text.to_string())
+    }
+}
+
+impl From<String> for Payload {
+    fn from(text: String) -> Self {
+        Payload::Json(text)
+    }
+}
+
+/// The `schema_version` column's value: an integer column's number, or a text column's text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SchemaVersion {
+    /// An integer column (any width, signed or not): a JSON number in the envelope.
+    Integer(i128),
+    /// A text column (`"2.1"`, `"v3"`): a JSON string in the envelope.
+    Text(String),
+}
+
+impl From<u16> for SchemaVersion {
+    fn from(n: u16) -> Self {
+        SchemaVersion::Integer(n.into())
+    }
+}
+
+impl serde::Serialize for SchemaVersion {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            SchemaVersion::Integer(n) => match i64::try_from(*n) {
+                Ok(n) => s.serialize_i64(n),
+                Err(_) => s.serialize_u64(u64::try_from(*n).map_err(serde::ser::Error::custom)?),
+            },
+            SchemaVersion::Text(text) => s.serialize_str(text),
+        }
+    }
 }
 
 /// A table as `database.table`.

@@ -230,10 +230,11 @@ mod tests {
             aggregate_type: "order".into(),
             aggregate_id: aggregate_id.into(),
             event_type: Some("Created".into()),
-            schema_version: Some(1),
+            schema_version: Some(crate::outbox::SchemaVersion::Integer(1)),
             payload: "{}".into(),
             headers: None,
             occurred_at: Some("2026-11-30T00:00:00.000000".into()),
+            additional: Vec::new(),
             from_snapshot: false,
         }
     }

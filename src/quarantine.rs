@@ -45,8 +45,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::Store;
+use crate::config::PayloadEncoding;
 use crate::error::Result;
-use crate::outbox::OutboxRow;
+use crate::outbox::{ColumnValue, OutboxRow, Payload, SchemaVersion};
 use crate::poison::{Hold, KnownPoison, Origin, PoisonKind, ResumePoint};
 use crate::router::KafkaRecord;
 use crate::source::decode::Undecodable;
@@ -61,17 +62,37 @@ pub struct DeadRow {
 }
 
 impl DeadRow {
-    /// A decoded row.
+    /// A decoded row. A bytes payload is written as `{"hex": …}`, like an undecodable image's binary
+    /// values; the additional placements' values go under `additional`, in their order (a JSON column's
+    /// as `{"json": text}`).
     pub fn from_row(row: &OutboxRow) -> Self {
+        use serde_json::Value as J;
         let mut columns = serde_json::Map::new();
         columns.insert("id".into(), row.id.clone().into());
         columns.insert("aggregate_type".into(), row.aggregate_type.clone().into());
         columns.insert("aggregate_id".into(), row.aggregate_id.clone().into());
         columns.insert("event_type".into(), row.event_type.clone().into());
-        columns.insert("schema_version".into(), row.schema_version.into());
-        columns.insert("payload".into(), row.payload.clone().into());
-        columns.insert("headers".into(), row.headers.clone().map_or(serde_json::Value::Null, Into::into));
+        columns.insert("schema_version".into(), serde_json::to_value(&row.schema_version).expect("serializes"));
+        let payload = match &row.payload {
+            Payload::Json(text) => J::String(text.clone()),
+            Payload::Bytes(bytes) => serde_json::json!({ "hex": hex(bytes) }),
+            Payload::Null => J::Null,
+        };
+        columns.insert("payload".into(), payload);
+        columns.insert("headers".into(), row.headers.clone().map_or(J::Null, Into::into));
         columns.insert("occurred_at".into(), row.occurred_at.clone().into());
+        if !row.additional.is_empty() {
+            let values = (row.additional.iter()).map(|value| match value {
+                ColumnValue::Null => J::Null,
+                ColumnValue::Text(text) => J::String(text.clone()),
+                ColumnValue::Integer(n) => match i64::try_from(*n) {
+                    Ok(n) => n.into(),
+                    Err(_) => u64::try_from(*n).map_or_else(|_| J::String(n.to_string()), Into::into),
+                },
+                ColumnValue::Json(text) => serde_json::json!({ "json": text }),
+            });
+            columns.insert("additional".into(), J::Array(values.collect()));
+        }
         DeadRow { table: row.table.to_string(), columns }
     }
 
@@ -80,15 +101,46 @@ impl DeadRow {
         DeadRow { table: row.table.to_string(), columns: row.image.clone() }
     }
 
-    /// The decoded row again, when every column is there (release of held events).
-    pub fn to_row(&self, from_snapshot: bool) -> Option<OutboxRow> {
+    /// The decoded row again, when every column is there (release of held events). A payload of
+    /// `{"hex": …}` is whole only with `payload_encoding = "bytes"`; with "json" it is an undecodable
+    /// image's.
+    pub fn to_row(&self, from_snapshot: bool, encoding: PayloadEncoding) -> Option<OutboxRow> {
+        use serde_json::Value as J;
         let s = |name: &str| self.columns.get(name).and_then(|v| v.as_str()).map(String::from);
         // An optional column: absent from the table (JSON null, or no entry) is `None`; any other value
         // that is not text (an undecodable image's `{"hex": …}`) means the row is not whole.
         let optional = |name: &str| match self.columns.get(name) {
-            None | Some(serde_json::Value::Null) => Some(None),
-            Some(serde_json::Value::String(text)) => Some(Some(text.clone())),
+            None | Some(J::Null) => Some(None),
+            Some(J::String(text)) => Some(Some(text.clone())),
             Some(_) => None,
+        };
+        let payload = match (self.columns.get("payload")?, encoding) {
+            (J::Null, _) => Payload::Null,
+            (J::String(text), PayloadEncoding::Json) => Payload::Json(text.clone()),
+            (J::Object(hex), PayloadEncoding::Bytes) => Payload::Bytes(unhex(hex.get("hex")?.as_str()?)?),
+            _ => return None,
+        };
+        // A number is an integer column's, text a text column's; absent is null.
+        let schema_version = match self.columns.get("schema_version") {
+            None | Some(J::Null) => None,
+            Some(J::String(text)) => Some(SchemaVersion::Text(text.clone())),
+            Some(J::Number(n)) => {
+                Some(SchemaVersion::Integer(n.as_i64().map(i128::from).or(n.as_u64().map(i128::from))?))
+            }
+            Some(_) => return None,
+        };
+        let additional = match self.columns.get("additional") {
+            None => Vec::new(),
+            Some(J::Array(values)) => (values.iter())
+                .map(|value| match value {
+                    J::Null => Some(ColumnValue::Null),
+                    J::String(text) => Some(ColumnValue::Text(text.clone())),
+                    J::Number(n) => n.as_i64().map(i128::from).or(n.as_u64().map(i128::from)).map(ColumnValue::Integer),
+                    J::Object(json) => Some(ColumnValue::Json(json.get("json")?.as_str()?.to_string())),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()?,
+            Some(_) => return None,
         };
         let (database, table) = self.table.split_once('.')?;
         Some(OutboxRow {
@@ -97,17 +149,40 @@ impl DeadRow {
             aggregate_type: s("aggregate_type")?,
             aggregate_id: s("aggregate_id")?,
             event_type: optional("event_type")?,
-            // As `optional`, for a number: absent is null; anything but a u16 means the row is not whole.
-            schema_version: match self.columns.get("schema_version").filter(|v| !v.is_null()) {
-                Some(v) => Some(u16::try_from(v.as_u64()?).ok()?),
-                None => None,
-            },
-            payload: s("payload")?,
+            schema_version,
+            payload,
             headers: s("headers"),
             occurred_at: optional("occurred_at")?,
+            additional,
             from_snapshot,
         })
     }
+}
+
+/// A payload column's bytes as a dead row holds them: JSON text as a string, a bytes payload as
+/// `{"hex": …}`; `None` for a JSON payload that is not UTF-8.
+pub fn payload_value(bytes: Vec<u8>, encoding: PayloadEncoding) -> Option<serde_json::Value> {
+    match encoding {
+        PayloadEncoding::Json => String::from_utf8(bytes).ok().map(Into::into),
+        PayloadEncoding::Bytes => Some(serde_json::json!({ "hex": hex(&bytes) })),
+    }
+}
+
+/// Bytes as lower-case hex.
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
+}
+
+/// Hex text back to bytes; `None` when it is not hex.
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
 /// Header names of dead-letter records.
@@ -207,7 +282,7 @@ pub fn dead_letter_record(
         hdrs.push((headers::HOLD.into(), hold.as_bytes().to_vec()));
     }
     hdrs.push((headers::ORIGIN.into(), letter.origin.to_string().into_bytes()));
-    KafkaRecord { topic: topic.to_string(), key: key.to_string(), value, headers: hdrs }
+    KafkaRecord { topic: topic.to_string(), key: key.to_string(), value, headers: hdrs, ..KafkaRecord::default() }
 }
 
 /// The holds and known-poison ids of a running pipeline, mirrored from the store.
@@ -326,10 +401,11 @@ mod tests {
             aggregate_type: "order".into(),
             aggregate_id: "A-1".into(),
             event_type: Some("OrderCreated".into()),
-            schema_version: Some(2),
+            schema_version: Some(crate::outbox::SchemaVersion::Integer(2)),
             payload: r#"{"a":"订单"}"#.into(),
             headers: None,
             occurred_at: Some("2026-11-30T01:02:03.000004".into()),
+            additional: Vec::new(),
             from_snapshot: false,
         }
     }
@@ -337,10 +413,10 @@ mod tests {
     #[test]
     fn dead_row_round_trips_a_decoded_row() {
         let dead = DeadRow::from_row(&row());
-        assert_eq!(dead.to_row(false), Some(row()));
+        assert_eq!(dead.to_row(false, PayloadEncoding::Json), Some(row()));
         let json = serde_json::to_string(&dead).unwrap();
         let back: DeadRow = serde_json::from_str(&json).unwrap();
-        assert_eq!(back.to_row(false), Some(row()));
+        assert_eq!(back.to_row(false, PayloadEncoding::Json), Some(row()));
     }
 
     /// A decoded row of a table without the optional columns round-trips with them absent; an
@@ -351,17 +427,48 @@ mod tests {
     fn absent_optional_columns_round_trip_and_undecodable_ones_do_not() {
         let mut sparse = row();
         (sparse.event_type, sparse.schema_version, sparse.occurred_at, sparse.headers) = (None, None, None, None);
-        assert_eq!(DeadRow::from_row(&sparse).to_row(false), Some(sparse));
+        assert_eq!(DeadRow::from_row(&sparse).to_row(false, PayloadEncoding::Json), Some(sparse));
         for (column, value) in [
             ("event_type", serde_json::json!({"hex": "fffe"})),
             ("occurred_at", serde_json::json!(5)),
-            ("schema_version", serde_json::json!("abc")),
-            ("schema_version", serde_json::json!(65536)),
+            ("schema_version", serde_json::json!({"hex": "ff"})),
+            ("schema_version", serde_json::json!(1.5)),
+            ("payload", serde_json::json!({"hex": "ff"})),
+            ("additional", serde_json::json!("tenant")),
         ] {
             let mut dead = DeadRow::from_row(&row());
             dead.columns.insert(column.into(), value.clone());
-            assert_eq!(dead.to_row(false), None, "{column} = {value}");
+            assert_eq!(dead.to_row(false, PayloadEncoding::Json), None, "{column} = {value}");
         }
+    }
+
+    /// What issue 18 added to a row round-trips through a dead letter: a bytes payload (as hex, whole only
+    /// with `payload_encoding = "bytes"`), a NULL payload, text and wide schema versions, and additional
+    /// column values of every kind.
+    #[test]
+    fn bytes_payloads_versions_and_additional_values_round_trip() {
+        let mut r = row();
+        r.payload = Payload::Bytes(vec![0x00, 0xff, 0x7b]);
+        r.schema_version = Some(SchemaVersion::Text("v2.1".into()));
+        r.additional = vec![
+            ColumnValue::Null,
+            ColumnValue::Text("acme 🚀".into()),
+            ColumnValue::Integer(-42),
+            ColumnValue::Integer(u64::MAX.into()),
+            ColumnValue::Json(r#"{"a":1}"#.into()),
+        ];
+        let back: DeadRow = serde_json::from_str(&serde_json::to_string(&DeadRow::from_row(&r)).unwrap()).unwrap();
+        assert_eq!(back.columns["payload"], serde_json::json!({"hex": "00ff7b"}));
+        assert_eq!(back.to_row(false, PayloadEncoding::Bytes), Some(r.clone()));
+        assert_eq!(back.to_row(false, PayloadEncoding::Json), None, "hex is an undecodable image's with json");
+        r.payload = Payload::Null;
+        r.schema_version = Some(SchemaVersion::Integer(70_000));
+        assert_eq!(
+            DeadRow::from_row(&r).to_row(true, PayloadEncoding::Json),
+            Some(OutboxRow { from_snapshot: true, ..r })
+        );
+        assert_eq!(payload_value(vec![0xff], PayloadEncoding::Json), None);
+        assert_eq!(payload_value(b"{}".to_vec(), PayloadEncoding::Json), Some("{}".into()));
     }
 
     #[test]
@@ -381,13 +488,13 @@ mod tests {
         assert_eq!(header(headers::HOLD).unwrap(), b"e-1");
         assert_eq!(header(headers::ID).unwrap(), b"e-1");
         let back: DeadLetter = serde_json::from_slice(&rec.value).unwrap();
-        assert_eq!(back.row.to_row(false), Some(row()));
+        assert_eq!(back.row.to_row(false, PayloadEncoding::Json), Some(row()));
     }
 
     #[test]
     fn oversized_dead_letter_drops_the_payload_only() {
         let mut big = row();
-        big.payload = format!("\"{}\"", "x".repeat(10_000));
+        big.payload = format!("\"{}\"", "x".repeat(10_000)).into();
         let letter = DeadLetter {
             kind: PoisonKind::TooLarge,
             reason: "too large".into(),

@@ -16,10 +16,10 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use crate::config::ValueFormat;
-use crate::error::Result;
-use crate::outbox::OutboxRow;
+use crate::config::{Config, KeyFormat, Placement, PlacementTarget, RecordTimestamp, ValueFormat};
+use crate::outbox::{ColumnValue, OutboxRow, Payload, SchemaVersion};
 use crate::poison::{Poison, PoisonKind};
+use crate::time::parse_occurred_at_ms;
 use crate::topic::{is_legal_topic, TopicTemplate};
 
 /// Where a routed record's `aggregate_type` header is when the table has an `event_type` column: the sink's
@@ -34,10 +34,14 @@ pub type HeaderName = Cow<'static, str>;
 pub struct KafkaRecord {
     /// Destination topic.
     pub topic: String,
-    /// Partitioning key: the aggregate id.
+    /// Partitioning key: the aggregate id (`kafka.key_format`).
     pub key: String,
-    /// Serialized value.
+    /// Serialized value; empty and unused for a tombstone.
     pub value: Vec<u8>,
+    /// A tombstone: the value is null (`outbox.tombstone_on_empty_payload`).
+    pub tombstone: bool,
+    /// The record timestamp (ms since the epoch); `None` lets the producer stamp it.
+    pub timestamp_ms: Option<i64>,
     /// Headers in order.
     pub headers: Vec<(HeaderName, Vec<u8>)>,
 }
@@ -57,6 +61,13 @@ impl KafkaRecord {
 pub struct Router {
     template: TopicTemplate,
     value_format: ValueFormat,
+    key_format: KeyFormat,
+    record_timestamp: RecordTimestamp,
+    /// `outbox.tombstone_on_empty_payload`.
+    tombstones: bool,
+    /// `outbox.additional_placement`, each with the index of its column's value in
+    /// [`OutboxRow::additional`].
+    placements: Vec<(Placement, usize)>,
 }
 
 /// The envelope value. A field whose column the table does not have (`type`, `version`, `occurred_at`)
@@ -67,7 +78,7 @@ struct Envelope<'a> {
     #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
     event_type: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    version: Option<u16>,
+    version: Option<&'a SchemaVersion>,
     #[serde(skip_serializing_if = "Option::is_none")]
     occurred_at: Option<&'a str>,
     aggregate_type: &'a str,
@@ -75,10 +86,61 @@ struct Envelope<'a> {
     data: &'a RawValue,
 }
 
+/// A structured-mode JSON CloudEvent 1.0 (`kafka.value_format = "cloudevents"`).
+#[derive(Serialize)]
+struct CloudEvent<'a> {
+    specversion: &'static str,
+    id: &'a str,
+    /// `/<database>/<table>`: the outbox table, a URI reference.
+    source: &'a str,
+    /// The event type; the aggregate type where the table has no `event_type` column (the attribute is
+    /// required).
+    #[serde(rename = "type")]
+    event_type: &'a str,
+    subject: &'a str,
+    /// RFC 3339 in UTC (`occurred_at` with `Z`); absent where the table has no `occurred_at` column.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    time: Option<&'a str>,
+    datacontenttype: &'static str,
+    /// Extension attribute: the aggregate type.
+    aggregatetype: &'a str,
+    /// Extension attribute: the schema version, where the table has the column.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    schemaversion: Option<&'a SchemaVersion>,
+    data: &'a RawValue,
+}
+
 impl Router {
-    /// A router for a topic template and value format.
+    /// A router for a topic template and value format, with the default key, timestamp and payload
+    /// handling and no additional placements.
     pub fn new(template: TopicTemplate, value_format: ValueFormat) -> Self {
-        Router { template, value_format }
+        Router {
+            template,
+            value_format,
+            key_format: KeyFormat::String,
+            record_timestamp: RecordTimestamp::Produced,
+            tombstones: false,
+            placements: Vec::new(),
+        }
+    }
+
+    /// The router `config` describes: topic template, value and key formats, record timestamp,
+    /// tombstones and additional placements.
+    pub fn for_config(config: &Config) -> Self {
+        Router {
+            template: config.topic().clone(),
+            value_format: config.kafka.value_format,
+            key_format: config.kafka.key_format,
+            record_timestamp: config.kafka.record_timestamp,
+            tombstones: config.outbox.tombstone_on_empty_payload,
+            placements: (config.placements().iter())
+                .map(|p| {
+                    let columns = config.outbox.columns.additional();
+                    let index = columns.iter().position(|c| c.eq_ignore_ascii_case(&p.column));
+                    (p.clone(), index.expect("validation lists every placed column"))
+                })
+                .collect(),
+        }
     }
 
     /// Routes one row.
@@ -119,17 +181,58 @@ impl Router {
         if row.aggregate_id.is_empty() {
             return Err(poison(PoisonKind::EmptyAggregateId, "aggregate_id is empty".into()));
         }
-        let payload: &RawValue = serde_json::from_str(&row.payload)
-            .map_err(|e| poison(PoisonKind::InvalidPayload, format!("payload is not valid JSON: {e}")))?;
+        record.tombstone = self.tombstones && row.payload.is_empty();
+        let payload: Option<&RawValue> = match &row.payload {
+            _ if record.tombstone => None,
+            Payload::Json(text) => Some(
+                serde_json::from_str(text)
+                    .map_err(|e| poison(PoisonKind::InvalidPayload, format!("payload is not valid JSON: {e}")))?,
+            ),
+            Payload::Bytes(_) if self.value_format == ValueFormat::Payload => None,
+            Payload::Bytes(_) => {
+                // Configuration validation refuses this; a router built by hand still gets a diagnosis.
+                return Err(poison(
+                    PoisonKind::InvalidPayload,
+                    "a bytes payload (outbox.payload_encoding = \"bytes\") needs kafka.value_format = \"payload\""
+                        .into(),
+                ));
+            }
+            Payload::Null => {
+                return Err(poison(
+                    PoisonKind::InvalidPayload,
+                    "payload is NULL (outbox.tombstone_on_empty_payload = true publishes a tombstone instead)".into(),
+                ))
+            }
+        };
         let extra = match &row.headers {
             Some(text) => extra_headers(text).map_err(|what| poison(PoisonKind::InvalidHeaders, what))?,
             None => Vec::new(),
         };
+        if let Some((placement, _)) = self.placements.iter().find(|(_, i)| *i >= row.additional.len()) {
+            return Err(poison(
+                PoisonKind::Undecodable,
+                format!("the row carries no value of column `{}` (outbox.additional_placement)", placement.column),
+            ));
+        }
         record.key.clear();
-        record.key.push_str(&row.aggregate_id);
+        match self.key_format {
+            KeyFormat::String => record.key.push_str(&row.aggregate_id),
+            KeyFormat::Json => {
+                let mut key = std::mem::take(&mut record.key).into_bytes();
+                serde_json::to_writer(&mut key, &row.aggregate_id).expect("serializing a string cannot fail");
+                record.key = String::from_utf8(key).expect("JSON text is UTF-8");
+            }
+        }
+        record.timestamp_ms = match self.record_timestamp {
+            RecordTimestamp::Produced => None,
+            RecordTimestamp::OccurredAt => row.occurred_at.as_deref().and_then(parse_occurred_at_ms),
+        };
         record.value.clear();
-        match self.value_format {
-            ValueFormat::Envelope => {
+        match (self.value_format, payload) {
+            (_, None) if record.tombstone => {}
+            (ValueFormat::Payload, None) => record.value.extend_from_slice(row.payload.as_bytes()),
+            (ValueFormat::Payload, Some(payload)) => record.value.extend_from_slice(payload.get().as_bytes()),
+            (ValueFormat::Envelope, Some(payload)) => {
                 // The envelope is the payload plus a few short fields.
                 record.value.reserve(row.payload.len() + 192 + row.id.len() + row.aggregate_id.len());
                 serde_json::to_writer(
@@ -137,7 +240,7 @@ impl Router {
                     &Envelope {
                         event_id: &row.id,
                         event_type: row.event_type.as_deref(),
-                        version: row.schema_version,
+                        version: row.schema_version.as_ref(),
                         occurred_at: row.occurred_at.as_deref(),
                         aggregate_type: &row.aggregate_type,
                         aggregate_id: &row.aggregate_id,
@@ -145,8 +248,32 @@ impl Router {
                     },
                 )
                 .expect("serializing strings and raw JSON cannot fail");
+                self.append_envelope_fields(row, &mut record.value);
             }
-            ValueFormat::Payload => record.value.extend_from_slice(payload.get().as_bytes()),
+            (ValueFormat::CloudEvents, Some(payload)) => {
+                let source = format!("/{}/{}", row.table.database, row.table.table);
+                let time = row.occurred_at.as_deref().map(|at| format!("{at}Z"));
+                record.value.reserve(row.payload.len() + 256 + row.id.len() + row.aggregate_id.len());
+                serde_json::to_writer(
+                    &mut record.value,
+                    &CloudEvent {
+                        specversion: "1.0",
+                        id: &row.id,
+                        source: &source,
+                        event_type: row.event_type.as_deref().unwrap_or(&row.aggregate_type),
+                        subject: &row.aggregate_id,
+                        time: time.as_deref(),
+                        datacontenttype: "application/json",
+                        aggregatetype: &row.aggregate_type,
+                        schemaversion: row.schema_version.as_ref(),
+                        data: payload,
+                    },
+                )
+                .expect("serializing strings and raw JSON cannot fail");
+            }
+            (ValueFormat::Envelope | ValueFormat::CloudEvents, None) => {
+                unreachable!("bytes payloads are refused above")
+            }
         }
         let mut headers = HeaderWriter { headers: &mut record.headers, len: 0 };
         headers.put_static("id", row.id.as_bytes());
@@ -155,11 +282,23 @@ impl Router {
             headers.put_static("event_type", event_type.as_bytes());
         }
         headers.put_static("aggregate_type", row.aggregate_type.as_bytes());
-        if let Some(version) = row.schema_version {
-            headers.put_static("schema_version", itoa_u16(version, &mut [0; 5]));
+        match &row.schema_version {
+            Some(SchemaVersion::Integer(n)) => headers.put_static("schema_version", itoa(*n, &mut [0; 40])),
+            Some(SchemaVersion::Text(text)) => headers.put_static("schema_version", text.as_bytes()),
+            None => {}
         }
         if row.from_snapshot {
             headers.put_static("source", b"snapshot");
+        }
+        for (placement, index) in &self.placements {
+            if placement.target != PlacementTarget::Header {
+                continue;
+            }
+            match &row.additional[*index] {
+                ColumnValue::Null => {}
+                ColumnValue::Text(text) | ColumnValue::Json(text) => headers.put(&placement.name, text.as_bytes()),
+                ColumnValue::Integer(n) => headers.put(&placement.name, itoa(*n, &mut [0; 40])),
+            }
         }
         for (name, value) in &extra {
             headers.put(name, value.as_bytes());
@@ -167,19 +306,50 @@ impl Router {
         headers.finish();
         Ok(())
     }
+
+    /// Appends the `envelope` placements' fields to a serialized envelope (`{…}`), after `data`.
+    fn append_envelope_fields(&self, row: &OutboxRow, value: &mut Vec<u8>) {
+        let mut fields = (self.placements.iter())
+            .filter(|(p, _)| p.target == PlacementTarget::Envelope)
+            .map(|(p, i)| (p, &row.additional[*i]));
+        let Some(first) = fields.next() else { return };
+        value.pop(); // the closing brace
+        for (placement, column) in std::iter::once(first).chain(fields) {
+            value.push(b',');
+            serde_json::to_writer(&mut *value, &placement.name).expect("a string serializes");
+            value.push(b':');
+            match column {
+                ColumnValue::Null => value.extend_from_slice(b"null"),
+                ColumnValue::Text(text) => serde_json::to_writer(&mut *value, text).expect("a string serializes"),
+                ColumnValue::Integer(n) => value.extend_from_slice(itoa(*n, &mut [0; 40])),
+                // Checked JSON embeds as JSON; a JSON column holding something else is published as its text.
+                ColumnValue::Json(text) => match serde_json::from_str::<&RawValue>(text) {
+                    Ok(json) => value.extend_from_slice(json.get().as_bytes()),
+                    Err(_) => serde_json::to_writer(&mut *value, text).expect("a string serializes"),
+                },
+            }
+        }
+        value.push(b'}');
+    }
 }
 
-/// `n` in decimal, written into `buf`.
-fn itoa_u16(mut n: u16, buf: &mut [u8; 5]) -> &[u8] {
+/// `n` in decimal, written into `buf` (39 digits and a sign hold any `i128`).
+fn itoa(n: i128, buf: &mut [u8; 40]) -> &[u8] {
     let mut start = buf.len();
+    let mut rest = n.unsigned_abs();
     loop {
         start -= 1;
-        buf[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[start..];
+        buf[start] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
         }
     }
+    if n < 0 {
+        start -= 1;
+        buf[start] = b'-';
+    }
+    &buf[start..]
 }
 
 /// Writes a record's headers over the previous record's, reusing their buffers.
@@ -273,10 +443,11 @@ mod tests {
             aggregate_type: "order".into(),
             aggregate_id: "A-1".into(),
             event_type: Some("OrderCreated".into()),
-            schema_version: Some(3),
+            schema_version: Some(crate::outbox::SchemaVersion::Integer(3)),
             payload: r#"{"total": 12.5, "note": "订单 🚀"}"#.into(),
             headers: Some(r#"{"traceparent": "00-abc-01", "n": 5}"#.into()),
             occurred_at: Some("2026-11-30T12:34:56.123456".into()),
+            additional: Vec::new(),
             from_snapshot: false,
         }
     }
@@ -316,6 +487,171 @@ mod tests {
 
     fn router(template: &str, format: ValueFormat) -> Router {
         Router::new(TopicTemplate::parse(template).unwrap(), format)
+    }
+
+    /// The router of a `connector.toml` whose `[outbox]` and `[kafka]` sections end with `outbox` and
+    /// `kafka`.
+    fn configured(outbox: &str, kafka: &str) -> Router {
+        let toml = format!(
+            "[source]\nhost = \"h\"\nuser = \"u\"\nserver_id = 1\n[outbox]\ntable = \"shop.outbox_events\"\n{outbox}\n\
+             [kafka]\nbootstrap_servers = \"k:9092\"\ntopic = \"t\"\n{kafka}\n"
+        );
+        Router::for_config(&Config::parse(&toml).unwrap())
+    }
+
+    fn header<'r>(rec: &'r KafkaRecord, name: &str) -> Option<&'r [u8]> {
+        rec.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_slice())
+    }
+
+    /// `key_format = "json"` writes the key as Debezium's JsonConverter did (a JSON string, escapes
+    /// included), so a migrated topic's keys, and so partitions, stay the same.
+    #[test]
+    fn json_keys_are_json_strings() {
+        let router = configured("", "key_format = \"json\"");
+        let mut r = row();
+        assert_eq!(router.route(&r).unwrap().key, r#""A-1""#);
+        r.aggregate_id = "say \"hi\" \u{1F680}".into();
+        assert_eq!(router.route(&r).unwrap().key, r#""say \"hi\" 🚀""#);
+        assert_eq!(configured("", "").route(&r).unwrap().key, r.aggregate_id);
+    }
+
+    /// `record_timestamp = "occurred_at"`: the record carries occurred_at in ms (UTC); without the column,
+    /// or by default, the producer stamps it.
+    #[test]
+    fn record_timestamp_is_occurred_at_when_asked() {
+        let router = configured("", "record_timestamp = \"occurred_at\"");
+        // 2026-11-30T12:34:56.123456 UTC
+        assert_eq!(router.route(&row()).unwrap().timestamp_ms, Some(1_796_042_096_123));
+        let mut r = row();
+        r.occurred_at = Some("1970-01-01T00:00:00".into());
+        assert_eq!(router.route(&r).unwrap().timestamp_ms, Some(0));
+        r.occurred_at = None;
+        assert_eq!(router.route(&r).unwrap().timestamp_ms, None);
+        assert_eq!(configured("", "").route(&row()).unwrap().timestamp_ms, None);
+    }
+
+    /// A NULL or empty payload is a tombstone with `tombstone_on_empty_payload` (key and headers kept,
+    /// value null), and poison without it.
+    #[test]
+    fn empty_payloads_are_tombstones_only_when_asked() {
+        let tombstones = configured("tombstone_on_empty_payload = true", "");
+        for payload in [Payload::Null, Payload::Json(String::new())] {
+            let mut r = row();
+            r.payload = payload.clone();
+            let rec = tombstones.route(&r).unwrap();
+            assert!(rec.tombstone && rec.value.is_empty(), "{payload:?}");
+            assert_eq!((rec.key.as_str(), header(&rec, "id")), ("A-1", Some(r.id.as_bytes())));
+            let err = configured("", "").route(&r).unwrap_err();
+            assert_eq!(err.kind, PoisonKind::InvalidPayload, "{payload:?}");
+        }
+        let mut r = row();
+        r.payload = Payload::Null;
+        assert!(configured("", "").route(&r).unwrap_err().to_string().contains("tombstone_on_empty_payload"));
+        // A payload that is there is never a tombstone, and the record after a tombstone is whole again.
+        let mut record = KafkaRecord::default();
+        tombstones.route_into(&r, &mut record).unwrap();
+        tombstones.route_into(&row(), &mut record).unwrap();
+        assert!(!record.tombstone && !record.value.is_empty());
+    }
+
+    /// `payload_encoding = "bytes"`: the column's bytes are the value, unchanged (not UTF-8, not JSON).
+    #[test]
+    fn bytes_payloads_are_the_value_unchanged() {
+        let bytes = configured("payload_encoding = \"bytes\"", "value_format = \"payload\"");
+        let mut r = row();
+        r.payload = Payload::Bytes(vec![0x00, 0xff, 0xc3, 0x28, b'{']);
+        assert_eq!(bytes.route(&r).unwrap().value, [0x00, 0xff, 0xc3, 0x28, b'{']);
+        r.payload = Payload::Bytes(Vec::new());
+        let empty = bytes.route(&r).unwrap();
+        assert!(empty.value.is_empty() && !empty.tombstone, "an empty value, not a tombstone");
+        let err = router("t", ValueFormat::Envelope).route(&row_with(Payload::Bytes(vec![1]))).unwrap_err();
+        assert_eq!(err.kind, PoisonKind::InvalidPayload);
+    }
+
+    fn row_with(payload: Payload) -> OutboxRow {
+        OutboxRow { payload, ..row() }
+    }
+
+    /// Structured CloudEvents 1.0: the required attributes, `subject` = aggregate id, `time` in UTC, the
+    /// payload embedded as JSON; `type` falls back to the aggregate type without an event_type column.
+    #[test]
+    fn cloudevents_are_structured_json() {
+        let router = configured("", "value_format = \"cloudevents\"");
+        let v: serde_json::Value = serde_json::from_slice(&router.route(&row()).unwrap().value).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "specversion": "1.0",
+                "id": "0b0e1c9e-8d2f-4f7e-9c1a-2a2b3c4d5e6f",
+                "source": "/shop/outbox_events",
+                "type": "OrderCreated",
+                "subject": "A-1",
+                "time": "2026-11-30T12:34:56.123456Z",
+                "datacontenttype": "application/json",
+                "aggregatetype": "order",
+                "schemaversion": 3,
+                "data": {"total": 12.5, "note": "订单 🚀"},
+            })
+        );
+        let mut r = row();
+        (r.event_type, r.schema_version, r.occurred_at) = (None, None, None);
+        let v: serde_json::Value = serde_json::from_slice(&router.route(&r).unwrap().value).unwrap();
+        assert_eq!(v["type"], "order");
+        assert!(v.get("time").is_none() && v.get("schemaversion").is_none(), "{v}");
+    }
+
+    /// A text schema_version is a JSON string in the envelope and its text in the header; an integer one
+    /// of any width its digits.
+    #[test]
+    fn schema_versions_of_any_integer_or_text() {
+        let mut r = row();
+        for (version, envelope, header_text) in [
+            (SchemaVersion::Text("2.1".into()), serde_json::json!("2.1"), "2.1"),
+            (SchemaVersion::Integer(-5), serde_json::json!(-5), "-5"),
+            (SchemaVersion::Integer(u64::MAX.into()), serde_json::json!(u64::MAX), "18446744073709551615"),
+        ] {
+            r.schema_version = Some(version);
+            let rec = router("t", ValueFormat::Envelope).route(&r).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&rec.value).unwrap();
+            assert_eq!(
+                (v["version"].clone(), header(&rec, "schema_version")),
+                (envelope, Some(header_text.as_bytes()))
+            );
+        }
+    }
+
+    /// `additional_placement`: a header holds the value's text (none for NULL), an envelope field its JSON
+    /// (a number for an integer, embedded JSON for a JSON column), after `data`; one column may be placed
+    /// twice.
+    #[test]
+    fn additional_columns_become_headers_and_envelope_fields() {
+        let router = configured(
+            r#"additional_placement = ["tenant:header", "type:header:eventType", "tenant:envelope:tenantId", "n:envelope", "meta:envelope", "gone:header", "gone:envelope"]"#,
+            "",
+        );
+        let mut r = row();
+        r.additional = vec![
+            ColumnValue::Text("acme".into()),
+            ColumnValue::Text("OrderCreated".into()),
+            ColumnValue::Integer(-42),
+            ColumnValue::Json(r#"{"a": [1]}"#.into()),
+            ColumnValue::Null,
+        ];
+        let rec = router.route(&r).unwrap();
+        assert_eq!(header(&rec, "tenant"), Some(&b"acme"[..]));
+        assert_eq!(header(&rec, "eventType"), Some(&b"OrderCreated"[..]));
+        assert_eq!(header(&rec, "gone"), None);
+        let text = std::str::from_utf8(&rec.value).unwrap();
+        assert!(
+            text.ends_with(
+                r#","data":{"total": 12.5, "note": "订单 🚀"},"tenantId":"acme","n":-42,"meta":{"a": [1]},"gone":null}"#
+            ),
+            "{text}"
+        );
+        serde_json::from_str::<serde_json::Value>(text).unwrap();
+        // A row without the values (a table altered under the connector) is a diagnosis, not a panic.
+        r.additional.clear();
+        assert_eq!(router.route(&r).unwrap_err().kind, PoisonKind::Undecodable);
     }
 
     #[test]
@@ -396,11 +732,11 @@ mod tests {
         let mut big = row();
         big.from_snapshot = true;
         big.headers = Some(r#"{"traceparent": "00-abc-01", "tenant": "t-1", "z": "last"}"#.into());
-        big.payload = format!(r#"{{"pad": "{}"}}"#, "x".repeat(1000));
+        big.payload = format!(r#"{{"pad": "{}"}}"#, "x".repeat(1000)).into();
         let mut small = row();
         small.aggregate_type = "o".into();
         small.aggregate_id = "B".into();
-        small.schema_version = Some(12);
+        small.schema_version = Some(SchemaVersion::Integer(12));
         small.headers = Some(r#"{"a": "1"}"#.into());
         let mut reused = KafkaRecord::default();
         for r in [&big, &small, &big, &row(), &small] {

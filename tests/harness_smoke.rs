@@ -253,6 +253,7 @@ fn rec(partition: i32, offset: i64, id: &str) -> Received {
         key: None,
         value: None,
         headers: vec![("id".into(), id.as_bytes().to_vec())],
+        timestamp: None,
     }
 }
 

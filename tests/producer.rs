@@ -95,6 +95,7 @@ fn read_partition(bootstrap: &str) -> Vec<Received> {
                     .headers()
                     .map(|h| h.iter().map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec())).collect())
                     .unwrap_or_default(),
+                timestamp: m.timestamp().to_millis(),
             }),
             Some(Err(KafkaError::PartitionEOF(_))) => return records,
             Some(Err(e)) => panic!("reading {TOPIC}: {e}"),

@@ -261,3 +261,79 @@ async fn integer_ids_order_a_table_without_occurred_at() {
     connector.terminate();
     audit_passes(&connector);
 }
+
+/// A table of Avro/Protobuf users: the payload a LONGBLOB (`payload_encoding = "bytes"`, `value_format =
+/// "payload"`), `schema_version` text, a NULL or empty payload published as a tombstone
+/// (`tombstone_on_empty_payload`). The bytes (0x00, 0xFF, invalid UTF-8, not JSON) arrive unchanged,
+/// from the snapshot and from the stream alike; tombstones keep the key and headers; `check` says how the
+/// payload is published; nothing is dead-lettered and the audit passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn bytes_payloads_and_tombstones_snapshot_and_stream_alike() {
+    let db = MariaDb::start();
+    reshape(
+        &db,
+        "CREATE TABLE shop.outbox_events (id VARCHAR(64) PRIMARY KEY, aggregate_type VARCHAR(64) NOT NULL, \
+         aggregate_id VARCHAR(128) NOT NULL, event_type VARCHAR(128) NOT NULL, schema_version VARCHAR(16) NOT NULL, \
+         payload LONGBLOB NULL, occurred_at DATETIME(6) NOT NULL, \
+         KEY idx_aggregate (aggregate_type, aggregate_id, occurred_at)) DEFAULT CHARSET=utf8mb4",
+    );
+    // (hex payload or NULL, expected value: None = tombstone)
+    let rows: [(&str, Option<&[u8]>); 4] = [
+        ("X'00FFC328007B'", Some(&[0x00, 0xff, 0xc3, 0x28, 0x00, 0x7b])),
+        ("X''", None),
+        ("NULL", None),
+        ("X'0A0B'", Some(&[0x0a, 0x0b])),
+    ];
+    let insert = |prefix: &str| {
+        for (i, (payload, _)) in rows.iter().enumerate() {
+            db.sql(&format!(
+                "INSERT INTO shop.outbox_events VALUES ('{prefix}-{i}', 'order', '{prefix}-a', 'E{i}', 'v2.{i}', \
+                 {payload}, '2026-11-30 12:00:00.00000{i}')"
+            ));
+        }
+    };
+    insert("snap");
+    let broker = Broker::start(Engine::Memory);
+    let extra = "[outbox]\npayload_encoding = \"bytes\"\ntombstone_on_empty_payload = true\n\
+                 [kafka]\nvalue_format = \"payload\"\n[snapshot]\nmode = \"initial\"\nchunk_rows = 1\n";
+    // The harness writes [outbox] and [kafka] itself: merge ours into them.
+    let checker = Connector::new();
+    merged_config(&checker, &db, &broker, extra);
+    let (status, out, err) = checker.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("`payload` longblob: its bytes unchanged (payload_encoding = \"bytes\")"), "{out}");
+    let mut connector = Connector::new();
+    connector.run(std::path::Path::new(&merged_config(&connector, &db, &broker, extra)));
+    wait_streaming(&connector);
+    insert("live");
+    let records = broker.read_all(TOPIC, 8, READ_TIMEOUT);
+    assert_eq!(records.len(), 8, "{}", connector.logs());
+    for prefix in ["snap", "live"] {
+        for (i, (_, expected)) in rows.iter().enumerate() {
+            let record = by_id(&records, &format!("{prefix}-{i}"), &connector);
+            assert_eq!(record.value.as_deref(), *expected, "{prefix}-{i}");
+            assert_eq!(record.key.as_deref(), Some(format!("{prefix}-a").as_bytes()), "{prefix}-{i}");
+            assert_eq!(record.header_str("schema_version"), Some(format!("v2.{i}").as_str()), "{prefix}-{i}");
+            assert_eq!(record.header_str("event_type"), Some(format!("E{i}").as_str()), "{prefix}-{i}");
+        }
+    }
+    assert!(broker.read_all(DEAD_LETTER, 1, Duration::from_secs(2)).is_empty(), "{}", connector.logs());
+    connector.terminate();
+    audit_passes(&connector);
+}
+
+/// The harness's configuration with `extra`'s sections merged key by key into its own (TOML forbids a
+/// table twice), written to the connector's directory; its path.
+fn merged_config(connector: &Connector, db: &MariaDb, broker: &Broker, extra: &str) -> String {
+    let path = connector.write_config(db, broker, "");
+    let mut config: toml::Table = std::fs::read_to_string(&path).unwrap().parse().unwrap();
+    let extra: toml::Table = extra.parse().unwrap();
+    for (name, section) in extra {
+        let merged = config.entry(name).or_insert_with(|| toml::Table::new().into());
+        for (key, value) in section.as_table().unwrap() {
+            merged.as_table_mut().unwrap().insert(key.clone(), value.clone());
+        }
+    }
+    std::fs::write(&path, toml::to_string(&config).unwrap()).unwrap();
+    path.to_string_lossy().into_owned()
+}

@@ -43,7 +43,7 @@ use crate::config::Config;
 use crate::error::{classify_kafka, Error, Result};
 use crate::outbox::{quote_ident, TableName};
 use crate::poison::{Hold, PoisonKind};
-use crate::quarantine::{headers, DeadLetter};
+use crate::quarantine::{headers, payload_value, DeadLetter};
 use crate::router::{KafkaRecord, Router};
 use crate::sink::kafka::client_config;
 use crate::sink::KafkaSink;
@@ -111,13 +111,14 @@ pub async fn release(
     let payloads = payloads_from_table(config, &letters).await?;
     for letter in letters.iter_mut().filter(|l| l.lacks_payload()) {
         let id = letter.row.columns.get("id").and_then(|v| v.as_str());
-        if let Some(payload) = id.and_then(|id| payloads.get(id)).cloned() {
-            letter.row.columns.insert("payload".into(), payload.into());
+        let payload = id.and_then(|id| payloads.get(id)).cloned();
+        if let Some(payload) = payload.and_then(|p| payload_value(p, config.outbox.payload_encoding)) {
+            letter.row.columns.insert("payload".into(), payload);
             letter.payload_omitted = false;
         }
     }
 
-    let router = Router::new(config.topic().clone(), config.kafka.value_format);
+    let router = Router::for_config(config);
     let watermark = Arc::new(Watermark::new(None));
     let mut sink = KafkaSink::new(&config.kafka, watermark.clone())?;
     let mut records = Vec::with_capacity(letters.len());
@@ -134,9 +135,10 @@ pub async fn release(
                 ),
             )),
             false => {
-                letter.row.to_row(letter.origin.get("snapshot").and_then(|v| v.as_bool()).unwrap_or(false)).ok_or_else(
-                    || crate::poison::Poison::new(PoisonKind::Undecodable, format!("event {id} could not be decoded")),
-                )
+                let from_snapshot = letter.origin.get("snapshot").and_then(|v| v.as_bool()).unwrap_or(false);
+                letter.row.to_row(from_snapshot, config.outbox.payload_encoding).ok_or_else(|| {
+                    crate::poison::Poison::new(PoisonKind::Undecodable, format!("event {id} could not be decoded"))
+                })
             }
         };
         let routed = row.and_then(|row| router.route(&row)).and_then(|record| match sink.fits(&record) {
@@ -249,7 +251,7 @@ fn check_whole(hold: &Hold, read: &HoldRead, topic: &str) -> Result<()> {
 ///
 /// # Errors
 /// Classified server errors.
-async fn payloads_from_table(config: &Config, letters: &[DeadLetter]) -> Result<HashMap<String, String>> {
+async fn payloads_from_table(config: &Config, letters: &[DeadLetter]) -> Result<HashMap<String, Vec<u8>>> {
     let mut wanted: Vec<(&str, &str)> = Vec::new();
     for letter in letters.iter().filter(|l| l.lacks_payload()) {
         if let Some(id) = letter.row.columns.get("id").and_then(|v| v.as_str()) {
@@ -275,7 +277,7 @@ async fn payloads_from_table(config: &Config, letters: &[DeadLetter]) -> Result<
             quote_ident(&columns.id),
             crate::source::column_types::id_param_sql(id_family)
         );
-        let payload: Option<Option<String>> = conn
+        let payload: Option<Option<Vec<u8>>> = conn
             .exec_first(sql, (id,))
             .await
             .map_err(|e| crate::error::classify_mysql(&e).context(format_args!("reading event {id} from {table}")))?;

@@ -159,7 +159,7 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
             )));
         }
     }
-    let router = Router::new(config.topic().clone(), config.kafka.value_format);
+    let router = Router::for_config(config);
     let source = SourceConn::from_config(config)?;
     let mut conn = source.connect().await?;
     let info = source::server_info(&mut conn).await?;

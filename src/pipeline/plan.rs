@@ -108,6 +108,9 @@ pub(super) async fn server(
     let info = server_info(&mut conn).await?;
     let stored = store.load()?;
     let mut checked = None;
+    if let (Some(cp), Some(_)) = (&stored, &config.source.start_after) {
+        tracing::warn!(position = %cp.position(), "source.start_after is ignored: resuming from the checkpoint");
+    }
     if let Some(cp) = &stored {
         if *cp.server() != info.identity && accept_new_server {
             tracing::warn!(

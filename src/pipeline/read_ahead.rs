@@ -205,6 +205,16 @@ fn collect(mut batch: VecDeque<Change>, pool: &mut Vec<VecDeque<Change>>) {
     }
 }
 
+/// Bytes an additional column's value holds.
+fn column_value_size(value: &crate::outbox::ColumnValue) -> usize {
+    use crate::outbox::ColumnValue as V;
+    std::mem::size_of::<V>()
+        + match value {
+            V::Text(text) | V::Json(text) => text.len(),
+            V::Null | V::Integer(_) => 0,
+        }
+}
+
 /// Bytes a change holds, for the read-ahead budget.
 fn size_of_change(change: &Change) -> usize {
     CHANGE_OVERHEAD_BYTES
@@ -217,6 +227,7 @@ fn size_of_change(change: &Change) -> usize {
                     + row.payload.len()
                     + row.headers.as_ref().map_or(0, String::len)
                     + row.occurred_at.as_ref().map_or(0, String::len)
+                    + row.additional.iter().map(column_value_size).sum::<usize>()
             }
             Change::Undecodable(bad) => bad.message.len() + serde_json::to_vec(&bad.image).map_or(0, |json| json.len()),
             Change::Begin(start) => start.coord.file.len(),
@@ -270,10 +281,11 @@ mod tests {
             aggregate_type: "order".into(),
             aggregate_id: format!("order-{}", n % 7),
             event_type: Some("Created".into()),
-            schema_version: Some(1),
-            payload: "x".repeat(payload_bytes),
+            schema_version: Some(crate::outbox::SchemaVersion::Integer(1)),
+            payload: "x".repeat(payload_bytes).into(),
             headers: None,
             occurred_at: Some("2026-11-30T00:00:00".into()),
+            additional: Vec::new(),
             from_snapshot: false,
         })
     }

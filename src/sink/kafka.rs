@@ -551,6 +551,10 @@ impl KafkaSink {
             .key(&record.key)
             .payload(&record.value)
             .headers(headers);
+        if record.tombstone {
+            pending.payload = None;
+        }
+        pending.timestamp = record.timestamp_ms;
         loop {
             match self.producer.send(pending) {
                 Ok(()) => break,
@@ -887,6 +891,7 @@ mod tests {
             key: "A".into(),
             value: vec![b'x'; value_bytes],
             headers: vec![("id".into(), id.as_bytes().to_vec())],
+            ..KafkaRecord::default()
         }
     }
 

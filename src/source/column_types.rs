@@ -164,7 +164,7 @@ const ACCEPTED: [(&[TypeFamily], &str); 8] = {
         KEY,
         ID,
         KEY,
-        (&[Integer], "an integer type (SMALLINT UNSIGNED)"),
+        (&[Integer, Text], "an integer type (SMALLINT UNSIGNED) or CHAR/VARCHAR in utf8mb4"),
         BODY,
         BODY,
         (&[Datetime, Timestamp], "DATETIME(6) or TIMESTAMP(6)"),
@@ -175,6 +175,27 @@ const ACCEPTED: [(&[TypeFamily], &str); 8] = {
 /// …, as in `[outbox.columns]`).
 pub fn accepted_families(role: &str) -> &'static [TypeFamily] {
     SLOT_NAMES.iter().position(|n| *n == role).map_or(&[], |slot| ACCEPTED[slot].0)
+}
+
+/// What is wrong with a `payload_encoding = "bytes"` payload column's type, with the fix, or `None`
+/// when its bytes can be published unchanged (BLOB, VARBINARY, or a text type's own bytes).
+pub fn bytes_payload_problem(
+    table: &TableName,
+    column: &str,
+    shown: &str,
+    family: &std::result::Result<TypeFamily, String>,
+) -> Option<String> {
+    let why = match family {
+        Ok(TypeFamily::Text) => return None,
+        Ok(TypeFamily::Json) => "a JSON column's bytes are the server's internal format".to_string(),
+        Ok(_) => "not a byte string".to_string(),
+        Err(why) => why.clone(),
+    };
+    Some(format!(
+        "column `{column}` (payload) of {table} is {shown} ({why}), and outbox.payload_encoding = \"bytes\" \
+         publishes a column's bytes unchanged; change it to BLOB/LONGBLOB or VARBINARY, or set \
+         outbox.payload_encoding = \"json\""
+    ))
 }
 
 /// How a value of `family` is written in the record, for `outbox-cdc check`.
@@ -310,7 +331,7 @@ mod tests {
             ("aggregate_type", &[Text, Integer, Enum, Set]),
             ("aggregate_id", &[Text, Integer, Uuid, Enum, Set]),
             ("event_type", &[Text, Integer, Enum, Set]),
-            ("schema_version", &[Integer]),
+            ("schema_version", &[Integer, Text]),
             ("payload", &[Json, Text]),
             ("headers", &[Json, Text]),
             ("occurred_at", &[Datetime, Timestamp]),

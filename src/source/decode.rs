@@ -43,11 +43,11 @@ use mysql_common::binlog::value::BinlogValue;
 use mysql_common::constants::ColumnType;
 use mysql_common::value::Value;
 
-use super::column_types::{column_type_problem, uuid_text, TypeFamily};
+use super::column_types::{bytes_payload_problem, column_type_problem, uuid_text, TypeFamily};
 use super::rows::{AfterImages, RowLayout, Slots};
-use crate::config::ColumnNames;
+use crate::config::{ColumnNames, PayloadEncoding};
 use crate::error::{Error, Result};
-use crate::outbox::{OutboxRow, TableName, SLOT_NAMES};
+use crate::outbox::{ColumnValue, OutboxRow, Payload, SchemaVersion, TableName, SLOT_NAMES};
 
 /// Where each needed column sits in the table, learned from a TABLE_MAP event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,12 +56,16 @@ pub struct OutboxTable {
     pub name: Arc<TableName>,
     /// Which roles the table has a column for, in [`SLOT_NAMES`] order (optional ones may be absent).
     present: [bool; 8],
-    /// Where the needed columns are; slots in [`SLOT_NAMES`] order.
+    /// Where the needed columns are; slots in [`SLOT_NAMES`] order, then the additional columns.
     layout: RowLayout,
-    /// How each slot's value is read, in [`SLOT_NAMES`] order.
+    /// How each slot's value is read, in the layout's slot order.
     kinds: Vec<ColumnKind>,
-    /// Fractional-second digits of `occurred_at` (DATETIME(n) or TIMESTAMP(n)).
-    occurred_at_fsp: u8,
+    /// Fractional-second digits of each slot's column (DATETIME(n) or TIMESTAMP(n); 0 for others).
+    fsp: Vec<u8>,
+    /// Names of the slots: the roles', then the additional columns' (for messages and dead letters).
+    slot_names: Vec<String>,
+    /// `[outbox] payload_encoding`.
+    payload_encoding: PayloadEncoding,
 }
 
 /// Slots of the optional roles (`event_type`, `schema_version`, `headers`, `occurred_at`).
@@ -103,33 +107,36 @@ impl OutboxTable {
             )));
         }
         // Each role's column index; `usize::MAX` for an optional role the table does not have (it then
-        // matches no column of the layout).
-        let mut wanted = [usize::MAX; 8];
-        for (slot, (column, required)) in columns.required().into_iter().enumerate() {
+        // matches no column of the layout). The additional columns follow, each required.
+        let mut wanted = vec![usize::MAX; 8 + columns.additional().len()];
+        let required = columns.required().into_iter().map(|(column, required)| (column, required, None));
+        let additional = columns.additional().iter().map(|c| (c.as_str(), true, Some("outbox.additional_placement")));
+        for (slot, (column, required, listed_in)) in required.chain(additional).enumerate() {
             match names.iter().position(|n| n.eq_ignore_ascii_case(column)) {
                 Some(i) => wanted[slot] = i,
                 None if !required => {}
                 None => {
                     return Err(Error::definite(format!(
                         "outbox table {name} has no column `{column}` ({role}{set}; columns in the binlog: {}); \
-                         fix [outbox.columns] or the table",
+                         fix {fix} or the table",
                         names.join(", "),
-                        role = SLOT_NAMES[slot],
+                        role = SLOT_NAMES.get(slot).copied().unwrap_or("listed in outbox.additional_placement"),
                         set = if OPTIONAL_SLOTS.contains(&slot) { ", named in [outbox.columns]" } else { "" },
+                        fix = listed_in.unwrap_or("[outbox.columns]"),
                     )))
                 }
             }
         }
-        let present = wanted.map(|w| w != usize::MAX);
-        let occurred_at_fsp = match wanted[7] {
-            usize::MAX => 0,
-            column => match tme.get_column_type(column) {
+        let present = std::array::from_fn(|slot| wanted[slot] != usize::MAX);
+        let fsp = (wanted.iter())
+            .map(|&column| match tme.get_column_type(column) {
                 Ok(Some(ColumnType::MYSQL_TYPE_DATETIME2)) | Ok(Some(ColumnType::MYSQL_TYPE_TIMESTAMP2)) => {
                     tme.get_column_metadata(column).and_then(|m| m.first().copied()).unwrap_or(0)
                 }
                 _ => 0,
-            },
-        };
+            })
+            .collect();
+        let payload_encoding = columns.payload_encoding();
         let mut kinds = Vec::with_capacity(wanted.len());
         for (slot, &column) in wanted.iter().enumerate() {
             if column == usize::MAX {
@@ -137,7 +144,14 @@ impl OutboxTable {
                 continue;
             }
             let (shown, family) = facts.family(tme, column);
-            let problem = column_type_problem(&name, SLOT_NAMES[slot], &names[column], &shown, family.clone());
+            let problem = match SLOT_NAMES.get(slot) {
+                Some(&"payload") if payload_encoding == PayloadEncoding::Bytes => {
+                    bytes_payload_problem(&name, &names[column], &shown, &family)
+                }
+                Some(role) => column_type_problem(&name, role, &names[column], &shown, family.clone()),
+                // An additional column of any type the connector reads.
+                None => None,
+            };
             let kind = match (problem, family) {
                 (None, Ok(family)) => facts.read_as(family, column),
                 (Some(problem), _) | (None, Err(problem)) => Err(problem),
@@ -148,7 +162,8 @@ impl OutboxTable {
         }
         let layout = RowLayout::new(tme, &wanted)
             .map_err(|e| Error::definite(format!("cannot read the column layout of {name} from the binlog: {e}")))?;
-        Ok(OutboxTable { present, occurred_at_fsp, layout, kinds, name })
+        let slot_names = SLOT_NAMES.iter().map(|n| n.to_string()).chain(columns.additional().iter().cloned()).collect();
+        Ok(OutboxTable { present, fsp, layout, kinds, slot_names, payload_encoding, name })
     }
 
     /// The after-images of an outbox rows event, as value slots for [`OutboxTable::decode`].
@@ -163,11 +178,12 @@ impl OutboxTable {
     /// or is not valid UTF-8; it carries the row's values as far as they can be rendered, for the
     /// dead-letter topic.
     pub fn decode(&self, slots: Slots) -> std::result::Result<OutboxRow, Box<Undecodable>> {
-        let mut values: Vec<(&'static str, Slot)> = SLOT_NAMES.iter().copied().zip(slots).collect();
+        let mut values: Vec<(&str, Slot)> = self.slot_names.iter().map(String::as_str).zip(slots).collect();
         match self.convert(&mut values) {
             Ok(decoded) => Ok(decoded),
             Err(error) => {
-                let image = (values.iter().zip(self.present))
+                let present = self.present.iter().copied().chain(std::iter::repeat(true));
+                let image = (values.iter().zip(present))
                     .filter(|(_, present)| *present)
                     .map(|((name, value), _)| (name.to_string(), render(value.as_ref())))
                     .collect();
@@ -192,11 +208,11 @@ impl OutboxTable {
     /// Converts the taken values. Every check that can fail runs before a value is moved out of its slot
     /// (only `headers` and `payload` are moved, last and after validation), so a failed row still renders
     /// whole.
-    fn convert(&self, v: &mut [(&'static str, Slot)]) -> Result<OutboxRow> {
+    fn convert(&self, v: &mut [(&str, Slot)]) -> Result<OutboxRow> {
         // Everything that can fail runs before a short column moves out of its slot; payload and headers
         // move while being validated and are put back if a later step fails. A failed row therefore
         // still renders whole, and a good one is converted without copying its values.
-        let fail = |v: &[(&'static str, Slot)], e: Error| e.context(format_args!("id={}", id_of(v)));
+        let fail = |v: &[(&str, Slot)], e: Error| e.context(format_args!("id={}", id_of(v)));
         if let Some(problem) = self.kinds.iter().find_map(|k| match k {
             ColumnKind::Refused(problem) => Some(problem),
             _ => None,
@@ -204,8 +220,9 @@ impl OutboxTable {
             return Err(fail(v, Error::definite(problem.clone())));
         }
         // ENUM and SET values become their labels, BINARY(16) UUIDs their text, in place, so that a failed
-        // row shows them so too.
-        for (slot, kind) in self.kinds.iter().enumerate().take(4) {
+        // row shows them so too: the short roles, then the additional columns.
+        for slot in (0..4).chain(8..self.kinds.len()) {
+            let kind = &self.kinds[slot];
             let (name, value) = &mut v[slot];
             let converted = match kind {
                 ColumnKind::Enum(_) | ColumnKind::Set(_) => label(value, kind, name),
@@ -223,25 +240,36 @@ impl OutboxTable {
             check_text(&v[3].1, "event_type").map_err(|e| fail(v, e))?;
         }
         let schema_version = match self.present[4] {
-            true => Some(small_uint(&v[4].1, "schema_version").map_err(|e| fail(v, e))?),
+            true => Some(schema_version(&v[4].1).map_err(|e| fail(v, e))?),
             false => None,
         };
         let occurred_at = match (self.present[7], &self.kinds[7]) {
             (false, _) => None,
-            (true, ColumnKind::Timestamp) => Some(timestamp(&v[7].1, self.occurred_at_fsp, "occurred_at")),
-            (true, _) => Some(datetime(&v[7].1, self.occurred_at_fsp, "occurred_at")),
+            (true, ColumnKind::Timestamp) => Some(timestamp(&v[7].1, self.fsp[7], "occurred_at")),
+            (true, _) => Some(datetime(&v[7].1, self.fsp[7], "occurred_at")),
         }
         .transpose()
         .map_err(|e| fail(v, e))?;
-        if matches!(v[5].1, Some(BinlogValue::Value(Value::NULL))) {
-            return Err(fail(v, Error::definite("payload is NULL")));
-        }
-        let payload = json(&mut v[5].1, "payload").map_err(|e| fail(v, e))?.expect("NULL checked above");
+        let additional = (8..v.len())
+            .map(|slot| additional_value(&v[slot].1, &self.kinds[slot], self.fsp[slot], v[slot].0))
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| fail(v, e))?;
+        let payload = match self.payload_encoding {
+            PayloadEncoding::Json => match json(&mut v[5].1, "payload").map_err(|e| fail(v, e))? {
+                Some(text) => Payload::Json(text),
+                None => Payload::Null,
+            },
+            PayloadEncoding::Bytes => bytes(&mut v[5].1, "payload").map_err(|e| fail(v, e))?,
+        };
         let headers = match self.present[6] {
             true => match json(&mut v[6].1, "headers") {
                 Ok(headers) => headers,
                 Err(e) => {
-                    v[5].1 = Some(BinlogValue::Value(Value::Bytes(payload.into_bytes())));
+                    v[5].1 = Some(BinlogValue::Value(match payload {
+                        Payload::Json(text) => Value::Bytes(text.into_bytes()),
+                        Payload::Bytes(bytes) => Value::Bytes(bytes),
+                        Payload::Null => Value::NULL,
+                    }));
                     return Err(fail(v, e));
                 }
             },
@@ -261,6 +289,7 @@ impl OutboxTable {
             payload,
             headers,
             occurred_at,
+            additional,
             from_snapshot: false,
         })
     }
@@ -401,7 +430,7 @@ fn unexpected(column: &str, value: &BinlogValue<'_>) -> Error {
 
 /// A short text column, copied (the slot keeps its value for rendering).
 /// The event id of a row being converted, for error messages.
-fn id_of(v: &[(&'static str, Slot)]) -> String {
+fn id_of(v: &[(&str, Slot)]) -> String {
     match &v[0].1 {
         Some(BinlogValue::Value(Value::Bytes(b))) => String::from_utf8_lossy(b).into_owned(),
         Some(other) => format!("{other:?}"),
@@ -431,15 +460,55 @@ fn take_text(slot: &mut Slot) -> String {
     }
 }
 
-fn small_uint(slot: &Slot, column: &str) -> Result<u16> {
-    let out_of_range =
-        |v: &dyn std::fmt::Display| Error::definite(format!("column {column} = {v} is not in 0..=65535"));
+/// `schema_version`: an integer column's number (any width, signed or not), or a text column's text.
+fn schema_version(slot: &Slot) -> Result<SchemaVersion> {
+    const COLUMN: &str = "schema_version";
+    match slot.as_ref().ok_or_else(|| missing(COLUMN))? {
+        BinlogValue::Value(Value::Int(i)) => Ok(SchemaVersion::Integer((*i).into())),
+        BinlogValue::Value(Value::UInt(u)) => Ok(SchemaVersion::Integer((*u).into())),
+        BinlogValue::Value(Value::Bytes(bytes)) => match std::str::from_utf8(bytes) {
+            Ok(text) => Ok(SchemaVersion::Text(text.to_string())),
+            Err(_) => Err(Error::definite(format!("column {COLUMN} is not valid UTF-8 (use a utf8mb4 column)"))),
+        },
+        BinlogValue::Value(Value::NULL) => Err(Error::definite(format!("column {COLUMN} is NULL"))),
+        other => Err(unexpected(COLUMN, other)),
+    }
+}
+
+/// A `payload_encoding = "bytes"` payload: the column's bytes, moved out of the slot, never parsed.
+fn bytes(slot: &mut Slot, column: &str) -> Result<Payload> {
     match slot.as_ref().ok_or_else(|| missing(column))? {
-        BinlogValue::Value(Value::Int(i)) => u16::try_from(*i).map_err(|_| out_of_range(i)),
-        BinlogValue::Value(Value::UInt(u)) => u16::try_from(*u).map_err(|_| out_of_range(u)),
-        BinlogValue::Value(Value::NULL) => Err(Error::definite(format!("column {column} is NULL"))),
+        BinlogValue::Value(Value::NULL) => Ok(Payload::Null),
+        BinlogValue::Value(Value::Bytes(_)) => match slot.take() {
+            Some(BinlogValue::Value(Value::Bytes(bytes))) => Ok(Payload::Bytes(bytes)),
+            _ => unreachable!("matched above"),
+        },
         other => Err(unexpected(column, other)),
     }
+}
+
+/// The value of an additional column (ENUM/SET labels and UUIDs already converted to text in place).
+fn additional_value(slot: &Slot, kind: &ColumnKind, fsp: u8, column: &str) -> Result<ColumnValue> {
+    if *kind == ColumnKind::Timestamp {
+        return match slot {
+            Some(BinlogValue::Value(Value::NULL)) => Ok(ColumnValue::Null),
+            _ => Ok(ColumnValue::Text(timestamp(slot, fsp, column)?)),
+        };
+    }
+    Ok(match slot.as_ref().ok_or_else(|| missing(column))? {
+        BinlogValue::Value(Value::NULL) => ColumnValue::Null,
+        BinlogValue::Value(Value::Int(i)) => ColumnValue::Integer((*i).into()),
+        BinlogValue::Value(Value::UInt(u)) => ColumnValue::Integer((*u).into()),
+        BinlogValue::Value(Value::Date(..)) => ColumnValue::Text(datetime(slot, fsp, column)?),
+        BinlogValue::Value(Value::Bytes(bytes)) => match std::str::from_utf8(bytes) {
+            Ok(text) => ColumnValue::Text(text.to_string()),
+            Err(_) => {
+                return Err(Error::definite(format!("column {column} is not valid UTF-8 (use a utf8mb4 column)")))
+            }
+        },
+        BinlogValue::Jsonb(_) => ColumnValue::Json(json(&mut slot.clone(), column)?.unwrap_or_default()),
+        other => return Err(unexpected(column, other)),
+    })
 }
 
 /// JSON text of a JSON column: MariaDB stores JSON as LONGTEXT, MySQL as binary JSON. Text is moved out of
@@ -853,6 +922,70 @@ mod tests {
         assert!(err.contains("17 bytes"), "{err}");
         let err = check_text(&slot(Value::Bytes(vec![0xf0, 0x9f])), "aggregate_id").unwrap_err().to_string();
         assert!(err.contains("not valid UTF-8"), "{err}");
+    }
+
+    /// `payload_encoding = "bytes"`: any bytes move out unchanged (0x00, 0xFF, invalid UTF-8, empty); NULL
+    /// is [`Payload::Null`] for the router to judge; a JSON payload's NULL likewise.
+    #[test]
+    fn bytes_payloads_move_unchanged_and_null_is_null() {
+        for bytes in [vec![0x00, 0xff, 0xc3, 0x28], Vec::new(), "订单 🚀".as_bytes().to_vec()] {
+            let mut value = slot(Value::Bytes(bytes.clone()));
+            assert_eq!(super::bytes(&mut value, "payload").unwrap(), Payload::Bytes(bytes));
+            assert_eq!(value, None, "moved, not copied");
+        }
+        assert_eq!(super::bytes(&mut slot(Value::NULL), "payload").unwrap(), Payload::Null);
+        assert!(super::bytes(&mut None, "payload").unwrap_err().to_string().contains("missing from the row image"));
+        assert_eq!(json(&mut slot(Value::NULL), "payload").unwrap(), None);
+    }
+
+    /// `schema_version` from any integer column (signed or not, any width) or text; NULL and invalid UTF-8
+    /// are errors naming the column.
+    #[test]
+    fn schema_versions_of_integers_and_text() {
+        assert_eq!(schema_version(&slot(Value::Int(-3))).unwrap(), SchemaVersion::Integer(-3));
+        assert_eq!(schema_version(&slot(Value::UInt(u64::MAX))).unwrap(), SchemaVersion::Integer(u64::MAX.into()));
+        assert_eq!(schema_version(&slot(Value::Int(70_000))).unwrap(), SchemaVersion::Integer(70_000));
+        let text = schema_version(&slot(Value::Bytes(b"v2.1".to_vec()))).unwrap();
+        assert_eq!(text, SchemaVersion::Text("v2.1".into()));
+        assert_eq!(schema_version(&slot(Value::Bytes(Vec::new()))).unwrap(), SchemaVersion::Text(String::new()));
+        assert!(schema_version(&slot(Value::NULL)).unwrap_err().to_string().contains("schema_version is NULL"));
+        let err = schema_version(&slot(Value::Bytes(vec![0xff]))).unwrap_err().to_string();
+        assert!(err.contains("not valid UTF-8"), "{err}");
+    }
+
+    /// Additional columns: text, integers, date-times with their precision, TIMESTAMPs as UTC, NULL.
+    #[test]
+    fn additional_values_read_as_their_types() {
+        let plain = ColumnKind::Plain;
+        let cases = [
+            (
+                slot(Value::Bytes("acme \u{1F680}".as_bytes().to_vec())),
+                &plain,
+                0,
+                ColumnValue::Text("acme \u{1F680}".into()),
+            ),
+            (slot(Value::Int(-42)), &plain, 0, ColumnValue::Integer(-42)),
+            (slot(Value::UInt(u64::MAX)), &plain, 0, ColumnValue::Integer(u64::MAX.into())),
+            (slot(Value::NULL), &plain, 0, ColumnValue::Null),
+            (
+                slot(Value::Date(2026, 3, 29, 1, 0, 0, 1)),
+                &plain,
+                6,
+                ColumnValue::Text("2026-03-29T01:00:00.000001".into()),
+            ),
+            (
+                slot(Value::Bytes(b"1.500000".to_vec())),
+                &ColumnKind::Timestamp,
+                3,
+                ColumnValue::Text("1970-01-01T00:00:01.500".into()),
+            ),
+            (slot(Value::NULL), &ColumnKind::Timestamp, 6, ColumnValue::Null),
+        ];
+        for (value, kind, fsp, expected) in cases {
+            assert_eq!(additional_value(&value, kind, fsp, "c").unwrap(), expected, "{value:?}");
+        }
+        let err = additional_value(&slot(Value::Bytes(vec![0xff])), &plain, 0, "tenant").unwrap_err().to_string();
+        assert!(err.contains("column tenant is not valid UTF-8"), "{err}");
     }
 
     #[test]

@@ -366,10 +366,66 @@ pub async fn earliest_position(conn: &mut Conn, info: &ServerInfo, resume_by: Re
 /// # Errors
 /// Classified query errors.
 pub async fn start_position(conn: &mut Conn, info: &ServerInfo, config: &Config) -> Result<Position> {
+    if let Some(after) = &config.source.start_after {
+        return start_after_position(conn, info, after).await;
+    }
     match config.source.start_from {
         StartFrom::Current => current_position(conn, info, config.source.resume_by).await,
         StartFrom::Earliest => earliest_position(conn, info, config.source.resume_by).await,
     }
+}
+
+/// `source.start_after` on a live server: right after those GTIDs. Refused, with what to do, when they are
+/// of the other GTID kind, when the server has not executed them all (another server, or a typo), or when
+/// its binlogs no longer hold what follows them (purged: a snapshot is then the only way to be complete).
+///
+/// The coordinate is nominal (the oldest binlog's start): a GTID position is resumed by its GTIDs.
+///
+/// # Errors
+/// Definite errors as above; classified query errors.
+async fn start_after_position(conn: &mut Conn, info: &ServerInfo, after: &str) -> Result<Position> {
+    let earliest = earliest_position(conn, info, ResumeBy::File).await?;
+    let refuse = |what: String| Error::definite(format!("source.start_after = {after:?}: {what}"));
+    let gtids = match info.identity.flavor {
+        Flavor::MySql => {
+            let set = GtidSet::from_str(after).map_err(|e| refuse(format!("not a MySQL GTID set ({e})")))?;
+            let executed: String = conn
+                .query_first("SELECT @@global.gtid_executed")
+                .await
+                .map_err(|e| classify_mysql(&e))?
+                .unwrap_or_default();
+            let executed = parse_gtid_set(&executed)?;
+            if !set.is_subset(&executed) {
+                return Err(refuse(format!(
+                    "the server has not executed all of these GTIDs (its gtid_executed is {executed}): is this \
+                     the server the previous connector read?"
+                )));
+            }
+            Gtids::MySql(set)
+        }
+        Flavor::MariaDb => {
+            let pos = GtidPos::from_str(after).map_err(|e| refuse(format!("not a MariaDB GTID position ({e})")))?;
+            let binlog: String = conn
+                .query_first("SELECT @@global.gtid_binlog_pos")
+                .await
+                .map_err(|e| classify_mysql(&e))?
+                .unwrap_or_default();
+            let binlog = GtidPos::from_str(&binlog)
+                .map_err(|e| Error::definite(format!("server returned GTID position {binlog:?}: {e}")))?;
+            if let Some(gtid) = pos.iter().find(|gtid| !binlog.contains(gtid)) {
+                return Err(refuse(format!(
+                    "the server's binlogs have not reached GTID {gtid} (its gtid_binlog_pos is {binlog}): is this \
+                     the server the previous connector read?"
+                )));
+            }
+            Gtids::MariaDb(pos)
+        }
+    };
+    let position = Position { gtids, coord: earliest.coord };
+    if let Some(purged) = position_purged(conn, &position).await? {
+        return Err(purged);
+    }
+    Ok(position)
 }
 
 /// MariaDB's GTID position at a binlog coordinate (`BINLOG_GTID_POS`), exact even under concurrent commits.

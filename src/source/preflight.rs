@@ -10,7 +10,7 @@ use super::column_types;
 use super::history::{self, Comparison};
 use super::key_order::{order_without_occurred_at, KeyType};
 use super::{NameCase, ServerInfo};
-use crate::config::{ColumnNames, Config, ResumeBy};
+use crate::config::{ColumnNames, Config, PayloadEncoding, ResumeBy};
 use crate::error::{classify_mysql, Error, Result};
 use crate::findings::{Finding, Report};
 use crate::outbox::{quote_ident, TableName};
@@ -595,14 +595,21 @@ async fn check_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, 
         );
         return Ok(());
     }
+    let has = |name: &str| present.iter().any(|(c, _)| c.eq_ignore_ascii_case(name));
     let missing: Vec<String> = (columns.required().iter().zip(crate::outbox::SLOT_NAMES))
-        .filter(|((name, required), _)| *required && !present.iter().any(|(c, _)| c.eq_ignore_ascii_case(name)))
+        .filter(|((name, required), _)| *required && !has(name))
         .map(|((name, _), role)| if *name == role { format!("`{name}`") } else { format!("`{name}` ({role})") })
+        .chain(
+            (columns.additional().iter())
+                .filter(|name| !has(name))
+                .map(|name| format!("`{name}` (outbox.additional_placement)")),
+        )
         .collect();
     report.push(
         &format!("table {table} columns"),
-        "id, aggregate_type, aggregate_id, payload, and each optional column (event_type, schema_version, \
-         headers, occurred_at) named in [outbox.columns] (as configured)",
+        "id, aggregate_type, aggregate_id, payload, each optional column (event_type, schema_version, \
+         headers, occurred_at) named in [outbox.columns], and each outbox.additional_placement column (as \
+         configured)",
         &if missing.is_empty() { "present".to_string() } else { format!("missing {}", missing.join(", ")) },
         missing.is_empty(),
         "fix the table or [outbox.columns] (an optional column left at its default name may be absent)",
@@ -659,8 +666,21 @@ async fn check_column_types(
         .iter()
         .filter_map(|(role, name, (_, data_type, shown, charset, _))| {
             let family = column_types::TypeFamily::of_sql(data_type, shown, charset.as_deref());
-            column_types::column_type_problem(table, role, name, shown, family)
+            match *role {
+                "payload" if columns.payload_encoding() == PayloadEncoding::Bytes => {
+                    column_types::bytes_payload_problem(table, name, shown, &family)
+                }
+                _ => column_types::column_type_problem(table, role, name, shown, family),
+            }
         })
+        .chain(columns.additional().iter().filter_map(|name| {
+            let (_, data_type, shown, charset, _) = present.iter().find(|c| c.0.eq_ignore_ascii_case(name))?;
+            let family = column_types::TypeFamily::of_sql(data_type, shown, charset.as_deref()).err()?;
+            Some(format!(
+                "column `{name}` (outbox.additional_placement) of {table} is {shown} ({family}); change its type \
+                 or take it out of outbox.additional_placement"
+            ))
+        }))
         .collect();
     // One line per role: the column's type and what becomes of it in the record (problems are the
     // summary's, below).
@@ -668,8 +688,13 @@ async fn check_column_types(
         let column = mapped.iter().find(|(r, _, _)| r == role);
         let actual = match column {
             Some((_, name, (_, data_type, shown, charset, _))) => {
+                let bytes = *role == "payload" && columns.payload_encoding() == PayloadEncoding::Bytes;
                 match column_types::TypeFamily::of_sql(data_type, shown, charset.as_deref()) {
-                    Ok(family) if column_types::accepted_families(role).contains(&family) => format!(
+                    Ok(column_types::TypeFamily::Text) if bytes => format!(
+                        "`{name}` {shown}: its bytes unchanged (payload_encoding = \"bytes\"), published as the \
+                         whole record value"
+                    ),
+                    Ok(family) if !bytes && column_types::accepted_families(role).contains(&family) => format!(
                         "`{name}` {shown}: {}, published as {}",
                         column_types::rendering(family),
                         column_types::published_as(slot)
@@ -681,6 +706,18 @@ async fn check_column_types(
             None => continue,
         };
         report.push(&format!("table {table} {role}"), "a mapped column, or absent if optional", &actual, true, "");
+    }
+    for name in columns.additional() {
+        let Some((_, data_type, shown, charset, _)) = present.iter().find(|c| c.0.eq_ignore_ascii_case(name)) else {
+            continue;
+        };
+        if let Ok(family) = column_types::TypeFamily::of_sql(data_type, shown, charset.as_deref()) {
+            let actual = format!(
+                "`{name}` {shown}: {}, published as outbox.additional_placement says",
+                column_types::rendering(family)
+            );
+            report.push(&format!("table {table} {name}"), "a listed column", &actual, true, "");
+        }
     }
     report.push(
         &format!("table {table} column types"),

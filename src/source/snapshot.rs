@@ -58,9 +58,9 @@ use super::column_types::{uuid_text, TypeFamily};
 use super::decode::format_datetime;
 use super::key_order::KeyColumns;
 use super::{ServerInfo, SourceConn};
-use crate::config::{ColumnNames, Config, SnapshotLock};
+use crate::config::{ColumnNames, Config, PayloadEncoding, SnapshotLock};
 use crate::error::{classify_mysql, Error, Result};
-use crate::outbox::{quote_ident, OutboxRow, TableName};
+use crate::outbox::{quote_ident, ColumnValue, OutboxRow, Payload, SchemaVersion, TableName};
 use crate::position::snapshot::{KeyTable, SnapshotKey};
 use crate::position::{BinlogCoord, Flavor, Gtids, Position};
 
@@ -234,6 +234,7 @@ impl Scanner {
         // The roles in SLOT_NAMES order, NULL for an optional one the table lacks ([`decode`] reads them so).
         let select: Vec<String> = (self.columns.required().iter().zip(present))
             .map(|((name, _), present)| if present { quote_ident(name) } else { "NULL".into() })
+            .chain(self.columns.additional().iter().map(|name| quote_ident(name)))
             .collect();
         let key_cols = keys.columns.each_ref().map(|(name, _)| quote_ident(name));
         let mut sql = format!("SELECT {} FROM {}", select.join(", "), &table.quoted());
@@ -262,10 +263,12 @@ impl Scanner {
         let _ = write!(sql, " ORDER BY {} LIMIT {}", key_cols.join(", "), self.chunk_rows);
         let failed = |e: mysql_async::Error| classify_mysql(&e).context(format_args!("snapshot scan of {table}"));
         let capacity = self.chunk_rows.min(4096);
+        let encoding = self.columns.payload_encoding();
         if params.is_empty() {
-            decode_all(self.conn.query_iter(sql).await.map_err(failed)?, &table, present, capacity).await
+            decode_all(self.conn.query_iter(sql).await.map_err(failed)?, &table, present, encoding, capacity).await
         } else {
-            decode_all(self.conn.exec_iter(sql, params).await.map_err(failed)?, &table, present, capacity).await
+            let result = self.conn.exec_iter(sql, params).await.map_err(failed)?;
+            decode_all(result, &table, present, encoding, capacity).await
         }
     }
 
@@ -354,41 +357,42 @@ async fn decode_all<P: mysql_async::prelude::Protocol>(
     mut result: mysql_async::QueryResult<'_, 'static, P>,
     table: &Arc<TableName>,
     present: [bool; 8],
+    encoding: PayloadEncoding,
     capacity: usize,
 ) -> Result<Vec<OutboxRow>> {
     let mut rows = Vec::with_capacity(capacity);
     while let Some(row) =
         result.next().await.map_err(|e| classify_mysql(&e).context(format_args!("snapshot scan of {table}")))?
     {
-        rows.push(decode(table, present, row)?);
+        rows.push(decode(table, present, encoding, row)?);
     }
     Ok(rows)
 }
 
 /// Decodes one scanned row (the roles in [`crate::outbox::SLOT_NAMES`] order, as [`Scanner::query_chunk`]
-/// selects them), moving its values. `present` says which roles the table has: an absent optional role
-/// is `None` in the row, a NULL in a present column is an error as in the stream.
+/// selects them, then the additional columns), moving its values. `present` says which roles the table
+/// has: an absent optional role is `None` in the row, a NULL in a present column is an error as in the
+/// stream (a NULL payload is [`Payload::Null`], which the router judges, as for the stream).
 ///
 /// The first chunk's plain query returns every value as text; the later chunks' prepared statements return
 /// typed values. A DATETIME (`occurred_at`) is written like the stream writes it, with the column's declared
 /// fractional digits, so an event's `occurred_at` does not depend on how it was read.
-fn decode(table: &Arc<TableName>, present: [bool; 8], mut row: Row) -> Result<OutboxRow> {
-    let mut text = |i: usize, what: &str| -> Result<Option<String>> {
-        match row.take::<mysql_async::Value, _>(i) {
-            None | Some(mysql_async::Value::NULL) => Ok(None),
-            Some(mysql_async::Value::Bytes(b)) if row.columns_ref().get(i).is_some_and(is_binary16) => {
-                uuid_text(&b).map(Some).map_err(|e| Error::definite(format!("snapshot of {table}: column {what}: {e}")))
-            }
-            Some(mysql_async::Value::Bytes(b)) => String::from_utf8(b)
-                .map(Some)
-                .map_err(|_| Error::definite(format!("snapshot of {table}: column {what} is not valid UTF-8"))),
-            Some(mysql_async::Value::Date(y, mo, d, h, mi, s, us)) => {
-                let fsp = row.columns_ref().get(i).map_or(0, |c| c.decimals());
-                Ok(Some(format_datetime(y, mo, d, h, mi, s, us, fsp)))
-            }
-            Some(other) => Ok(Some(other.as_sql(true).trim_matches('\'').to_string())),
+fn decode(table: &Arc<TableName>, present: [bool; 8], encoding: PayloadEncoding, mut row: Row) -> Result<OutboxRow> {
+    let payload = match (encoding, row.take::<mysql_async::Value, _>(5)) {
+        (_, None | Some(mysql_async::Value::NULL)) => Payload::Null,
+        (PayloadEncoding::Bytes, Some(mysql_async::Value::Bytes(bytes))) => Payload::Bytes(bytes),
+        (PayloadEncoding::Json, Some(mysql_async::Value::Bytes(bytes))) => Payload::Json(
+            String::from_utf8(bytes)
+                .map_err(|_| Error::definite(format!("snapshot of {table}: column payload is not valid UTF-8")))?,
+        ),
+        (_, Some(other)) => {
+            return Err(Error::definite(format!(
+                "snapshot of {table}: column payload has an unexpected type: {other:?}"
+            )))
         }
     };
+    let additional = (8..row.len()).map(|i| additional_value(table, &mut row, i)).collect::<Result<Vec<_>>>()?;
+    let mut text = |i: usize, what: &str| text_value(table, &mut row, i, what);
     let id = need(text(0, "id")?, table, "id")?;
     let event_type = match present[3] {
         true => Some(need(text(3, "event_type")?, table, "event_type")?),
@@ -396,21 +400,22 @@ fn decode(table: &Arc<TableName>, present: [bool; 8], mut row: Row) -> Result<Ou
     };
     let schema_version = match present[4] {
         true => {
-            let version = need(text(4, "schema_version")?, table, "schema_version")?;
-            Some(version.parse::<u16>().map_err(|_| {
-                Error::definite(format!("outbox row id={id} in {table}: schema_version {version} is not in 0..=65535"))
-            })?)
+            let integer = row.columns_ref().get(4).is_some_and(|c| is_integer(c.column_type()));
+            let version = need(text_value(table, &mut row, 4, "schema_version")?, table, "schema_version")?;
+            Some(match integer {
+                true => SchemaVersion::Integer(version.parse::<i128>().map_err(|_| {
+                    Error::definite(format!(
+                        "outbox row id={id} in {table}: schema_version {version} is not an integer"
+                    ))
+                })?),
+                false => SchemaVersion::Text(version),
+            })
         }
         false => None,
     };
+    let mut text = |i: usize, what: &str| text_value(table, &mut row, i, what);
     let occurred_at = match present[7] {
-        true => {
-            let mut occurred_at = need(text(7, "occurred_at")?, table, "occurred_at")?;
-            if let Some(space) = occurred_at.find(' ') {
-                occurred_at.replace_range(space..=space, "T");
-            }
-            Some(occurred_at)
-        }
+        true => Some(iso_datetime(need(text(7, "occurred_at")?, table, "occurred_at")?)),
         false => None,
     };
     Ok(OutboxRow {
@@ -419,12 +424,66 @@ fn decode(table: &Arc<TableName>, present: [bool; 8], mut row: Row) -> Result<Ou
         aggregate_id: need(text(2, "aggregate_id")?, table, "aggregate_id")?,
         event_type,
         schema_version,
-        payload: need(text(5, "payload")?, table, "payload")?,
+        payload,
         headers: text(6, "headers")?,
         occurred_at,
         id,
+        additional,
         from_snapshot: true,
     })
+}
+
+/// Value `i` of a scanned row as the text the stream publishes; `None` for NULL (or an absent role).
+fn text_value(table: &TableName, row: &mut Row, i: usize, what: &str) -> Result<Option<String>> {
+    match row.take::<mysql_async::Value, _>(i) {
+        None | Some(mysql_async::Value::NULL) => Ok(None),
+        Some(mysql_async::Value::Bytes(b)) if row.columns_ref().get(i).is_some_and(is_binary16) => {
+            uuid_text(&b).map(Some).map_err(|e| Error::definite(format!("snapshot of {table}: column {what}: {e}")))
+        }
+        Some(mysql_async::Value::Bytes(b)) => String::from_utf8(b)
+            .map(Some)
+            .map_err(|_| Error::definite(format!("snapshot of {table}: column {what} is not valid UTF-8"))),
+        Some(mysql_async::Value::Date(y, mo, d, h, mi, s, us)) => {
+            let fsp = row.columns_ref().get(i).map_or(0, |c| c.decimals());
+            Ok(Some(format_datetime(y, mo, d, h, mi, s, us, fsp)))
+        }
+        Some(other) => Ok(Some(other.as_sql(true).trim_matches('\'').to_string())),
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS[.f]` (a text-protocol DATETIME) with the stream's `T`; other text unchanged.
+fn iso_datetime(mut text: String) -> String {
+    if let Some(space) = text.find(' ') {
+        text.replace_range(space..=space, "T");
+    }
+    text
+}
+
+/// Value `i` (an `[outbox] additional_placement` column) of a scanned row, as the stream reads it.
+fn additional_value(table: &TableName, row: &mut Row, i: usize) -> Result<ColumnValue> {
+    use mysql_async::consts::ColumnType as T;
+    let ty = row.columns_ref().get(i).map(|c| c.column_type());
+    let name = row.columns_ref().get(i).map(|c| c.name_str().into_owned()).unwrap_or_default();
+    let Some(text) = text_value(table, row, i, &name)? else { return Ok(ColumnValue::Null) };
+    Ok(match ty {
+        Some(ty) if is_integer(ty) => ColumnValue::Integer(text.parse().map_err(|_| {
+            Error::definite(format!("snapshot of {table}: column {name} = {text:?} is not an integer"))
+        })?),
+        Some(T::MYSQL_TYPE_JSON) => ColumnValue::Json(text),
+        Some(T::MYSQL_TYPE_DATETIME | T::MYSQL_TYPE_DATETIME2 | T::MYSQL_TYPE_TIMESTAMP | T::MYSQL_TYPE_TIMESTAMP2) => {
+            ColumnValue::Text(iso_datetime(text))
+        }
+        _ => ColumnValue::Text(text),
+    })
+}
+
+/// Whether a result column's type is an integer type.
+fn is_integer(ty: mysql_async::consts::ColumnType) -> bool {
+    use mysql_async::consts::ColumnType as T;
+    matches!(
+        ty,
+        T::MYSQL_TYPE_TINY | T::MYSQL_TYPE_SHORT | T::MYSQL_TYPE_INT24 | T::MYSQL_TYPE_LONG | T::MYSQL_TYPE_LONGLONG
+    )
 }
 
 /// Whether a result column is a BINARY(16) (a UUID, read as [`uuid_text`] like the stream reads it).
@@ -506,9 +565,9 @@ mod tests {
         for slot in [3, 4, 6, 7] {
             required_only[slot] = false;
         }
-        let row = decode(&table, required_only, scanned(Value::NULL, 6)).unwrap();
+        let row = decode(&table, required_only, PayloadEncoding::Json, scanned(Value::NULL, 6)).unwrap();
         assert_eq!((row.event_type, row.schema_version, row.occurred_at, row.headers), (None, None, None, None));
-        let err = decode(&table, [true; 8], scanned(Value::NULL, 6)).unwrap_err();
+        let err = decode(&table, [true; 8], PayloadEncoding::Json, scanned(Value::NULL, 6)).unwrap_err();
         assert!(err.to_string().contains("occurred_at is NULL"), "{err}");
     }
 
@@ -526,7 +585,8 @@ mod tests {
             let mut values: Vec<Value> = (0..8).map(|i| row.take(i).unwrap()).collect();
             (columns[0], values[0]) = id;
             (columns[2], values[2]) = aggregate_id;
-            decode(&table, [true; 8], mysql_common::row::new_row(values, Arc::from(columns))).unwrap()
+            decode(&table, [true; 8], PayloadEncoding::Json, mysql_common::row::new_row(values, Arc::from(columns)))
+                .unwrap()
         };
         let text = |s: &str| (Column::new(ColumnType::MYSQL_TYPE_VAR_STRING), Value::Bytes(s.as_bytes().to_vec()));
         let binary16 = Column::new(ColumnType::MYSQL_TYPE_STRING).with_character_set(63).with_column_length(16);
@@ -563,17 +623,77 @@ mod tests {
             (Value::Date(2026, 1, 2, 3, 4, 5, 0), 0, "2026-01-02T03:04:05"),
         ];
         for (value, fsp, expected) in cases {
-            let row = decode(&table, [true; 8], scanned(value.clone(), fsp)).unwrap();
+            let row = decode(&table, [true; 8], PayloadEncoding::Json, scanned(value.clone(), fsp)).unwrap();
             assert_eq!(row.occurred_at.as_deref(), Some(expected), "{value:?} with {fsp} digits");
-            assert_eq!((row.schema_version, row.headers.as_deref()), (Some(3), None));
+            assert_eq!((row.schema_version, row.headers.as_deref()), (Some(SchemaVersion::Integer(3)), None));
             assert!(row.from_snapshot);
         }
+    }
+
+    /// The payload as `payload_encoding` reads it (bytes unchanged, NULL as [`Payload::Null`] in both
+    /// encodings), a text schema_version, and additional columns by their result type, from the text
+    /// protocol (the first chunk) and the binary one alike.
+    #[test]
+    fn payloads_versions_and_additional_columns_as_the_stream_reads_them() {
+        let table = Arc::new(TableName { database: "shop".into(), table: "outbox_events".into() });
+        let with = |version: (Column, Value), payload: Value, additional: Vec<(Column, Value)>, encoding| {
+            let mut row = scanned(Value::Bytes(b"2026-01-02 03:04:05".to_vec()), 0);
+            let mut columns: Vec<Column> = row.columns_ref().to_vec();
+            let mut values: Vec<Value> = (0..8).map(|i| row.take(i).unwrap()).collect();
+            (columns[4], values[4]) = version;
+            values[5] = payload;
+            for (column, value) in additional {
+                columns.push(column);
+                values.push(value);
+            }
+            decode(&table, [true; 8], encoding, mysql_common::row::new_row(values, Arc::from(columns))).unwrap()
+        };
+        let text = |s: &[u8]| (Column::new(ColumnType::MYSQL_TYPE_VAR_STRING), Value::Bytes(s.to_vec()));
+        let int = Column::new(ColumnType::MYSQL_TYPE_LONGLONG);
+        let bytes = vec![0x00, 0xff, 0xc3, 0x28];
+        let row = with(text(b"v2"), Value::Bytes(bytes.clone()), Vec::new(), PayloadEncoding::Bytes);
+        assert_eq!((row.payload, row.schema_version), (Payload::Bytes(bytes), Some(SchemaVersion::Text("v2".into()))));
+        for encoding in [PayloadEncoding::Json, PayloadEncoding::Bytes] {
+            assert_eq!(with(text(b"1"), Value::NULL, Vec::new(), encoding).payload, Payload::Null);
+        }
+        let row = with(
+            (int.clone(), Value::Bytes(b"-70000".to_vec())),
+            Value::Bytes(b"{}".to_vec()),
+            Vec::new(),
+            PayloadEncoding::Json,
+        );
+        assert_eq!(row.schema_version, Some(SchemaVersion::Integer(-70_000)));
+        let additional = vec![
+            text("acme 🚀".as_bytes()),
+            (int.clone(), Value::Bytes(b"-42".to_vec())),
+            (int, Value::UInt(u64::MAX)),
+            (Column::new(ColumnType::MYSQL_TYPE_JSON), Value::Bytes(br#"{"a": 1}"#.to_vec())),
+            (
+                Column::new(ColumnType::MYSQL_TYPE_DATETIME).with_decimals(6),
+                Value::Bytes(b"2026-03-29 01:00:00.000001".to_vec()),
+            ),
+            (Column::new(ColumnType::MYSQL_TYPE_DATETIME).with_decimals(3), Value::Date(2026, 3, 29, 1, 0, 0, 120_000)),
+            (Column::new(ColumnType::MYSQL_TYPE_VAR_STRING), Value::NULL),
+        ];
+        let row = with(text(b"1"), Value::Bytes(b"{}".to_vec()), additional, PayloadEncoding::Json);
+        assert_eq!(
+            row.additional,
+            [
+                ColumnValue::Text("acme 🚀".into()),
+                ColumnValue::Integer(-42),
+                ColumnValue::Integer(u64::MAX.into()),
+                ColumnValue::Json(r#"{"a": 1}"#.into()),
+                ColumnValue::Text("2026-03-29T01:00:00.000001".into()),
+                ColumnValue::Text("2026-03-29T01:00:00.120".into()),
+                ColumnValue::Null,
+            ]
+        );
     }
 
     #[test]
     fn null_occurred_at_is_a_definite_error() {
         let table = Arc::new(TableName { database: "shop".into(), table: "outbox_events".into() });
-        let err = decode(&table, [true; 8], scanned(Value::NULL, 6)).unwrap_err();
+        let err = decode(&table, [true; 8], PayloadEncoding::Json, scanned(Value::NULL, 6)).unwrap_err();
         assert!(err.to_string().contains("occurred_at is NULL"), "{err}");
     }
 }

@@ -66,6 +66,8 @@ pub struct Received {
     pub value: Option<Vec<u8>>,
     /// Headers in record order (a null header value reads as empty).
     pub headers: Vec<(String, Vec<u8>)>,
+    /// The record timestamp in ms, when it has one.
+    pub timestamp: Option<i64>,
 }
 
 impl Received {
@@ -274,6 +276,7 @@ impl Broker {
                         key: m.key().map(<[u8]>::to_vec),
                         value: m.payload().map(<[u8]>::to_vec),
                         headers,
+                        timestamp: m.timestamp().to_millis(),
                     });
                     last_new = Instant::now();
                 }

@@ -170,10 +170,11 @@ fn row(id: &str) -> Change {
         aggregate_type: "order".into(),
         aggregate_id: "A-1".into(),
         event_type: Some("OrderCreated".into()),
-        schema_version: Some(1),
+        schema_version: Some(crate::outbox::SchemaVersion::Integer(1)),
         payload: "{}".into(),
         headers: None,
         occurred_at: Some("2026-12-01T00:00:00".into()),
+        additional: Vec::new(),
         from_snapshot: false,
     })
 }

@@ -791,14 +791,15 @@ fn mysql_outbox_transaction_routes_like_mariadb() {
         aggregate_type: "order".into(),
         aggregate_id: "o-1".into(),
         event_type: Some("OrderPlaced".into()),
-        schema_version: Some(1),
+        schema_version: Some(crate::outbox::SchemaVersion::Integer(1)),
         payload: r#"{"sku": "A-1", "amount": 12}"#.into(),
         headers: None,
         occurred_at: Some("2026-03-01T12:34:56.789012".into()),
+        additional: Vec::new(),
         from_snapshot: false,
     };
     assert_eq!(OutboxRow { payload: mariadb.payload.clone(), ..rows[0].clone() }, mariadb);
-    assert_eq!(rows[0].payload, r#"{"amount":12,"sku":"A-1"}"#);
+    assert_eq!(rows[0].payload, r#"{"amount":12,"sku":"A-1"}"#.into());
     for format in [crate::config::ValueFormat::Envelope, crate::config::ValueFormat::Payload] {
         let router = crate::router::Router::new(
             crate::topic::TopicTemplate::parse("outbox.event.${aggregate_type}").unwrap(),
