@@ -616,7 +616,13 @@ impl ColumnNames {
         ALWAYS_REQUIRED[slot] || self.set[slot]
     }
 
-    /// The `[outbox] additional_placement` columns, in its order: read after the eight roles.
+    /// The role ([`crate::outbox::SLOT_NAMES`] slot) whose column is `column`, if any.
+    pub fn role_of(&self, column: &str) -> Option<usize> {
+        self.required().iter().position(|(name, _)| name.eq_ignore_ascii_case(column))
+    }
+
+    /// The `[outbox] additional_placement` columns that are not a role's, each once, in its order: read
+    /// after the eight roles.
     pub fn additional(&self) -> &[String] {
         &self.additional
     }
@@ -1171,11 +1177,14 @@ impl ConfigFile {
             ));
         }
         let placements = self.validate_shape()?;
-        // Each column once, though it may be placed twice (as a header and in the envelope).
+        // Each column once, though it may be placed twice (as a header and in the envelope). A role's own
+        // column (`type` placed as the header `eventType`) is read as that role, and must then exist.
         let mut additional: Vec<String> = Vec::new();
         for placement in &placements {
-            if !additional.iter().any(|c| c.eq_ignore_ascii_case(&placement.column)) {
-                additional.push(placement.column.clone());
+            match self.outbox.columns.role_of(&placement.column) {
+                Some(slot) => self.outbox.columns.set[slot] = true,
+                None if additional.iter().any(|c| c.eq_ignore_ascii_case(&placement.column)) => {}
+                None => additional.push(placement.column.clone()),
             }
         }
         self.outbox.columns = self.outbox.columns.reading(additional, self.outbox.payload_encoding);
@@ -1210,14 +1219,6 @@ impl ConfigFile {
                     "outbox.additional_placement {entry:?} places a column in the envelope, and \
                      kafka.value_format = {:?} has none: place it as a header, or use value_format = \"envelope\"",
                     kafka.value_format
-                )));
-            }
-            let columns = &outbox.columns;
-            if columns.required().iter().any(|(name, _)| name.eq_ignore_ascii_case(&placement.column)) {
-                return Err(Error::definite(format!(
-                    "outbox.additional_placement {entry:?}: `{}` is one of the outbox's own columns \
-                     ([outbox.columns]), already published",
-                    placement.column
                 )));
             }
             let clash = placements.iter().any(|p: &Placement| p.target == placement.target && p.name == placement.name);

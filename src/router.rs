@@ -65,9 +65,17 @@ pub struct Router {
     record_timestamp: RecordTimestamp,
     /// `outbox.tombstone_on_empty_payload`.
     tombstones: bool,
-    /// `outbox.additional_placement`, each with the index of its column's value in
-    /// [`OutboxRow::additional`].
-    placements: Vec<(Placement, usize)>,
+    /// `outbox.additional_placement`, each with where its value is in the row.
+    placements: Vec<(Placement, Placed)>,
+}
+
+/// Where a placed column's value is in an [`OutboxRow`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placed {
+    /// A role's column (slot in [`crate::outbox::SLOT_NAMES`] order), e.g. `type` placed as `eventType`.
+    Role(usize),
+    /// Another column: this index in [`OutboxRow::additional`].
+    Additional(usize),
 }
 
 /// The envelope value. A field whose column the table does not have (`type`, `version`, `occurred_at`)
@@ -135,9 +143,14 @@ impl Router {
             tombstones: config.outbox.tombstone_on_empty_payload,
             placements: (config.placements().iter())
                 .map(|p| {
-                    let columns = config.outbox.columns.additional();
-                    let index = columns.iter().position(|c| c.eq_ignore_ascii_case(&p.column));
-                    (p.clone(), index.expect("validation lists every placed column"))
+                    let columns = &config.outbox.columns;
+                    let additional = columns.additional().iter().position(|c| c.eq_ignore_ascii_case(&p.column));
+                    let placed = match (columns.role_of(&p.column), additional) {
+                        (Some(slot), _) => Placed::Role(slot),
+                        (None, Some(index)) => Placed::Additional(index),
+                        (None, None) => unreachable!("validation lists every placed column"),
+                    };
+                    (p.clone(), placed)
                 })
                 .collect(),
         }
@@ -208,7 +221,8 @@ impl Router {
             Some(text) => extra_headers(text).map_err(|what| poison(PoisonKind::InvalidHeaders, what))?,
             None => Vec::new(),
         };
-        if let Some((placement, _)) = self.placements.iter().find(|(_, i)| *i >= row.additional.len()) {
+        let missing = |placed: &Placed| matches!(placed, Placed::Additional(i) if *i >= row.additional.len());
+        if let Some((placement, _)) = self.placements.iter().find(|(_, placed)| missing(placed)) {
             return Err(poison(
                 PoisonKind::Undecodable,
                 format!("the row carries no value of column `{}` (outbox.additional_placement)", placement.column),
@@ -290,14 +304,15 @@ impl Router {
         if row.from_snapshot {
             headers.put_static("source", b"snapshot");
         }
-        for (placement, index) in &self.placements {
+        for (placement, placed) in &self.placements {
             if placement.target != PlacementTarget::Header {
                 continue;
             }
-            match &row.additional[*index] {
-                ColumnValue::Null => {}
-                ColumnValue::Text(text) | ColumnValue::Json(text) => headers.put(&placement.name, text.as_bytes()),
-                ColumnValue::Integer(n) => headers.put(&placement.name, itoa(*n, &mut [0; 40])),
+            match placed_value(row, *placed) {
+                Value::Null => {}
+                Value::Text(text) | Value::Json(text) => headers.put(&placement.name, text.as_bytes()),
+                Value::Integer(n) => headers.put(&placement.name, itoa(n, &mut [0; 40])),
+                Value::Bytes(bytes) => headers.put(&placement.name, bytes),
             }
         }
         for (name, value) in &extra {
@@ -311,7 +326,7 @@ impl Router {
     fn append_envelope_fields(&self, row: &OutboxRow, value: &mut Vec<u8>) {
         let mut fields = (self.placements.iter())
             .filter(|(p, _)| p.target == PlacementTarget::Envelope)
-            .map(|(p, i)| (p, &row.additional[*i]));
+            .map(|(p, placed)| (p, placed_value(row, *placed)));
         let Some(first) = fields.next() else { return };
         value.pop(); // the closing brace
         for (placement, column) in std::iter::once(first).chain(fields) {
@@ -319,17 +334,60 @@ impl Router {
             serde_json::to_writer(&mut *value, &placement.name).expect("a string serializes");
             value.push(b':');
             match column {
-                ColumnValue::Null => value.extend_from_slice(b"null"),
-                ColumnValue::Text(text) => serde_json::to_writer(&mut *value, text).expect("a string serializes"),
-                ColumnValue::Integer(n) => value.extend_from_slice(itoa(*n, &mut [0; 40])),
+                Value::Null => value.extend_from_slice(b"null"),
+                Value::Text(text) => serde_json::to_writer(&mut *value, text).expect("a string serializes"),
+                Value::Integer(n) => value.extend_from_slice(itoa(n, &mut [0; 40])),
                 // Checked JSON embeds as JSON; a JSON column holding something else is published as its text.
-                ColumnValue::Json(text) => match serde_json::from_str::<&RawValue>(text) {
+                Value::Json(text) => match serde_json::from_str::<&RawValue>(text) {
                     Ok(json) => value.extend_from_slice(json.get().as_bytes()),
                     Err(_) => serde_json::to_writer(&mut *value, text).expect("a string serializes"),
                 },
+                // Only a bytes payload placed in the envelope, which validation refuses (it needs
+                // value_format = "payload", which has no envelope).
+                Value::Bytes(_) => value.extend_from_slice(b"null"),
             }
         }
         value.push(b'}');
+    }
+}
+
+/// A placed column's value, borrowed from the row.
+enum Value<'r> {
+    Null,
+    Text(&'r str),
+    Integer(i128),
+    Json(&'r str),
+    Bytes(&'r [u8]),
+}
+
+/// The value of the column placed at `placed`.
+fn placed_value(row: &OutboxRow, placed: Placed) -> Value<'_> {
+    fn text(text: Option<&str>) -> Value<'_> {
+        text.map_or(Value::Null, Value::Text)
+    }
+    match placed {
+        Placed::Role(0) => Value::Text(&row.id),
+        Placed::Role(1) => Value::Text(&row.aggregate_type),
+        Placed::Role(2) => Value::Text(&row.aggregate_id),
+        Placed::Role(3) => text(row.event_type.as_deref()),
+        Placed::Role(4) => match &row.schema_version {
+            Some(SchemaVersion::Integer(n)) => Value::Integer(*n),
+            Some(SchemaVersion::Text(version)) => Value::Text(version),
+            None => Value::Null,
+        },
+        Placed::Role(5) => match &row.payload {
+            Payload::Json(json) => Value::Json(json),
+            Payload::Bytes(bytes) => Value::Bytes(bytes),
+            Payload::Null => Value::Null,
+        },
+        Placed::Role(6) => row.headers.as_deref().map_or(Value::Null, Value::Json),
+        Placed::Role(_) => text(row.occurred_at.as_deref()),
+        Placed::Additional(index) => match &row.additional[index] {
+            ColumnValue::Null => Value::Null,
+            ColumnValue::Text(text) => Value::Text(text),
+            ColumnValue::Integer(n) => Value::Integer(*n),
+            ColumnValue::Json(json) => Value::Json(json),
+        },
     }
 }
 
@@ -649,6 +707,23 @@ mod tests {
             "{text}"
         );
         serde_json::from_str::<serde_json::Value>(text).unwrap();
+        // A role's own column is placed with the role's value (Debezium's `type:header:eventType`), and
+        // must then exist even if optional.
+        let roles = configured(
+            "additional_placement = [\"type:header:eventType\", \"schema_version:envelope:v\", \"id:envelope:eventId\"]\n\
+             [outbox.columns]\nevent_type = \"type\"",
+            "",
+        );
+        let rec = roles.route(&row()).unwrap();
+        assert_eq!(header(&rec, "eventType"), Some(&b"OrderCreated"[..]));
+        let v: serde_json::Value = serde_json::from_slice(&rec.value).unwrap();
+        assert_eq!((&v["v"], &v["eventId"]), (&serde_json::json!(3), &serde_json::json!(row().id)));
+        let config = Config::parse(
+            "[source]\nhost = \"h\"\nuser = \"u\"\nserver_id = 1\n[outbox]\ntable = \"s.t\"\n\
+             additional_placement = [\"headers:header:h\"]\n[kafka]\nbootstrap_servers = \"k:9092\"\n",
+        )
+        .unwrap();
+        assert!(config.outbox.columns.must_exist(6) && config.outbox.columns.additional().is_empty());
         // A row without the values (a table altered under the connector) is a diagnosis, not a panic.
         r.additional.clear();
         assert_eq!(router.route(&r).unwrap_err().kind, PoisonKind::Undecodable);
