@@ -116,7 +116,7 @@ async fn check_refuses_unreadable_column_types() {
     assert!(out.contains("[ok  ] table shop.outbox_events column types"), "{out}");
 
     db.sql(
-        "ALTER TABLE shop.outbox_events MODIFY id BINARY(8) NOT NULL, MODIFY schema_version VARCHAR(8) NOT NULL, \
+        "ALTER TABLE shop.outbox_events MODIFY id BINARY(8) NOT NULL, MODIFY schema_version DOUBLE NOT NULL, \
          MODIFY aggregate_id VARCHAR(128) CHARACTER SET latin1 NOT NULL, MODIFY occurred_at DATE NOT NULL, \
          MODIFY event_type VARBINARY(128) NOT NULL, MODIFY payload BLOB NOT NULL, \
          MODIFY aggregate_type SET('payment','order') NOT NULL",
@@ -128,8 +128,9 @@ async fn check_refuses_unreadable_column_types() {
         "column `id` (id) of shop.outbox_events is binary(8) (a fixed-length binary string other than \
          BINARY(16) (a UUID): its bytes are not text); change it to CHAR/VARCHAR/TEXT in utf8mb4, BINARY(16) \
          (a UUID) or an integer type",
-        "column `schema_version` (schema_version) of shop.outbox_events is varchar(8)",
-        "an integer type (SMALLINT UNSIGNED)",
+        // Issue 18: a text schema_version is read (an envelope string); a floating-point one is not.
+        "column `schema_version` (schema_version) of shop.outbox_events is double",
+        "an integer type (SMALLINT UNSIGNED) or CHAR/VARCHAR in utf8mb4",
         "column `aggregate_id` (aggregate_id) of shop.outbox_events is varchar(128) (character set latin1",
         "column `occurred_at` (occurred_at) of shop.outbox_events is date",
         "DATETIME(6) or TIMESTAMP(6)",

@@ -389,12 +389,7 @@ async fn start_after_position(conn: &mut Conn, info: &ServerInfo, after: &str) -
     let gtids = match info.identity.flavor {
         Flavor::MySql => {
             let set = GtidSet::from_str(after).map_err(|e| refuse(format!("not a MySQL GTID set ({e})")))?;
-            let executed: String = conn
-                .query_first("SELECT @@global.gtid_executed")
-                .await
-                .map_err(|e| classify_mysql(&e))?
-                .unwrap_or_default();
-            let executed = parse_gtid_set(&executed)?;
+            let executed = parse_gtid_set(&global_text(conn, "gtid_executed").await?)?;
             if !set.is_subset(&executed) {
                 return Err(refuse(format!(
                     "the server has not executed all of these GTIDs (its gtid_executed is {executed}): is this \
@@ -405,11 +400,7 @@ async fn start_after_position(conn: &mut Conn, info: &ServerInfo, after: &str) -
         }
         Flavor::MariaDb => {
             let pos = GtidPos::from_str(after).map_err(|e| refuse(format!("not a MariaDB GTID position ({e})")))?;
-            let binlog: String = conn
-                .query_first("SELECT @@global.gtid_binlog_pos")
-                .await
-                .map_err(|e| classify_mysql(&e))?
-                .unwrap_or_default();
+            let binlog = global_text(conn, "gtid_binlog_pos").await?;
             let binlog = GtidPos::from_str(&binlog)
                 .map_err(|e| Error::definite(format!("server returned GTID position {binlog:?}: {e}")))?;
             if let Some(gtid) = pos.iter().find(|gtid| !binlog.contains(gtid)) {
@@ -426,6 +417,13 @@ async fn start_after_position(conn: &mut Conn, info: &ServerInfo, after: &str) -
         return Err(purged);
     }
     Ok(position)
+}
+
+/// The text of the global system variable `name` (empty when NULL).
+async fn global_text(conn: &mut Conn, name: &str) -> Result<String> {
+    let value: Option<Option<String>> =
+        conn.query_first(format!("SELECT @@global.{name}")).await.map_err(|e| classify_mysql(&e))?;
+    Ok(value.flatten().unwrap_or_default())
 }
 
 /// MariaDB's GTID position at a binlog coordinate (`BINLOG_GTID_POS`), exact even under concurrent commits.
