@@ -372,7 +372,7 @@ async fn decode_all<P: mysql_async::prelude::Protocol>(
 /// The first chunk's plain query returns every value as text; the later chunks' prepared statements return
 /// typed values. A DATETIME (`occurred_at`) is written like the stream writes it, with the column's declared
 /// fractional digits, so an event's `occurred_at` does not depend on how it was read.
-fn decode(table: &Arc<TableName>, present: [bool; 8], mut row: Row) -> Result<OutboxRow> {
+pub(crate) fn decode(table: &Arc<TableName>, present: [bool; 8], mut row: Row) -> Result<OutboxRow> {
     let mut text = |i: usize, what: &str| -> Result<Option<String>> {
         match row.take::<mysql_async::Value, _>(i) {
             None | Some(mysql_async::Value::NULL) => Ok(None),
