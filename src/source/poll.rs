@@ -232,31 +232,18 @@ impl Relay {
         let params: Vec<Value> = heads.iter().flat_map(|(t, i)| [t.clone(), i.clone()]).collect();
         let rows: Vec<Row> = conn.exec(rows_sql, params).await.map_err(failed("reading"))?;
         // Per aggregate, the prefix of rows that are due and free.
-        let mut chosen: Vec<(usize, Row)> = Vec::new(); // (aggregate group, row)
-        let mut group = 0usize;
-        let mut current: Option<(Value, Value)> = None;
-        let mut seen: HashSet<(Vec<u8>, Vec<u8>)> = HashSet::new();
-        let mut open = false;
-        for row in rows {
-            let aggregate =
-                (row.as_ref(1).cloned().unwrap_or(Value::NULL), row.as_ref(2).cloned().unwrap_or(Value::NULL));
-            if current.as_ref() != Some(&aggregate) {
-                group += 1;
-                // The group's first row is its aggregate's head (the first unpublished row) when the
-                // aggregate is one of the heads found above; otherwise the table changed in between. An
-                // aggregate met again (ids equal only in the columns' collation, whose rows interleave) is
-                // not a head the second time.
-                open = heads.contains(&aggregate) && seen.insert((key_bytes(&aggregate.0), key_bytes(&aggregate.1)));
-                current = Some(aggregate);
-            }
-            let due = row.get::<Option<i64>, _>(11).flatten() == Some(1);
-            let free = row.get::<Option<i64>, _>(12).flatten() == Some(1);
-            if !(open && due && free) {
-                open = false;
-                continue;
-            }
-            chosen.push((group, row));
-        }
+        let heads: HashSet<Aggregate> = heads.iter().map(|(t, i)| (key_bytes(t), key_bytes(i))).collect();
+        let seen: Vec<(Aggregate, bool, bool)> = rows
+            .iter()
+            .map(|row| {
+                let part = |i: usize| key_bytes(row.as_ref(i).unwrap_or(&Value::NULL));
+                let flag = |i: usize| row.get::<Option<i64>, _>(i).flatten() == Some(1);
+                ((part(1), part(2)), flag(11), flag(12))
+            })
+            .collect();
+        let groups = choose(&seen, |a| heads.contains(a));
+        let chosen: Vec<(usize, Row)> =
+            groups.into_iter().zip(rows).filter_map(|(group, row)| group.map(|g| (g, row))).collect();
         if chosen.is_empty() {
             return Ok(Vec::new());
         }
@@ -273,18 +260,15 @@ impl Relay {
         );
         let locked: Vec<Value> = tx.exec(lock_sql, keys).await.map_err(failed("locking rows of"))?;
         let locked: HashSet<Vec<u8>> = locked.iter().map(key_bytes).collect();
-        let mut kept: Vec<Row> = Vec::with_capacity(chosen.len());
-        let mut broken = 0usize;
-        for (g, row) in chosen {
-            if g == broken {
-                continue;
-            }
-            if !locked.contains(&key_bytes(row.as_ref(8).unwrap_or(&Value::NULL))) {
-                broken = g;
-                continue;
-            }
-            kept.push(row);
-        }
+        let got: Vec<bool> =
+            chosen.iter().map(|(_, row)| locked.contains(&key_bytes(row.as_ref(8).unwrap_or(&Value::NULL)))).collect();
+        let groups: Vec<usize> = chosen.iter().map(|(g, _)| *g).collect();
+        let kept: Vec<Row> = keep_locked(&groups, &got)
+            .into_iter()
+            .zip(chosen)
+            .filter(|(keep, _)| *keep)
+            .map(|(_, (_, row))| row)
+            .collect();
         if kept.is_empty() {
             tx.rollback().await.map_err(failed("ending the claim of"))?;
             return Ok(Vec::new());
@@ -435,6 +419,51 @@ pub async fn mark_released(conn: &mut Conn, table: &TableName, columns: &ColumnN
     Ok(conn.affected_rows())
 }
 
+/// An aggregate as its (type, id) bytes.
+type Aggregate = (Vec<u8>, Vec<u8>);
+
+/// The order rule on a claim's plain read (module doc). `rows` are `(aggregate, due, free)` in (aggregate,
+/// order key) order, every unpublished row of the aggregates found as heads; `is_head` says whether an
+/// aggregate was found as one. Returns, per row, the group (one per aggregate) it is claimed in, or `None`:
+/// each aggregate's rows from its first on, while they are due and free. The first row of an aggregate is
+/// its earliest unpublished one, so a leased or failed row stops its aggregate wherever it is. An aggregate
+/// met a second time (ids equal only in the columns' collation, whose rows interleave) claims nothing then.
+fn choose(rows: &[(Aggregate, bool, bool)], is_head: impl Fn(&Aggregate) -> bool) -> Vec<Option<usize>> {
+    let mut seen: HashSet<&Aggregate> = HashSet::new();
+    let mut current: Option<&Aggregate> = None;
+    let (mut group, mut open) = (0, false);
+    rows.iter()
+        .map(|(aggregate, due, free)| {
+            if current != Some(aggregate) {
+                group += 1;
+                open = is_head(aggregate) && seen.insert(aggregate);
+                current = Some(aggregate);
+            }
+            open = open && *due && *free;
+            open.then_some(group)
+        })
+        .collect()
+}
+
+/// After the locking read: which chosen rows to keep, given each one's group and whether this relay got its
+/// lock: each group's rows up to the first one it did not get (another relay has that one, or it changed).
+fn keep_locked(groups: &[usize], locked: &[bool]) -> Vec<bool> {
+    let mut broken = None;
+    groups
+        .iter()
+        .zip(locked)
+        .map(|(group, locked)| {
+            if broken == Some(*group) {
+                return false;
+            }
+            if !locked {
+                broken = Some(*group);
+            }
+            *locked
+        })
+        .collect()
+}
+
 /// A key's bytes, to compare keys read by different statements (text and binary protocol).
 fn key_bytes(value: &Value) -> Vec<u8> {
     match value {
@@ -553,6 +582,43 @@ mod tests {
     fn retry_ceiling_doubles_up_to_five_minutes() {
         let ceilings: Vec<u64> = [0, 1, 2, 5, 8, 9, 63, 64, 1000].into_iter().map(retry_ceiling_s).collect();
         assert_eq!(ceilings, [1, 2, 4, 32, 256, 300, 300, 300, 300]);
+    }
+
+    fn agg(name: &str) -> Aggregate {
+        (b"order".to_vec(), name.as_bytes().to_vec())
+    }
+
+    /// The order rule on a claim's read, one case per way an aggregate stops: a leased row (another relay's),
+    /// a row not due (a failed delivery waiting), a parked row; an aggregate that was not a head; an
+    /// aggregate met twice. Rows after the stop are never claimed, even when due and free.
+    #[test]
+    fn an_aggregate_is_claimed_from_its_first_row_while_due_and_free() {
+        let (a, b, c, d, e) = (agg("A"), agg("B"), agg("C"), agg("D"), agg("E"));
+        let rows = vec![
+            (a.clone(), true, true),
+            (a.clone(), true, true),
+            (a.clone(), true, false), // leased by another relay
+            (a.clone(), true, true),
+            (b.clone(), true, false), // B's first row is leased: nothing of B
+            (b.clone(), true, true),
+            (c.clone(), false, true), // C's first row waits for its retry (or is parked)
+            (c.clone(), true, true),
+            (d.clone(), true, true), // not among the heads
+            (e.clone(), true, true),
+            (a.clone(), true, true), // A again (collation): not a head the second time
+        ];
+        let heads = [a.clone(), b.clone(), c.clone(), e.clone()];
+        let got = choose(&rows, |x| heads.contains(x));
+        assert_eq!(got, [Some(1), Some(1), None, None, None, None, None, None, None, Some(5), None]);
+    }
+
+    /// After the locking read, a group keeps its rows up to the first one another relay locked first;
+    /// other groups are unaffected.
+    #[test]
+    fn a_row_not_locked_cuts_its_aggregate_there() {
+        let groups = [1, 1, 1, 2, 2, 3];
+        let locked = [true, false, true, true, true, false];
+        assert_eq!(keep_locked(&groups, &locked), [true, false, false, true, true, false]);
     }
 
     fn col(name: &str, data_type: &str, extra: &str) -> (String, String, String) {
