@@ -137,6 +137,13 @@ impl Relay {
     /// A definite error for a table without the required columns, the relay's columns, or an ordering
     /// column; classified query errors.
     pub async fn load(conn: &mut Conn, config: &Config) -> Result<Relay> {
+        // READ COMMITTED: the relay's locking statements then lock the rows they change and no gaps, so
+        // they never block (or deadlock with) the application's inserts into the table. Seen under the
+        // default REPEATABLE READ: a mark `UPDATE` reading along idx_ready held next-key locks that an
+        // application's outbox INSERT deadlocked with, rolling the business transaction back.
+        conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .await
+            .map_err(|e| classify_mysql(&e).context("poll: setting the relay's isolation level"))?;
         let mut tables = Vec::new();
         for table in config.tables() {
             tables.push(load_table(conn, table, &config.outbox.columns).await?);
