@@ -36,11 +36,16 @@ fn relay(db: &MariaDb, broker: &Broker, poll: &str) -> Connector {
 
 /// [`relay`], not started yet.
 fn relay_config(db: &MariaDb, broker: &Broker, poll: &str) -> Connector {
+    relay_config_with(db, broker, "", poll)
+}
+
+/// [`relay_config`] with `kafka` appended to the `[kafka]` table.
+fn relay_config_with(db: &MariaDb, broker: &Broker, kafka: &str, poll: &str) -> Connector {
     let c = Connector::new();
     let text = format!(
         "[source]\nkind = \"poll\"\nhost = \"127.0.0.1\"\nport = {port}\nuser = \"relay\"\npassword = {password}\n\
          [outbox]\ntable = \"shop.outbox_events\"\n\
-         [kafka]\nbootstrap_servers = {bootstrap}\ntopic = \"outbox.event.${{aggregate_type}}\"\n\
+         [kafka]\nbootstrap_servers = {bootstrap}\ntopic = \"outbox.event.${{aggregate_type}}\"\n{kafka}\n\
          [state]\ndir = {state}\n[snapshot]\nmode = \"never\"\n{metrics}\n[poll]\n{poll}\n",
         port = db.port(),
         password = toml_str(RELAY_PASSWORD),
@@ -57,6 +62,14 @@ async fn count(db: &MariaDb, condition: &str) -> u64 {
     let n: Option<u64> =
         conn.query_first(format!("SELECT COUNT(*) FROM outbox_events WHERE {condition}")).await.expect("count rows");
     n.unwrap_or(0)
+}
+
+/// The relays holding leases on unpublished rows.
+async fn holders(db: &MariaDb) -> Vec<String> {
+    let mut conn = db.conn().await;
+    conn.query("SELECT DISTINCT locked_by FROM outbox_events WHERE published_at IS NULL AND locked_by IS NOT NULL")
+        .await
+        .expect("read the lease holders")
 }
 
 /// Waits until no row is unpublished (other than parked, dead-lettered ones).
@@ -413,6 +426,51 @@ async fn broker_down_then_up() {
     let run = closing_audit(&relay);
     let note = format!("one relay (lease_ms 2000), broker (durable SQLite engine) stopped for {outage:?} under load");
     common::reliability::record("polling relay: broker down", &written, &run, None, &note);
+}
+
+/// While the broker is away, a batch larger than the in-flight budget keeps its relay waiting to produce;
+/// the relay renews its lease meanwhile, so a second relay never takes the batch over (which would publish
+/// it twice, and could interleave the two relays' copies). Regression: the lease was renewed only while
+/// waiting for acknowledgements, not while the sink waited for budget.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lease_is_renewed_while_the_sink_waits_for_a_slow_broker() {
+    let db = MariaDb::start();
+    create_relay_user(&db);
+    let mut broker = Broker::start(Engine::Sqlite);
+    broker.create_topic(TOPIC, 4);
+    let kafka = "max_in_flight_bytes = 1048576";
+    let poll = "lease_ms = 1000\npoll_interval_ms = 50\nbatch_rows = 40";
+    let mut first = relay_config_with(&db, &broker, kafka, poll);
+    first.run(&first.config_path());
+    let mut expected = insert_interleaved(&db, &["warm-up"], 1).await;
+    wait_all_published(&db, &[&first]).await;
+    broker.stop();
+    // One transaction, so that one claim takes all 30 rows (3 MB, three times the in-flight budget).
+    let mut conn = db.conn().await;
+    let mut tx = conn.start_transaction(mysql_async::TxOpts::default()).await.unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..30 {
+        let row = OutboxRow::new("A").payload(serde_json::json!({ "blob": "x".repeat(100_000) }));
+        insert_event(&mut tx, &row).await.unwrap();
+        ids.push(row.id);
+    }
+    tx.commit().await.unwrap();
+    expected.per_aggregate.insert("A".into(), ids);
+    // The first relay claims the batch and waits for budget; the second must find nothing to take over.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = holders(&db).await;
+    assert_eq!(before.len(), 1, "the first relay holds the batch: {before:?}\n{}", first.logs());
+    let mut second = relay_config_with(&db, &broker, kafka, poll);
+    second.run(&second.config_path());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = holders(&db).await;
+    assert_eq!(after, before, "the batch changed hands while the broker was away");
+    broker.start_again();
+    wait_all_published(&db, &[&first, &second]).await;
+    let records = broker.read_all(TOPIC, expected.len(), CATCH_UP);
+    let report = audit(&expected, &records);
+    assert!(report.is_clean() && report.duplicates == 0, "{}", report.summary());
+    assert!(first.is_running() && second.is_running(), "{}\n{}", first.logs(), second.logs());
 }
 
 /// A poison row (invalid headers) and a row that failed `max_attempts` deliveries go to the dead-letter

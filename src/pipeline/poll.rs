@@ -103,9 +103,14 @@ impl PollRun<'_> {
         self.dead_letter_exhausted(&claimed)?;
         let keys: Vec<Value> = claimed.iter().map(|c| c.key.clone()).collect();
         let tx = self.watermark.open();
+        // The lease is renewed every third of it while the batch is produced (the sink waits for in-flight
+        // budget while the broker is slow or away) and while its acknowledgements are awaited.
+        let renew_every = Duration::from_millis(self.config.poll.lease_ms / 3);
+        let mut renewal = tokio::time::interval_at(tokio::time::Instant::now() + renew_every, renew_every);
         // The rows that went to the dead-letter topic, with why: parked once acknowledged.
         let mut dead: Vec<(usize, String)> = Vec::new();
         let mut sent = Ok(());
+        let mut lost: Option<Error> = None;
         for (i, c) in claimed.iter().enumerate() {
             let row = match &c.row {
                 Ok(row) => SourceRow::Decoded(row),
@@ -121,17 +126,36 @@ impl PollRun<'_> {
                 let kind = header(headers::KIND).unwrap_or_default();
                 dead.push((i, format!("{kind}: {}", header(headers::REASON).unwrap_or_default())));
             }
-            if let Err(e) = sink.send(tx, prepared.record, prepared.occurred_at_ms).await {
+            let send = sink.send(tx, prepared.record, prepared.occurred_at_ms);
+            tokio::pin!(send);
+            let result = loop {
+                tokio::select! {
+                    result = &mut send => break result,
+                    _ = renewal.tick() => {
+                        if let Err(e) = keep_lease(relay, &mut self.conn, t, &keys).await {
+                            lost = Some(e);
+                            break Ok(());
+                        }
+                    }
+                }
+            };
+            if lost.is_some() {
+                break;
+            }
+            if let Err(e) = result {
                 sent = Err(e);
                 break;
             }
             crate::failpoint!("poll_row_produced");
         }
+        if let Some(error) = lost {
+            self.sink.abort();
+            return Err(error);
+        }
         if let Err(error) = sent {
             return self.failed(t, tx, &keys, error).await;
         }
         // Wait for the acknowledgements, renewing the lease.
-        let renew_every = Duration::from_millis(self.config.poll.lease_ms / 3);
         let mut waited = Duration::ZERO;
         loop {
             if self.sink.drain(renew_every).await && !self.watermark.failed() {
@@ -146,19 +170,9 @@ impl PollRun<'_> {
                 tracing::warn!("Kafka did not acknowledge the batch within the shutdown grace period; it stays leased and is published again once the lease expires");
                 return Ok(());
             }
-            match self.relay.renew(&mut self.conn, t, &keys).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    self.sink.abort();
-                    return Err(Error::transient(
-                        "another relay took over this relay's lease (it expired while Kafka did not acknowledge); \
-                         the rows are published again by that relay. Raise poll.lease_ms if Kafka is often this slow",
-                    ));
-                }
-                Err(e) => {
-                    self.sink.abort();
-                    return Err(e.context("the batch is published again once its lease expires"));
-                }
+            if let Err(error) = keep_lease(&self.relay, &mut self.conn, t, &keys).await {
+                self.sink.abort();
+                return Err(error);
             }
         }
         crate::failpoint!("poll_batch_acked");
@@ -213,5 +227,17 @@ impl PollRun<'_> {
             tracing::warn!(error = %e, "cannot record the failed delivery; the batch is retried once its lease expires");
         }
         Err(error)
+    }
+}
+
+/// Renews the lease on a batch; an error when it cannot (the caller stops publishing the batch).
+async fn keep_lease(relay: &Relay, conn: &mut Conn, t: usize, keys: &[Value]) -> Result<()> {
+    match relay.renew(conn, t, keys).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Error::transient(
+            "another relay took over this relay's lease (it expired while Kafka did not acknowledge); the rows \
+             are published again by that relay. Raise poll.lease_ms if Kafka is often this slow",
+        )),
+        Err(e) => Err(e.context("cannot renew the lease; the batch is published again once it expires")),
     }
 }
