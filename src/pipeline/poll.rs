@@ -15,8 +15,10 @@
 //!   is dead-lettered on its next claim.
 //! - A lost connection ends the run; the batch stays leased until the lease expires, then any relay
 //!   publishes it again (at-least-once, same `id` header).
-//! - A lease that cannot be renewed, or that another relay took over, ends the run: the in-flight records
-//!   are purged and the new holder publishes the rows again.
+//! - The lease is renewed every third of `poll.lease_ms` from the claim until the mark: while the sink waits
+//!   for in-flight budget (a slow or absent broker) as well as while the acknowledgements are awaited. A
+//!   lease that cannot be renewed, or that another relay took over, ends the run: the in-flight records are
+//!   purged and the new holder publishes the rows again.
 //!
 //! # Graceful shutdown
 //! The batch in flight is finished (up to [`SHUTDOWN_GRACE`]) and marked, then the run returns.

@@ -29,8 +29,8 @@
 //!   did not get the head keeps nothing of that aggregate.
 //! - **A lease expires and another relay takes over.** The new relay claims the head again (and what is
 //!   behind it), so it republishes from the first unmarked row on: duplicates, in order. A live relay
-//!   renews its lease every third of `poll.lease_ms` while it waits for Kafka, and stops publishing when
-//!   it cannot renew; the rule needs the lease to outlast a relay's stalls (a relay frozen longer than the
+//!   renews its lease every third of `poll.lease_ms` until it has marked the batch (also while Kafka is
+//!   away and the batch waits to be produced), and stops publishing when it cannot renew; the rule needs the lease to outlast a relay's stalls (a relay frozen longer than the
 //!   lease with records in flight could have them land after the new holder's: keep `lease_ms` well above
 //!   the broker's request timeout).
 //! - **A delivery failed.** The whole batch gets `attempts + 1` and a later `next_attempt_at`; its head is
