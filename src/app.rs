@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::Store;
-use crate::config::Config;
+use crate::config::{Config, SourceKind};
 use crate::error::Result;
 use crate::pipeline::{Backoff, Pipeline, Shutdown};
 use crate::router::Router;
@@ -58,12 +58,15 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
         accept_new_server: options.accept_new_server,
         config: config.clone(),
     };
-    let _purge_watch = AbortOnDrop(tokio::spawn(watch_purge_risk(
-        pipeline.source.clone(),
-        pipeline.store.clone(),
-        Duration::from_millis(config.metrics.purge_check_interval_ms),
-        config.metrics.purge_warn_ratio,
-    )));
+    // The polling relay reads no binlog: there is nothing the server could purge from under it.
+    let _purge_watch = (config.source.kind != SourceKind::Poll).then(|| {
+        AbortOnDrop(tokio::spawn(watch_purge_risk(
+            pipeline.source.clone(),
+            pipeline.store.clone(),
+            Duration::from_millis(config.metrics.purge_check_interval_ms),
+            config.metrics.purge_warn_ratio,
+        )))
+    });
     let mut backoff = Backoff::new(
         Duration::from_millis(config.source.reconnect_initial_backoff_ms),
         Duration::from_millis(config.source.reconnect_max_backoff_ms),

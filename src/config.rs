@@ -45,6 +45,9 @@ struct ConfigFile {
     /// `outbox-cdc prune`: deleting published outbox rows.
     #[serde(default)]
     pub prune: PruneConfig,
+    /// The polling relay (`source.kind = "poll"`).
+    #[serde(default)]
+    pub poll: PollConfig,
 }
 
 /// The validated configuration: every setting of the file, checked to make sense together, with what is
@@ -65,6 +68,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// `outbox-cdc prune`: deleting published outbox rows.
     pub prune: PruneConfig,
+    /// The polling relay (`source.kind = "poll"`).
+    pub poll: PollConfig,
     /// The outbox tables, parsed, sorted, without duplicates; never empty.
     tables: Vec<TableName>,
     /// `kafka.topic`, parsed.
@@ -170,6 +175,114 @@ impl Default for PruneConfig {
     }
 }
 
+/// `[poll]`: the polling relay (`source.kind = "poll"`), for servers whose binlog the connector may not read.
+///
+/// Each relay claims small batches of due, unpublished rows (`published_at IS NULL AND next_attempt_at <=
+/// NOW(6)`) with a lease (`locked_at`, `locked_by`), publishes them, waits for Kafka's acknowledgements,
+/// then sets `published_at`. Several relays may poll one table; an aggregate's events are published in
+/// order whichever relay holds them (see `source::poll`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(from = "PollConfigToml")]
+pub struct PollConfig {
+    /// How long a claim is valid, in milliseconds, unless its relay renews it (it does every third of it
+    /// while it waits for Kafka). Another relay takes over the rows of a lease that expired: a relay that
+    /// died leaves its rows for this long. Keep it well above the time Kafka takes to acknowledge a batch,
+    /// since a relay that cannot renew its lease in time may publish rows another relay publishes too.
+    /// Between 1000 and 86400000; default 30000.
+    pub lease_ms: u64,
+    /// Pause between claim queries while the table has nothing due, in milliseconds: the relay's load on
+    /// an idle database is one claim query per interval per table, and its added latency is up to one
+    /// interval. While rows are due, batches follow each other without pause. Between 1 and 3600000;
+    /// default 200.
+    pub poll_interval_ms: u64,
+    /// Rows claimed per batch (one claim transaction, one `UPDATE` marking them published). Between 1 and
+    /// 10000; default 500.
+    pub batch_rows: usize,
+    /// Failed deliveries after which a row is poison: it goes to the dead-letter topic and its aggregate is
+    /// held, as with the binlog source. After each failure the row waits `min(300 s, 2^attempts s)` (drawn
+    /// from the upper half of that, so relays do not retry in lockstep). Between 1 and 1000; default 10.
+    pub max_attempts: u32,
+    /// This relay's name in `locked_by`. Default: the host name and the process id (`host:pid`), unique
+    /// among relays running at the same time. Up to 128 characters.
+    pub relay_id: Option<String>,
+    /// Whether the file has a `[poll]` table (only meaningful with `source.kind = "poll"`).
+    set: bool,
+}
+
+/// `[poll]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PollConfigToml {
+    #[serde(default = "default_lease_ms")]
+    lease_ms: u64,
+    #[serde(default = "default_poll_interval_ms")]
+    poll_interval_ms: u64,
+    #[serde(default = "default_poll_batch_rows")]
+    batch_rows: usize,
+    #[serde(default = "default_max_attempts")]
+    max_attempts: u32,
+    #[serde(default)]
+    relay_id: Option<String>,
+}
+
+impl From<PollConfigToml> for PollConfig {
+    fn from(t: PollConfigToml) -> Self {
+        PollConfig {
+            lease_ms: t.lease_ms,
+            poll_interval_ms: t.poll_interval_ms,
+            batch_rows: t.batch_rows,
+            max_attempts: t.max_attempts,
+            relay_id: t.relay_id,
+            set: true,
+        }
+    }
+}
+
+impl Default for PollConfig {
+    fn default() -> Self {
+        PollConfig {
+            lease_ms: default_lease_ms(),
+            poll_interval_ms: default_poll_interval_ms(),
+            batch_rows: default_poll_batch_rows(),
+            max_attempts: default_max_attempts(),
+            relay_id: None,
+            set: false,
+        }
+    }
+}
+
+impl PollConfig {
+    /// `relay_id`, or `host:pid` (the host name from the kernel, `HOSTNAME`, else `localhost`).
+    pub fn relay_id(&self) -> String {
+        if let Some(id) = &self.relay_id {
+            return id.clone();
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".into());
+        let pid = std::process::id().to_string();
+        // Cut the host name so that the id fits `locked_by VARCHAR(128)` with the pid.
+        let host: String = host.chars().take(127 - pid.len()).collect();
+        format!("{host}:{pid}")
+    }
+}
+
+fn default_lease_ms() -> u64 {
+    30_000
+}
+fn default_poll_interval_ms() -> u64 {
+    200
+}
+fn default_poll_batch_rows() -> usize {
+    500
+}
+fn default_max_attempts() -> u32 {
+    10
+}
+
 /// `[snapshot]`: rows that exist before the connector's first start.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -240,11 +353,13 @@ pub enum SnapshotLock {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
-    /// "server" (default: stream from a live server over the replication protocol) or "files" (read binlog
+    /// "server" (default: stream from a live server over the replication protocol), "files" (read binlog
     /// files from disk — `binlog_dir` or `binlog_files` — publish what they hold after the checkpoint or
-    /// `start_after`, then exit 0 once everything is acknowledged and checkpointed). With "files" the
-    /// connection settings (`host`, `user`, `server_id`, …) are not used and `[snapshot] mode` must be
-    /// "never".
+    /// `start_after`, then exit 0 once everything is acknowledged and checkpointed) or "poll" (the polling
+    /// relay, `[poll]`: claim unpublished rows of the table, publish them, set `published_at`; no binlog
+    /// access needed, `SELECT, UPDATE` on the outbox table suffice). With "files" the connection settings
+    /// (`host`, `user`, `server_id`, …) are not used; with "poll" they are, except `server_id`, which must
+    /// not be set. Both need `[snapshot] mode = "never"`.
     #[serde(default)]
     pub kind: SourceKind,
     /// `kind = "files"`: a directory; every file in it that starts with the binlog magic bytes is read, in
@@ -266,14 +381,15 @@ pub struct SourceConfig {
     /// have executed them.
     #[serde(default)]
     pub start_after: Option<String>,
-    /// Host name or IP address of the server. Required with `kind = "server"`.
+    /// Host name or IP address of the server. Required with `kind = "server"` and `kind = "poll"`.
     #[serde(default)]
     pub host: String,
     /// TCP port. Default 3306.
     #[serde(default = "default_port")]
     pub port: u16,
-    /// User with REPLICATION SLAVE, REPLICATION CLIENT (MariaDB: BINLOG MONITOR) and SELECT on the outbox.
-    /// Required with `kind = "server"`.
+    /// User with REPLICATION SLAVE, REPLICATION CLIENT (MariaDB: BINLOG MONITOR) and SELECT on the outbox;
+    /// with `kind = "poll"`, SELECT and UPDATE on the outbox table only. Required with `kind = "server"` and
+    /// `kind = "poll"`.
     #[serde(default)]
     pub user: String,
     /// Password in clear. Prefer `password_file` or `password_env`. At most one of the three is set;
@@ -290,7 +406,8 @@ pub struct SourceConfig {
     #[serde(default)]
     pub password_file: Option<PathBuf>,
     /// Replication client id; must be unique among all replicas and CDC clients of the server
-    /// (a duplicate makes the server disconnect the older client). Required with `kind = "server"`.
+    /// (a duplicate makes the server disconnect the older client). Required with `kind = "server"`, refused
+    /// with `kind = "poll"`.
     #[serde(default)]
     pub server_id: u32,
     /// TLS to the server: "disabled", "required" (encrypt, do not verify) or "verify_identity".
@@ -339,6 +456,8 @@ pub enum SourceKind {
     Server,
     /// Binlog files on disk.
     Files,
+    /// The outbox table itself, polled (`[poll]`): for servers whose binlog the connector may not read.
+    Poll,
 }
 
 /// TLS mode of the database connection.
@@ -1113,6 +1232,7 @@ impl ConfigFile {
             source.password_file.is_some(),
         )?;
         self.validate_source_kind()?;
+        self.validate_poll()?;
         if self.source.kind == SourceKind::Server && self.source.server_id == 0 {
             return Err(Error::definite("source.server_id must be a non-zero id unique among the server's replicas"));
         }
@@ -1196,6 +1316,7 @@ impl ConfigFile {
             snapshot: self.snapshot,
             metrics: self.metrics,
             prune: self.prune,
+            poll: self.poll,
             tables,
             topic,
             placements,
@@ -1240,6 +1361,36 @@ impl ConfigFile {
         Ok(placements)
     }
 
+    /// `[poll]`: only with `source.kind = "poll"` (a `[poll]` table elsewhere is a misunderstanding), and
+    /// with bounds that keep the relay's load and its lease meaningful.
+    fn validate_poll(&self) -> Result<()> {
+        let poll = &self.poll;
+        if self.source.kind != SourceKind::Poll {
+            if poll.set {
+                return Err(Error::definite("[poll] applies only with source.kind = \"poll\""));
+            }
+            return Ok(());
+        }
+        if !(1..=10_000).contains(&poll.batch_rows) {
+            return Err(Error::definite("poll.batch_rows must be between 1 and 10000"));
+        }
+        if !(1..=3_600_000).contains(&poll.poll_interval_ms) {
+            return Err(Error::definite("poll.poll_interval_ms must be between 1 and 3600000"));
+        }
+        if !(1_000..=86_400_000).contains(&poll.lease_ms) {
+            return Err(Error::definite("poll.lease_ms must be between 1000 and 86400000"));
+        }
+        if !(1..=1_000).contains(&poll.max_attempts) {
+            return Err(Error::definite("poll.max_attempts must be between 1 and 1000"));
+        }
+        match &poll.relay_id {
+            Some(id) if id.is_empty() || id.len() > 128 => {
+                Err(Error::definite("poll.relay_id must be 1 to 128 characters (it is stored in locked_by)"))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn validate_source_kind(&self) -> Result<()> {
         let source = &self.source;
         match source.kind {
@@ -1262,6 +1413,29 @@ impl ConfigFile {
                 }
                 if source.host.is_empty() || source.user.is_empty() {
                     return Err(Error::definite("source.host and source.user are required (source.kind = \"server\")"));
+                }
+            }
+            SourceKind::Poll => {
+                if source.binlog_dir.is_some() || !source.binlog_files.is_empty() || source.start_after.is_some() {
+                    return Err(Error::definite(
+                        "source.binlog_dir, source.binlog_files and source.start_after apply only with \
+                         source.kind = \"files\"",
+                    ));
+                }
+                if source.host.is_empty() || source.user.is_empty() {
+                    return Err(Error::definite("source.host and source.user are required (source.kind = \"poll\")"));
+                }
+                if source.server_id != 0 {
+                    return Err(Error::definite(
+                        "source.server_id is the binlog client's id; the polling relay (source.kind = \"poll\") \
+                         reads no binlog: remove it",
+                    ));
+                }
+                if self.snapshot.mode != SnapshotMode::Never {
+                    return Err(Error::definite(
+                        "source.kind = \"poll\" publishes every unpublished row of the table (published_at IS \
+                         NULL), so there is nothing to snapshot. Set [snapshot] mode = \"never\"",
+                    ));
                 }
             }
             SourceKind::Files => {
@@ -1681,6 +1855,61 @@ mod tests {
             assert!(with(bad).is_err(), "{bad}");
         }
         assert!(with("bogus = 1").unwrap_err().to_string().contains("bogus"));
+    }
+
+    const POLL: &str = r#"
+        [source]
+        kind = "poll"
+        host = "127.0.0.1"
+        user = "relay"
+        [outbox]
+        table = "shop.outbox_events"
+        [kafka]
+        bootstrap_servers = "127.0.0.1:9092"
+        [snapshot]
+        mode = "never"
+    "#;
+
+    /// `kind = "poll"` takes the connection settings without `server_id`, `[poll]` gets defaults and
+    /// bounds, and `[poll]` is refused with the binlog sources (a relay config pointed at the wrong kind).
+    #[test]
+    fn poll_source_settings_are_validated() {
+        let c = Config::parse(POLL).unwrap();
+        assert_eq!(c.source.kind, SourceKind::Poll);
+        let p = &c.poll;
+        assert_eq!((p.lease_ms, p.poll_interval_ms, p.batch_rows, p.max_attempts), (30_000, 200, 500, 10));
+        let id = p.relay_id();
+        assert!(id.ends_with(&format!(":{}", std::process::id())) && id.len() <= 128, "{id}");
+        let with = |extra: &str| Config::parse(&format!("{POLL}\n[poll]\n{extra}\n"));
+        let c = with("lease_ms = 5000\npoll_interval_ms = 50\nbatch_rows = 20\nmax_attempts = 3\nrelay_id = \"r1\"")
+            .unwrap();
+        assert_eq!(
+            (c.poll.lease_ms, c.poll.poll_interval_ms, c.poll.batch_rows, c.poll.max_attempts, c.poll.relay_id()),
+            (5000, 50, 20, 3, "r1".to_string())
+        );
+        let cases: &[(&str, &str)] = &[
+            ("lease_ms = 10", "poll.lease_ms"),
+            ("poll_interval_ms = 0", "poll.poll_interval_ms"),
+            ("batch_rows = 0", "poll.batch_rows"),
+            ("max_attempts = 0", "poll.max_attempts"),
+            ("relay_id = \"\"", "poll.relay_id"),
+            ("lease = 5", "unknown field `lease`"),
+        ];
+        for (extra, expected) in cases {
+            let e = with(extra).unwrap_err().to_string();
+            assert!(e.contains(expected), "{extra}: {e}");
+        }
+        let refusals: &[(String, &str)] = &[
+            (POLL.replace("user = \"relay\"", "user = \"relay\"\nserver_id = 7"), "remove it"),
+            (POLL.replace("host = \"127.0.0.1\"", ""), "source.host and source.user are required"),
+            (POLL.replace("mode = \"never\"", "mode = \"initial\""), "nothing to snapshot"),
+            (POLL.replace("kind = \"poll\"", "kind = \"poll\"\nbinlog_dir = \"/b\""), "only with"),
+            (format!("{MINIMAL}\n[poll]\nbatch_rows = 5\n"), "[poll] applies only with source.kind = \"poll\""),
+        ];
+        for (text, expected) in refusals {
+            let e = Config::parse(text).unwrap_err().to_string();
+            assert!(e.contains(expected), "{e}\n{text}");
+        }
     }
 
     #[test]

@@ -44,6 +44,7 @@ use crate::source::overlap::Overlap;
 use crate::source::{preflight, SourceConn, SourceReader};
 
 mod plan;
+mod poll;
 mod read_ahead;
 mod run;
 mod shutdown;
@@ -94,6 +95,9 @@ impl Pipeline {
         let config = &self.config;
         if config.source.kind == SourceKind::Files {
             return self.run_files(shutdown).await;
+        }
+        if config.source.kind == SourceKind::Poll {
+            return poll::run(config, &self.source, self.router.clone(), self.store.clone(), shutdown).await;
         }
         let ServerPlan { info, plan } = plan::server(&self.source, config, &self.store, self.accept_new_server).await?;
         let checkpointer = Checkpointer::new(self.store.clone(), info.identity.clone());

@@ -5,7 +5,9 @@
 
 use crate::checkpoint::Store;
 use crate::config::{Config, SourceKind};
-use crate::error::{Result, EXIT_DEFINITE};
+use mysql_async::prelude::Queryable;
+
+use crate::error::{classify_mysql, Result, EXIT_DEFINITE};
 use crate::source::{self, preflight, SourceConn};
 
 /// Checks the source (server settings, grants, the outbox tables, whether the checkpoint can be resumed) or
@@ -16,6 +18,9 @@ use crate::source::{self, preflight, SourceConn};
 pub async fn run(config: &Config) -> Result<()> {
     if config.source.kind == SourceKind::Files {
         return check_files(config).await;
+    }
+    if config.source.kind == SourceKind::Poll {
+        return check_poll(config).await;
     }
     let source = SourceConn::from_config(config)?;
     let mut conn = source.connect().await?;
@@ -41,6 +46,32 @@ pub async fn run(config: &Config) -> Result<()> {
             std::process::exit(EXIT_DEFINITE);
         }
     };
+    print!("{kafka}");
+    let failed = report.failures().count() + kafka.report.failures().count();
+    if failed > 0 {
+        println!("{failed} check(s) failed");
+        std::process::exit(EXIT_DEFINITE);
+    }
+    println!("all checks passed");
+    Ok(())
+}
+
+/// `check` for the polling relay (`source.kind = "poll"`): the outbox tables as the relay uses them
+/// ([`preflight::check_poll`]), and Kafka. Nothing about the binlog: the relay reads none.
+async fn check_poll(config: &Config) -> Result<()> {
+    let source = SourceConn::from_config(config)?;
+    let mut conn = source.connect().await?;
+    let version: Option<String> = conn.query_first("SELECT VERSION()").await.map_err(|e| classify_mysql(&e))?;
+    println!(
+        "server: {} ({}), polling relay {}",
+        source.describe(),
+        version.unwrap_or_default(),
+        config.poll.relay_id()
+    );
+    let report = preflight::check_poll(&mut conn, config).await?;
+    print!("{report}");
+    let routed = super::audit::routed_topics(config, config.tables(), &mut conn).await;
+    let kafka = crate::sink::check::check(&config.kafka, routed).await?;
     print!("{kafka}");
     let failed = report.failures().count() + kafka.report.failures().count();
     if failed > 0 {

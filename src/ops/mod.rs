@@ -53,8 +53,17 @@ pub async fn run_replay(config: &Config, options: &ReplayOptions) -> Result<()> 
 /// # Errors
 /// What [`prune::prune`] refuses.
 pub async fn run_prune(config: &Config, options: &PruneOptions) -> Result<()> {
-    let report = prune::prune(config, options).await?;
     let verb = if options.dry_run { "would delete" } else { "deleted" };
+    if config.source.kind == crate::config::SourceKind::Poll {
+        let report = prune::prune_published(config, options).await?;
+        println!(
+            "{verb} {} row(s) with published_at < {} (UTC) in {} batch(es); published_at is set only after Kafka \
+             acknowledged the event",
+            report.rows_deleted, report.cutoff, report.batches
+        );
+        return Ok(());
+    }
+    let report = prune::prune(config, options).await?;
     println!(
         "{verb} {} row(s) with occurred_at < {} (UTC) in {} batch(es); the checkpoint {} covers the \
          server's position {}",

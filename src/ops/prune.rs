@@ -351,6 +351,89 @@ async fn prune_table(
     }
 }
 
+/// What a prune run of the polling relay's table did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedPruneReport {
+    /// Rows deleted (with `dry_run`: rows that would have been deleted).
+    pub rows_deleted: u64,
+    /// `DELETE` statements run.
+    pub batches: u64,
+    /// The `published_at` bound: rows published strictly earlier were deleted (server time, UTC).
+    pub cutoff: String,
+}
+
+/// `prune` for the polling relay (`source.kind = "poll"`): deletes rows whose `published_at` is older than
+/// `options.older_than`, in batches of `prune.batch_rows` with `prune.pause_ms` between them.
+///
+/// No binlog proof is needed: the relay sets `published_at` only after Kafka acknowledged the row's event,
+/// so `published_at` is the proof. Unpublished rows (due, leased, failed, or parked after a dead letter)
+/// are never candidates, and rows of aggregates held in this state store are kept as with the binlog
+/// source. The relay's session and this cutoff are both UTC.
+///
+/// # Errors
+/// Classified server errors. Batches deleted before an error stay deleted.
+pub async fn prune_published(config: &Config, options: &PruneOptions) -> Result<PublishedPruneReport> {
+    let source = SourceConn::from_config(config)?;
+    let mut conn = source.connect().await?;
+    let held = held_aggregates(config)?;
+    let cutoff = cutoff(&mut conn, options.older_than).await?;
+    let mut deleter = if options.dry_run { None } else { Some(delete_conn(config)?.connect().await?) };
+    let mut report = PublishedPruneReport { rows_deleted: 0, batches: 0, cutoff: cutoff.clone() };
+    let (not_held, held_params) = not_held(config, &held);
+    let id = quote_ident(&config.outbox.columns.id);
+    let batch = config.prune.batch_rows;
+    let pause = Duration::from_millis(config.prune.pause_ms);
+    for table in config.tables() {
+        let mut after: Option<Value> = None;
+        loop {
+            let select = format!(
+                "SELECT {id} FROM {t} WHERE `published_at` < ?{not_held}{keyset} ORDER BY {id} LIMIT {batch}",
+                t = table.quoted(),
+                keyset = if after.is_some() { format!(" AND {id} > ?") } else { String::new() },
+            );
+            let mut params = vec![Value::from(cutoff.as_str())];
+            params.extend(held_params.iter().cloned());
+            params.extend(after.clone());
+            let ids: Vec<Value> = conn
+                .exec(select, params)
+                .await
+                .map_err(|e| classify_mysql(&e).context(format_args!("selecting published rows of {table}")))?;
+            let Some(last) = ids.last().cloned() else { break };
+            let n = ids.len() as u64;
+            if let Some(deleter) = deleter.as_mut() {
+                let placeholders = vec!["?"; ids.len()].join(", ");
+                // The bound again: only rows that are still published that long ago.
+                let delete = format!(
+                    "DELETE FROM {t} WHERE {id} IN ({placeholders}) AND `published_at` < ?",
+                    t = table.quoted()
+                );
+                let mut params = ids;
+                params.push(Value::from(cutoff.as_str()));
+                deleter
+                    .exec_drop(delete, params)
+                    .await
+                    .map_err(|e| classify_mysql(&e).context(format_args!("deleting from {table} (prune user)")))?;
+                report.rows_deleted += deleter.affected_rows();
+                report.batches += 1;
+            } else {
+                report.rows_deleted += n;
+            }
+            after = Some(last);
+            if n < batch as u64 {
+                break;
+            }
+            if deleter.is_some() && !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+    if let Some(c) = deleter {
+        let _ = c.disconnect().await;
+    }
+    tracing::info!(rows = report.rows_deleted, batches = report.batches, dry_run = options.dry_run, "prune done");
+    Ok(report)
+}
+
 /// Parses a retention such as `7d`, `36h`, `90m`, `45s` or `2w` (one number and one unit).
 ///
 /// # Errors

@@ -169,6 +169,9 @@ pub async fn release(
     }
     republish(&mut sink, &watermark, &records).await?;
     report.republished = records.len() as u64;
+    if config.source.kind == crate::config::SourceKind::Poll {
+        unpark(config, &letters, &ids).await?;
+    }
     store.remove_hold(&hold, &ids)?;
     tracing::info!(
         aggregate_type,
@@ -179,6 +182,25 @@ pub async fn release(
         "hold released"
     );
     Ok(report)
+}
+
+/// The polling relay parks a hold's rows (unpublished, never due: `source::poll`), which holds the
+/// aggregate in every relay; once their events are republished (or skipped), they are marked published, so
+/// the aggregate's later rows follow them. Before the hold is removed: a failure keeps the hold, and running
+/// the release again is safe.
+async fn unpark(config: &Config, letters: &[DeadLetter], ids: &[String]) -> Result<()> {
+    let mut conn = SourceConn::from_config(config)?.connect().await?;
+    let mut by_table: HashMap<&str, Vec<String>> = HashMap::new();
+    for (letter, id) in letters.iter().zip(ids) {
+        by_table.entry(letter.row.table.as_str()).or_default().push(id.clone());
+    }
+    for (table, ids) in by_table {
+        let table = TableName::parse(table).map_err(Error::definite)?;
+        let marked = crate::source::poll::mark_released(&mut conn, &table, &config.outbox.columns, &ids).await?;
+        tracing::info!(%table, rows = marked, "released rows marked published: the aggregate's later rows follow");
+    }
+    let _ = conn.disconnect().await;
+    Ok(())
 }
 
 /// Produces `records` in order and waits for all acknowledgements.

@@ -12,6 +12,7 @@ pub mod history;
 pub mod key_order;
 pub mod managed;
 pub mod overlap;
+pub mod poll;
 pub mod preflight;
 pub mod purge;
 pub mod rows;

@@ -833,6 +833,146 @@ async fn check_snapshot_index(
     Ok(())
 }
 
+/// `check` for the polling relay (`source.kind = "poll"`): per outbox table, the columns (the outbox roles
+/// and the relay's, [`super::poll::POLL_COLUMNS`]), how an aggregate's events are ordered, the index the
+/// claim query reads (`published_at, next_attempt_at`: refused without it, with the `ALTER TABLE` that adds
+/// it), the index of the order rule's look-up (a warning), and the privileges: `SELECT` and `UPDATE` on
+/// the table, nothing on the binlog.
+///
+/// # Errors
+/// Classified query errors that prevent checking at all.
+pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
+    let mut report = Report::default();
+    for table in config.tables() {
+        check_table(conn, table, &config.outbox.columns, &mut report).await?;
+        let found: Vec<(String, String, String)> = conn
+            .exec(
+                "SELECT COLUMN_NAME, DATA_TYPE, EXTRA FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                (&table.database, &table.table),
+            )
+            .await
+            .map_err(|e| classify_mysql(&e))?;
+        if found.is_empty() {
+            continue;
+        }
+        let problems = super::poll::poll_column_problems(table, &found);
+        report.push(
+            &format!("table {table} relay columns"),
+            "published_at DATETIME(6) NULL, attempts INT UNSIGNED, next_attempt_at DATETIME(6), locked_at DATETIME(6) \
+             NULL, locked_by VARCHAR(128) NULL, last_error VARCHAR(1000) NULL",
+            &if problems.is_empty() { "present".to_string() } else { problems.join("; ") },
+            problems.is_empty(),
+            &format!(
+                "add the missing ones, e.g. ALTER TABLE {} ADD COLUMN published_at DATETIME(6) NULL, ADD COLUMN \
+                 attempts INT UNSIGNED NOT NULL DEFAULT 0, ADD COLUMN next_attempt_at DATETIME(6) NOT NULL DEFAULT \
+                 CURRENT_TIMESTAMP(6), ADD COLUMN locked_at DATETIME(6) NULL, ADD COLUMN locked_by VARCHAR(128) NULL, \
+                 ADD COLUMN last_error VARCHAR(1000) NULL",
+                table.quoted()
+            ),
+        );
+        let order = super::poll::order_key(&found, &config.outbox.columns);
+        report.push(
+            &format!("table {table} event order"),
+            "an AUTO_INCREMENT column, or occurred_at (then id)",
+            &match &order {
+                Some(super::poll::OrderKey::AutoIncrement(c)) => format!("by {}", quote_ident(c)),
+                Some(super::poll::OrderKey::OccurredAtThenId) => {
+                    format!(
+                        "by {}, then {}",
+                        quote_ident(&config.outbox.columns.occurred_at),
+                        quote_ident(&config.outbox.columns.id)
+                    )
+                }
+                None => "neither".to_string(),
+            },
+            order.is_some(),
+            "map the column that says when each event was written as occurred_at in [outbox.columns]",
+        );
+        let indexes = index_columns(conn, table).await?;
+        let starts_with = |wanted: &[&str]| {
+            indexes.iter().any(|(_, cols)| {
+                cols.len() >= wanted.len() && cols.iter().zip(wanted).all(|(c, w)| c.eq_ignore_ascii_case(w))
+            })
+        };
+        let ready = starts_with(&["published_at", "next_attempt_at"]);
+        report.push(
+            &format!("table {table} claim index"),
+            "an index on (`published_at`, `next_attempt_at`, ...) such as idx_ready",
+            if ready { "present" } else { "none: every claim query would scan the table" },
+            ready,
+            &format!(
+                "ALTER TABLE {} ADD INDEX idx_ready (`published_at`, `next_attempt_at`, {}), ALGORITHM=INPLACE, LOCK=NONE",
+                table.quoted(),
+                quote_ident(&config.outbox.columns.occurred_at)
+            ),
+        );
+        let (at, ai) = (&config.outbox.columns.aggregate_type, &config.outbox.columns.aggregate_id);
+        if starts_with(&[at.as_str(), ai.as_str()]) {
+            report.push(
+                &format!("table {table} aggregate index"),
+                &format!("an index on ({at}, {ai}, ...)"),
+                "present",
+                true,
+                "",
+            );
+        } else {
+            report.warn(
+                &format!("table {table} aggregate index"),
+                &format!("an index on ({at}, {ai}, ...)"),
+                "none: the order rule's look-up of earlier unpublished rows scans the table for every claimed row",
+                &format!(
+                    "ALTER TABLE {} ADD INDEX idx_aggregate ({}, {}, {}), ALGORITHM=INPLACE, LOCK=NONE",
+                    table.quoted(),
+                    quote_ident(at),
+                    quote_ident(ai),
+                    quote_ident(&config.outbox.columns.occurred_at)
+                ),
+            );
+        }
+        // Privileges are checked at prepare time: an UPDATE that matches nothing tells without changing a row.
+        let probe = format!("UPDATE {} SET `locked_by` = `locked_by` WHERE 1 = 0", table.quoted());
+        let update = match conn.query_drop(probe).await {
+            Ok(()) => true,
+            Err(e) => {
+                let err = classify_mysql(&e);
+                if !err.is_definite() {
+                    return Err(err);
+                }
+                false
+            }
+        };
+        report.push(
+            &format!("privilege UPDATE on {table}"),
+            "granted (the relay marks rows claimed, published, failed)",
+            if update { "granted" } else { "missing" },
+            update,
+            &format!("GRANT SELECT, UPDATE ON {table} TO the connector's user (no REPLICATION privilege is needed)"),
+        );
+    }
+    Ok(report)
+}
+
+/// The indexes of `table` as (name, columns in index order).
+async fn index_columns(conn: &mut Conn, table: &TableName) -> Result<Vec<(String, Vec<String>)>> {
+    let columns: Vec<(String, String)> = conn
+        .exec(
+            "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY INDEX_NAME, SEQ_IN_INDEX",
+            (&table.database, &table.table),
+        )
+        .await
+        .map_err(|e| classify_mysql(&e))?;
+    let mut indexes: Vec<(String, Vec<String>)> = Vec::new();
+    for (index, column) in columns {
+        match indexes.last_mut() {
+            Some((name, cols)) if *name == index => cols.push(column),
+            _ => indexes.push((index, vec![column])),
+        }
+    }
+    Ok(indexes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -364,20 +364,26 @@ async fn decode_all<P: mysql_async::prelude::Protocol>(
     while let Some(row) =
         result.next().await.map_err(|e| classify_mysql(&e).context(format_args!("snapshot scan of {table}")))?
     {
-        rows.push(decode(table, present, encoding, row)?);
+        rows.push(decode(table, present, encoding, 8, row)?);
     }
     Ok(rows)
 }
 
 /// Decodes one scanned row (the roles in [`crate::outbox::SLOT_NAMES`] order, as [`Scanner::query_chunk`]
-/// selects them, then the additional columns), moving its values. `present` says which roles the table
+/// selects them, and the additional columns from index `additional_from` to the end), moving its values. `present` says which roles the table
 /// has: an absent optional role is `None` in the row, a NULL in a present column is an error as in the
 /// stream (a NULL payload is [`Payload::Null`], which the router judges, as for the stream).
 ///
 /// The first chunk's plain query returns every value as text; the later chunks' prepared statements return
 /// typed values. A DATETIME (`occurred_at`) is written like the stream writes it, with the column's declared
 /// fractional digits, so an event's `occurred_at` does not depend on how it was read.
-fn decode(table: &Arc<TableName>, present: [bool; 8], encoding: PayloadEncoding, mut row: Row) -> Result<OutboxRow> {
+pub(crate) fn decode(
+    table: &Arc<TableName>,
+    present: [bool; 8],
+    encoding: PayloadEncoding,
+    additional_from: usize,
+    mut row: Row,
+) -> Result<OutboxRow> {
     let payload = match (encoding, row.take::<mysql_async::Value, _>(5)) {
         (_, None | Some(mysql_async::Value::NULL)) => Payload::Null,
         (PayloadEncoding::Bytes, Some(mysql_async::Value::Bytes(bytes))) => Payload::Bytes(bytes),
@@ -391,7 +397,8 @@ fn decode(table: &Arc<TableName>, present: [bool; 8], encoding: PayloadEncoding,
             )))
         }
     };
-    let additional = (8..row.len()).map(|i| additional_value(table, &mut row, i)).collect::<Result<Vec<_>>>()?;
+    let additional =
+        (additional_from..row.len()).map(|i| additional_value(table, &mut row, i)).collect::<Result<Vec<_>>>()?;
     let mut text = |i: usize, what: &str| text_value(table, &mut row, i, what);
     let id = need(text(0, "id")?, table, "id")?;
     let event_type = match present[3] {
@@ -565,9 +572,9 @@ mod tests {
         for slot in [3, 4, 6, 7] {
             required_only[slot] = false;
         }
-        let row = decode(&table, required_only, PayloadEncoding::Json, scanned(Value::NULL, 6)).unwrap();
+        let row = decode(&table, required_only, PayloadEncoding::Json, 8, scanned(Value::NULL, 6)).unwrap();
         assert_eq!((row.event_type, row.schema_version, row.occurred_at, row.headers), (None, None, None, None));
-        let err = decode(&table, [true; 8], PayloadEncoding::Json, scanned(Value::NULL, 6)).unwrap_err();
+        let err = decode(&table, [true; 8], PayloadEncoding::Json, 8, scanned(Value::NULL, 6)).unwrap_err();
         assert!(err.to_string().contains("occurred_at is NULL"), "{err}");
     }
 
@@ -585,7 +592,7 @@ mod tests {
             let mut values: Vec<Value> = (0..8).map(|i| row.take(i).unwrap()).collect();
             (columns[0], values[0]) = id;
             (columns[2], values[2]) = aggregate_id;
-            decode(&table, [true; 8], PayloadEncoding::Json, mysql_common::row::new_row(values, Arc::from(columns)))
+            decode(&table, [true; 8], PayloadEncoding::Json, 8, mysql_common::row::new_row(values, Arc::from(columns)))
                 .unwrap()
         };
         let text = |s: &str| (Column::new(ColumnType::MYSQL_TYPE_VAR_STRING), Value::Bytes(s.as_bytes().to_vec()));
@@ -623,7 +630,7 @@ mod tests {
             (Value::Date(2026, 1, 2, 3, 4, 5, 0), 0, "2026-01-02T03:04:05"),
         ];
         for (value, fsp, expected) in cases {
-            let row = decode(&table, [true; 8], PayloadEncoding::Json, scanned(value.clone(), fsp)).unwrap();
+            let row = decode(&table, [true; 8], PayloadEncoding::Json, 8, scanned(value.clone(), fsp)).unwrap();
             assert_eq!(row.occurred_at.as_deref(), Some(expected), "{value:?} with {fsp} digits");
             assert_eq!((row.schema_version, row.headers.as_deref()), (Some(SchemaVersion::Integer(3)), None));
             assert!(row.from_snapshot);
@@ -646,7 +653,7 @@ mod tests {
                 columns.push(column);
                 values.push(value);
             }
-            decode(&table, [true; 8], encoding, mysql_common::row::new_row(values, Arc::from(columns))).unwrap()
+            decode(&table, [true; 8], encoding, 8, mysql_common::row::new_row(values, Arc::from(columns))).unwrap()
         };
         let text = |s: &[u8]| (Column::new(ColumnType::MYSQL_TYPE_VAR_STRING), Value::Bytes(s.to_vec()));
         let int = Column::new(ColumnType::MYSQL_TYPE_LONGLONG);
@@ -693,7 +700,7 @@ mod tests {
     #[test]
     fn null_occurred_at_is_a_definite_error() {
         let table = Arc::new(TableName { database: "shop".into(), table: "outbox_events".into() });
-        let err = decode(&table, [true; 8], PayloadEncoding::Json, scanned(Value::NULL, 6)).unwrap_err();
+        let err = decode(&table, [true; 8], PayloadEncoding::Json, 8, scanned(Value::NULL, 6)).unwrap_err();
         assert!(err.to_string().contains("occurred_at is NULL"), "{err}");
     }
 }
