@@ -128,15 +128,6 @@ pub fn uuid_text(bytes: &[u8]) -> std::result::Result<String, String> {
     Ok(text)
 }
 
-/// SQL for one parameter carrying an id as the connector publishes it, equal to the column's value: a
-/// BINARY(16) UUID's text back to its bytes; other types compare with their text as they are.
-pub fn id_param_sql(family: Option<TypeFamily>) -> &'static str {
-    match family {
-        Some(TypeFamily::Uuid) => "UNHEX(REPLACE(?, '-', ''))",
-        _ => "?",
-    }
-}
-
 /// SQL for `column` (quoted) as the text the connector publishes for it, for the commands that read ids
 /// with their own queries (audit): a BINARY(16) as UUID text, an integer as its digits, others as they are.
 pub fn text_sql(family: TypeFamily, column: &str) -> String {
