@@ -126,9 +126,10 @@ fn replay_selects_a_binary16_aggregate_by_its_uuid_text() {
 }
 
 /// `replay --aggregate-id <decimal>` on a BIGINT aggregate id compares integers: 2^53 + 1 selects its own
-/// rows and not those of 2^53, which a comparison of the column with text (as DOUBLEs) cannot tell apart;
-/// `--aggregate-type` still selects as text. Something that is not an integer is a definite error (exit 2)
-/// naming the flag and the column's type (it used to be compared as the number 0).
+/// rows and not those of 2^53 (which a comparison as DOUBLEs would not tell apart); `--aggregate-type`
+/// still selects as text. Something that is not an integer is a definite error (exit 2) naming the flag
+/// and the column's type: compared with the column as text, `o-1` used to be the number 0 and replayed
+/// aggregate 0's events.
 #[test]
 fn replay_selects_a_bigint_aggregate_by_its_decimal_text() {
     let db = MariaDb::start();

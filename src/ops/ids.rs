@@ -7,9 +7,9 @@
 //! ([`crate::source::column_types::rendering`]); `replay --aggregate-id`, prune's held aggregates, release's
 //! dead-letter lookups and audit's id lookups all start from that text. Compared with the column as text,
 //! a BINARY(16) value never matches (its 16 bytes are not its 36 characters of text), and an integer column
-//! is compared as a DOUBLE, which cannot tell BIGINTs above 2^53 apart. So the text is parsed for the
-//! column's type ([`ColumnValue::parse`]) and compared as that type: the UUID's bytes, the integer itself,
-//! or text in the column's collation. A text that cannot be a value of the column is an error for the
+//! converts the text to a number however it can (`o-1` is 0, and matches aggregate 0). So the text is
+//! parsed for the column's type ([`ColumnValue::parse`]) and compared as that type: the UUID's bytes, the
+//! integer itself, or text in the column's collation. A text that cannot be a value of the column is an error for the
 //! caller to report (an operator's typo), or proof that no row of the table holds it (a record's id).
 
 use std::fmt::Write as _;
