@@ -1,9 +1,9 @@
 //! The operator commands on outbox tables that are not our reference schema, against a real MariaDB and a
 //! real broker: `replay --aggregate-id` on a BINARY(16) and on a BIGINT aggregate id (the id typed as it
 //! is published selects exactly that aggregate's rows; one the column cannot hold is a definite error),
-//! and `audit` on tables without `occurred_at` (ordered by an integer id, or reported as not ordered) and
-//! on BINARY(16) ids outside the audited window. The audits' records are produced by the test itself, so
-//! each defect is exactly the one planted.
+//! `audit` on tables without `occurred_at` (ordered by an integer id, or reported as not ordered) and on
+//! BINARY(16) ids outside the audited window, and `prune` keeping a held BINARY(16) aggregate's rows. The
+//! audits' records are produced by the test itself, so each defect is exactly the one planted.
 
 mod common;
 
@@ -306,4 +306,57 @@ fn audit_finds_binary16_ids_outside_the_window_in_the_table() {
     assert_eq!(run.count("outside_window"), 2, "{:#}", run.report);
     assert_eq!(run.count("not_in_table"), 1, "{:#}", run.report);
     assert_eq!(list(&run, "not_in_table_ids"), [stranger], "{:#}", run.report);
+}
+
+/// `prune` keeps every row of a held aggregate also when its aggregate id is a BINARY(16): the hold names
+/// the aggregate by its UUID text, which the column used to be compared with as text, matching nothing, so
+/// prune deleted the held rows (and with them the payload `quarantine release` needs).
+#[test]
+fn prune_keeps_the_rows_of_a_held_binary16_aggregate() {
+    let db = MariaDb::start();
+    reshape(
+        &db,
+        "CREATE TABLE shop.outbox_events (id CHAR(36) PRIMARY KEY, aggregate_type VARCHAR(64) NOT NULL, \
+         aggregate_id BINARY(16) NOT NULL, event_type VARCHAR(128) NOT NULL, schema_version INT NOT NULL, \
+         payload LONGTEXT NOT NULL, occurred_at DATETIME(6) NOT NULL, \
+         KEY idx_aggregate (aggregate_type, aggregate_id, occurred_at)) DEFAULT CHARSET=utf8mb4",
+    );
+    db.sql(
+        "CREATE USER 'pruner'@'127.0.0.1' IDENTIFIED BY 'prune-pw'; \
+         GRANT SELECT, DELETE ON shop.outbox_events TO 'pruner'@'127.0.0.1'",
+    );
+    let (healthy, poisoned) = ("0a000000-0000-4000-8000-000000000000", "0b000000-0000-4000-8000-000000000000");
+    // Ten days old: a 7-day retention may delete all three, but for the hold.
+    let rows = [
+        ("e-1", healthy, "{}".to_string()),
+        ("e-2", poisoned, format!("\"{}\"", "x".repeat(30_000))),
+        ("e-3", poisoned, "{}".to_string()),
+    ];
+    for (id, aggregate, payload) in &rows {
+        db.sql(&format!(
+            "INSERT INTO shop.outbox_events VALUES ('{id}', 'order', UNHEX(REPLACE('{aggregate}', '-', '')), \
+             'Placed', 1, '{payload}', UTC_TIMESTAMP(6) - INTERVAL 10 DAY)"
+        ));
+    }
+    let broker = Broker::start(Engine::Memory);
+    let mut connector = Connector::new();
+    let config = connector.write_config(&db, &broker, "\n[prune]\nuser = \"pruner\"\npassword = \"prune-pw\"\n");
+    // Records up to 20 kB, and a dead-letter topic: e-2 is poison, and its aggregate is held.
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "topic = \"outbox.event.${aggregate_type}\"",
+        "topic = \"outbox.event.${aggregate_type}\"\nmax_record_bytes = 20000\ndead_letter_topic = \"dlq\"",
+    );
+    std::fs::write(&config, text).unwrap();
+    connector.run(&config);
+    let dead = broker.read_all("dlq", 2, READ_TIMEOUT);
+    assert_eq!(ids(&dead), ["e-2", "e-3"].map(String::from).into(), "{}", connector.logs());
+    assert_eq!(ids(&broker.read_all("outbox.event.order", 1, READ_TIMEOUT)), ["e-1".to_string()].into());
+    assert!(connector.terminate().success(), "{}", connector.logs());
+    let (status, out, err) = connector.command(&["quarantine", "list"], CLI_TIMEOUT).unwrap();
+    assert!(status.success() && out.contains(poisoned), "the hold names the aggregate's UUID text: {out}{err}");
+
+    let (status, out, err) = connector.command(&["prune", "--older-than", "7d"], CLI_TIMEOUT).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("deleted 1 row(s)"), "{out}{err}");
+    assert_eq!(db.sql("SELECT id FROM shop.outbox_events ORDER BY id"), "e-2\ne-3\n", "the held rows are kept");
 }
