@@ -8,7 +8,11 @@
 //! - **order violations**: within one aggregate (topic, aggregate type, aggregate id), the *first*
 //!   occurrence of an event comes, in partition offset order, after the first occurrence of an event with a
 //!   later `occurred_at` (exit status 1). A record seen again later (a redelivery after a crash) is a
-//!   duplicate, never an order violation; equal `occurred_at` values cannot be ordered and are accepted;
+//!   duplicate, never an order violation; equal `occurred_at` values cannot be ordered and are accepted.
+//!   A table without `occurred_at` is ordered as its snapshot orders it: by its id when that is an integer
+//!   (a larger id is a later event), and not at all otherwise: its events are then accepted in any order,
+//!   and the report lists the table under **order not checked** with the reason (the verdict says so too;
+//!   the exit status is 0 when nothing else is wrong);
 //! - **split aggregates**: one aggregate's records on more than one partition (exit status 1: per-aggregate
 //!   order cannot hold across partitions);
 //! - **duplicates**: ids present more than once, with counts. At-least-once allows them (exit status 0);
@@ -57,6 +61,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::error::{classify_kafka, classify_mysql, Error, Result};
+use crate::ops::ids::IdColumn;
 use crate::outbox::{quote_ident, TableName};
 use crate::source::column_types::{text_sql, TypeFamily};
 use crate::source::SourceConn;
@@ -154,6 +159,13 @@ pub struct AuditReport {
     pub order_violations: u64,
     /// Some of them, described.
     pub order_violation_samples: Vec<String>,
+    /// Tables without `occurred_at` whose events' order was checked by their integer id.
+    #[serde(default)]
+    pub order_by_id: Vec<String>,
+    /// Tables whose events' order could not be checked (no `occurred_at`, no integer id), each with why.
+    /// Their events count as in order: the audit passes without having checked it, and says so.
+    #[serde(default)]
+    pub order_not_checked: Vec<String>,
     /// Aggregates whose records are on more than one partition.
     pub split_aggregates: u64,
     /// Some of them, described.
@@ -204,6 +216,12 @@ impl fmt::Display for AuditReport {
         for v in &self.order_violation_samples {
             writeln!(f, "    {v}")?;
         }
+        for t in &self.order_by_id {
+            writeln!(f, "    order in {t} checked by id (it has no occurred_at)")?;
+        }
+        for why in &self.order_not_checked {
+            writeln!(f, "    order NOT CHECKED in {why}")?;
+        }
         writeln!(f, "  aggregates split over partitions: {}", self.split_aggregates)?;
         for v in &self.split_aggregate_samples {
             writeln!(f, "    {v}")?;
@@ -214,7 +232,11 @@ impl fmt::Display for AuditReport {
             writeln!(f, "  records without an id header:  {}", self.without_id)?;
         }
         let verdict = if self.passed() { "PASSED" } else { "FAILED" };
-        write!(f, "{verdict} in {:.1} s", self.elapsed_ms as f64 / 1000.0)
+        let unchecked = match self.order_not_checked.len() {
+            0 => "",
+            _ => " (per-aggregate order not checked in every table, see above)",
+        };
+        write!(f, "{verdict}{unchecked} in {:.1} s", self.elapsed_ms as f64 / 1000.0)
     }
 }
 
@@ -223,10 +245,54 @@ impl fmt::Display for AuditReport {
 struct RowEntry {
     /// Aggregate key (`aggregate_type` NUL `aggregate_id`).
     a: String,
-    /// `occurred_at`, `YYYY-MM-DD HH:MM:SS.ffffff` (sorts chronologically as text).
+    /// Where the row's event belongs in its aggregate's order, as text that sorts in that order
+    /// ([`RowOrder`]): `occurred_at` as `YYYY-MM-DD HH:MM:SS.ffffff`, or an [`id_order_key`], or empty
+    /// when the table says nothing about order.
     t: String,
     /// Times seen in Kafka.
     n: u32,
+}
+
+/// What orders one aggregate's events in a table's rows (the same rule as the snapshot's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowOrder {
+    /// `occurred_at`.
+    OccurredAt,
+    /// No `occurred_at`, an integer id: the id.
+    Id,
+    /// Neither: the order is not checked, and the report says so.
+    None,
+}
+
+/// Prefix of an [`id_order_key`]: no `occurred_at` text starts with it, so the two never compare.
+const ID_ORDER_PREFIX: char = '#';
+
+/// An integer id (as published, in decimal) as text that sorts in the integers' order: [`ID_ORDER_PREFIX`]
+/// and the id's distance from BIGINT's minimum in 20 digits (which hold BIGINT UNSIGNED's maximum plus that
+/// distance). `None` for text that is not such an integer.
+fn id_order_key(id: &str) -> Option<String> {
+    let n: i128 = id.parse().ok()?;
+    let shifted = n - i128::from(i64::MIN);
+    if !(0..=i128::from(u64::MAX) - i128::from(i64::MIN)).contains(&shifted) {
+        return None;
+    }
+    Some(format!("{ID_ORDER_PREFIX}{shifted:020}"))
+}
+
+/// Whether the event at order key `key` belongs before the one at `earlier` in their aggregate. Keys of
+/// different kinds (an `occurred_at` and an id, rows of two tables routed to one topic), and empty keys,
+/// cannot be ordered and never are.
+fn belongs_before(key: &str, earlier: &str) -> bool {
+    let kind = |k: &str| k.chars().next().map(|c| c == ID_ORDER_PREFIX);
+    kind(key).is_some() && kind(key) == kind(earlier) && key < earlier
+}
+
+/// How an order key reads in a report.
+fn describe_order_key(key: &str) -> String {
+    match key.strip_prefix(ID_ORDER_PREFIX) {
+        Some(_) => "ordered by id: its table has no occurred_at".to_string(),
+        None => format!("occurred_at {key}"),
+    }
 }
 
 /// An out-of-window Kafka id, spilled.
@@ -293,7 +359,7 @@ pub async fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport> {
     tracing::info!(tables = ?report.tables, topics = ?topics, window = %report.window, "audit: scanning the table");
     // Before the scan: a missing secret is found before the table is read.
     let consumer_config = consumer_config(config)?;
-    report.table_rows = scan_table(config, opts, &tables, &mut conn, &db).await?;
+    report.table_rows = scan_table(config, opts, &tables, &mut conn, &db, &mut report).await?;
 
     tracing::info!(rows = report.table_rows, "audit: reading Kafka");
     let (db2, limit, quiet) = (db.clone(), opts.list_limit, Duration::from_millis(opts.quiet_ms));
@@ -392,6 +458,7 @@ async fn scan_table(
     tables: &[TableName],
     conn: &mut Conn,
     db: &Database,
+    report: &mut AuditReport,
 ) -> Result<u64> {
     let c = &config.outbox.columns;
     let q = |e: mysql_async::Error| classify_mysql(&e).context("audit table scan");
@@ -412,24 +479,33 @@ async fn scan_table(
     let (id, at) = (quote_ident(&c.id), quote_ident(&c.occurred_at));
     let mut total = 0u64;
     for t in tables {
-        // A table without occurred_at (an optional column) has no time to order by or to window on: its
-        // rows are read with none, so the order check accepts any order of its events (see the module
-        // documentation), and --since/--until are refused.
+        // A table without occurred_at (an optional column) has no time to window on (--since/--until are
+        // refused) nor to order by: its events are ordered by an integer id, as its snapshot orders them,
+        // and not at all otherwise, which the report says (see the module documentation).
         let roles = crate::source::snapshot::role_columns(conn, t, c).await?;
         let has_occurred_at = roles[7].is_some();
+        let id_column = IdColumn::require(conn, t, &c.id).await?;
+        let order = match (has_occurred_at, id_column.family) {
+            (true, _) => RowOrder::OccurredAt,
+            (false, Some(TypeFamily::Integer)) => {
+                report.order_by_id.push(t.to_string());
+                RowOrder::Id
+            }
+            (false, _) => {
+                report.order_not_checked.push(format!(
+                    "{t}: it has no `{}` column and its id `{}` is {}, not an integer, so nothing in a row says \
+                     in which order its aggregate's events were written",
+                    c.occurred_at, id_column.name, id_column.sql_type
+                ));
+                RowOrder::None
+            }
+        };
         // Ids as the connector publishes them (a BINARY(16) as UUID text, an integer as digits).
         let text_of = |slot: usize, name: &str| match roles[slot].flatten() {
             Some(family) => text_sql(family, &quote_ident(name)),
             None => quote_ident(name),
         };
         let (id_text, aggregate_id_text) = (text_of(0, &c.id), text_of(2, &c.aggregate_id));
-        // The keyset continues after the last id in the column's own order (ORDER BY {id}), so the
-        // parameter carrying its text is typed as the column is.
-        let id_param = match roles[0].flatten() {
-            Some(TypeFamily::Uuid) => "UNHEX(REPLACE(?, '-', ''))",
-            Some(TypeFamily::Integer) => "CAST(? AS DECIMAL(20, 0))",
-            _ => "?",
-        };
         if !has_occurred_at && (opts.since.is_some() || opts.until.is_some()) {
             return Err(Error::definite(format!(
                 "--since/--until select rows by occurred_at, and {t} has no `{}` column; select with --where",
@@ -444,8 +520,13 @@ async fn scan_table(
         loop {
             let (mut conditions, mut params) = window_conditions(opts, &at);
             if let Some(a) = &after {
-                conditions.push(format!("{id} > {id_param}"));
-                params.push(a.clone().into());
+                // The keyset continues after the last id in the column's own order (ORDER BY {id}): its
+                // text back to the column's value.
+                let value = id_column.value(a).map_err(|why| {
+                    Error::definite(format!("audit scan of {t}: the id {a:?} the server printed: {why}"))
+                })?;
+                conditions.push(format!("{id} > ?"));
+                params.push(value.param());
             }
             let filter =
                 if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
@@ -465,11 +546,12 @@ async fn scan_table(
             {
                 let mut table = tx.open_table(ROWS).map_err(spill_error)?;
                 for (id, aggregate_type, aggregate_id, occurred_at) in &rows {
-                    let entry = RowEntry {
-                        a: format!("{aggregate_type}\u{0}{aggregate_id}"),
-                        t: occurred_at.clone().unwrap_or_default(),
-                        n: 0,
+                    let t = match order {
+                        RowOrder::OccurredAt => occurred_at.clone().unwrap_or_default(),
+                        RowOrder::Id => id_order_key(id).unwrap_or_default(),
+                        RowOrder::None => String::new(),
                     };
+                    let entry = RowEntry { a: format!("{aggregate_type}\u{0}{aggregate_id}"), t, n: 0 };
                     table.insert(id.as_str(), encode(&entry).as_slice()).map_err(spill_error)?;
                 }
             }
@@ -640,16 +722,16 @@ fn read_kafka(
                                 }
                                 continue;
                             }
-                            if entry.t < prev.t {
+                            if belongs_before(&entry.t, &prev.t) {
                                 pass.order_violations += 1;
                                 if pass.order_samples.len() < limit {
                                     pass.order_samples.push(format!(
-                                        "aggregate {aggregate} in {}: {id} (occurred_at {}) first at {partition}:{offset}, \
-                                         after {} (occurred_at {}) at {}:{}",
+                                        "aggregate {aggregate} in {}: {id} ({}) first at {partition}:{offset}, \
+                                         after {} ({}) at {}:{}",
                                         m.topic(),
-                                        entry.t,
+                                        describe_order_key(&entry.t),
                                         prev.id,
-                                        prev.t,
+                                        describe_order_key(&prev.t),
                                         prev.p,
                                         prev.o
                                     ));
@@ -731,6 +813,10 @@ async fn classify_extras(
     db: &Database,
     report: &mut AuditReport,
 ) -> Result<()> {
+    let mut id_columns = Vec::with_capacity(tables.len());
+    for t in tables {
+        id_columns.push(IdColumn::require(conn, t, id_column).await?);
+    }
     let mut after: Option<String> = None;
     loop {
         let batch: Vec<(String, u32)> = {
@@ -751,11 +837,20 @@ async fn classify_extras(
         let Some(last) = batch.last() else { return Ok(()) };
         after = Some(last.0.clone());
         let mut present = std::collections::HashSet::new();
-        let marks = vec!["?"; batch.len()].join(",");
-        for t in tables {
-            let sql = format!("SELECT {id} FROM {} WHERE {id} IN ({marks})", t.quoted(), id = quote_ident(id_column));
+        for (t, column) in tables.iter().zip(&id_columns) {
+            // Each id as the column's value (a UUID's bytes, an integer); one the column cannot hold is not
+            // in this table. The ids come back as published.
+            let values: Vec<mysql_async::Value> =
+                batch.iter().filter_map(|(id, _)| column.value(id).ok()).map(|v| v.param()).collect();
+            if values.is_empty() {
+                continue;
+            }
+            let id = quote_ident(&column.name);
+            let published = column.family.map_or_else(|| id.clone(), |family| text_sql(family, &id));
+            let marks = vec!["?"; values.len()].join(",");
+            let sql = format!("SELECT {published} FROM {} WHERE {id} IN ({marks})", t.quoted());
             let ids: Vec<String> = conn
-                .exec(sql, batch.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>())
+                .exec(sql, values)
                 .await
                 .map_err(|e| classify_mysql(&e).context("audit: looking up ids outside the window"))?;
             present.extend(ids);
@@ -777,5 +872,34 @@ async fn classify_extras(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_order_keys_sort_as_the_integers_do() {
+        let ids = ["-9223372036854775808", "-7", "0", "9", "10", "100", "9007199254740993", "18446744073709551615"];
+        let keys: Vec<String> = ids.iter().map(|id| id_order_key(id).expect("an integer")).collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
+        assert!(keys.iter().all(|k| k.len() == 21 && k.starts_with(ID_ORDER_PREFIX)), "{keys:?}");
+        for not_an_id in ["", "a-1", "1.5", "18446744073709551616", "-9223372036854775809"] {
+            assert_eq!(id_order_key(not_an_id), None, "{not_an_id:?}");
+        }
+    }
+
+    #[test]
+    fn only_keys_of_one_kind_are_ordered() {
+        let (id9, id10) = (id_order_key("9").unwrap(), id_order_key("10").unwrap());
+        assert!(belongs_before(&id9, &id10), "9 before 10, not as text");
+        assert!(!belongs_before(&id10, &id9));
+        let (early, late) = ("2026-11-30 10:00:00.000000", "2026-11-30 10:00:01.000000");
+        assert!(belongs_before(early, late));
+        assert!(!belongs_before(late, early));
+        assert!(!belongs_before(early, early), "equal times cannot be ordered");
+        assert!(!belongs_before(&id9, late) && !belongs_before(early, &id10), "a time and an id never compare");
+        assert!(!belongs_before("", late) && !belongs_before(early, ""), "an unordered row never compares");
     }
 }

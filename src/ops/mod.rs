@@ -1,12 +1,14 @@
 //! Operator commands, run beside the pipeline or instead of it: [`check`] before a first run, [`status`]
 //! while it runs, [`audit`] to prove the promise held, [`quarantine`] and [`release`] for held aggregates,
 //! [`replay`] to publish again what a consumer lost, [`prune`] to delete what Kafka has. Each reads the same
-//! configuration and state directory as `run`; the functions here print what a command reports.
+//! configuration and state directory as `run`; the functions here print what a command reports. [`ids`]
+//! compares an id column with an id as published, for all of them.
 //!
 //! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 
 pub mod audit;
 pub mod check;
+pub mod ids;
 pub mod prune;
 pub mod quarantine;
 pub mod release;

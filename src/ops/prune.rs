@@ -78,6 +78,7 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Value};
 
+use super::ids::IdColumn;
 use crate::checkpoint::Store;
 use crate::config::{Config, OnUpdate};
 use crate::error::{classify_mysql, Error, Result};
@@ -210,18 +211,41 @@ fn held_aggregates(config: &Config) -> Result<Vec<(String, String)>> {
     Ok(holds.into_iter().map(|h| (h.aggregate_type, h.aggregate_id)).collect())
 }
 
-/// The condition that leaves the rows of held aggregates out, and its parameters; empty without holds.
-fn not_held(config: &Config, held: &[(String, String)]) -> (String, Vec<Value>) {
-    let (t, i) = (quote_ident(&config.outbox.columns.aggregate_type), quote_ident(&config.outbox.columns.aggregate_id));
+/// The condition that leaves the rows of held aggregates in `table` out, and its parameters; empty without
+/// holds.
+///
+/// A hold names its aggregate as published; each part is compared in its column's own type
+/// ([`super::ids`]), or a BINARY(16) or integer aggregate id would never match and its held rows would be
+/// deleted. A hold whose id cannot be a value of this table's column (a UUID's text against an integer
+/// column) has no rows here to keep.
+///
+/// # Errors
+/// Classified query errors reading the columns' types.
+async fn not_held(
+    config: &Config,
+    table: &TableName,
+    view: &mut Conn,
+    held: &[(String, String)],
+) -> Result<(String, Vec<Value>)> {
     let mut sql = String::new();
     let mut params = Vec::with_capacity(held.len() * 2);
+    if held.is_empty() {
+        return Ok((sql, params));
+    }
+    let c = &config.outbox.columns;
+    let type_column = IdColumn::require(view, table, &c.aggregate_type).await?;
+    let id_column = IdColumn::require(view, table, &c.aggregate_id).await?;
+    let (t, i) = (quote_ident(&type_column.name), quote_ident(&id_column.name));
     for (aggregate_type, aggregate_id) in held {
+        let (Ok(type_value), Ok(id_value)) = (type_column.value(aggregate_type), id_column.value(aggregate_id)) else {
+            continue;
+        };
         // Compared in the columns' collation: a case-insensitive one keeps more rows, never fewer.
         sql.push_str(&format!(" AND NOT ({t} = ? AND {i} = ?)"));
-        params.push(Value::from(aggregate_type.as_str()));
-        params.push(Value::from(aggregate_id.as_str()));
+        params.push(type_value.param());
+        params.push(id_value.param());
     }
-    (sql, params)
+    Ok((sql, params))
 }
 
 /// Re-reads the checkpoint until it covers `cut`, for up to `wait`.
@@ -305,7 +329,7 @@ async fn prune_table(
     let (id, occurred_at) = (quote_ident(&config.outbox.columns.id), quote_ident(&config.outbox.columns.occurred_at));
     let batch = config.prune.batch_rows;
     let pause = Duration::from_millis(config.prune.pause_ms);
-    let (not_held, held_params) = not_held(config, held);
+    let (not_held, held_params) = not_held(config, table, view, held).await?;
     let mut after: Option<Value> = None;
     loop {
         let select = format!(
@@ -379,11 +403,11 @@ pub async fn prune_published(config: &Config, options: &PruneOptions) -> Result<
     let cutoff = cutoff(&mut conn, options.older_than).await?;
     let mut deleter = if options.dry_run { None } else { Some(delete_conn(config)?.connect().await?) };
     let mut report = PublishedPruneReport { rows_deleted: 0, batches: 0, cutoff: cutoff.clone() };
-    let (not_held, held_params) = not_held(config, &held);
     let id = quote_ident(&config.outbox.columns.id);
     let batch = config.prune.batch_rows;
     let pause = Duration::from_millis(config.prune.pause_ms);
     for table in config.tables() {
+        let (not_held, held_params) = not_held(config, table, &mut conn, &held).await?;
         let mut after: Option<Value> = None;
         loop {
             let select = format!(

@@ -38,6 +38,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::ids::IdColumn;
 use crate::checkpoint::{Store, Watermark};
 use crate::config::Config;
 use crate::error::{classify_kafka, Error, Result};
@@ -288,22 +289,27 @@ async fn payloads_from_table(config: &Config, letters: &[DeadLetter]) -> Result<
     let columns = &config.outbox.columns;
     for (table, id) in wanted {
         let Some((database, name)) = table.split_once('.') else { continue };
-        // The id as published (a BINARY(16) as UUID text) back to the column's value.
+        // The id as published (a BINARY(16) as UUID text, an integer in decimal) back to the column's value;
+        // one the column cannot hold is not in the table.
         let outbox = TableName { database: database.into(), table: name.into() };
-        let id_family = crate::source::snapshot::role_columns(&mut conn, &outbox, columns).await?[0].flatten();
-        let sql = format!(
-            "SELECT {} FROM {}.{} WHERE {} = {}",
-            quote_ident(&columns.payload),
-            quote_ident(database),
-            quote_ident(name),
-            quote_ident(&columns.id),
-            crate::source::column_types::id_param_sql(id_family)
-        );
-        let payload: Option<Option<Vec<u8>>> = conn
-            .exec_first(sql, (id,))
-            .await
-            .map_err(|e| crate::error::classify_mysql(&e).context(format_args!("reading event {id} from {table}")))?;
-        match payload.flatten() {
+        let id_column = IdColumn::require(&mut conn, &outbox, &columns.id).await?;
+        let payload: Option<Vec<u8>> = match id_column.value(id) {
+            Ok(value) => {
+                let sql = format!(
+                    "SELECT {} FROM {}.{} WHERE {} = ?",
+                    quote_ident(&columns.payload),
+                    quote_ident(database),
+                    quote_ident(name),
+                    quote_ident(&id_column.name),
+                );
+                let payload: Option<Option<Vec<u8>>> = conn.exec_first(sql, (value.param(),)).await.map_err(|e| {
+                    crate::error::classify_mysql(&e).context(format_args!("reading event {id} from {table}"))
+                })?;
+                payload.flatten()
+            }
+            Err(_) => None,
+        };
+        match payload {
             Some(payload) => {
                 tracing::info!(id, %table, bytes = payload.len(), "payload left out of the dead letter read from the table");
                 payloads.insert(id.to_string(), payload);

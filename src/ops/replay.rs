@@ -23,18 +23,21 @@
 //! # Order
 //! Rows are read like the initial snapshot reads them, in one consistent read view in keyset chunks along
 //! `(aggregate_type, aggregate_id, occurred_at, id)`: each aggregate's events come out in `occurred_at`
-//! order, ties by id, and land on one partition of the replay topic. (The live topic orders by commit;
+//! order, ties by id (in a table without `occurred_at`, in integer id order, as the snapshot reads it),
+//! and land on one partition of the replay topic. (The live topic orders by commit;
 //! the two agree whenever `occurred_at` follows commit order within an aggregate.) On MySQL, opening the
 //! view takes the snapshot's brief lock (`snapshot.lock`).
 //!
 //! # Selection
 //! `since <= occurred_at < until` (either bound optional; compared as the column's `DATETIME`, no zone),
-//! `aggregate_type = …`, `aggregate_id = …`, all ANDed. `snapshot.where` does not apply. Values reach the
-//! SQL as hex literals with a charset introducer (so they take the column's collation and cannot inject),
-//! and the time bounds as the server's own rendering of them.
+//! `aggregate_type = …`, `aggregate_id = …`, all ANDed. `snapshot.where` does not apply. The aggregate
+//! is given as it is published and compared in its column's own type ([`super::ids`]): a BINARY(16) id
+//! as the bytes of its UUID text, an integer id as that integer, text as hex with a charset introducer
+//! (so it takes the column's collation); none can inject. A value the column cannot hold (a malformed
+//! UUID, a non-integer) is a definite error naming the flag and the column's type, not an empty replay.
+//! The time bounds reach the SQL as the server's own rendering of them.
 
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,7 +47,8 @@ use mysql_async::Conn;
 use crate::checkpoint::Watermark;
 use crate::config::Config;
 use crate::error::{classify_mysql, Error, Result};
-use crate::outbox::quote_ident;
+use crate::ops::ids::IdColumn;
+use crate::outbox::{quote_ident, TableName};
 use crate::progress::Progress;
 use crate::router::Router;
 use crate::sink::KafkaSink;
@@ -315,12 +319,49 @@ async fn selection(conn: &mut Conn, config: &Config, options: &ReplayOptions) ->
             conditions.push(format!("{} {op} '{at}'", quote_ident(&c.occurred_at)));
         }
     }
-    for (value, column) in [(&options.aggregate_type, &c.aggregate_type), (&options.aggregate_id, &c.aggregate_id)] {
+    let flags = [
+        ("--aggregate-type", &options.aggregate_type, &c.aggregate_type),
+        ("--aggregate-id", &options.aggregate_id, &c.aggregate_id),
+    ];
+    for (flag, value, column) in flags {
         if let Some(value) = value {
-            conditions.push(format!("{} = {}", quote_ident(column), text_literal(value)));
+            conditions.push(typed_condition(conn, config.tables(), flag, column, value).await?);
         }
     }
     Ok((!conditions.is_empty()).then(|| conditions.join(" AND ")))
+}
+
+/// `column = value` with `value` (as the connector publishes it) typed as the column is, one condition for
+/// every table (the scan applies one filter to each).
+///
+/// # Errors
+/// A definite error naming `flag` when `value` cannot be a value of the column (a malformed UUID for a
+/// BINARY(16), not an integer for an integer column), or when the tables' columns have types that need
+/// different conditions.
+async fn typed_condition(
+    conn: &mut Conn,
+    tables: &[TableName],
+    flag: &str,
+    column: &str,
+    value: &str,
+) -> Result<String> {
+    let mut chosen: Option<(String, &TableName, IdColumn)> = None;
+    for table in tables {
+        let id_column = IdColumn::require(conn, table, column).await?;
+        let condition = id_column.equals_literal(&id_column.flag_value(flag, value, table)?);
+        match &chosen {
+            None => chosen = Some((condition, table, id_column)),
+            Some((first, first_table, first_column)) if *first != condition => {
+                return Err(Error::definite(format!(
+                    "{flag} selects rows by the column's own type, and `{column}` is {} in {first_table} but {} \
+                     in {table}; replay with a configuration that lists one of these tables",
+                    first_column.sql_type, id_column.sql_type
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(chosen.map(|(condition, _, _)| condition).unwrap_or_default())
 }
 
 /// The server's `DATETIME(6)` rendering of `text`, `None` when it is not a date-time.
@@ -330,17 +371,6 @@ async fn server_datetime(conn: &mut Conn, text: &str) -> Result<Option<String>> 
         .await
         .map_err(|e| classify_mysql(&e))?;
     Ok(rendered.flatten().filter(|s| s.bytes().all(|b| b.is_ascii_digit() || b" -:.".contains(&b))))
-}
-
-/// A string literal that takes the column's collation and cannot break out of the SQL: `_utf8mb4 X'…'`.
-fn text_literal(value: &str) -> String {
-    let mut hex = String::with_capacity(value.len() * 2 + 12);
-    hex.push_str("_utf8mb4 X'");
-    for b in value.as_bytes() {
-        let _ = write!(hex, "{b:02X}");
-    }
-    hex.push('\'');
-    hex
 }
 
 /// Rows the selection holds, in the view (for the progress total).
@@ -373,13 +403,6 @@ mod tests {
         assert!(template_could_render("a${x}b${y}c", "a1b2c"));
         assert!(!template_could_render("a${x}b${y}c", "a12c"));
         assert!(!template_could_render("ab${x}ba", "aba"), "overlapping prefix and suffix");
-    }
-
-    #[test]
-    fn text_literals_are_hex_with_an_introducer() {
-        assert_eq!(text_literal(""), "_utf8mb4 X''");
-        assert_eq!(text_literal("a'b"), "_utf8mb4 X'612762'");
-        assert_eq!(text_literal("é"), "_utf8mb4 X'C3A9'");
     }
 
     #[test]

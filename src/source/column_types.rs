@@ -128,8 +128,10 @@ pub fn uuid_text(bytes: &[u8]) -> std::result::Result<String, String> {
     Ok(text)
 }
 
-/// SQL for one parameter carrying an id as the connector publishes it, equal to the column's value: a
-/// BINARY(16) UUID's text back to its bytes; other types compare with their text as they are.
+/// SQL for one parameter carrying an id as the connector published it (an id the connector itself read
+/// from this table, such as a parked row's), equal to the column's value: a BINARY(16) UUID's text back to
+/// its bytes; other types compare with their text as they are. Ids an operator types go through
+/// `ops::ids`, which refuses text the column cannot hold.
 pub fn id_param_sql(family: Option<TypeFamily>) -> &'static str {
     match family {
         Some(TypeFamily::Uuid) => "UNHEX(REPLACE(?, '-', ''))",
