@@ -81,6 +81,12 @@
 //! inbox is just as correct; the committed offset can then be a little behind and those records are
 //! skipped.
 //!
+//! # Why not Kafka transactions
+//! A transactional consumer-producer (`send_offsets_to_transaction`) makes Kafka → Kafka exactly once: the
+//! offsets commit with the records it produces. Here the side effect is a database write, which no Kafka
+//! transaction can include; the database transaction is the one that must hold both the effect and the
+//! proof of consumption, and Kafka's offset can only follow it.
+//!
 //! # Not covered
 //! - **Side effects outside this database** (an e-mail, an HTTP call, a write to another database): the
 //!   transaction cannot roll them back, so a crash between them and the commit repeats them. Make them
@@ -233,7 +239,9 @@ impl Inbox {
     }
 
     /// Creates the table if it does not exist. `event_id` is `VARBINARY`: ids compare byte for byte (a
-    /// case-insensitive collation would take `A1` for `a1`).
+    /// case-insensitive collation would take `A1` for `a1`). The record's coordinates are `topic`,
+    /// `kafka_partition` and `kafka_offset` (`PARTITION` is a reserved word); `consumed_at` is the server's
+    /// time of the insert.
     ///
     /// # Errors
     /// [`InboxError::Database`] when the statement fails (e.g. no CREATE privilege).

@@ -1,6 +1,7 @@
 //! The inbox (`src/inbox.rs`) and its example consumer (`examples/inbox_consumer.rs`) against a real MariaDB
 //! and a real Kafka-protocol broker (Tansu, memory engine): a consumer killed at random applies every event
-//! exactly once, and a record without an `id` header stops it.
+//! exactly once, a record without an `id` header stops it, and the two crash windows (before and after the
+//! database commit) are also made on purpose through the library API.
 //!
 //! # Why this test has its own `main`
 //! The consumer must be a separate process to be killed with SIGKILL, and it must be the example's code.
