@@ -53,11 +53,21 @@ fn main() {
         }
         return;
     }
-    // libtest's conventions, as far as they matter here: positional arguments filter by substring.
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    // libtest's conventions, as far as they matter here: positional arguments filter by substring, `--skip X`
+    // leaves out names containing X, other options (`--test-threads=N`, `--nocapture`) change nothing.
+    let (mut filters, mut skips) = (Vec::new(), Vec::new());
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        if arg == "--skip" {
+            skips.extend(rest.next());
+        } else if !arg.starts_with('-') {
+            filters.push(arg);
+        }
+    }
     let selected: Vec<&Test> = TESTS
         .iter()
         .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .filter(|(name, _)| !skips.iter().any(|s| name.contains(s.as_str())))
         .collect();
     println!("\nrunning {} tests", selected.len());
     if selected.is_empty() {
