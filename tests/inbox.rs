@@ -129,11 +129,11 @@ fn exactly_once_across_random_kills(db: &MariaDb, broker: &Broker) {
     let args = [broker.bootstrap(), topic.to_owned(), "billing".to_owned(), database_url(db, &database)];
     for kill in 0..8 {
         let mut consumer = Consumer::spawn(&args, dir.path(), kill);
-        // A random point of the stream: after 1 to 40 more records, then up to 20 ms later (inside the next
+        // A random point of the stream: after 1 to 30 more records, then up to 5 ms later (inside the next
         // record's transaction or between its database commit and its offset commit, or between records).
-        let more = rand::random_range(1..=40);
-        let progressed = wait_until(Duration::from_secs(30), || consumer.handled() >= more || consumer.exited());
-        let jitter = rand::random_range(0..20);
+        let more = rand::random_range(1..=30);
+        let progressed = poll_until(Duration::from_secs(30), || consumer.handled() >= more || consumer.exited());
+        let jitter = rand::random_range(0..5);
         std::thread::sleep(Duration::from_millis(jitter));
         assert!(progressed && !consumer.exited(), "consumer run {kill} did not get going:\n{}", consumer.output());
         consumer.kill();
@@ -411,6 +411,19 @@ fn produce<'a>(broker: &Broker, topic: &str, deposits: impl IntoIterator<Item = 
         producer.poll(Duration::ZERO);
     }
     producer.flush(Duration::from_secs(30)).expect("every record acknowledged");
+}
+
+/// [`wait_until`] polling every millisecond: the consumer handles a record in about that time, so the 50 ms
+/// of `wait_until` would put every kill tens of records later than drawn.
+fn poll_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    false
 }
 
 fn create_database(db: &MariaDb, name: &str) -> String {
