@@ -53,6 +53,7 @@ pub mod failpoint;
 pub mod findings;
 pub mod health;
 pub mod http;
+pub mod inbox;
 pub mod metrics;
 pub mod ops;
 pub mod outbox;
