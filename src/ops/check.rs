@@ -8,6 +8,7 @@ use crate::config::{Config, SourceKind};
 use mysql_async::prelude::Queryable;
 
 use crate::error::{classify_mysql, Result, EXIT_DEFINITE};
+use crate::findings::Report;
 use crate::source::{self, preflight, SourceConn};
 
 /// Checks the source (server settings, grants, the outbox tables, whether the checkpoint can be resumed) or
@@ -46,14 +47,7 @@ pub async fn run(config: &Config) -> Result<()> {
             std::process::exit(EXIT_DEFINITE);
         }
     };
-    print!("{kafka}");
-    let failed = report.failures().count() + kafka.report.failures().count();
-    if failed > 0 {
-        println!("{failed} check(s) failed");
-        std::process::exit(EXIT_DEFINITE);
-    }
-    println!("all checks passed");
-    Ok(())
+    summarize(&report, &kafka)
 }
 
 /// `check` for the polling relay (`source.kind = "poll"`): the outbox tables as the relay uses them
@@ -72,14 +66,7 @@ async fn check_poll(config: &Config) -> Result<()> {
     print!("{report}");
     let routed = super::audit::routed_topics(config, config.tables(), &mut conn).await;
     let kafka = crate::sink::check::check(&config.kafka, routed).await?;
-    print!("{kafka}");
-    let failed = report.failures().count() + kafka.report.failures().count();
-    if failed > 0 {
-        println!("{failed} check(s) failed");
-        std::process::exit(EXIT_DEFINITE);
-    }
-    println!("all checks passed");
-    Ok(())
+    summarize(&report, &kafka)
 }
 
 /// `check` for `source.kind = "files"`: every file is a complete binlog (the last may end in an incomplete
@@ -133,5 +120,17 @@ async fn check_files(config: &Config) -> Result<()> {
         std::process::exit(EXIT_DEFINITE);
     }
     println!("all files readable, all checks passed");
+    Ok(())
+}
+
+/// Prints the Kafka findings and the verdict over both reports; exits 2 when any check failed.
+fn summarize(report: &Report, kafka: &crate::sink::check::KafkaCheck) -> Result<()> {
+    print!("{kafka}");
+    let failed = report.failures().count() + kafka.report.failures().count();
+    if failed > 0 {
+        println!("{failed} check(s) failed");
+        std::process::exit(EXIT_DEFINITE);
+    }
+    println!("all checks passed");
     Ok(())
 }

@@ -14,10 +14,9 @@
 
 use std::fmt::Write as _;
 
-use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Value};
 
-use crate::error::{classify_mysql, Error, Result};
+use crate::error::{Error, Result};
 use crate::outbox::{quote_ident, TableName};
 use crate::source::column_types::TypeFamily;
 
@@ -40,14 +39,7 @@ impl IdColumn {
     /// # Errors
     /// Classified query errors.
     pub async fn load(conn: &mut Conn, table: &TableName, name: &str) -> Result<Option<IdColumn>> {
-        let found: Vec<(String, String, String, Option<String>)> = conn
-            .exec(
-                "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, CHARACTER_SET_NAME FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
-                (&table.database, &table.table),
-            )
-            .await
-            .map_err(|e| classify_mysql(&e).context(format_args!("reading the columns of {table}")))?;
+        let found = crate::source::snapshot::column_types_of(conn, table).await?;
         Ok(found.into_iter().find(|c| c.0.eq_ignore_ascii_case(name)).map(|(name, data_type, column_type, charset)| {
             IdColumn {
                 family: TypeFamily::of_sql(&data_type, &column_type, charset.as_deref()).ok(),

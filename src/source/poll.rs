@@ -525,7 +525,7 @@ fn undecodable(table: &Arc<TableName>, row: &Row, message: String) -> Undecodabl
 }
 
 /// What `information_schema` says about a table's columns: name, data type, extra.
-async fn columns_of(conn: &mut Conn, table: &TableName) -> Result<Vec<(String, String, String)>> {
+pub(crate) async fn columns_of(conn: &mut Conn, table: &TableName) -> Result<Vec<(String, String, String)>> {
     conn.exec(
         "SELECT COLUMN_NAME, DATA_TYPE, EXTRA FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
         (&table.database, &table.table),

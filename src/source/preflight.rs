@@ -793,24 +793,10 @@ async fn check_snapshot_index(
     key: [&String; 4],
     report: &mut Report,
 ) -> Result<()> {
-    let columns: Vec<(String, String)> = conn
-        .exec(
-            "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS \
-             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY INDEX_NAME, SEQ_IN_INDEX",
-            (&table.database, &table.table),
-        )
-        .await
-        .map_err(|e| classify_mysql(&e))?;
     // The third column may be the id itself (a table without occurred_at): then the first two suffice,
     // InnoDB appends the primary key to every secondary index.
     let wanted: Vec<&String> = if key[2] == key[3] { key[..2].to_vec() } else { key[..3].to_vec() };
-    let mut indexes: Vec<(&str, Vec<&str>)> = Vec::new();
-    for (index, column) in &columns {
-        match indexes.last_mut() {
-            Some((name, cols)) if name == index => cols.push(column),
-            _ => indexes.push((index, vec![column])),
-        }
-    }
+    let indexes = index_columns(conn, table).await?;
     let covered = indexes.iter().any(|(_, cols)| {
         cols.len() >= wanted.len() && cols.iter().zip(&wanted).all(|(c, w)| c.eq_ignore_ascii_case(w))
     });
@@ -845,14 +831,7 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
     let mut report = Report::default();
     for table in config.tables() {
         check_table(conn, table, &config.outbox.columns, &mut report).await?;
-        let found: Vec<(String, String, String)> = conn
-            .exec(
-                "SELECT COLUMN_NAME, DATA_TYPE, EXTRA FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
-                (&table.database, &table.table),
-            )
-            .await
-            .map_err(|e| classify_mysql(&e))?;
+        let found = super::poll::columns_of(conn, table).await?;
         if found.is_empty() {
             continue;
         }

@@ -323,14 +323,7 @@ pub async fn role_columns(
     table: &TableName,
     columns: &ColumnNames,
 ) -> Result<[Option<Option<TypeFamily>>; 8]> {
-    let found: Vec<(String, String, String, Option<String>)> = conn
-        .exec(
-            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, CHARACTER_SET_NAME FROM information_schema.COLUMNS \
-             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
-            (&table.database, &table.table),
-        )
-        .await
-        .map_err(|e| classify_mysql(&e).context(format_args!("reading the columns of {table}")))?;
+    let found = column_types_of(conn, table).await?;
     let mut roles = [None; 8];
     for (slot, (name, required)) in columns.required().into_iter().enumerate() {
         match found.iter().find(|c| c.0.eq_ignore_ascii_case(name)) {
@@ -350,6 +343,24 @@ pub async fn role_columns(
         }
     }
     Ok(roles)
+}
+
+/// `table`'s columns as `information_schema` describes their types: name, `DATA_TYPE`, `COLUMN_TYPE`,
+/// `CHARACTER_SET_NAME` (what [`TypeFamily::of_sql`] reads).
+///
+/// # Errors
+/// Classified query errors.
+pub async fn column_types_of(
+    conn: &mut Conn,
+    table: &TableName,
+) -> Result<Vec<(String, String, String, Option<String>)>> {
+    conn.exec(
+        "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, CHARACTER_SET_NAME FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+        (&table.database, &table.table),
+    )
+    .await
+    .map_err(|e| classify_mysql(&e).context(format_args!("reading the columns of {table}")))
 }
 
 /// Decodes a chunk's rows as they arrive.
