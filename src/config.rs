@@ -48,6 +48,9 @@ struct ConfigFile {
     /// The polling relay (`source.kind = "poll"`).
     #[serde(default)]
     pub poll: PollConfig,
+    /// The delivery guarantee, and taking over from another instance.
+    #[serde(default)]
+    pub delivery: DeliveryConfig,
 }
 
 /// The validated configuration: every setting of the file, checked to make sense together, with what is
@@ -70,6 +73,8 @@ pub struct Config {
     pub prune: PruneConfig,
     /// The polling relay (`source.kind = "poll"`).
     pub poll: PollConfig,
+    /// The delivery guarantee, and taking over from another instance.
+    pub delivery: DeliveryConfig,
     /// The outbox tables, parsed, sorted, without duplicates; never empty.
     tables: Vec<TableName>,
     /// `kafka.topic`, parsed.
@@ -898,23 +903,131 @@ pub enum RecordTimestamp {
     OccurredAt,
 }
 
-/// `[state]`: the checkpoint store.
+/// `[state]`: where the checkpoint, the snapshot's progress, holds and known poison live.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StateConfig {
-    /// Directory of the embedded checkpoint store (created if missing).
+    /// "local" (default): an embedded store in `dir`, on this host's disk. "kafka": a compacted topic
+    /// (`topic`), so that the process keeps nothing on disk: a pod without a volume, moved to another node,
+    /// or a standby on another host resumes exactly. With "kafka" two instances of one connector (`name`)
+    /// never publish at the same time: the one holding a lease on the source server publishes, the other
+    /// waits (`[delivery] failover_timeout_ms`).
+    #[serde(default)]
+    pub backend: StateBackend,
+    /// Directory of the embedded checkpoint store (created if missing); `backend = "local"` only.
     #[serde(default = "default_state_dir")]
     pub dir: PathBuf,
+    /// The compacted topic of `backend = "kafka"` (created with `cleanup.policy=compact`, `retention.ms=-1`
+    /// and one partition if missing). Several connectors may share it: their records are keyed by `name`.
+    #[serde(default = "default_state_topic")]
+    pub topic: String,
+    /// This connector's name: the key of its records in the state topic, its lease on the source server,
+    /// and the default `[delivery] transactional_id`. Connectors that share a state topic or a source
+    /// server need different names; a standby has the same. 1-100 characters of `[A-Za-z0-9._-]`.
+    #[serde(default = "default_connector_name")]
+    pub name: String,
     /// The acknowledged watermark is written at most this often (and on graceful shutdown). Lower means a
-    /// smaller duplicate window after a crash, at one fsync per write.
+    /// smaller duplicate window after a crash, at one fsync per write. With `[delivery] guarantee =
+    /// "exactly_once"`, it is how often the Kafka transaction commits: the latency consumers with
+    /// `read_committed` see, up to this interval.
     #[serde(default = "default_checkpoint_interval_ms")]
     pub checkpoint_interval_ms: u64,
 }
 
 impl Default for StateConfig {
     fn default() -> Self {
-        StateConfig { dir: default_state_dir(), checkpoint_interval_ms: default_checkpoint_interval_ms() }
+        StateConfig {
+            backend: StateBackend::default(),
+            dir: default_state_dir(),
+            topic: default_state_topic(),
+            name: default_connector_name(),
+            checkpoint_interval_ms: default_checkpoint_interval_ms(),
+        }
     }
+}
+
+/// `state.backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateBackend {
+    /// The embedded store under `state.dir`.
+    #[default]
+    Local,
+    /// The compacted topic `state.topic`.
+    Kafka,
+}
+
+/// `[delivery]`: what consumers can count on, and taking over from another instance.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveryConfig {
+    /// "at_least_once" (default): after a crash, events not yet checkpointed are published again (same `id`
+    /// header). "exactly_once": events and the checkpoint that covers them are written in one Kafka
+    /// transaction, so consumers with `isolation.level=read_committed` see every event once across crashes
+    /// and failovers (exceptions: docs/CONTRACT.md). Needs `[state] backend = "kafka"`.
+    #[serde(default)]
+    pub guarantee: Guarantee,
+    /// The producer's `transactional.id` (`exactly_once`): stable across restarts and shared by a standby,
+    /// so that a new instance fences an old one that is still alive. Default: `state.name`.
+    #[serde(default)]
+    pub transactional_id: Option<String>,
+    /// With `exactly_once`, a transaction commits when it holds this many bytes of records, at the end of
+    /// the source transaction that crossed it (or every `state.checkpoint_interval_ms`). A larger source
+    /// transaction still commits whole: see docs/CONTRACT.md. Between 1 MiB and 1 GiB; default 64 MiB.
+    #[serde(default = "default_transaction_max_bytes")]
+    pub transaction_max_bytes: usize,
+    /// With `[state] backend = "kafka"`: how soon a standby takes over after the active instance dies (kill,
+    /// host loss, network cut), in milliseconds. The active instance stops publishing when it cannot renew
+    /// its lease within half of this. Between 2000 and 600000; default 30000.
+    #[serde(default = "default_failover_timeout_ms")]
+    pub failover_timeout_ms: u64,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            guarantee: Guarantee::default(),
+            transactional_id: None,
+            transaction_max_bytes: default_transaction_max_bytes(),
+            failover_timeout_ms: default_failover_timeout_ms(),
+        }
+    }
+}
+
+/// `delivery.guarantee`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Guarantee {
+    /// Every event at least once; a crash republishes what was not checkpointed.
+    #[default]
+    AtLeastOnce,
+    /// Every event once to `read_committed` consumers: events and checkpoint in one Kafka transaction.
+    ExactlyOnce,
+}
+
+impl Config {
+    /// `delivery.transactional_id`, or `state.name`.
+    pub fn transactional_id(&self) -> &str {
+        self.delivery.transactional_id.as_deref().unwrap_or(&self.state.name)
+    }
+
+    /// Whether this run writes events and checkpoints in Kafka transactions.
+    pub fn exactly_once(&self) -> bool {
+        self.delivery.guarantee == Guarantee::ExactlyOnce
+    }
+}
+
+fn default_state_topic() -> String {
+    "outbox-cdc.state".into()
+}
+fn default_connector_name() -> String {
+    "outbox-cdc".into()
+}
+fn default_transaction_max_bytes() -> usize {
+    64 * 1024 * 1024
+}
+fn default_failover_timeout_ms() -> u64 {
+    30_000
 }
 
 fn default_port() -> u16 {
@@ -1039,8 +1152,7 @@ const OWNED_PROPERTIES: &[OwnedProperty] = &[
     OwnedProperty {
         keys: &["transactional.id"],
         allowed: |_| false,
-        why: "outbox-cdc does not use Kafka transactions (its idempotent producer and checkpoint give \
-              at-least-once delivery in order)",
+        why: "outbox-cdc sets it from [delivery] transactional_id with guarantee = \"exactly_once\"",
     },
 ];
 
@@ -1233,6 +1345,7 @@ impl ConfigFile {
         )?;
         self.validate_source_kind()?;
         self.validate_poll()?;
+        self.validate_delivery()?;
         if self.source.kind == SourceKind::Server && self.source.server_id == 0 {
             return Err(Error::definite("source.server_id must be a non-zero id unique among the server's replicas"));
         }
@@ -1317,6 +1430,7 @@ impl ConfigFile {
             metrics: self.metrics,
             prune: self.prune,
             poll: self.poll,
+            delivery: self.delivery,
             tables,
             topic,
             placements,
@@ -1359,6 +1473,58 @@ impl ConfigFile {
             placements.push(placement);
         }
         Ok(placements)
+    }
+
+    /// `[state]` and `[delivery]`: exactly-once needs the Kafka backend, and names that Kafka and the lease
+    /// accept.
+    fn validate_delivery(&self) -> Result<()> {
+        let (state, delivery) = (&self.state, &self.delivery);
+        let legal_name = |n: &str| {
+            (1..=100).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        };
+        if !legal_name(&state.name) {
+            return Err(Error::definite(format!(
+                "state.name {:?} must be 1-100 characters of [A-Za-z0-9._-]",
+                state.name
+            )));
+        }
+        if !crate::topic::is_legal_topic(&state.topic) {
+            return Err(Error::definite(format!(
+                "state.topic {:?} is not a legal Kafka topic name (1-249 of [a-zA-Z0-9._-])",
+                state.topic
+            )));
+        }
+        if delivery.transactional_id.as_deref().is_some_and(|id| id.is_empty() || id.len() > 249) {
+            return Err(Error::definite("delivery.transactional_id must be 1 to 249 characters"));
+        }
+        if !(2_000..=600_000).contains(&delivery.failover_timeout_ms) {
+            return Err(Error::definite("delivery.failover_timeout_ms must be between 2000 and 600000"));
+        }
+        if !(1024 * 1024..=1024 * 1024 * 1024).contains(&delivery.transaction_max_bytes) {
+            return Err(Error::definite("delivery.transaction_max_bytes must be between 1 MiB and 1 GiB"));
+        }
+        if state.backend == StateBackend::Kafka && self.source.kind == SourceKind::Poll {
+            return Err(Error::definite(
+                "state.backend = \"kafka\" does not apply to the polling relay: its state is the outbox table \
+                 itself (published_at, locks), and several relays may run at once; remove it",
+            ));
+        }
+        if delivery.guarantee == Guarantee::ExactlyOnce {
+            if self.source.kind == SourceKind::Poll {
+                return Err(Error::definite(
+                    "delivery.guarantee = \"exactly_once\" needs the binlog: the polling relay marks rows \
+                     published in the database after Kafka acknowledged them, and no transaction spans both; use \
+                     \"at_least_once\" (each event keeps its `id` header for consumers to deduplicate)",
+                ));
+            }
+            if state.backend != StateBackend::Kafka {
+                return Err(Error::definite(
+                    "delivery.guarantee = \"exactly_once\" needs [state] backend = \"kafka\": the checkpoint is \
+                     written in the same Kafka transaction as the events it covers",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// `[poll]`: only with `source.kind = "poll"` (a `[poll]` table elsewhere is a misunderstanding), and
@@ -1609,7 +1775,7 @@ mod tests {
             ("max.in.flight.requests.per.connection", "5", None),
             ("queuing.strategy", "lifo", Some("order they were produced")),
             ("partitioner", "consistent_random", Some("murmur2")),
-            ("transactional.id", "outbox", Some("transactions")),
+            ("transactional.id", "outbox", Some("[delivery] transactional_id")),
             ("linger.ms", "20", None),
             ("batch.size", "65536", None),
         ];
@@ -1910,6 +2076,26 @@ mod tests {
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(expected), "{e}\n{text}");
         }
+    }
+
+    /// Exactly-once needs the Kafka state backend and the binlog; names must suit Kafka and the lease.
+    #[test]
+    fn delivery_and_state_settings_are_checked_together() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!((c.delivery.guarantee, c.state.backend), (Guarantee::AtLeastOnce, StateBackend::Local));
+        assert_eq!(c.transactional_id(), "outbox-cdc");
+        let with = |extra: &str| Config::parse(&format!("{MINIMAL}\n{extra}"));
+        let err = with("[delivery]\nguarantee = \"exactly_once\"").unwrap_err().to_string();
+        assert!(err.contains("backend = \"kafka\""), "{err}");
+        let c = with("[delivery]\nguarantee = \"exactly_once\"\n[state]\nbackend = \"kafka\"\nname = \"orders-1\"")
+            .unwrap();
+        assert!(c.exactly_once());
+        assert_eq!((c.transactional_id(), c.state.topic.as_str()), ("orders-1", "outbox-cdc.state"));
+        assert!(with("[state]\nname = \"a b\"").unwrap_err().to_string().contains("state.name"));
+        assert!(with("[state]\ntopic = \"a/b\"").unwrap_err().to_string().contains("state.topic"));
+        assert!(with("[delivery]\nfailover_timeout_ms = 500").unwrap_err().to_string().contains("failover_timeout_ms"));
+        let err = with("[kafka.properties]\n\"transactional.id\" = \"x\"").unwrap_err().to_string();
+        assert!(err.contains("[delivery] transactional_id"), "{err}");
     }
 
     #[test]
