@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::Store;
-use crate::config::{Config, SourceKind};
+use crate::config::{Config, SourceKind, StateBackend};
 use crate::error::Result;
 use crate::pipeline::{Backoff, Pipeline, Shutdown};
 use crate::router::Router;
@@ -54,19 +54,26 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
             on_update: config.outbox.on_update,
             heartbeat: Duration::from_millis(config.source.heartbeat_interval_ms),
         }),
-        store: Arc::new(Store::open(&config.state.dir)?),
+        // The local store is opened once, and refuses a second process; the Kafka one before each run
+        // (below), after fencing any older writer.
+        store: match config.state.backend {
+            StateBackend::Local => Some(Arc::new(Store::open(&config.state.dir)?)),
+            StateBackend::Kafka => None,
+        },
         accept_new_server: options.accept_new_server,
         config: config.clone(),
     };
+    let current_store = Arc::new(std::sync::RwLock::new(pipeline.store.clone()));
     // The polling relay reads no binlog: there is nothing the server could purge from under it.
     let _purge_watch = (config.source.kind != SourceKind::Poll).then(|| {
         AbortOnDrop(tokio::spawn(watch_purge_risk(
             pipeline.source.clone(),
-            pipeline.store.clone(),
+            current_store.clone(),
             Duration::from_millis(config.metrics.purge_check_interval_ms),
             config.metrics.purge_warn_ratio,
         )))
     });
+    let mut pipeline = pipeline;
     let mut backoff = Backoff::new(
         Duration::from_millis(config.source.reconnect_initial_backoff_ms),
         Duration::from_millis(config.source.reconnect_max_backoff_ms),
@@ -74,7 +81,21 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
     let mut producer_fatal_runs = 0;
     loop {
         let started = Instant::now();
-        match pipeline.run(&shutdown).await {
+        let result = match config.state.backend {
+            StateBackend::Local => pipeline.run(&shutdown).await,
+            // Read again before each run: what is committed in Kafka is the truth, whatever the last run
+            // held in memory.
+            StateBackend::Kafka => match Store::open_for(&config).await {
+                Ok(store) => {
+                    let store = Arc::new(store);
+                    pipeline.store = Some(store.clone());
+                    *current_store.write().unwrap_or_else(|p| p.into_inner()) = Some(store);
+                    pipeline.run(&shutdown).await
+                }
+                Err(error) => Err(error.context("opening the state in Kafka")),
+            },
+        };
+        match result {
             Ok(()) => return Ok(()),
             Err(error) if error.is_definite() => return Err(error),
             Err(error) => {
@@ -125,7 +146,12 @@ impl Drop for AbortOnDrop {
 
 /// Measures the purge risk of the stored checkpoint every `interval` on a connection of its own, exports
 /// it, and warns once per crossing of `warn_ratio` (and at every reading while above it, at most hourly).
-async fn watch_purge_risk(source: SourceConn, store: Arc<Store>, interval: Duration, warn_ratio: f64) {
+async fn watch_purge_risk(
+    source: SourceConn,
+    store: Arc<std::sync::RwLock<Option<Arc<Store>>>>,
+    interval: Duration,
+    warn_ratio: f64,
+) {
     const REMIND_EVERY: Duration = Duration::from_secs(3600);
     let mut conn = None;
     let mut warned_at: Option<Instant> = None;
@@ -135,7 +161,8 @@ async fn watch_purge_risk(source: SourceConn, store: Arc<Store>, interval: Durat
     loop {
         tokio::time::sleep(delay).await;
         delay = interval;
-        let Ok(Some(checkpoint)) = store.load() else { continue };
+        let current = store.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(Ok(Some(checkpoint))) = current.map(|s| s.load()) else { continue };
         if conn.is_none() {
             match source.connect().await {
                 Ok(c) => conn = Some(c),

@@ -1011,6 +1011,14 @@ impl Config {
         self.delivery.transactional_id.as_deref().unwrap_or(&self.state.name)
     }
 
+    /// Where the state lives, for messages: the state directory, or the state topic and connector name.
+    pub fn state_location(&self) -> String {
+        match self.state.backend {
+            StateBackend::Local => self.state.dir.display().to_string(),
+            StateBackend::Kafka => format!("Kafka topic {} (connector {})", self.state.topic, self.state.name),
+        }
+    }
+
     /// Whether this run writes events and checkpoints in Kafka transactions.
     pub fn exactly_once(&self) -> bool {
         self.delivery.guarantee == Guarantee::ExactlyOnce
@@ -1277,6 +1285,21 @@ impl Config {
 }
 
 impl KafkaConfig {
+    /// The librdkafka configuration every Kafka client starts from: the producer, the admin client, the
+    /// state store's clients, and the consumers of `audit` and `quarantine release`; with the secrets of
+    /// `properties_env` and `properties_file` read ([`KafkaConfig::resolved_properties`]).
+    ///
+    /// # Errors
+    /// A definite error when a secret's variable or file is missing.
+    pub fn client_config(&self) -> Result<rdkafka::config::ClientConfig> {
+        let mut cc = rdkafka::config::ClientConfig::new();
+        cc.set("bootstrap.servers", &self.bootstrap_servers).set("client.id", "outbox-cdc");
+        for (k, v) in &self.resolved_properties()? {
+            cc.set(k, v);
+        }
+        Ok(cc)
+    }
+
     /// `properties` with the secrets of `properties_env` and `properties_file` added: what every Kafka
     /// client of every command (`run`, `check`, `audit`, `replay`, `quarantine release`) is configured with.
     ///

@@ -16,6 +16,8 @@
 //! | `ack_before_checkpoint` | the watermark moved (Kafka acknowledged), before the checkpoint write | acknowledged, not checkpointed |
 //! | `checkpoint_write` | inside the checkpoint store's write transaction, before its commit | mid checkpoint write |
 //! | `snapshot_row` | after each snapshot row is handed to the producer (use `:nth` to land mid-chunk) | mid snapshot chunk |
+//! | `before_kafka_commit` | `exactly_once`: the checkpoint is in the open Kafka transaction, before its commit | events and checkpoint produced, not committed |
+//! | `after_kafka_commit` | `exactly_once`: right after a Kafka transaction committed | committed, nothing local done |
 //! | `shutdown_drained` | graceful stop: after the final drain, before the final checkpoint | during shutdown |
 //!
 //! # Why our own and not the `fail` crate

@@ -204,7 +204,9 @@ fn main() -> ExitCode {
             Command::Run { accept_new_server } => run(config, RunOptions { accept_new_server }).await,
             Command::Check => ops::check::run(&config).await,
             Command::Status { json } => ops::status::print(&config, json).await,
-            Command::Quarantine { action: QuarantineAction::List { json } } => ops::quarantine::list(&config, json),
+            Command::Quarantine { action: QuarantineAction::List { json } } => {
+                ops::quarantine::list(&config, json).await
+            }
             Command::Quarantine {
                 action: QuarantineAction::Release { aggregate_type, aggregate_id, skip_poison, accept_missing },
             } => ops::quarantine::release(&config, &aggregate_type, &aggregate_id, skip_poison, accept_missing).await,

@@ -87,6 +87,11 @@ pub mod names {
     /// Gauge, always 1, labelled `version` (the crate's) and `commit` (the git commit built, `unknown`
     /// when the build did not know it): which build runs where, e.g. `count by (version)`.
     pub const BUILD_INFO: &str = "outbox_cdc_build_info";
+    /// Counter by `outcome` (`committed`, `aborted`): Kafka transactions of `exactly_once`, each holding
+    /// whole source transactions and the checkpoint that covers them.
+    pub const KAFKA_TRANSACTIONS: &str = "outbox_cdc_kafka_transactions";
+    /// Histogram: seconds a Kafka transaction's commit took (`exactly_once`): the pipeline waits for it.
+    pub const KAFKA_TRANSACTION_COMMIT_SECONDS: &str = "outbox_cdc_kafka_transaction_commit_seconds";
 
     /// Deprecated names, each with its replacement: exposed with the replacement's value for one release
     /// after the rename, then removed.
@@ -118,6 +123,8 @@ pub mod names {
         PURGE_RISK_RATIO,
         READY,
         BUILD_INFO,
+        KAFKA_TRANSACTIONS,
+        KAFKA_TRANSACTION_COMMIT_SECONDS,
     ];
 }
 
@@ -140,6 +147,11 @@ struct KindLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClassLabel {
     class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -191,6 +203,8 @@ pub struct Metrics {
     purge_risk_ratio: FloatGauge,
     ready_gauge: Gauge,
     build_info: Family<BuildLabel, Gauge>,
+    kafka_transactions: Family<OutcomeLabel, Counter>,
+    kafka_transaction_commit_seconds: Histogram,
     /// Commit time (Unix seconds) of the last transaction read; 0 = none yet.
     last_read_commit_s: AtomicU64,
     /// Whether a heartbeat arrived after that transaction (the reader is at the end of the binlog).
@@ -269,6 +283,9 @@ impl Metrics {
         }
         drop(metrics.reconnects.get_or_create(&ClassLabel { class: "transient".into() }));
         drop(metrics.produce_errors.get_or_create(&KindLabel { kind: "MessageTimedOut".into() }));
+        for outcome in ["committed", "aborted"] {
+            drop(metrics.kafka_transactions.get_or_create(&OutcomeLabel { outcome }));
+        }
         metrics.build_info.get_or_create(&BuildLabel { version: VERSION.into(), commit: COMMIT.into() }).set(1);
         metrics
     }
@@ -315,6 +332,11 @@ impl Metrics {
             purge_risk_ratio: reg!(names::PURGE_RISK_RATIO, FloatGauge::default()),
             ready_gauge: reg!(names::READY, Gauge::default()),
             build_info: reg!(names::BUILD_INFO, Family::default()),
+            kafka_transactions: reg!(names::KAFKA_TRANSACTIONS, Family::default()),
+            kafka_transaction_commit_seconds: reg!(
+                names::KAFKA_TRANSACTION_COMMIT_SECONDS,
+                Histogram::new(LATENCY_BUCKETS_SECONDS.iter().copied())
+            ),
             registry,
             last_read_commit_s: AtomicU64::new(0),
             caught_up: AtomicBool::new(false),
@@ -464,6 +486,17 @@ impl Metrics {
         self.checkpoint_written_ms.store(now_ms(), Ordering::Relaxed);
     }
 
+    /// A Kafka transaction committed after `took`.
+    pub fn transaction_committed(&self, took: std::time::Duration) {
+        self.kafka_transactions.get_or_create(&OutcomeLabel { outcome: "committed" }).inc();
+        self.kafka_transaction_commit_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A Kafka transaction was aborted.
+    pub fn transaction_aborted(&self) {
+        self.kafka_transactions.get_or_create(&OutcomeLabel { outcome: "aborted" }).inc();
+    }
+
     /// Snapshot progress.
     pub fn snapshot_progress(&self, done: u64, total: u64) {
         self.snapshot_rows_done.set(done as i64);
@@ -519,6 +552,8 @@ fn help(name: &str) -> &'static str {
         names::PURGE_RISK_RATIO => "Needed binlog age divided by retention; 1 = may be purged",
         names::READY => "1 when connected to source and broker and not failed",
         names::BUILD_INFO => "Always 1; labels: the connector's version and the git commit it was built from",
+        names::KAFKA_TRANSACTIONS => "Kafka transactions (exactly_once) by outcome: committed or aborted",
+        names::KAFKA_TRANSACTION_COMMIT_SECONDS => "Seconds each Kafka transaction's commit took (exactly_once)",
         _ => "",
     }
 }

@@ -63,8 +63,8 @@ pub struct Pipeline {
     pub router: Router,
     /// Reader settings.
     pub reader: Arc<ReaderSettings>,
-    /// Checkpoint store.
-    pub store: Arc<Store>,
+    /// The state store; `None` until the app opened it (the Kafka backend opens it before each run).
+    pub store: Option<Arc<Store>>,
     /// Resume even when the checkpoint belongs to another server (`--accept-new-server`).
     pub accept_new_server: bool,
 }
@@ -75,18 +75,23 @@ impl Pipeline {
     /// # Errors
     /// Transient errors are worth a retry; definite ones are not.
     pub async fn run(&self, shutdown: &Shutdown) -> Result<()> {
+        let store = self.store().clone();
         let result = self.run_once(shutdown).await;
         if let Err(error) = &result {
             health().pipeline_failed(error);
-            if let Err(e) = self.store.set_last_error(error) {
+            if let Err(e) = store.set_last_error(error) {
                 tracing::warn!(error = %e, "cannot record the last error in the state store");
             }
             if let Some(refused) = error.refused() {
                 // Remembered durably: after the restart this event takes the dead-letter path.
-                self.store.add_known_poison(refused)?;
+                store.add_known_poison(refused)?;
             }
         }
         result
+    }
+
+    fn store(&self) -> &Arc<Store> {
+        self.store.as_ref().expect("the app opens the store before a run")
     }
 
     /// Wiring only: plans where the run starts ([`plan`]), builds its moving parts ([`Run`]) and runs its
@@ -97,12 +102,13 @@ impl Pipeline {
             return self.run_files(shutdown).await;
         }
         if config.source.kind == SourceKind::Poll {
-            return poll::run(config, &self.source, self.router.clone(), self.store.clone(), shutdown).await;
+            return poll::run(config, &self.source, self.router.clone(), self.store().clone(), shutdown).await;
         }
-        let ServerPlan { info, plan } = plan::server(&self.source, config, &self.store, self.accept_new_server).await?;
-        let checkpointer = Checkpointer::new(self.store.clone(), info.identity.clone());
+        let ServerPlan { info, plan } =
+            plan::server(&self.source, config, self.store(), self.accept_new_server).await?;
+        let checkpointer = Checkpointer::new(self.store().clone(), info.identity.clone());
         let first = plan.first(&checkpointer)?;
-        let mut run = Run::new(&self.config, &self.source, self.router.clone(), checkpointer, shutdown)?;
+        let mut run = Run::new(&self.config, &self.source, self.router.clone(), checkpointer, shutdown).await?;
         let start = match first {
             First::Stream(mark) => mark,
             First::Snapshot(progress) => {
@@ -152,13 +158,13 @@ impl Pipeline {
     /// is no table), no server to ask (see [`crate::source::files`]).
     async fn run_files(&self, shutdown: &Shutdown) -> Result<()> {
         let FilesPlan { paths, first, identity, plan } =
-            plan::files(&self.config, &self.store, self.accept_new_server)?;
-        let checkpointer = Checkpointer::new(self.store.clone(), identity.clone());
+            plan::files(&self.config, self.store(), self.accept_new_server)?;
+        let checkpointer = Checkpointer::new(self.store().clone(), identity.clone());
         let start = match plan.first(&checkpointer)? {
             First::Stream(mark) => mark,
             First::Snapshot(_) => unreachable!("plan::files never plans a snapshot: there is no table"),
         };
-        let mut run = Run::new(&self.config, &self.source, self.router.clone(), checkpointer, shutdown)?;
+        let mut run = Run::new(&self.config, &self.source, self.router.clone(), checkpointer, shutdown).await?;
         run.begin_stream(&start);
         tracing::info!(
             position = %start.position,

@@ -38,11 +38,46 @@ pub(crate) struct Checkpointer {
     server: ServerIdentity,
     /// The last mark written. Held while writing.
     saved: Mutex<Option<Mark>>,
+    /// `exactly_once`: the watermark is never written; each checkpoint goes into the Kafka transaction
+    /// of the events it covers ([`Checkpointer::record`], then [`Checkpointer::committed`]).
+    in_transactions: std::sync::atomic::AtomicBool,
 }
 
 impl Checkpointer {
     pub(crate) fn new(store: Arc<Store>, server: ServerIdentity) -> Arc<Self> {
-        Arc::new(Checkpointer { store, server, saved: Mutex::new(None) })
+        Arc::new(Checkpointer {
+            store,
+            server,
+            saved: Mutex::new(None),
+            in_transactions: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// From now on the watermark is not written ([`Checkpointer::flush`] does nothing): acknowledged is not
+    /// committed in a Kafka transaction, and a checkpoint past uncommitted events would skip them after a
+    /// crash. The run writes each checkpoint into its transaction instead.
+    pub(crate) fn write_in_transactions(&self) {
+        self.in_transactions.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The checkpoint record for `mark`, to be written into the Kafka transaction that holds every event
+    /// before it (`exactly_once`). Nothing is stored until [`Checkpointer::committed`].
+    ///
+    /// # Errors
+    /// A definite error when `mark` is behind the last checkpoint (see the module's invariants).
+    pub(crate) fn record(&self, mark: &Mark) -> Result<Checkpoint> {
+        let saved = self.lock();
+        self.check_forward(saved.as_ref(), mark)?;
+        Ok(self.checkpoint_of(mark))
+    }
+
+    /// The Kafka transaction holding `checkpoint`, [`Checkpointer::record`]'s record for `mark`, committed.
+    pub(crate) fn committed(&self, mark: Mark, checkpoint: &Checkpoint) {
+        let mut saved = self.lock();
+        self.store.committed(checkpoint);
+        tracing::debug!(position = %mark.position, "checkpoint committed with its events");
+        metrics().checkpoint_written(mark.timestamp);
+        *saved = Some(mark);
     }
 
     /// The store it writes to.
@@ -68,6 +103,9 @@ impl Checkpointer {
 
     /// Writes the watermark if it moved since the last write.
     pub(crate) fn flush(&self, watermark: &Watermark) -> Result<()> {
+        if self.in_transactions.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
         let mut saved = self.lock();
         let Some(mark) = watermark.mark() else {
             return Ok(());
@@ -85,15 +123,19 @@ impl Checkpointer {
         self.write(&mut saved, mark)
     }
 
-    fn write(&self, saved: &mut Option<Mark>, mark: Mark) -> Result<()> {
-        if let Some(previous) = saved.as_ref().filter(|p| !mark.position.holds_all_of(&p.position)) {
-            return Err(Error::definite(format!(
+    fn check_forward(&self, saved: Option<&Mark>, mark: &Mark) -> Result<()> {
+        match saved.filter(|p| !mark.position.holds_all_of(&p.position)) {
+            Some(previous) => Err(Error::definite(format!(
                 "refusing to move the checkpoint backwards, from {} to {}: this is a bug in outbox-cdc, please \
                  report it with the log; the stored checkpoint stays where it was",
                 previous.position, mark.position
-            )));
+            ))),
+            None => Ok(()),
         }
-        self.store.save(&Checkpoint {
+    }
+
+    fn checkpoint_of(&self, mark: &Mark) -> Checkpoint {
+        Checkpoint {
             version: CHECKPOINT_VERSION,
             position: mark.position.clone(),
             server: self.server.clone(),
@@ -101,7 +143,12 @@ impl Checkpointer {
             end_event: mark.end_event,
             written_at_ms: now_ms(),
             snapshot: mark.snapshot.as_deref().cloned(),
-        })?;
+        }
+    }
+
+    fn write(&self, saved: &mut Option<Mark>, mark: Mark) -> Result<()> {
+        self.check_forward(saved.as_ref(), &mark)?;
+        self.store.save(&self.checkpoint_of(&mark))?;
         tracing::debug!(position = %mark.position, "checkpoint written");
         metrics().checkpoint_written(mark.timestamp);
         *saved = Some(mark);

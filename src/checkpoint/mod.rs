@@ -20,6 +20,7 @@
 //! the broker's consumer-group machinery, and `outbox-cdc status` can read it while the connector runs.
 
 pub mod checkpointer;
+pub mod kafka;
 pub mod store;
 pub mod watermark;
 

@@ -15,7 +15,9 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use serde::{Deserialize, Serialize};
 
+use super::kafka::KafkaStore;
 use super::Checkpoint;
+use crate::config::{Config, StateBackend};
 use crate::error::{Error, Result};
 use crate::poison::{Hold, KnownPoison};
 
@@ -31,15 +33,29 @@ const LAST_ERROR_KEY: &str = "last_error";
 const STREAM_KEY: &str = "stream";
 const FILE_NAME: &str = "outbox-cdc.redb";
 
-/// Durable checkpoint storage.
+/// Durable storage of the connector's state: the embedded redb file (`[state] backend = "local"`) or the
+/// compacted Kafka topic of [`super::kafka`] (`"kafka"`). Everyone but the checkpointer reads and writes
+/// through it alike.
+#[derive(Debug)]
 pub struct Store {
+    backend: Backend,
+}
+
+#[derive(Debug)]
+enum Backend {
+    Local(Local),
+    Kafka(Box<KafkaStore>),
+}
+
+/// The redb file.
+struct Local {
     db: Database,
     path: PathBuf,
 }
 
-impl std::fmt::Debug for Store {
+impl std::fmt::Debug for Local {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("path", &self.path).finish()
+        f.debug_struct("Local").field("path", &self.path).finish()
     }
 }
 
@@ -74,7 +90,47 @@ impl Store {
             tx.open_table(table).map_err(|e| store_error(&path, "open table", e))?;
         }
         tx.commit().map_err(|e| store_error(&path, "commit", e))?;
-        Ok(Store { db, path })
+        Ok(Store { backend: Backend::Local(Local { db, path }) })
+    }
+
+    /// Opens the store `config` names, as its one writer: the local file, or the Kafka topic (which fences
+    /// any older writer first, see [`super::kafka`]).
+    ///
+    /// # Errors
+    /// As [`Store::open`] and [`KafkaStore::open`].
+    pub async fn open_for(config: &Config) -> Result<Store> {
+        match config.state.backend {
+            StateBackend::Local => Store::open(&config.state.dir),
+            StateBackend::Kafka => Ok(Store { backend: Backend::Kafka(Box::new(KafkaStore::open(config).await?)) }),
+        }
+    }
+
+    /// Reads everything in the store `config` names without writing (`status`, `quarantine list`, `check`,
+    /// `prune`); `None` when there is none yet.
+    ///
+    /// # Errors
+    /// As [`Store::inspect`] and [`KafkaStore::inspect`].
+    pub async fn inspect_for(config: &Config) -> Result<Option<Inspection>> {
+        match config.state.backend {
+            StateBackend::Local => Store::inspect(&config.state.dir),
+            StateBackend::Kafka => KafkaStore::inspect(config).await,
+        }
+    }
+
+    /// The Kafka backend, when this store is one (`exactly_once` writes its checkpoint itself).
+    pub fn kafka(&self) -> Option<&KafkaStore> {
+        match &self.backend {
+            Backend::Kafka(k) => Some(k),
+            Backend::Local(_) => None,
+        }
+    }
+
+    /// Where the state lives, for messages.
+    pub fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Local(l) => l.path.display().to_string(),
+            Backend::Kafka(k) => format!("Kafka topic {}", k.topic()),
+        }
     }
 
     /// Reads the stream checkpoint without taking the writer role (for `status` while a connector runs).
@@ -126,6 +182,126 @@ impl Store {
     /// # Errors
     /// A definite error when the store cannot be read or holds an unreadable record.
     pub fn load(&self) -> Result<Option<Checkpoint>> {
+        match &self.backend {
+            Backend::Local(l) => l.load(),
+            Backend::Kafka(k) => Ok(k.load()),
+        }
+    }
+
+    /// Durably replaces the stream checkpoint. Only the checkpointer saves.
+    ///
+    /// # Errors
+    /// A definite error when the write fails (disk full, permissions): the previous record stays;
+    /// transient when Kafka cannot take it.
+    pub(super) fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
+        match &self.backend {
+            Backend::Local(l) => l.save(checkpoint),
+            Backend::Kafka(k) => k.save(checkpoint),
+        }
+    }
+
+    /// Records a checkpoint that the event producer committed in its Kafka transaction (`exactly_once`).
+    pub(super) fn committed(&self, checkpoint: &Checkpoint) {
+        if let Backend::Kafka(k) = &self.backend {
+            k.committed(checkpoint);
+        }
+    }
+
+    /// [`Store::save`] for unit tests of the modules that read checkpoints.
+    #[cfg(test)]
+    pub(crate) fn save_for_test(&self, checkpoint: &Checkpoint) -> Result<()> {
+        self.save(checkpoint)
+    }
+
+    /// Aggregates on hold.
+    ///
+    /// # Errors
+    /// A definite error when the store cannot be read.
+    pub fn holds(&self) -> Result<Vec<Hold>> {
+        match &self.backend {
+            Backend::Local(l) => l.holds(),
+            Backend::Kafka(k) => Ok(k.holds()),
+        }
+    }
+
+    /// Durably places a hold.
+    ///
+    /// # Errors
+    /// A definite error when the write fails.
+    pub fn put_hold(&self, hold: &Hold) -> Result<()> {
+        match &self.backend {
+            Backend::Local(l) => l.put_hold(hold),
+            Backend::Kafka(k) => k.put_hold(hold),
+        }
+    }
+
+    /// Durably removes a hold and forgets the known-poison ids it covered.
+    ///
+    /// # Errors
+    /// A definite error when the write fails.
+    pub fn remove_hold(&self, hold: &Hold, event_ids: &[String]) -> Result<()> {
+        match &self.backend {
+            Backend::Local(l) => l.remove_hold(hold, event_ids),
+            Backend::Kafka(k) => k.remove_hold(hold, event_ids),
+        }
+    }
+
+    /// Events the broker refused for good.
+    ///
+    /// # Errors
+    /// A definite error when the store cannot be read.
+    pub fn known_poison(&self) -> Result<Vec<KnownPoison>> {
+        match &self.backend {
+            Backend::Local(l) => l.known_poison(),
+            Backend::Kafka(k) => Ok(k.known_poison()),
+        }
+    }
+
+    /// Durably remembers an event the broker refused for good.
+    ///
+    /// # Errors
+    /// A definite error when the write fails.
+    pub fn add_known_poison(&self, poison: &KnownPoison) -> Result<()> {
+        match &self.backend {
+            Backend::Local(l) => l.add_known_poison(poison),
+            Backend::Kafka(k) => k.add_known_poison(poison),
+        }
+    }
+
+    /// Records the error that stopped or restarted the pipeline (for `status`).
+    ///
+    /// # Errors
+    /// A definite error when the write fails.
+    pub fn set_last_error(&self, error: &crate::error::Error) -> Result<()> {
+        let record = LastError {
+            at_ms: crate::time::now_ms(),
+            class: if error.is_definite() { "definite" } else { "transient" }.to_string(),
+            message: error.to_string(),
+        };
+        match &self.backend {
+            Backend::Local(l) => l.set_last_error(&record),
+            Backend::Kafka(k) => k.set_last_error(&record),
+        }
+    }
+
+    /// The last recorded error.
+    ///
+    /// # Errors
+    /// A definite error when the store cannot be read.
+    pub fn last_error(&self) -> Result<Option<LastError>> {
+        match &self.backend {
+            Backend::Local(l) => l.last_error(),
+            Backend::Kafka(k) => Ok(k.last_error()),
+        }
+    }
+}
+
+impl Local {
+    /// The stored stream checkpoint, if any.
+    ///
+    /// # Errors
+    /// A definite error when the store cannot be read or holds an unreadable record.
+    fn load(&self) -> Result<Option<Checkpoint>> {
         let tx = self.db.begin_read().map_err(|e| store_error(&self.path, "begin read", e))?;
         let table = tx.open_table(CHECKPOINTS).map_err(|e| store_error(&self.path, "open table", e))?;
         let value = table.get(STREAM_KEY).map_err(|e| store_error(&self.path, "read", e))?;
@@ -136,7 +312,7 @@ impl Store {
     ///
     /// # Errors
     /// A definite error when the write fails (disk full, permissions): the previous record stays.
-    pub(super) fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
+    fn save(&self, checkpoint: &Checkpoint) -> Result<()> {
         let json = serde_json::to_vec(checkpoint).expect("checkpoint serializes");
         let tx = self.db.begin_write().map_err(|e| store_error(&self.path, "begin write", e))?;
         {
@@ -145,12 +321,6 @@ impl Store {
         }
         crate::failpoint!("checkpoint_write");
         tx.commit().map_err(|e| store_error(&self.path, "commit", e))
-    }
-
-    /// [`Store::save`] for unit tests of the modules that read checkpoints.
-    #[cfg(test)]
-    pub(crate) fn save_for_test(&self, checkpoint: &Checkpoint) -> Result<()> {
-        self.save(checkpoint)
     }
 
     fn write(&self, f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>) -> Result<()> {
@@ -168,7 +338,7 @@ impl Store {
     ///
     /// # Errors
     /// A definite error when the store cannot be read.
-    pub fn holds(&self) -> Result<Vec<Hold>> {
+    fn holds(&self) -> Result<Vec<Hold>> {
         self.read(|path, tx| read_all(path, tx, HOLDS))
     }
 
@@ -176,7 +346,7 @@ impl Store {
     ///
     /// # Errors
     /// A definite error when the write fails.
-    pub fn put_hold(&self, hold: &Hold) -> Result<()> {
+    fn put_hold(&self, hold: &Hold) -> Result<()> {
         let json = serde_json::to_vec(hold).expect("serializes");
         self.write(|tx| {
             tx.open_table(HOLDS)?
@@ -189,7 +359,7 @@ impl Store {
     ///
     /// # Errors
     /// A definite error when the write fails.
-    pub fn remove_hold(&self, hold: &Hold, event_ids: &[String]) -> Result<()> {
+    fn remove_hold(&self, hold: &Hold, event_ids: &[String]) -> Result<()> {
         self.write(|tx| {
             tx.open_table(HOLDS)?.remove(hold_key(&hold.aggregate_type, &hold.aggregate_id).as_str())?;
             let mut poison = tx.open_table(KNOWN_POISON)?;
@@ -204,7 +374,7 @@ impl Store {
     ///
     /// # Errors
     /// A definite error when the store cannot be read.
-    pub fn known_poison(&self) -> Result<Vec<KnownPoison>> {
+    fn known_poison(&self) -> Result<Vec<KnownPoison>> {
         self.read(|path, tx| read_all(path, tx, KNOWN_POISON))
     }
 
@@ -212,7 +382,7 @@ impl Store {
     ///
     /// # Errors
     /// A definite error when the write fails.
-    pub fn add_known_poison(&self, poison: &KnownPoison) -> Result<()> {
+    fn add_known_poison(&self, poison: &KnownPoison) -> Result<()> {
         let json = serde_json::to_vec(poison).expect("serializes");
         self.write(|tx| {
             tx.open_table(KNOWN_POISON)?.insert(poison.id.as_str(), json.as_slice())?;
@@ -224,13 +394,8 @@ impl Store {
     ///
     /// # Errors
     /// A definite error when the write fails.
-    pub fn set_last_error(&self, error: &crate::error::Error) -> Result<()> {
-        let record = LastError {
-            at_ms: crate::time::now_ms(),
-            class: if error.is_definite() { "definite" } else { "transient" }.to_string(),
-            message: error.to_string(),
-        };
-        let json = serde_json::to_vec(&record).expect("serializes");
+    fn set_last_error(&self, record: &LastError) -> Result<()> {
+        let json = serde_json::to_vec(record).expect("serializes");
         self.write(|tx| {
             tx.open_table(NOTES)?.insert(LAST_ERROR_KEY, json.as_slice())?;
             Ok(())
@@ -241,7 +406,7 @@ impl Store {
     ///
     /// # Errors
     /// A definite error when the store cannot be read.
-    pub fn last_error(&self) -> Result<Option<LastError>> {
+    fn last_error(&self) -> Result<Option<LastError>> {
         self.read(|path, tx| read_one(path, tx, NOTES, LAST_ERROR_KEY))
     }
 }
@@ -346,7 +511,7 @@ pub struct LastError {
     pub message: String,
 }
 
-fn hold_key(aggregate_type: &str, aggregate_id: &str) -> String {
+pub(super) fn hold_key(aggregate_type: &str, aggregate_id: &str) -> String {
     format!("{aggregate_type}\0{aggregate_id}")
 }
 

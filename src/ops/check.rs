@@ -26,7 +26,7 @@ pub async fn run(config: &Config) -> Result<()> {
     let source = SourceConn::from_config(config)?;
     let mut conn = source.connect().await?;
     let info = source::server_info(&mut conn).await?;
-    let checkpoint = Store::read_only(&config.state.dir)?;
+    let checkpoint = Store::inspect_for(config).await?.and_then(|i| i.checkpoint);
     println!("server: {} ({})", preflight::describe_identity(&info.identity), info.version);
     let checked = match &checkpoint {
         Some(c) => {
@@ -108,7 +108,7 @@ async fn check_files(config: &Config) -> Result<()> {
             }
         }
     }
-    if let Some(cp) = Store::read_only(&config.state.dir)? {
+    if let Some(cp) = Store::inspect_for(config).await?.and_then(|i| i.checkpoint) {
         println!("checkpoint: {} ({})", cp.position(), preflight::describe_identity(cp.server()));
     }
     let routed = crate::sink::check::topics_without_rows(config);

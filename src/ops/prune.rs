@@ -146,13 +146,13 @@ pub async fn prune(config: &Config, options: &PruneOptions) -> Result<PruneRepor
     let mut conn = source.connect().await?;
     let info = source::server_info(&mut conn).await?;
     drop(conn);
-    let first = usable_checkpoint(config, &info.identity)?;
+    let first = usable_checkpoint(config, &info.identity).await?;
 
     let (mut scanner, cut) = snapshot::open(&source, &info, config, None).await?;
     let result = async {
         let checkpoint = wait_for_coverage(config, &info.identity, first, &cut, options.wait).await?;
         // Read after the covering checkpoint (see "What delivered covers").
-        let held = held_aggregates(config)?;
+        let held = held_aggregates(config).await?;
         let view = scanner.view_conn();
         let cutoff = cutoff(view, options.older_than).await?;
         tracing::info!(view = %cut, checkpoint = %checkpoint, %cutoff, "the checkpoint covers the read view: pruning");
@@ -175,20 +175,19 @@ pub async fn prune(config: &Config, options: &PruneOptions) -> Result<PruneRepor
 }
 
 /// The stored checkpoint, if prune may rely on it.
-fn usable_checkpoint(config: &Config, server: &crate::position::ServerIdentity) -> Result<Position> {
-    let dir = &config.state.dir;
-    let checkpoint = Store::read_only(dir)?.ok_or_else(|| {
+async fn usable_checkpoint(config: &Config, server: &crate::position::ServerIdentity) -> Result<Position> {
+    let dir = config.state_location();
+    let checkpoint = Store::inspect_for(config).await?.and_then(|i| i.checkpoint).ok_or_else(|| {
         Error::definite(format!(
-            "no checkpoint in {}: nothing can be proven delivered, so prune deletes nothing. Run the connector \
-             (with this config's state.dir) first",
-            dir.display()
+            "no checkpoint in {dir}: nothing can be proven delivered, so prune deletes nothing. Run the connector \
+             (with this config's [state]) first"
         ))
     })?;
     if checkpoint.server() != server {
         return Err(Error::definite(format!(
             "the checkpoint in {} belongs to {}, but [source] is {}: its position proves nothing about this \
              server's rows; prune deletes nothing. Point [source] at the connector's server",
-            dir.display(),
+            dir,
             preflight::describe_identity(checkpoint.server()),
             preflight::describe_identity(server)
         )));
@@ -203,8 +202,8 @@ fn usable_checkpoint(config: &Config, server: &crate::position::ServerIdentity) 
 }
 
 /// The aggregates on hold, as `(aggregate_type, aggregate_id)`: their rows are kept.
-fn held_aggregates(config: &Config) -> Result<Vec<(String, String)>> {
-    let holds = Store::inspect(&config.state.dir)?.map(|i| i.holds).unwrap_or_default();
+async fn held_aggregates(config: &Config) -> Result<Vec<(String, String)>> {
+    let holds = Store::inspect_for(config).await?.map(|i| i.holds).unwrap_or_default();
     if !holds.is_empty() {
         tracing::info!(held = holds.len(), "keeping every row of the aggregates on hold (quarantine list)");
     }
@@ -276,7 +275,7 @@ async fn wait_for_coverage(
             )));
         }
         tokio::time::sleep(RECHECK_EVERY).await;
-        checkpoint = usable_checkpoint(config, server)?;
+        checkpoint = usable_checkpoint(config, server).await?;
     }
 }
 
@@ -399,7 +398,7 @@ pub struct PublishedPruneReport {
 pub async fn prune_published(config: &Config, options: &PruneOptions) -> Result<PublishedPruneReport> {
     let source = SourceConn::from_config(config)?;
     let mut conn = source.connect().await?;
-    let held = held_aggregates(config)?;
+    let held = held_aggregates(config).await?;
     let cutoff = cutoff(&mut conn, options.older_than).await?;
     let mut deleter = if options.dry_run { None } else { Some(delete_conn(config)?.connect().await?) };
     let mut report = PublishedPruneReport { rows_deleted: 0, batches: 0, cutoff: cutoff.clone() };
@@ -508,17 +507,17 @@ mod tests {
 
     /// The refusals that keep prune from trusting a checkpoint that proves nothing about these rows: each
     /// is definite (an operator must act) and happens before any row is read.
-    #[test]
-    fn unusable_checkpoints_are_refused() {
+    #[tokio::test]
+    async fn unusable_checkpoints_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
-        let err = usable_checkpoint(&config, &server(1)).unwrap_err();
+        let err = usable_checkpoint(&config, &server(1)).await.unwrap_err();
         assert!(err.is_definite() && err.to_string().contains("no checkpoint"), "{err}");
 
         store_checkpoint(dir.path(), 2, None);
-        let err = usable_checkpoint(&config, &server(1)).unwrap_err();
+        let err = usable_checkpoint(&config, &server(1)).await.unwrap_err();
         assert!(err.is_definite() && err.to_string().contains("belongs to"), "{err}");
-        assert_eq!(usable_checkpoint(&config, &server(2)).unwrap(), pos(maria("0-1-42"), "b.000001", 4));
+        assert_eq!(usable_checkpoint(&config, &server(2)).await.unwrap(), pos(maria("0-1-42"), "b.000001", 4));
 
         let cut = pos(maria("0-1-40"), "b.000001", 4);
         let unfinished = SnapshotState {
@@ -530,10 +529,10 @@ mod tests {
             tables: vec!["shop.outbox_events".into()],
         };
         store_checkpoint(dir.path(), 2, Some(unfinished.clone()));
-        let err = usable_checkpoint(&config, &server(2)).unwrap_err();
+        let err = usable_checkpoint(&config, &server(2)).await.unwrap_err();
         assert!(err.is_definite() && err.to_string().contains("snapshot is not finished"), "{err}");
         store_checkpoint(dir.path(), 2, Some(SnapshotState { done: true, ..unfinished }));
-        usable_checkpoint(&config, &server(2)).expect("a finished snapshot is fine");
+        usable_checkpoint(&config, &server(2)).await.expect("a finished snapshot is fine");
     }
 
     fn pos(gtids: Gtids, file: &str, at: u64) -> Position {

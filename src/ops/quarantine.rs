@@ -11,8 +11,8 @@ use crate::error::Result;
 ///
 /// # Errors
 /// A definite error when the store cannot be read.
-pub fn list(config: &Config, json: bool) -> Result<()> {
-    let holds = Store::inspect(&config.state.dir)?.map(|i| i.holds).unwrap_or_default();
+pub async fn list(config: &Config, json: bool) -> Result<()> {
+    let holds = Store::inspect_for(config).await?.map(|i| i.holds).unwrap_or_default();
     if json {
         println!("{}", serde_json::to_string_pretty(&holds).expect("serializes"));
     } else {

@@ -16,8 +16,8 @@ use crate::time::utc_text;
 /// # Errors
 /// A definite error when the store cannot be read.
 pub async fn print(config: &Config, json: bool) -> Result<()> {
-    let Some(inspection) = Store::inspect(&config.state.dir)? else {
-        println!("no checkpoint in {} (the connector has not started yet)", config.state.dir.display());
+    let Some(inspection) = Store::inspect_for(config).await? else {
+        println!("no checkpoint in {} (the connector has not started yet)", config.state_location());
         return Ok(());
     };
     // Messages are redacted when an error is built; a record written by an older version may not be.
@@ -26,7 +26,7 @@ pub async fn print(config: &Config, json: bool) -> Result<()> {
         e
     });
     let Some(cp) = &inspection.checkpoint else {
-        println!("no checkpoint in {} (the connector has not started yet)", config.state.dir.display());
+        println!("no checkpoint in {} (the connector has not started yet)", config.state_location());
         if let (false, Some(e)) = (json, &last_error) {
             println!("{}", last_error_line(e, crate::time::now_ms()));
         }

@@ -20,6 +20,7 @@ use crate::position::snapshot::{Segment, SnapshotState};
 use crate::position::TxStart;
 use crate::publish::{Publisher, SourceRow};
 use crate::router::Router;
+use crate::sink::kafka::Transactional;
 use crate::sink::KafkaSink;
 use crate::source::binlog::Change;
 use crate::source::overlap::Overlap;
@@ -41,25 +42,60 @@ pub(super) struct Run<'a> {
     /// Writes it every `checkpoint_interval_ms`, off the run's task.
     periodic: Periodic,
     shutdown: &'a Shutdown,
+    /// `exactly_once`: the mark of the last source transaction (or snapshot chunk) whose records are all
+    /// produced; the next Kafka commit carries it.
+    closed: Option<Mark>,
+    /// `exactly_once`: records of a transaction or chunk that did not close are in the Kafka transaction;
+    /// it must be aborted, not committed.
+    partial: bool,
 }
 
 impl<'a> Run<'a> {
     /// Builds the run's producer, publisher and watermark, and starts the periodic checkpoint writer.
+    /// With `exactly_once` the producer is transactional (its start fences any older one) and checkpoints
+    /// are written into its transactions instead ([`commit`]).
     ///
     /// # Errors
-    /// A definite error when the producer cannot be configured or the store cannot be read.
-    pub(super) fn new(
+    /// A definite error when the producer cannot be configured or the store cannot be read; transient when
+    /// the transactional producer cannot start.
+    pub(super) async fn new(
         config: &'a Config,
         source: &'a SourceConn,
         router: Router,
         checkpointer: Arc<Checkpointer>,
         shutdown: &'a Shutdown,
-    ) -> Result<Self> {
+    ) -> Result<Run<'a>> {
         let watermark = Arc::new(Watermark::new(None));
-        let sink = KafkaSink::new(&config.kafka, watermark.clone())?;
+        let sink = match (config.exactly_once(), checkpointer.store().kafka()) {
+            (false, _) => KafkaSink::new(&config.kafka, watermark.clone())?,
+            (true, Some(state)) => {
+                let settings = Transactional {
+                    id: config.transactional_id().to_string(),
+                    state_topic: state.topic().to_string(),
+                    checkpoint_key: state.checkpoint_key(),
+                    max_bytes: config.delivery.transaction_max_bytes,
+                };
+                checkpointer.write_in_transactions();
+                KafkaSink::transactional(&config.kafka, watermark.clone(), settings).await?
+            }
+            (true, None) => {
+                return Err(Error::definite("delivery.guarantee = \"exactly_once\" needs [state] backend = \"kafka\""))
+            }
+        };
         let publisher = Publisher::new(config, router, checkpointer.store().clone())?;
         let periodic = checkpointer.every(watermark.clone(), checkpoint_interval(config));
-        Ok(Run { config, source, sink, publisher, watermark, checkpointer, periodic, shutdown })
+        Ok(Run {
+            config,
+            source,
+            sink,
+            publisher,
+            watermark,
+            checkpointer,
+            periodic,
+            shutdown,
+            closed: None,
+            partial: false,
+        })
     }
 
     /// Declares `start` (durable already) as where the stream phase begins.
@@ -82,6 +118,7 @@ impl<'a> Run<'a> {
         drop(reader);
         if let Some(tx) = stream.current.take() {
             self.watermark.abandon(tx);
+            self.partial = true;
         }
         self.settle(result).await.map(|_| ())
     }
@@ -93,7 +130,10 @@ impl<'a> Run<'a> {
 
     /// After a phase: waits for acknowledgements (briefly after a failure), writes the final checkpoint,
     /// and returns the watermark's mark.
-    pub(super) async fn settle(&self, result: Result<()>) -> Result<Option<Mark>> {
+    pub(super) async fn settle(&mut self, result: Result<()>) -> Result<Option<Mark>> {
+        if self.sink.is_transactional() {
+            return self.settle_transaction(result).await;
+        }
         let (sink, watermark, checkpointer) = (&self.sink, &self.watermark, &self.checkpointer);
         let limit = if result.is_ok() { SHUTDOWN_GRACE } else { FAILURE_DRAIN };
         let deadline = Instant::now() + limit;
@@ -130,10 +170,44 @@ impl<'a> Run<'a> {
         Ok(mark.filter(|m| m.snapshot.as_ref().is_none_or(|s| s.done)))
     }
 
+    /// [`Run::settle`] with `exactly_once`: commits the open Kafka transaction with the last closed mark
+    /// after a phase that ended well, aborts it after a failure or when it holds records of a transaction
+    /// that did not close (none of them becomes visible; they are read again after the restart). Returns
+    /// the committed mark.
+    async fn settle_transaction(&mut self, result: Result<()>) -> Result<Option<Mark>> {
+        let commit_now = result.is_ok() && !self.watermark.failed() && !self.partial;
+        let mut committed = Ok(());
+        match (commit_now, self.closed.take()) {
+            (true, Some(mark)) => committed = commit(&mut self.sink, &self.checkpointer, &mark).await,
+            (true, None) => {}
+            (false, _) => {
+                if self.partial && result.is_ok() {
+                    tracing::info!("aborting the Kafka transaction: it holds part of a source transaction; both are read again after restart");
+                }
+                self.sink.abort_transaction().await;
+            }
+        }
+        self.partial = false;
+        crate::failpoint!("shutdown_drained");
+        if committed.is_err() {
+            self.sink.abort_transaction().await;
+        }
+        let mark = self.checkpointer.saved();
+        if let Some(mark) = &mark {
+            tracing::info!(position = %mark.position, "checkpoint (committed with its events)");
+        }
+        result.and(committed)?;
+        if let Some(error) = self.watermark.take_failure() {
+            return Err(error);
+        }
+        Ok(mark.filter(|m| m.snapshot.as_ref().is_none_or(|s| s.done)))
+    }
+
     /// Scans the outbox tables in one consistent view and produces every row; ends with the watermark's
     /// last mark saying `done` once everything is acknowledged (see [`crate::source::snapshot`]).
     pub(super) async fn snapshot(&mut self, info: &ServerInfo, progress: Option<SnapshotState>) -> Result<()> {
-        let Run { config, source, sink, publisher, watermark, checkpointer, periodic, shutdown } = self;
+        let Run { config, source, sink, publisher, watermark, checkpointer, periodic, shutdown, closed, partial } =
+            self;
         let tables = config.tables().to_vec();
         if let Some(progress) = &progress {
             progress.check_tables(&tables).map_err(Error::definite)?;
@@ -199,7 +273,10 @@ impl<'a> Run<'a> {
                 tokio::select! {
                     biased;
                     sent = sink.send(tx, prepared.record, prepared.occurred_at_ms) => sent?,
-                    _ = &mut grace => return Ok(()),
+                    _ = &mut grace => {
+                        *partial = true;
+                        return Ok(());
+                    }
                 }
                 crate::failpoint!("snapshot_row");
             }
@@ -207,18 +284,32 @@ impl<'a> Run<'a> {
             state.last_key = Some(chunk.last_key);
             progress_bar.set(state.rows_done);
             metrics().snapshot_progress(state.rows_done, state.rows_estimate);
-            watermark.close(tx, Mark::boundary(cut.clone(), Some(Arc::new(state.clone()))));
+            let mark = Mark::boundary(cut.clone(), Some(Arc::new(state.clone())));
+            watermark.close(tx, mark.clone());
+            if sink.is_transactional() {
+                if sink.commit_due(checkpoint_interval(config)) {
+                    commit(sink, checkpointer, &mark).await?;
+                    *closed = None;
+                } else {
+                    *closed = Some(mark);
+                }
+            }
         }
         state.done = true;
         let tx = watermark.open();
-        watermark.close(tx, Mark::boundary(cut, Some(Arc::new(state.clone()))));
+        let mark = Mark::boundary(cut, Some(Arc::new(state.clone())));
+        watermark.close(tx, mark.clone());
+        if sink.is_transactional() {
+            *closed = Some(mark);
+        }
         progress_bar.finish(state.rows_done);
         tracing::info!(rows = state.rows_done, "snapshot read; waiting for the last acknowledgements");
         Ok(())
     }
 
     async fn read_and_produce(&mut self, reader: &mut ReadAhead, stream: &mut StreamState) -> Result<()> {
-        let Run { sink, publisher, watermark, periodic, shutdown, .. } = self;
+        let Run { config, sink, publisher, watermark, checkpointer, periodic, shutdown, closed, .. } = self;
+        let interval = checkpoint_interval(config);
         // Made once and polled by reference: a fresh shutdown future per change was measurable at 100k/s.
         let mut requested = std::pin::pin!(shutdown.requested());
         let mut grace = std::pin::pin!(shutdown.grace_expired());
@@ -234,6 +325,12 @@ impl<'a> Run<'a> {
                 // snapshot): nothing to finish.
                 return Ok(());
             }
+            // exactly_once: records wait in an open Kafka transaction; commit it once due, also while the
+            // source is idle (between source transactions only).
+            let commit_at = match stream.current {
+                None => sink.open_transaction_due_at(interval),
+                Some(_) => None,
+            };
             tokio::select! {
                 // Changes before the shutdown notice: while changes flow, the check above sees a shutdown
                 // on the next turn; the notice only wakes a loop that waits for the source.
@@ -248,6 +345,13 @@ impl<'a> Run<'a> {
                         return Ok(());
                     }
                     Some(Change::Begin(start)) => {
+                        if sink.is_transactional() && stream.current.is_some() {
+                            // Its records are in the open Kafka transaction: abort it, restart from the commit.
+                            return Err(Error::transient(
+                                "a source transaction was cut off and begins again: the Kafka transaction holding \
+                                 its first records is aborted and the run restarts from the last commit",
+                            ));
+                        }
                         if let Some(tx) = stream.current.replace(watermark.open()) {
                             watermark.abandon(tx);
                         }
@@ -292,18 +396,54 @@ impl<'a> Run<'a> {
                         }
                         let snapshot = stream.overlap.as_ref().map(|o| o.state().clone());
                         let timestamp = (timestamp != 0).then_some(timestamp);
-                        watermark.close(tx, Mark { position, timestamp, end_event, snapshot });
+                        let mark = Mark { position, timestamp, end_event, snapshot };
+                        if sink.is_transactional() {
+                            watermark.close(tx, mark.clone());
+                            if sink.commit_due(interval) {
+                                commit(sink, checkpointer, &mark).await?;
+                                *closed = None;
+                            } else {
+                                *closed = Some(mark);
+                            }
+                        } else {
+                            watermark.close(tx, mark);
+                        }
                         if stopping {
                             return Ok(());
                         }
                     }
                 },
+                _ = sleep_until(commit_at), if commit_at.is_some() => {
+                    if let Some(mark) = closed.take() {
+                        commit(sink, checkpointer, &mark).await?;
+                    }
+                }
                 _ = &mut requested, if !stopping => if stream.current.is_some() {
                     tracing::info!("stopping after the current source transaction");
                 },
                 _ = delivery_failed.notified() => {}
             }
         }
+    }
+}
+
+/// `exactly_once`: writes the checkpoint at `mark` into the open Kafka transaction and commits it, so that
+/// the events before `mark` and the checkpoint that passes them become visible together.
+///
+/// # Errors
+/// A definite error for a mark behind the last checkpoint; transient for a failed commit (aborted).
+async fn commit(sink: &mut KafkaSink, checkpointer: &Checkpointer, mark: &Mark) -> Result<()> {
+    let checkpoint = checkpointer.record(mark)?;
+    sink.commit(serde_json::to_vec(&checkpoint).expect("checkpoint serializes")).await?;
+    checkpointer.committed(mark.clone(), &checkpoint);
+    Ok(())
+}
+
+/// Sleeps until `at`; never returns for `None` (a disabled `select!` branch still builds its future).
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -53,7 +53,8 @@ use crate::router::KafkaRecord;
 
 /// What travels with each record through librdkafka and back to the delivery callback.
 struct InFlight {
-    tx: TxId,
+    /// The source transaction of an event; `None` for the checkpoint record of a Kafka transaction.
+    tx: Option<TxId>,
     permits: u32,
     /// The record's bytes as [`KafkaRecord::size_bytes`] counts them, to judge a size refusal.
     record_bytes: u32,
@@ -151,7 +152,11 @@ impl ProducerContext for SinkContext {
         m.record_settled(in_flight.permits as usize);
         match result {
             Ok(message) => {
-                self.watermark.settle(Delivered::new(in_flight.tx));
+                let Some(tx) = in_flight.tx else {
+                    self.budget.add_permits(in_flight.permits as usize);
+                    return;
+                };
+                self.watermark.settle(Delivered::new(tx));
                 // Only the latency histogram needs it (by aggregate type), and only streamed rows have one.
                 let aggregate_type = match in_flight.occurred_at_ms {
                     Some(_) => aggregate_type(message).unwrap_or(""),
@@ -385,21 +390,43 @@ pub struct KafkaSink {
     topics: TopicSettings,
     /// Dead letters are cut to `max_record_bytes`: this topic must take records that large.
     dead_letter_topic: String,
+    /// With `exactly_once`: the Kafka transaction records are produced in.
+    txn: Option<Txn>,
 }
 
-/// Builds the librdkafka configuration every Kafka client starts from: the producer, the admin client, and
-/// the consumers of `audit` and `quarantine release`; with the secrets of `properties_env` and
-/// `properties_file` read ([`KafkaConfig::resolved_properties`]).
+/// Where a transactional sink writes the checkpoint that commits with its records (`exactly_once`).
+#[derive(Debug, Clone)]
+pub struct Transactional {
+    /// The producer's `transactional.id`.
+    pub id: String,
+    /// The state topic and the key of this connector's checkpoint in it.
+    pub state_topic: String,
+    /// The key of the checkpoint record.
+    pub checkpoint_key: String,
+    /// A transaction is due once it holds this many bytes of records.
+    pub max_bytes: usize,
+}
+
+/// The open Kafka transaction of a transactional sink.
+#[derive(Debug)]
+struct Txn {
+    settings: Transactional,
+    /// Whether a transaction is open (begun, not yet committed or aborted).
+    open: bool,
+    /// Record bytes produced in it.
+    bytes: usize,
+    /// When the last transaction committed (or the sink started).
+    committed_at: Instant,
+    /// How long `commit_transaction` may take (`transaction.timeout.ms`).
+    timeout: Duration,
+}
+
+/// The librdkafka configuration every Kafka client starts from ([`KafkaConfig::client_config`]).
 ///
 /// # Errors
 /// A definite error when a secret's variable or file is missing.
 pub fn client_config(config: &KafkaConfig) -> Result<ClientConfig> {
-    let mut cc = ClientConfig::new();
-    cc.set("bootstrap.servers", &config.bootstrap_servers).set("client.id", "outbox-cdc");
-    for (k, v) in &config.resolved_properties()? {
-        cc.set(k, v);
-    }
-    Ok(cc)
+    config.client_config()
 }
 
 /// The producer's librdkafka configuration (the configured properties, with the delivery guarantee's settings
@@ -441,6 +468,10 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// for a record batch's header against a topic's `max.message.bytes`.
 const RECORD_OVERHEAD_BYTES: usize = 512;
 
+/// `transaction.timeout.ms` unless configured: how long a Kafka transaction may stay open (the broker's
+/// `transaction.max.timeout.ms`, 15 minutes by default, caps it).
+const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
+
 /// librdkafka's default `batch.size`.
 const DEFAULT_BATCH_SIZE: usize = 1_000_000;
 
@@ -463,8 +494,14 @@ impl KafkaSink {
     /// # Errors
     /// A definite error for an invalid librdkafka configuration.
     pub fn new(config: &KafkaConfig, watermark: Arc<Watermark>) -> Result<Self> {
+        KafkaSink::with(config, watermark, |_| {})
+    }
+
+    /// [`KafkaSink::new`] with `adjust` applied to the producer's configuration.
+    fn with(config: &KafkaConfig, watermark: Arc<Watermark>, adjust: impl FnOnce(&mut ClientConfig)) -> Result<Self> {
         let budget = Arc::new(Semaphore::new(config.max_in_flight_bytes));
-        let (cc, batch_limit_bytes) = producer_config(config)?;
+        let (mut cc, batch_limit_bytes) = producer_config(config)?;
+        adjust(&mut cc);
         let context = SinkContext {
             watermark: watermark.clone(),
             budget: budget.clone(),
@@ -491,7 +528,143 @@ impl KafkaSink {
             known_topics: HashSet::new(),
             dead_letter_topic: config.dead_letter_topic.clone(),
             topics: TopicSettings::of(config, batch_limit_bytes),
+            txn: None,
         })
+    }
+
+    /// A sink whose records go out in Kafka transactions that commit with the checkpoint covering them
+    /// (`exactly_once`, see docs/CONTRACT.md): the producer gets `transactional.id`, and its start fences
+    /// any older producer with that id (an instance that lost its lease, a run that crashed), aborting the
+    /// transaction that one left open.
+    ///
+    /// # Errors
+    /// Transient when the broker cannot be reached; definite for an invalid configuration (e.g. a
+    /// `transaction.timeout.ms` above the broker's `transaction.max.timeout.ms`).
+    pub async fn transactional(
+        config: &KafkaConfig,
+        watermark: Arc<Watermark>,
+        settings: Transactional,
+    ) -> Result<Self> {
+        let timeout_ms = match config.properties.get("transaction.timeout.ms") {
+            Some(v) => v.trim().parse::<u64>().map_err(|_| {
+                Error::definite(format!("kafka.properties.\"transaction.timeout.ms\" = {v:?} is not a number"))
+            })?,
+            None => DEFAULT_TRANSACTION_TIMEOUT_MS,
+        };
+        let mut sink = KafkaSink::with(config, watermark, |cc| {
+            // A record in a transaction cannot outlive it: librdkafka refuses a message timeout above the
+            // transaction's. A record that times out fails the transaction, which is aborted as a whole.
+            cc.set("transactional.id", &settings.id)
+                .set("transaction.timeout.ms", timeout_ms.to_string())
+                .set("message.timeout.ms", timeout_ms.to_string());
+        })?;
+        let producer = sink.producer.clone();
+        let timeout = Duration::from_millis(timeout_ms);
+        tokio::task::spawn_blocking(move || producer.init_transactions(timeout))
+            .await
+            .map_err(|e| Error::transient(format!("the producer's start failed: {e}")))?
+            .map_err(|e| classify_kafka(&e).context("starting the transactional producer (init_transactions)"))?;
+        sink.txn = Some(Txn { settings, open: false, bytes: 0, committed_at: Instant::now(), timeout });
+        Ok(sink)
+    }
+
+    /// Begins a Kafka transaction before the first record of one (transactional sinks only).
+    fn begin_if_needed(&mut self) -> Result<()> {
+        let Some(txn) = &mut self.txn else { return Ok(()) };
+        if !txn.open {
+            self.producer
+                .begin_transaction()
+                .map_err(|e| classify_kafka(&e).context("beginning a Kafka transaction"))?;
+            txn.open = true;
+            txn.bytes = 0;
+        }
+        Ok(())
+    }
+
+    /// Whether records go out in Kafka transactions.
+    pub fn is_transactional(&self) -> bool {
+        self.txn.is_some()
+    }
+
+    /// Whether the transaction should commit now: it holds `transaction_max_bytes`, or `interval` passed
+    /// since the last commit (also with no records: the checkpoint still moves).
+    pub fn commit_due(&self, interval: Duration) -> bool {
+        self.txn
+            .as_ref()
+            .is_some_and(|t| (t.open && t.bytes >= t.settings.max_bytes) || t.committed_at.elapsed() >= interval)
+    }
+
+    /// When the current transaction is due by time, if records are waiting in it.
+    pub fn open_transaction_due_at(&self, interval: Duration) -> Option<Instant> {
+        self.txn.as_ref().filter(|t| t.open).map(|t| t.committed_at + interval)
+    }
+
+    /// Writes `checkpoint` (the checkpointer's JSON record) into the open transaction (beginning one if
+    /// none is open) and commits it: every record produced since the last commit becomes visible to
+    /// `read_committed` consumers together with the checkpoint that covers them, or none does.
+    ///
+    /// # Errors
+    /// Transient for a failed commit (the transaction is aborted; the run restarts from the last committed
+    /// checkpoint); transient too when a newer producer fenced this one (another instance took over).
+    pub async fn commit(&mut self, checkpoint: Vec<u8>) -> Result<()> {
+        self.begin_if_needed()?;
+        let txn = self.txn.as_ref().expect("begun above");
+        let record = BaseRecord::with_opaque_to(
+            &txn.settings.state_topic,
+            Box::new(InFlight { tx: None, permits: 0, record_bytes: checkpoint.len() as u32, occurred_at_ms: None }),
+        )
+        .key(&txn.settings.checkpoint_key)
+        .payload(&checkpoint);
+        if let Err((e, _)) = self.producer.send(record) {
+            let error = classify_kafka(&e).context("writing the checkpoint into the Kafka transaction");
+            self.abort_transaction().await;
+            return Err(error);
+        }
+        crate::failpoint!("before_kafka_commit");
+        let (producer, timeout) = (self.producer.clone(), txn.timeout);
+        let started = Instant::now();
+        let committed = tokio::task::spawn_blocking(move || producer.commit_transaction(timeout))
+            .await
+            .map_err(|e| Error::transient(format!("the commit task failed: {e}")))?;
+        let txn = self.txn.as_mut().expect("transactional");
+        txn.open = false;
+        match committed {
+            Ok(()) => {
+                txn.committed_at = Instant::now();
+                metrics().transaction_committed(started.elapsed());
+                crate::failpoint!("after_kafka_commit");
+                Ok(())
+            }
+            Err(e) => {
+                let fenced = matches!(&e, KafkaError::Transaction(t) if t.is_fatal());
+                self.abort_transaction().await;
+                Err(match fenced {
+                    true => Error::transient(format!(
+                        "the Kafka transaction could not commit: {e}. A newer producer with this transactional.id                          started (another instance took over); nothing of this transaction is visible"
+                    )),
+                    false => classify_kafka(&e).context(
+                        "committing the Kafka transaction (aborted: nothing of it is visible; the run restarts from                          the last committed checkpoint)",
+                    ),
+                })
+            }
+        }
+    }
+
+    /// Aborts the open transaction, if any: none of its records becomes visible to `read_committed`
+    /// consumers. Queued records are purged first.
+    pub async fn abort_transaction(&mut self) {
+        let Some(txn) = &mut self.txn else { return };
+        txn.open = false;
+        self.producer.purge(PurgeConfig::default().queue().inflight());
+        let (producer, timeout) = (self.producer.clone(), txn.timeout);
+        let aborted = tokio::task::spawn_blocking(move || producer.abort_transaction(timeout)).await;
+        match aborted {
+            Ok(Ok(())) => metrics().transaction_aborted(),
+            // A fenced or fatal producer cannot abort; the broker aborts its transaction when the next
+            // producer with the id starts, or at transaction.timeout.ms.
+            Ok(Err(e)) => tracing::debug!(error = %e, "aborting the Kafka transaction"),
+            Err(e) => tracing::debug!(error = %e, "aborting the Kafka transaction"),
+        }
     }
 
     /// Whether `record` is within `kafka.max_record_bytes` and, once the sink knows it, its topic's
@@ -546,7 +719,8 @@ impl KafkaSink {
             headers = headers.insert(Header { key, value: Some(value) });
         }
         metrics().event_produced(&record.topic, permits as usize);
-        let in_flight = InFlight { tx, permits, record_bytes: record.size_bytes() as u32, occurred_at_ms };
+        self.begin_if_needed()?;
+        let in_flight = InFlight { tx: Some(tx), permits, record_bytes: record.size_bytes() as u32, occurred_at_ms };
         let mut pending = BaseRecord::with_opaque_to(&record.topic, Box::new(in_flight))
             .key(&record.key)
             .payload(&record.value)
@@ -574,6 +748,9 @@ impl KafkaSink {
                     return Err(error);
                 }
             }
+        }
+        if let Some(txn) = &mut self.txn {
+            txn.bytes += record.size_bytes();
         }
         // A delivery that failed while this record was being enqueued purged the queue before it was in:
         // purge again, so that it cannot follow the failed one.
