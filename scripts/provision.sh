@@ -2,7 +2,8 @@
 # Provision a fresh Debian 12 machine (as root) for .ci/run and the demo.
 #
 # Idempotent: installs only what is missing, runs `apt-get update` only when a package to install
-# has no candidate, and builds the Tansu broker only when `tansu` 0.6.0 is not already installed.
+# has no candidate, builds the Tansu broker only when `tansu` 0.6.0 is not already installed, and
+# pip-installs noida-db only when 0.2.3 is not already installed.
 #
 # What the tests need:
 #   - mariadb-server / mariadb-client: the binaries only (mariadb-install-db, mariadbd, mariadb,
@@ -15,15 +16,20 @@
 #   - docker-compose: the demo's docker-compose.yml (official Apache Kafka image) for users; and
 #     scripts/check-deploy validates that file with `docker-compose config` (no engine needed).
 #   - systemd: `systemd-analyze verify` of deploy/systemd/outbox-cdc.service (scripts/check-deploy).
+#   - python3-pip: pip for the two Python packages below, when python3 is Debian's.
 #   - kubernetes-validate (pip, pinned): the Kubernetes schemas deploy/kubernetes/ is checked against.
 #   - tansu 0.6.0 with the dynostore (memory) and libsql (SQLite) storage engines: the Kafka-protocol
 #     broker of the integration tests.
+#   - noida-db 0.2.3 (pip, pinned; a prebuilt binary in a Python package): its Kafka service is the
+#     broker of the exactly-once tests, the only one here with working transactions. Not durable across
+#     its own restart, so never used where the broker restarts. tests/noida_smoke.rs pins its behaviour.
 set -euo pipefail
 
 TANSU_VERSION=0.6.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
+NOIDA_DB_VERSION=0.2.3
 PACKAGES=(mariadb-server mariadb-client pkg-config libssl-dev libcurl4-openssl-dev libsasl2-dev openssl make gcc g++
-    docker-compose systemd)
+    docker-compose systemd python3-pip)
 
 log() { printf 'provision: %s\n' "$*"; }
 die() { printf 'provision: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -81,14 +87,53 @@ log "MariaDB: $(/usr/sbin/mariadbd --version 2>/dev/null || mariadbd --version)"
 
 # --- kubernetes-validate (Python) -------------------------------------------------------------
 command -v python3 >/dev/null || die "python3 not found (scripts/check-deploy and kubernetes-validate need it)"
+# pip install into python3. Debian's own python3 is "externally managed" (PEP 668) and refuses a plain
+# pip install; these are test tools on a test machine, so install into it anyway (a pyenv or venv
+# python3 takes the plain path).
+pip_install() {
+    local opts=(--quiet --disable-pip-version-check --root-user-action=ignore)
+    if python3 -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then
+        log "$(command -v python3) is externally managed (PEP 668): pip install --break-system-packages"
+        opts+=(--break-system-packages)
+    fi
+    python3 -m pip install "${opts[@]}" "$@"
+}
 if python3 -c 'import kubernetes_validate.version as v, sys; sys.exit(v.__version__ != sys.argv[1])' \
     "$KUBERNETES_VALIDATE_VERSION" 2>/dev/null; then
     log "kubernetes-validate $KUBERNETES_VALIDATE_VERSION already installed"
 else
     log "pip install kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
-    python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-        "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+    pip_install "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
 fi
+
+# --- noida-db (Python package with a prebuilt broker binary) ------------------------------------
+# The installed distribution's version (the module's own __version__ is stale: 0.1.0 in 0.2.3).
+noida_db_version() {
+    python3 -c 'import importlib.metadata as m; print(m.version("noida-db"))' 2>/dev/null || true
+}
+# The packaged binary, which the tests run directly (pip's `noida-db` script is a Python wrapper).
+noida_db_bin() {
+    python3 -c "from importlib.resources import files; print(files('noida_db').joinpath('noida-db'))" 2>/dev/null || true
+}
+if [[ $(noida_db_version) == "$NOIDA_DB_VERSION" ]]; then
+    log "noida-db $NOIDA_DB_VERSION already installed"
+else
+    installed=$(noida_db_version)
+    if [[ -n $installed ]]; then
+        log "found noida-db $installed, want $NOIDA_DB_VERSION"
+    fi
+    log "pip install noida-db==$NOIDA_DB_VERSION (the transactional Kafka broker of the exactly-once tests)"
+    pip_install "noida-db==$NOIDA_DB_VERSION"
+fi
+noida_bin=$(noida_db_bin)
+[[ -n $noida_bin && -f $noida_bin ]] || die "noida-db $NOIDA_DB_VERSION installed but its binary was not found"
+# pip's wrapper makes it executable on every run; the tests run it directly.
+[[ -x $noida_bin ]] || chmod 0755 "$noida_bin"
+# Built against a newer glibc than Debian 12's: it warns on stderr and runs; check that it runs.
+[[ $("$noida_bin" version 2>/dev/null) == "noida-db $NOIDA_DB_VERSION" ]] ||
+    die "$noida_bin version does not print 'noida-db $NOIDA_DB_VERSION'"
+log "noida-db $NOIDA_DB_VERSION: $noida_bin"
 
 # --- Rust toolchain ----------------------------------------------------------------------------
 if ! command -v cargo >/dev/null; then

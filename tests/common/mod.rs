@@ -2,8 +2,9 @@
 //!
 //! - [`MariaDb`]: a private MariaDB server (ROW binlog, GTID strict mode, full row metadata) with the
 //!   `shop` schema, the outbox table and a `cdc` replication user.
-//! - [`Broker`]: a Tansu Kafka-protocol broker (SQLite engine = durable, memory engine = fast) and a
-//!   group-less reader ([`Broker::read_all`]).
+//! - [`Broker`]: a Tansu Kafka-protocol broker (SQLite engine = durable, memory engine = fast), or
+//!   noida-db for transactions (`Engine::Noida`, not durable), and group-less readers
+//!   ([`Broker::read_all`] = [`Broker::read_committed`], [`Broker::read_uncommitted`]).
 //! - [`workload`]: outbox rows, business transactions and a concurrent [`Writer`] that records the
 //!   per-aggregate commit order.
 //! - [`audit()`]: checks a topic against what was committed: nothing lost, per-aggregate order kept,
@@ -37,7 +38,7 @@ pub mod workload;
 #[allow(unused_imports)]
 pub use audit::{audit, AuditReport, Expected};
 #[allow(unused_imports)]
-pub use broker::{Broker, Engine, Received};
+pub use broker::{noida_db_path, Broker, Engine, Isolation, Received, NOIDA_DB_VERSION};
 #[allow(unused_imports)]
 pub use connector::{write_config, AuditRun, Connector};
 #[allow(unused_imports)]
