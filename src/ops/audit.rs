@@ -746,7 +746,10 @@ fn read_kafka(
                     Some(Err(e)) => {
                         return Err(classify_kafka(&e).context("reading the routed topics (run the audit again)"))
                     }
-                    None => {}
+                    // Transactional topics (`exactly_once`) hold offsets no record is read at: commit markers,
+                    // and aborted records a read_committed consumer skips. The consumer's position moves past
+                    // them.
+                    None => advance_to_positions(&consumer, &mut ends),
                 }
                 let now = Instant::now();
                 let behind = ends.iter().find(|(_, (high, next))| next < high);
@@ -775,6 +778,18 @@ fn read_kafka(
     }
     progress.finish(pass.records);
     Ok(pass)
+}
+
+/// Moves each partition's next offset to the consumer's position where that is further.
+fn advance_to_positions(consumer: &BaseConsumer, ends: &mut HashMap<(String, i32), (i64, i64)>) {
+    let Ok(positions) = consumer.position() else { return };
+    for element in positions.elements() {
+        if let (Offset::Offset(at), Some(end)) =
+            (element.offset(), ends.get_mut(&(element.topic().to_string(), element.partition())))
+        {
+            end.1 = end.1.max(at);
+        }
+    }
 }
 
 /// Phase 3: missing and duplicated ids of the window.

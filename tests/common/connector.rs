@@ -58,6 +58,7 @@ pub const EPHEMERAL_METRICS: &str = "\n[metrics]\nlisten = \"127.0.0.1:0\"\n";
 /// `extra_toml` appended verbatim. Returns the file's path.
 pub fn write_config(dir: &Path, db: &MariaDb, broker: &Broker, extra_toml: &str) -> PathBuf {
     let server_id: u32 = rand::rng().random_range(1000..60000);
+    let state = toml_str(&dir.join("state").to_string_lossy());
     let text = format!(
         "[source]\n\
          host = \"127.0.0.1\"\n\
@@ -74,15 +75,19 @@ pub fn write_config(dir: &Path, db: &MariaDb, broker: &Broker, extra_toml: &str)
          bootstrap_servers = {bootstrap}\n\
          topic = \"outbox.event.${{aggregate_type}}\"\n\
          \n\
-         [state]\n\
-         dir = {state}\n\
+         {state_table}\
          {snapshot}\
          {metrics}\
          {extra_toml}\n",
         port = db.port(),
         password = toml_str(CDC_PASSWORD),
         bootstrap = toml_str(&broker.bootstrap()),
-        state = toml_str(&dir.join("state").to_string_lossy()),
+        // A test's own [state] table gets the directory (TOML allows a table once).
+        state_table = match extra_toml.contains("[state]\n") {
+            true => String::new(),
+            false => format!("[state]\ndir = {state}\n"),
+        },
+        extra_toml = extra_toml.replacen("[state]\n", &format!("[state]\ndir = {state}\n"), 1),
         // Tests of the stream start without a snapshot unless they configure one.
         snapshot = if extra_toml.contains("[snapshot]") { "" } else { "\n[snapshot]\nmode = \"never\"\n" },
         // Tests that scrape set their own.
