@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use outbox_cdc::app::{self, RunOptions};
-use outbox_cdc::config::Config;
+use outbox_cdc::config::{Config, StateBackend};
 use outbox_cdc::error::Error;
 use outbox_cdc::ops::prune::{self, PruneOptions};
 use outbox_cdc::ops::replay::{self, ReplayOptions};
@@ -131,6 +131,29 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Move the connector's state between the local store and the Kafka topic (see `[state] backend`).
+    State {
+        #[command(subcommand)]
+        action: StateAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum StateAction {
+    /// Copy the checkpoint, holds and known poison from the other backend into this one (`kafka`: the topic
+    /// `[state] topic`, records of `[state] name`; `local`: `[state] dir`). Refuses while a connector runs
+    /// and when the target already holds a newer checkpoint. Then set `[state] backend` to it.
+    Copy {
+        /// The backend to copy into.
+        #[arg(long, value_enum)]
+        to: Backend,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Backend {
+    Local,
+    Kafka,
 }
 
 #[derive(Debug, Subcommand)]
@@ -222,6 +245,23 @@ fn main() -> ExitCode {
                     dry_run,
                 };
                 ops::run_replay(&config, &options).await
+            }
+            Command::State { action: StateAction::Copy { to } } => {
+                let to = match to {
+                    Backend::Local => StateBackend::Local,
+                    Backend::Kafka => StateBackend::Kafka,
+                };
+                let report = ops::state::copy(&config, to).await?;
+                println!(
+                    "copied the checkpoint ({}), {} hold(s) and {} known poison event(s) into {}; set [state] \
+                     backend = \"{}\" and start the connector",
+                    report.position.as_deref().unwrap_or("none"),
+                    report.holds,
+                    report.known_poison,
+                    { let mut c = config.clone(); c.state.backend = to; c.state_location() },
+                    if to == StateBackend::Kafka { "kafka" } else { "local" },
+                );
+                Ok(())
             }
             Command::Prune { older_than, wait, dry_run } => {
                 ops::run_prune(&config, &PruneOptions { older_than, wait, dry_run }).await

@@ -118,6 +118,7 @@ impl KafkaStore {
             checkpoint: state.checkpoint,
             holds: state.holds.into_values().collect(),
             last_error: state.last_error,
+            known_poison: state.poison.into_values().collect(),
         }))
     }
 

@@ -120,5 +120,25 @@ impl Checkpoint {
     }
 }
 
+/// Copies what `from` holds (another backend's state, read with [`Store::inspect_for`]) into `to`: the
+/// checkpoint as it is (same position, server and snapshot progress), holds and known poison. For
+/// `outbox-cdc state copy`, which checks first that `to` holds nothing newer.
+///
+/// # Errors
+/// The write's error; what was written before it stays (a copy run again writes the same records).
+pub fn copy_into(from: &store::Inspection, to: &Store) -> crate::error::Result<()> {
+    for hold in &from.holds {
+        to.put_hold(hold)?;
+    }
+    for poison in &from.known_poison {
+        to.add_known_poison(poison)?;
+    }
+    // Last: a copy cut short leaves the target without a checkpoint rather than one without its holds.
+    if let Some(checkpoint) = &from.checkpoint {
+        to.save(checkpoint)?;
+    }
+    Ok(())
+}
+
 /// Current checkpoint record format.
 pub const CHECKPOINT_VERSION: u32 = 1;

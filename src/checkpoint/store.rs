@@ -166,6 +166,7 @@ impl Store {
                         checkpoint: store.load()?,
                         holds: store.holds()?,
                         last_error: store.last_error()?,
+                        known_poison: store.known_poison()?,
                     }));
                 }
             };
@@ -174,6 +175,7 @@ impl Store {
             checkpoint: read_one(&path, &tx, CHECKPOINTS, STREAM_KEY)?,
             holds: read_all(&path, &tx, HOLDS)?,
             last_error: read_one(&path, &tx, NOTES, LAST_ERROR_KEY)?,
+            known_poison: read_all(&path, &tx, KNOWN_POISON)?,
         }))
     }
 
@@ -490,7 +492,7 @@ fn read_all<T: serde::de::DeserializeOwned>(
 }
 
 /// Everything in the store, read without the writer role.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Inspection {
     /// The stream checkpoint.
     pub checkpoint: Option<Checkpoint>,
@@ -498,6 +500,8 @@ pub struct Inspection {
     pub holds: Vec<Hold>,
     /// The last error that stopped or restarted the pipeline.
     pub last_error: Option<LastError>,
+    /// Events the broker refused for good.
+    pub known_poison: Vec<KnownPoison>,
 }
 
 /// The last error that stopped or restarted the pipeline.

@@ -1,6 +1,6 @@
 //! Operator commands, run beside the pipeline or instead of it: [`check`] before a first run, [`status`]
 //! while it runs, [`audit`] to prove the promise held, [`quarantine`] and [`release`] for held aggregates,
-//! [`replay`] to publish again what a consumer lost, [`prune`] to delete what Kafka has. Each reads the same
+//! [`replay`] to publish again what a consumer lost, [`prune`] to delete what Kafka has, [`state`] to move the state between backends. Each reads the same
 //! configuration and state directory as `run`; the functions here print what a command reports. [`ids`]
 //! compares an id column with an id as published, for all of them.
 //!
@@ -13,6 +13,7 @@ pub mod prune;
 pub mod quarantine;
 pub mod release;
 pub mod replay;
+pub mod state;
 pub mod status;
 
 use crate::config::Config;
