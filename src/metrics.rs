@@ -87,6 +87,9 @@ pub mod names {
     /// Gauge, always 1, labelled `version` (the crate's) and `commit` (the git commit built, `unknown`
     /// when the build did not know it): which build runs where, e.g. `count by (version)`.
     pub const BUILD_INFO: &str = "outbox_cdc_build_info";
+    /// Gauge: 1 while this instance holds its lease on the source server (the active one of an
+    /// active/standby pair, see `crate::lease`), else 0.
+    pub const LEASE_HELD: &str = "outbox_cdc_lease_held";
 
     /// Deprecated names, each with its replacement: exposed with the replacement's value for one release
     /// after the rename, then removed.
@@ -118,6 +121,7 @@ pub mod names {
         PURGE_RISK_RATIO,
         READY,
         BUILD_INFO,
+        LEASE_HELD,
     ];
 }
 
@@ -191,6 +195,7 @@ pub struct Metrics {
     purge_risk_ratio: FloatGauge,
     ready_gauge: Gauge,
     build_info: Family<BuildLabel, Gauge>,
+    lease_held: Gauge,
     /// Commit time (Unix seconds) of the last transaction read; 0 = none yet.
     last_read_commit_s: AtomicU64,
     /// Whether a heartbeat arrived after that transaction (the reader is at the end of the binlog).
@@ -315,6 +320,7 @@ impl Metrics {
             purge_risk_ratio: reg!(names::PURGE_RISK_RATIO, FloatGauge::default()),
             ready_gauge: reg!(names::READY, Gauge::default()),
             build_info: reg!(names::BUILD_INFO, Family::default()),
+            lease_held: reg!(names::LEASE_HELD, Gauge::default()),
             registry,
             last_read_commit_s: AtomicU64::new(0),
             caught_up: AtomicBool::new(false),
@@ -480,6 +486,11 @@ impl Metrics {
         self.quarantined.set(count as i64);
     }
 
+    /// Whether this instance holds its lease on the source server.
+    pub fn lease_held(&self, held: bool) {
+        self.lease_held.set(i64::from(held));
+    }
+
     /// The latest purge-risk reading.
     pub fn purge_risk(&self, needed_age_seconds: u64, needed_bytes: u64, retention_seconds: u64, ratio: f64) {
         self.binlog_needed_age_seconds.set(needed_age_seconds as f64);
@@ -519,6 +530,7 @@ fn help(name: &str) -> &'static str {
         names::PURGE_RISK_RATIO => "Needed binlog age divided by retention; 1 = may be purged",
         names::READY => "1 when connected to source and broker and not failed",
         names::BUILD_INFO => "Always 1; labels: the connector's version and the git commit it was built from",
+        names::LEASE_HELD => "1 while this instance holds its lease on the source server (active), else 0",
         _ => "",
     }
 }
