@@ -44,15 +44,18 @@
 //!
 //! # Safety does not rest on the lease
 //! The lease keeps two instances from *working* at once in the normal case; it does not make a second
-//! publisher impossible. A process paused longer than `F/2` (SIGSTOP, a VM freeze, a swap storm) resumes
-//! still holding its `Lease` until it looks at the clock; and the lock is per server: `source.host` is a DNS
-//! name or a proxy that fails over to another server (a promoted replica), the two instances can each hold
-//! "the" lock on two servers. Both instances must point at the same server, which they do with the same
-//! config while the name resolves to one server. What protects against the rest is Kafka's own fencing:
-//! with `[delivery] guarantee = "exactly_once"` the transactional producer's `transactional.id` fences the
-//! older producer at the broker; with `at_least_once` the state writes to Kafka (`[state] backend = "kafka"`)
-//! are fenced the same way, so a fenced instance cannot move the shared checkpoint, and what it published
-//! twice is the duplicate window at-least-once already allows.
+//! publisher impossible:
+//! - A process paused longer than `F/2` (SIGSTOP, a VM freeze, a swap storm) resumes still holding its
+//!   `Lease` until it looks at the clock, and a suspended VM's monotonic clock may not count the pause at
+//!   all: then it learns of the loss only when its next renewal fails (the server has closed the session).
+//! - The lock is per server. Both instances must reach the *same* server, which they do with the same
+//!   config while `source.host` resolves to one server. If it is a DNS name or a proxy that fails over to
+//!   another server (a promoted replica), the two instances can each hold "the" lock, on two servers.
+//!
+//! What protects then is Kafka's own fencing: with `[delivery] guarantee = "exactly_once"` the producer's
+//! `transactional.id` fences the older producer at the broker; with `at_least_once` the state writes to
+//! Kafka (`[state] backend = "kafka"`) are fenced the same way, so a fenced instance cannot move the shared
+//! checkpoint, and what it published twice is within the duplicates at-least-once allows.
 //!
 //! # Names
 //! The lock is `outbox-cdc/<state.name>`. Both MySQL (5.7+) and MariaDB compare lock names
@@ -66,6 +69,12 @@
 //! Connection and query failures are transient everywhere: the standby reconnects with capped back-off
 //! (100 ms doubling up to `min(5 s, F/4)`), the holder reports the lease lost. A definite error from
 //! connecting (wrong password, TLS settings) is returned by [`Lease::acquire`]: waiting cannot fix it.
+//! A standby shut down in the middle of a `GET_LOCK` drops its connection; the server may still grant it
+//! the lock for the rest of that one-second wait before the session ends and the lock is freed.
+//!
+//! # Cost
+//! One extra connection per instance (count it in `max_connections`), a one-row query every `F/6` on the
+//! active one and a blocking `GET_LOCK` every second on the standby. No privilege is needed.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -230,13 +239,20 @@ impl Lease {
                     Ok(Err(e)) => break e.to_string(),
                     Ok(Ok(None)) => break "GET_LOCK returned NULL (the connection was killed)".to_string(),
                     Ok(Ok(Some(false))) => {
-                        let holder = tokio::time::timeout(wait, holder(&mut conn, &lock)).await;
-                        match holder {
-                            Ok(Ok(Some((id, host)))) if holder_seen != Some(id) => {
+                        let who = tokio::time::timeout(wait, async {
+                            match holder_id(&mut conn, &lock).await? {
+                                Some(id) if holder_seen != Some(id) => {
+                                    Ok(Some((id, holder_host(&mut conn, id).await?)))
+                                }
+                                _ => Ok::<_, Error>(None),
+                            }
+                        });
+                        match who.await {
+                            Ok(Ok(Some((id, host)))) => {
                                 holder_seen = Some(id);
                                 tracing::info!(lock = %lock, holder_connection = id, holder_host = %host, "standby: waiting for the lease held by connection {id} from {host}");
                             }
-                            Ok(Ok(_)) => {}
+                            Ok(Ok(None)) => {}
                             Ok(Err(e)) => break e.to_string(),
                             Err(_) => break "the holder query did not answer".to_string(),
                         }
@@ -406,19 +422,26 @@ async fn renew(conn: &mut Conn, lock: &str) -> Result<bool> {
     Ok(held.flatten() == Some(1))
 }
 
-/// Who holds the lock: connection id and client host (`?` when the process list does not show it, e.g.
-/// another user's connection without the PROCESS privilege); `None` when it is free right now.
-async fn holder(conn: &mut Conn, lock: &str) -> Result<Option<(u64, String)>> {
+/// Which connection holds the lock (`IS_USED_LOCK`); `None` when it is free right now.
+async fn holder_id(conn: &mut Conn, lock: &str) -> Result<Option<u64>> {
     let id: Option<Option<u64>> = conn
         .query_first(format!("SELECT IS_USED_LOCK('{lock}')"))
         .await
         .map_err(|e| classify_mysql(&e).context("IS_USED_LOCK"))?;
-    let Some(id) = id.flatten() else { return Ok(None) };
-    let host: Option<String> = conn
-        .query_first(format!("SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = {id}"))
+    Ok(id.flatten())
+}
+
+/// The client host (`address:port`) of connection `id`, for the standby's log: `?` when the server will not
+/// say (another user's connection without the PROCESS privilege, a process list that is not there).
+async fn holder_host(conn: &mut Conn, id: u64) -> Result<String> {
+    match conn
+        .query_first::<String, _>(format!("SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = {id}"))
         .await
-        .map_err(|e| classify_mysql(&e).context("reading the lock holder's host"))?;
-    Ok(Some((id, host.unwrap_or_else(|| "?".to_string()))))
+    {
+        Ok(host) => Ok(host.unwrap_or_else(|| "?".to_string())),
+        Err(mysql_async::Error::Server(_)) => Ok("?".to_string()),
+        Err(e) => Err(classify_mysql(&e).context("reading the lock holder's host")),
+    }
 }
 
 /// Closes a connection without waiting long on a dead network: the server ends the session (and releases

@@ -56,16 +56,23 @@ fn standby(config: Config) -> tokio::task::JoinHandle<(Lease, Instant)> {
     })
 }
 
+/// The lease's log (standby waiting, acquired, lost, released) in the test's output.
+fn log() {
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("outbox_cdc=info").try_init();
+}
+
 /// `IS_USED_LOCK(lock)`, as the server sees it.
 async fn holder_of(conn: &mut mysql_async::Conn, lock: &str) -> Option<u64> {
     conn.exec_first::<Option<u64>, _, _>("SELECT IS_USED_LOCK(?)", (lock,)).await.expect("IS_USED_LOCK").flatten()
 }
 
 /// The second instance with the same name waits while the first holds the lease and takes over once the
-/// first's connection is killed; the killed holder reports the loss; another name is not blocked; a
-/// released lease is free at once; an acquire that is shut down returns no lease.
+/// first's connection is killed; the killed holder reports the loss; other names are not blocked (also names
+/// that differ only in case or are too long for the server); a released lease is free at once; an acquire
+/// that is shut down returns no lease.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_standby_waits_while_the_holder_lives_and_takes_over_when_it_is_killed() {
+    log();
     let db = MariaDb::start();
     let f = Duration::from_millis(3000);
     let orders = config(db.port(), "orders", 3000);
@@ -80,6 +87,18 @@ async fn a_standby_waits_while_the_holder_lives_and_takes_over_when_it_is_killed
     let payments = tokio::time::timeout(f, acquire(&config(db.port(), "payments", 3000)))
         .await
         .expect("another name is acquired at once");
+    // Names the server would confuse (it compares lock names case-insensitively, and refuses names over 64
+    // characters) get locks of their own: none of these waits for another.
+    let long = |last: char| format!("{}{last}", "a".repeat(99));
+    let mut others = Vec::new();
+    for name in ["Orders".to_string(), "ORDERS".to_string(), long('b'), long('c')] {
+        let other = tokio::time::timeout(f, acquire(&config(db.port(), &name, 3000)))
+            .await
+            .unwrap_or_else(|_| panic!("{name} waited for another connector's lease"));
+        assert!(other.lock().len() <= 64, "{}", other.lock());
+        assert_eq!(holder_of(&mut root, other.lock()).await, Some(other.connection_id()));
+        others.push(other);
+    }
 
     // The standby waits through several GET_LOCK polls and renewals of the holder.
     tokio::time::sleep(f).await;
@@ -107,6 +126,9 @@ async fn a_standby_waits_while_the_holder_lives_and_takes_over_when_it_is_killed
     let again = tokio::time::timeout(f, acquire(&orders)).await.expect("free lease acquired at once");
     again.release().await;
     payments.release().await;
+    for other in others {
+        other.release().await;
+    }
     active.release().await;
 }
 
@@ -117,6 +139,7 @@ async fn a_standby_waits_while_the_holder_lives_and_takes_over_when_it_is_killed
 /// hand the lock on.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_silent_holder_gives_up_before_the_standby_takes_over() {
+    log();
     let db = MariaDb::start();
     let f = Duration::from_millis(3000);
     let proxy = Proxy::start(db.port());
@@ -145,6 +168,7 @@ async fn a_silent_holder_gives_up_before_the_standby_takes_over() {
 /// was waiting, one that arrives during the outage) reconnect, and exactly one of them holds the lease.
 #[tokio::test(flavor = "multi_thread")]
 async fn after_a_server_crash_exactly_one_contender_takes_the_lease() {
+    log();
     let mut db = MariaDb::start();
     let f = Duration::from_millis(3000);
     let orders = config(db.port(), "orders", 3000);
@@ -187,6 +211,7 @@ async fn after_a_server_crash_exactly_one_contender_takes_the_lease() {
 async fn ten_contenders_never_hold_it_two_at_a_time() {
     const CONTENDERS: usize = 10;
     const TURNS: usize = 40;
+    log();
     let db = MariaDb::start();
     let orders = config(db.port(), "orders", 3000);
     let barrier = Arc::new(tokio::sync::Barrier::new(CONTENDERS));
