@@ -41,6 +41,10 @@
 //! - [`Lease::lost`] resolves at the same deadline (or sooner, when the connection fails or the server names
 //!   another holder), and never un-resolves: a lost lease is never regained; acquire a new one.
 //! - The lock lives on one dedicated connection; losing that connection is losing the lease.
+//! - A lost lease keeps its connection, if it is still open, until the owner releases or drops the
+//!   [`Lease`] (having stopped publishing): a holder that merely *could not prove* it still holds the lock
+//!   does not hand it to a standby while it is still stopping. The server closes that connection `floor(F)`
+//!   after the last command it received at the latest.
 //!
 //! # Safety does not rest on the lease
 //! The lease keeps two instances from *working* at once in the normal case; it does not make a second
@@ -58,12 +62,15 @@
 //! checkpoint, and what it published twice is within the duplicates at-least-once allows.
 //!
 //! # Names
-//! The lock is `outbox-cdc/<state.name>`. Both MySQL (5.7+) and MariaDB compare lock names
-//! case-insensitively and MySQL refuses names over 64 characters, so [`lock_name`] keeps
-//! `outbox-cdc/<name>` only when the name is lower case and fits (names of up to 53 characters); otherwise it
-//! is `outbox-cdc/<first 44 characters, lower-cased>~<CRC-32 of the exact name, 8 hex digits>`, exactly 64
-//! characters at most. `~` is not allowed in a connector name, so a shortened name never equals a kept one;
-//! `Orders` and `orders` get different locks.
+//! The lock is `outbox-cdc/<state.name>`. MySQL 5.7+ refuses lock names over 64 characters, and the MySQL
+//! and MariaDB manuals call lock names case-insensitive (MariaDB 10.11, as measured by the tests' server,
+//! compares them byte for byte and takes longer names). One rule fits all of them: [`lock_name`] keeps
+//! `outbox-cdc/<name>` when the name is lower case and fits (up to 53 characters); otherwise the lock is
+//! `outbox-cdc/<first 44 characters, lower-cased>~<CRC-32 of the exact name, 8 hex digits>`, at most 64
+//! characters. `~` is not allowed in a connector name, so a shortened name never equals a kept one, and
+//! `Orders` and `orders` get different locks on every server. Two names that share their first 44
+//! characters (case aside) and their CRC-32 would share a lease: the second connector would wait, logging
+//! the holder, never publish alongside.
 //!
 //! # Error handling
 //! Connection and query failures are transient everywhere: the standby reconnects with capped back-off
@@ -93,7 +100,7 @@ use crate::source::SourceConn;
 
 /// The prefix of every lock this connector takes.
 const PREFIX: &str = "outbox-cdc/";
-/// The longest lock name MySQL accepts (ER_USER_LOCK_WRONG_NAME beyond it).
+/// The longest lock name MySQL accepts (error 3057, ER_USER_LOCK_WRONG_NAME, beyond it).
 const MAX_LOCK_NAME: usize = 64;
 /// Characters kept from a name that has to be shortened: prefix + 44 + `~` + 8 hex digits = 64.
 const KEPT_CHARS: usize = MAX_LOCK_NAME - PREFIX.len() - 1 - 8;
@@ -312,7 +319,9 @@ impl Lease {
     /// Resolves with the reason once the lease can no longer be proven held: the connection failed, no
     /// renewal came back within `F/2` of the last good one being sent, or the server names another holder.
     /// Cheap to create (a channel handle) and cancel-safe: call it in every `tokio::select!` round, or keep
-    /// one.
+    /// one. Then stop publishing and [`Lease::release`]: until then the lock's connection stays open (if it
+    /// still is), so that a standby does not start while this instance is still stopping; the server closes
+    /// it `floor(F)` after the last renewal at the latest.
     pub fn lost(&self) -> impl Future<Output = String> + Send + 'static {
         let mut state = self.state.clone();
         async move {
@@ -323,7 +332,8 @@ impl Lease {
         }
     }
 
-    /// Releases the lock (`RELEASE_LOCK`) and closes its connection; a lost lease only closes.
+    /// Releases the lock (`RELEASE_LOCK`) and closes its connection; a lost lease only closes it. Call it
+    /// once this instance has stopped publishing.
     pub async fn release(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -347,6 +357,7 @@ async fn keep(
         let last_ok = shared.last_ok();
         tokio::select! {
             release = &mut stop => {
+                shared.lost.store(true, Ordering::Release);
                 if release.is_ok() {
                     let released = tokio::time::timeout(
                         timing.give_up_after(),
@@ -354,7 +365,6 @@ async fn keep(
                     ).await;
                     tracing::info!(lock = %lock, ok = matches!(released, Ok(Ok(()))), "lease released");
                 }
-                shared.lost.store(true, Ordering::Release);
                 metrics().lease_held(false);
                 let _ = state.send(Some("released".to_string()));
                 close(conn).await;
@@ -381,6 +391,10 @@ async fn keep(
     metrics().lease_held(false);
     tracing::warn!(lock = %lock, "lease lost: {reason}; stopping publication");
     let _ = state.send(Some(reason));
+    // The connection stays open until the owner has stopped publishing and releases (or drops) the lease:
+    // closing it now would hand a lock that may still be ours to a standby while this instance is still
+    // stopping. Not renewed any more, it is closed by the server `floor(F)` after its last command at most.
+    let _ = stop.await;
     close(conn).await;
 }
 

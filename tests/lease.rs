@@ -164,6 +164,37 @@ async fn a_silent_holder_gives_up_before_the_standby_takes_over() {
     taken.release().await;
 }
 
+/// A holder whose renewals stall (the network goes silent for a moment, then comes back) gives up within
+/// F/2 but keeps the lock's connection until it has stopped and releases: the standby takes over only then,
+/// not when the network comes back. Fails when a lost lease closes its connection at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_lease_is_handed_over_only_when_released() {
+    log();
+    let db = MariaDb::start();
+    let f = Duration::from_millis(3000);
+    let proxy = Proxy::start(db.port());
+    let active = acquire(&config(proxy.port(), "orders", 3000)).await;
+    let waiting = standby(config(db.port(), "orders", 3000));
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    // Silent for 2 s: longer than F/2, shorter than the server's wait_timeout (F). The renewal in flight
+    // reaches the server when the network comes back, which restarts its idle timer: it would close the
+    // session at cut + 2 s + F at the earliest.
+    let cut = Instant::now();
+    proxy.blackhole(Duration::from_millis(2000));
+    tokio::time::timeout(f, active.lost()).await.expect("the stalled holder gives up");
+    assert!(!active.is_held());
+    tokio::time::sleep_until(cut + Duration::from_millis(3500)).await;
+    assert!(!waiting.is_finished(), "the standby took over before the lost holder had stopped");
+
+    let released = Instant::now();
+    active.release().await;
+    let (taken, taken_at) = tokio::time::timeout(f, waiting).await.expect("the standby takes over").unwrap();
+    eprintln!("standby acquired {:?} after the release", taken_at - released);
+    assert!(taken_at - released <= Duration::from_secs(1) + SLACK);
+    taken.release().await;
+}
+
 /// The server crashes (SIGKILL) and comes back: the holder reports the loss, the two standbys (one that
 /// was waiting, one that arrives during the outage) reconnect, and exactly one of them holds the lease.
 #[tokio::test(flavor = "multi_thread")]
