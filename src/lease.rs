@@ -22,9 +22,9 @@
 //!   received: within `F`. Floor, not ceiling: rounding up would let a takeover exceed `F` by up to a
 //!   second; rounded down it is still more than `F/2` (`floor(F) >= F - 999 ms > F/2` for `F >= 2000`).
 //! - The holder renews every `F/6` (`SELECT IS_USED_LOCK(name) = CONNECTION_ID()`, one round trip that also
-//!   resets the server's idle timer) and counts as lost when no renewal *sent* after time `t` has come back
-//!   by `t + F/2`. The server's idle timer for the last good renewal started after that renewal was sent, so
-//!   the server cannot hand the lock to anyone before `t + floor(F)`: the holder gives up at least
+//!   resets the server's idle timer) and counts as lost at `t + F/2`, where `t` is the time it *sent* its
+//!   last renewal that came back. The server's idle timer started after it received that renewal, so a
+//!   silent holder's lock cannot go to anyone before `t + floor(F)`: the holder gives up at least
 //!   `floor(F) - F/2` (at least 500 ms, 1 s for `F = 2000`) before a standby can have the lock.
 //! - Right after `GET_LOCK` returns 1 the holder renews once and starts counting from that renewal's send
 //!   time: the moment the server granted the lock is not known to the client, the send time of a later
@@ -33,6 +33,21 @@
 //!   releases it: takeover is within `F` of the last command the dead holder's server saw (a cut or a host
 //!   loss), and immediate after kill -9 or a graceful release. It polls in 1-second steps to notice
 //!   `shutdown`, and re-checks and logs who holds the lock when that changes.
+//!
+//! # Use
+//! ```text
+//! loop {
+//!     let Some(lease) = Lease::acquire(&source, &config.state.name, failover, shutdown.wait()).await? else {
+//!         return Ok(()); // shut down while standing by
+//!     };
+//!     select! {
+//!         reason = lease.lost() => { stop the pipeline (it must not publish once lease.is_held() is false) }
+//!         _ = shutdown.wait() => { stop the pipeline gracefully }
+//!         end = run the pipeline => { ... }
+//!     }
+//!     lease.release().await; // after the pipeline has stopped: only then may a standby start
+//! }
+//! ```
 //!
 //! # Invariants
 //! - [`Lease::is_held`] turns false no later than `F/2` after the send time of the last good renewal, from
@@ -52,6 +67,8 @@
 //! - A process paused longer than `F/2` (SIGSTOP, a VM freeze, a swap storm) resumes still holding its
 //!   `Lease` until it looks at the clock, and a suspended VM's monotonic clock may not count the pause at
 //!   all: then it learns of the loss only when its next renewal fails (the server has closed the session).
+//! - The server frees the lock at once when *it* ends the session: an operator's `KILL`, a server restart
+//!   or crash. The holder learns it with its next renewal, within `F/6` and a round trip.
 //! - The lock is per server. Both instances must reach the *same* server, which they do with the same
 //!   config while `source.host` resolves to one server. If it is a DNS name or a proxy that fails over to
 //!   another server (a promoted replica), the two instances can each hold "the" lock, on two servers.
