@@ -1,6 +1,6 @@
 //! The active/standby lease (`src/lease.rs`) against a real MariaDB: a standby waits while the holder lives
-//! and takes over when it dies (killed connection, silent network loss, server crash); ten contenders
-//! never hold it two at a time.
+//! and takes over when it dies (killed connection, silent network loss, server crash); a holder that lost
+//! the lease hands it over only once it has stopped; ten contenders never hold it two at a time.
 //!
 //! The timing assertions are the bounds the module promises for `failover_timeout` = `F` (3 s here): a
 //! silent holder gives up within `F/2` of the cut, strictly before a standby can have the lock, and the
@@ -68,8 +68,9 @@ async fn holder_of(conn: &mut mysql_async::Conn, lock: &str) -> Option<u64> {
 
 /// The second instance with the same name waits while the first holds the lease and takes over once the
 /// first's connection is killed; the killed holder reports the loss; other names are not blocked (also names
-/// that differ only in case or are too long for the server); a released lease is free at once; an acquire
-/// that is shut down returns no lease.
+/// MySQL would confuse or refuse: differing only in case, longer than its 64 characters; this MariaDB does
+/// neither, so here that part checks the names sent and that the server grants each on its own); a
+/// released lease is free at once; an acquire that is shut down returns no lease.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_standby_waits_while_the_holder_lives_and_takes_over_when_it_is_killed() {
     log();
@@ -87,8 +88,8 @@ async fn a_standby_waits_while_the_holder_lives_and_takes_over_when_it_is_killed
     let payments = tokio::time::timeout(f, acquire(&config(db.port(), "payments", 3000)))
         .await
         .expect("another name is acquired at once");
-    // Names the server would confuse (it compares lock names case-insensitively, and refuses names over 64
-    // characters) get locks of their own: none of these waits for another.
+    // Names MySQL would confuse (case-insensitive lock names) or refuse (over 64 characters) get locks of
+    // their own: none of these waits for another.
     let long = |last: char| format!("{}{last}", "a".repeat(99));
     let mut others = Vec::new();
     for name in ["Orders".to_string(), "ORDERS".to_string(), long('b'), long('c')] {
