@@ -92,6 +92,9 @@ pub mod names {
     pub const KAFKA_TRANSACTIONS: &str = "outbox_cdc_kafka_transactions";
     /// Histogram: seconds a Kafka transaction's commit took (`exactly_once`): the pipeline waits for it.
     pub const KAFKA_TRANSACTION_COMMIT_SECONDS: &str = "outbox_cdc_kafka_transaction_commit_seconds";
+    /// Gauge: 1 while this instance holds its lease on the source server (the active one of an
+    /// active/standby pair, see `crate::lease`), else 0.
+    pub const LEASE_HELD: &str = "outbox_cdc_lease_held";
 
     /// Deprecated names, each with its replacement: exposed with the replacement's value for one release
     /// after the rename, then removed.
@@ -125,6 +128,7 @@ pub mod names {
         BUILD_INFO,
         KAFKA_TRANSACTIONS,
         KAFKA_TRANSACTION_COMMIT_SECONDS,
+        LEASE_HELD,
     ];
 }
 
@@ -205,6 +209,7 @@ pub struct Metrics {
     build_info: Family<BuildLabel, Gauge>,
     kafka_transactions: Family<OutcomeLabel, Counter>,
     kafka_transaction_commit_seconds: Histogram,
+    lease_held: Gauge,
     /// Commit time (Unix seconds) of the last transaction read; 0 = none yet.
     last_read_commit_s: AtomicU64,
     /// Whether a heartbeat arrived after that transaction (the reader is at the end of the binlog).
@@ -337,6 +342,7 @@ impl Metrics {
                 names::KAFKA_TRANSACTION_COMMIT_SECONDS,
                 Histogram::new(LATENCY_BUCKETS_SECONDS.iter().copied())
             ),
+            lease_held: reg!(names::LEASE_HELD, Gauge::default()),
             registry,
             last_read_commit_s: AtomicU64::new(0),
             caught_up: AtomicBool::new(false),
@@ -513,6 +519,11 @@ impl Metrics {
         self.quarantined.set(count as i64);
     }
 
+    /// Whether this instance holds its lease on the source server.
+    pub fn lease_held(&self, held: bool) {
+        self.lease_held.set(i64::from(held));
+    }
+
     /// The latest purge-risk reading.
     pub fn purge_risk(&self, needed_age_seconds: u64, needed_bytes: u64, retention_seconds: u64, ratio: f64) {
         self.binlog_needed_age_seconds.set(needed_age_seconds as f64);
@@ -554,6 +565,7 @@ fn help(name: &str) -> &'static str {
         names::BUILD_INFO => "Always 1; labels: the connector's version and the git commit it was built from",
         names::KAFKA_TRANSACTIONS => "Kafka transactions (exactly_once) by outcome: committed or aborted",
         names::KAFKA_TRANSACTION_COMMIT_SECONDS => "Seconds each Kafka transaction's commit took (exactly_once)",
+        names::LEASE_HELD => "1 while this instance holds its lease on the source server (active), else 0",
         _ => "",
     }
 }
