@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use crate::checkpoint::Store;
 use crate::config::{Config, SourceKind, StateBackend};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::lease::Lease;
 use crate::pipeline::{Backoff, Pipeline, Shutdown};
 use crate::router::Router;
 use crate::source::binlog::ReaderSettings;
@@ -79,25 +80,47 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
         Duration::from_millis(config.source.reconnect_max_backoff_ms),
     );
     let mut producer_fatal_runs = 0;
-    loop {
+    // The Kafka backend's active/standby: only the holder of the lease runs (see `crate::lease`).
+    let mut lease: Option<Lease> = None;
+    let outcome = loop {
         let started = Instant::now();
         let result = match config.state.backend {
             StateBackend::Local => pipeline.run(&shutdown).await,
-            // Read again before each run: what is committed in Kafka is the truth, whatever the last run
-            // held in memory.
-            StateBackend::Kafka => match Store::open_for(&config).await {
-                Ok(store) => {
-                    let store = Arc::new(store);
-                    pipeline.store = Some(store.clone());
-                    *current_store.write().unwrap_or_else(|p| p.into_inner()) = Some(store);
-                    pipeline.run(&shutdown).await
+            StateBackend::Kafka => {
+                if let Some(lost) = lease.take_if(|l| !l.is_held()) {
+                    lost.release().await;
                 }
-                Err(error) => Err(error.context("opening the state in Kafka")),
-            },
+                if lease.is_none() {
+                    let failover = Duration::from_millis(config.delivery.failover_timeout_ms);
+                    match Lease::acquire(&pipeline.source, &config.state.name, failover, shutdown.requested()).await {
+                        Ok(Some(acquired)) => lease = Some(acquired),
+                        Ok(None) => break Ok(()),
+                        Err(error) => break Err(error),
+                    }
+                }
+                let lost = lease.as_ref().expect("acquired above").lost();
+                // Read again before each run, after fencing older writers: what is committed in Kafka is
+                // the truth, whatever the last run held in memory.
+                match Store::open_for(&config).await {
+                    Ok(store) => {
+                        let store = Arc::new(store);
+                        pipeline.store = Some(store.clone());
+                        *current_store.write().unwrap_or_else(|p| p.into_inner()) = Some(store);
+                        tokio::select! {
+                            result = pipeline.run(&shutdown) => result,
+                            // Dropping the run drops its producer, which purges what it has not sent.
+                            reason = lost => Err(Error::transient(format!(
+                                "lease lost ({reason}): stopped publishing; waiting as a standby"
+                            ))),
+                        }
+                    }
+                    Err(error) => Err(error.context("opening the state in Kafka")),
+                }
+            }
         };
         match result {
-            Ok(()) => return Ok(()),
-            Err(error) if error.is_definite() => return Err(error),
+            Ok(()) => break Ok(()),
+            Err(error) if error.is_definite() => break Err(error),
             Err(error) => {
                 if started.elapsed() >= HEALTHY_RUN {
                     backoff.reset();
@@ -106,22 +129,27 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
                 if error.is_producer_fatal() {
                     producer_fatal_runs += 1;
                     if producer_fatal_runs >= MAX_PRODUCER_FATAL_RUNS {
-                        return Err(producer_fatal_again(&error));
+                        break Err(producer_fatal_again(&error));
                     }
                 }
                 if shutdown.requested_at().is_some() {
-                    return Ok(());
+                    break Ok(());
                 }
                 crate::metrics::metrics().reconnect();
                 let delay = backoff.next_delay();
                 tracing::warn!(%error, retry_in_ms = delay.as_millis() as u64, "transient failure; resuming from the last acknowledged position");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.requested() => return Ok(()),
+                    _ = shutdown.requested() => break Ok(()),
                 }
             }
         }
+    };
+    // A standby takes over at once instead of after the server noticed this process is gone.
+    if let Some(lease) = lease {
+        lease.release().await;
     }
+    outcome
 }
 
 /// The definite error after [`MAX_PRODUCER_FATAL_RUNS`] runs in a row ended with a fatal producer error.

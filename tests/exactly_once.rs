@@ -198,3 +198,138 @@ async fn a_fresh_process_without_local_state_resumes_exactly() {
     assert!(!second.stderr().contains("snapshot: consistent read view opened"), "no new snapshot");
     assert!(second.terminate().success(), "{}", log_tail(&second));
 }
+
+/// With `exactly_once` and a 3 s failover timeout: the settings of the active/standby tests.
+fn standby_settings() -> String {
+    EXACTLY_ONCE.replace("[delivery]\n", "[delivery]\nfailover_timeout_ms = 3000\n")
+}
+
+/// The logs of the connector's current process (after the harness's last start marker).
+fn current_log(connector: &Connector) -> String {
+    let logs = connector.stderr();
+    let start = logs.rfind("=== harness: start #").unwrap_or(0);
+    logs[start..].to_string()
+}
+
+/// Whether `connector`'s current process holds the lease and publishes (it logged the acquisition).
+fn is_active(connector: &mut Connector) -> bool {
+    connector.is_running() && current_log(connector).contains("lease acquired")
+}
+
+/// Active/standby: two instances with the same config; the active one is killed -9 under load, again and
+/// again (3 times here, 10 with `OUTBOX_CDC_SCENARIO_FULL=1`), and the standby takes over each time,
+/// within the failover timeout. Every event reaches `read_committed` consumers once. The failover times
+/// (kill to the new active's first committed checkpoint) go to docs/RELIABILITY.md.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_standby_takes_over_after_kill_9_with_nothing_lost_or_repeated() {
+    let rounds = reliability::scaled(3, 10);
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Noida);
+    let settings = standby_settings();
+    let mut instances = [Connector::start(&db, &broker, &settings), Connector::new()];
+    let writer = Writer::start(db.opts_root(), workload());
+    assert!(
+        common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut instances[0])),
+        "the first instance never became active:\n{}",
+        log_tail(&instances[0])
+    );
+    let config = instances[1].write_config(&db, &broker, &settings);
+    instances[1].run(&config);
+    let mut failovers = Vec::new();
+    for round in 0..rounds {
+        let (active, standby) = (round % 2, (round + 1) % 2);
+        hold_running(&mut instances[standby], Duration::from_secs(2), "as a standby").await;
+        assert!(
+            current_log(&instances[standby]).contains("standby: waiting for the lease"),
+            "round {round}: the second instance does not wait for the lease:\n{}",
+            log_tail(&instances[standby])
+        );
+        assert!(!current_log(&instances[standby]).contains("streaming position"), "a standby published");
+        wait_commits(&writer, 100, "before the kill").await;
+        let before = instances[standby].stderr().matches("checkpoint committed with its events").count();
+        let killed = Instant::now();
+        instances[active].kill();
+        assert!(
+            common::wait_until(Duration::from_secs(60), || instances[standby]
+                .stderr()
+                .matches("checkpoint committed with its events")
+                .count()
+                > before),
+            "round {round}: the standby did not take over:\n{}",
+            log_tail(&instances[standby])
+        );
+        failovers.push(killed.elapsed());
+        instances[active].restart();
+    }
+    let written = {
+        wait_commits(&writer, 200, "after the last failover").await;
+        writer.finish().await
+    };
+    let last_active = rounds % 2;
+    let run = assert_exactly_once("failover", &instances[last_active], &written);
+    let mut ms: Vec<u128> = failovers.iter().map(Duration::as_millis).collect();
+    ms.sort_unstable();
+    let (median, max) = (ms[ms.len() / 2], ms[ms.len() - 1]);
+    eprintln!("[failover] kill -9 to the standby's first commit (ms): {ms:?}; median {median}, max {max}");
+    reliability::record(
+        "exactly_once: active killed -9, standby takes over",
+        &written,
+        &run,
+        None,
+        &format!(
+            "{rounds} failovers with failover_timeout_ms = 3000; kill to the new active's first committed \
+             checkpoint: median {median} ms, max {max} ms ({ms:?})"
+        ),
+    );
+    for instance in &mut instances {
+        assert!(instance.terminate().success(), "{}", log_tail(instance));
+    }
+}
+
+/// Two instances started at the same moment, again and again (3 times here, 10 with
+/// `OUTBOX_CDC_SCENARIO_FULL=1`): one publishes, the other waits; never both.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_instances_started_together_never_publish_together() {
+    let rounds = reliability::scaled(3, 10);
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Noida);
+    let settings = standby_settings();
+    let writer = Writer::start(db.opts_root(), workload());
+    let mut instances = [Connector::new(), Connector::new()];
+    let configs: Vec<_> = instances.iter().map(|i| i.write_config(&db, &broker, &settings)).collect();
+    for round in 0..rounds {
+        for (instance, config) in instances.iter_mut().zip(&configs) {
+            instance.run(config);
+        }
+        assert!(
+            common::wait_until(PROGRESS_TIMEOUT, || instances.iter_mut().any(is_active)),
+            "round {round}: neither became active:\n{}\n{}",
+            log_tail(&instances[0]),
+            log_tail(&instances[1])
+        );
+        hold_running(&mut instances[0], Duration::from_secs(3), "both running").await;
+        let active: Vec<bool> = instances.iter_mut().map(is_active).collect();
+        assert_eq!(
+            active.iter().filter(|a| **a).count(),
+            1,
+            "round {round}: active instances {active:?}:\n{}\n{}",
+            log_tail(&instances[0]),
+            log_tail(&instances[1])
+        );
+        for instance in &mut instances {
+            assert!(instance.terminate().success(), "{}", log_tail(instance));
+        }
+    }
+    wait_commits(&writer, 100, "at the end").await;
+    let written = writer.finish().await;
+    instances[0].run(&configs[0]);
+    let run = assert_exactly_once("started together", &instances[0], &written);
+    reliability::record(
+        "exactly_once: two instances started together",
+        &written,
+        &run,
+        None,
+        &format!("{rounds} simultaneous starts of two instances: one active each time"),
+    );
+    assert!(instances[0].terminate().success(), "{}", log_tail(&instances[0]));
+}

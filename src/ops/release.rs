@@ -79,12 +79,45 @@ pub async fn release(
     skip_poison: bool,
     accept_missing: bool,
 ) -> Result<ReleaseReport> {
-    let store = Store::open(&config.state.dir).map_err(|e| {
+    let stopped = |e: Error| {
         e.context(
             "quarantine release needs the connector stopped (it takes the state store, and no newer event \
                    of the aggregate may be published before the held ones)",
         )
-    })?;
+    };
+    match config.state.backend {
+        crate::config::StateBackend::Local => {
+            let store = Store::open(&config.state.dir).map_err(stopped)?;
+            release_from(&store, config, aggregate_type, aggregate_id, skip_poison, accept_missing).await
+        }
+        // The Kafka backend: a stopped connector is one that holds no lease.
+        crate::config::StateBackend::Kafka => {
+            let source = crate::source::SourceConn::from_config(config)?;
+            let failover = Duration::from_millis(config.delivery.failover_timeout_ms);
+            let wait = tokio::time::sleep(Duration::from_secs(3));
+            let lease = crate::lease::Lease::acquire(&source, &config.state.name, failover, wait).await?.ok_or_else(
+                || stopped(Error::definite(format!("connector {:?} holds its lease", config.state.name))),
+            )?;
+            let result = async {
+                let store = Store::open_for(config).await?;
+                release_from(&store, config, aggregate_type, aggregate_id, skip_poison, accept_missing).await
+            }
+            .await;
+            lease.release().await;
+            result
+        }
+    }
+}
+
+/// [`release`] with the store taken.
+async fn release_from(
+    store: &Store,
+    config: &Config,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    skip_poison: bool,
+    accept_missing: bool,
+) -> Result<ReleaseReport> {
     let hold = store
         .holds()?
         .into_iter()
