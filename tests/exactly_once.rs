@@ -333,3 +333,58 @@ async fn two_instances_started_together_never_publish_together() {
     );
     assert!(instances[0].terminate().success(), "{}", log_tail(&instances[0]));
 }
+
+/// Sends `signal` (`STOP`, `CONT`) to the connector's process.
+fn signal(connector: &Connector, signal: &str) {
+    let pid = connector.pid().expect("running").to_string();
+    let ok = std::process::Command::new("kill").args([&format!("-{signal}"), &pid]).status().expect("kill");
+    assert!(ok.success(), "kill -{signal} {pid}");
+}
+
+/// A zombie: the active instance is paused (SIGSTOP: a VM freeze, a GC pause of the host) longer than the
+/// failover timeout, the standby takes over, then the old one wakes up with an open Kafka transaction and
+/// records it had not sent. Its producer is fenced by the new one's: nothing it sends becomes visible, it
+/// cannot commit a checkpoint, and it goes back to waiting as a standby. `read_committed` consumers see
+/// every event once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_active_that_wakes_up_is_fenced() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Noida);
+    let settings = standby_settings();
+    let mut old = Connector::start(&db, &broker, &settings);
+    let writer = Writer::start(db.opts_root(), workload());
+    assert!(common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut old)), "{}", log_tail(&old));
+    let mut new = Connector::new();
+    let config = new.write_config(&db, &broker, &settings);
+    new.run(&config);
+    hold_running(&mut new, Duration::from_secs(2), "as a standby").await;
+    wait_commits(&writer, 200, "before the pause").await;
+    signal(&old, "STOP");
+    assert!(
+        common::wait_until(Duration::from_secs(30), || is_active(&mut new)),
+        "the standby did not take over from a paused active:\n{}",
+        log_tail(&new)
+    );
+    wait_commits(&writer, 300, "after the takeover").await;
+    signal(&old, "CONT");
+    // The woken instance notices (its lease is gone, its producer fenced) and waits again.
+    assert!(
+        common::wait_until(Duration::from_secs(60), || current_log(&old).contains("standby: waiting for the lease")),
+        "the woken instance did not go back to standby:\n{}",
+        log_tail(&old)
+    );
+    wait_commits(&writer, 200, "after the wake-up").await;
+    let written = writer.finish().await;
+    let run = assert_exactly_once("zombie", &new, &written);
+    reliability::record(
+        "exactly_once: paused active wakes up after the takeover",
+        &written,
+        &run,
+        None,
+        "SIGSTOP of the active past failover_timeout_ms = 3000, standby takes over, SIGCONT: the old producer \
+         is fenced and the old instance waits as a standby",
+    );
+    for instance in [&mut new, &mut old] {
+        assert!(instance.terminate().success(), "{}", log_tail(instance));
+    }
+}
