@@ -110,6 +110,10 @@ async fn a_standby_waits_while_the_holder_lives_and_takes_over_when_it_is_killed
     let source = SourceConn::from_config(&orders).unwrap();
     let shut = Lease::acquire(&source, "orders", f, tokio::time::sleep(Duration::from_millis(1500))).await.unwrap();
     assert!(shut.is_none(), "shutdown ends the wait without a lease");
+    // Its last GET_LOCK ends on the server within its 1-second wait (the module's docs: it may be granted
+    // the lock in that second, and its connection then closes); wait it out, so that the hand-overs below
+    // are between the two instances only.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
 
     let killed = Instant::now();
     root.query_drop(format!("KILL {}", active.connection_id())).await.expect("KILL the holder's connection");
