@@ -1532,6 +1532,12 @@ impl ConfigFile {
                  itself (published_at, locks), and several relays may run at once; remove it",
             ));
         }
+        if state.backend == StateBackend::Kafka && self.source.kind == SourceKind::Files {
+            return Err(Error::definite(
+                "state.backend = \"kafka\" needs a source server: its lease (which keeps two instances from \
+                 publishing at once) is held there, and source.kind = \"files\" has none; use the local backend",
+            ));
+        }
         if delivery.guarantee == Guarantee::ExactlyOnce {
             if self.source.kind == SourceKind::Poll {
                 return Err(Error::definite(
