@@ -258,7 +258,11 @@ fn main() -> ExitCode {
                     report.position.as_deref().unwrap_or("none"),
                     report.holds,
                     report.known_poison,
-                    { let mut c = config.clone(); c.state.backend = to; c.state_location() },
+                    {
+                        let mut c = config.clone();
+                        c.state.backend = to;
+                        c.state_location()
+                    },
                     if to == StateBackend::Kafka { "kafka" } else { "local" },
                 );
                 Ok(())

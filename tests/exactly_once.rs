@@ -168,7 +168,7 @@ async fn a_fresh_process_without_local_state_resumes_exactly() {
     let broker = Broker::start(Engine::Noida);
     let mut conn = db.conn().await;
     let mut expected = common::Expected::default();
-    let mut insert = async |from: usize, to: usize, conn: &mut mysql_async::Conn| {
+    let insert = async |from: usize, to: usize, conn: &mut mysql_async::Conn| {
         let mut ids = Vec::new();
         for i in from..to {
             let row = common::OutboxRow::new(format!("agg-{}", i % 7)).id(format!("ev-{i:05}"));

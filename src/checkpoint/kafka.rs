@@ -42,7 +42,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::{Offset, TopicPartitionList};
 use serde::de::DeserializeOwned;
 
-use super::store::{hold_key, Inspection, LastError};
+use super::records::{hold_key, Inspection, LastError};
 use super::Checkpoint;
 use crate::config::Config;
 use crate::error::{classify_kafka, Error, Result};

@@ -21,6 +21,7 @@
 
 pub mod checkpointer;
 pub mod kafka;
+pub mod records;
 pub mod store;
 pub mod watermark;
 

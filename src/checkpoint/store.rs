@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use serde::{Deserialize, Serialize};
-
 use super::kafka::KafkaStore;
+use super::records::hold_key;
+pub use super::records::{Inspection, LastError};
 use super::Checkpoint;
 use crate::config::{Config, StateBackend};
 use crate::error::{Error, Result};
@@ -489,34 +489,6 @@ fn read_all<T: serde::de::DeserializeOwned>(
         out.push(decode(path, value.value())?);
     }
     Ok(out)
-}
-
-/// Everything in the store, read without the writer role.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Inspection {
-    /// The stream checkpoint.
-    pub checkpoint: Option<Checkpoint>,
-    /// Aggregates on hold.
-    pub holds: Vec<Hold>,
-    /// The last error that stopped or restarted the pipeline.
-    pub last_error: Option<LastError>,
-    /// Events the broker refused for good.
-    pub known_poison: Vec<KnownPoison>,
-}
-
-/// The last error that stopped or restarted the pipeline.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LastError {
-    /// When (Unix ms).
-    pub at_ms: u64,
-    /// `transient` or `definite`.
-    pub class: String,
-    /// The message.
-    pub message: String,
-}
-
-pub(super) fn hold_key(aggregate_type: &str, aggregate_id: &str) -> String {
-    format!("{aggregate_type}\0{aggregate_id}")
 }
 
 #[cfg(test)]

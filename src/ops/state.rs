@@ -127,8 +127,10 @@ mod tests {
     use crate::position::{BinlogCoord, Flavor, Gtids, Position, ServerIdentity};
 
     fn checkpoint(gtids: &str, server_id: u32) -> Checkpoint {
-        let position =
-            Position { gtids: Gtids::MariaDb(gtids.parse().unwrap()), coord: BinlogCoord { file: "b.1".into(), pos: 4 } };
+        let position = Position {
+            gtids: Gtids::MariaDb(gtids.parse().unwrap()),
+            coord: BinlogCoord { file: "b.1".into(), pos: 4 },
+        };
         let server = ServerIdentity { flavor: Flavor::MariaDb, server_id, server_uuid: None, binlog_files: false };
         Checkpoint::for_test(position, server, None)
     }

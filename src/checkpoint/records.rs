@@ -1,0 +1,37 @@
+//! The records the state store keeps besides the checkpoint, as both backends read and write them.
+//!
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
+
+use serde::{Deserialize, Serialize};
+
+use super::Checkpoint;
+use crate::poison::{Hold, KnownPoison};
+
+/// Everything in the store, read without the writer role.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inspection {
+    /// The stream checkpoint.
+    pub checkpoint: Option<Checkpoint>,
+    /// Aggregates on hold.
+    pub holds: Vec<Hold>,
+    /// The last error that stopped or restarted the pipeline.
+    pub last_error: Option<LastError>,
+    /// Events the broker refused for good.
+    pub known_poison: Vec<KnownPoison>,
+}
+
+/// The last error that stopped or restarted the pipeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastError {
+    /// When (Unix ms).
+    pub at_ms: u64,
+    /// `transient` or `definite`.
+    pub class: String,
+    /// The message.
+    pub message: String,
+}
+
+/// The key of a hold: `aggregate_type \0 aggregate_id`.
+pub(super) fn hold_key(aggregate_type: &str, aggregate_id: &str) -> String {
+    format!("{aggregate_type}\0{aggregate_id}")
+}
