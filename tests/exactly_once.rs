@@ -388,3 +388,48 @@ async fn a_paused_active_that_wakes_up_is_fenced() {
         assert!(instance.terminate().success(), "{}", log_tail(instance));
     }
 }
+
+/// `outbox-cdc state copy`: an at-least-once connector with the local store moves to the Kafka backend and
+/// `exactly_once` without republishing anything; a copy while the connector runs, and one that would move
+/// the Kafka checkpoint back, are refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn state_copy_moves_a_local_connector_to_kafka_without_repeating_anything() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Noida);
+    let mut conn = db.conn().await;
+    let mut expected = common::Expected::default();
+    let mut insert = async |range: std::ops::Range<usize>| {
+        for i in range {
+            let row = common::OutboxRow::new(format!("agg-{}", i % 9)).id(format!("ev-{i:05}"));
+            common::insert_event(&mut conn, &row).await.expect("insert");
+            expected.per_aggregate.entry(format!("agg-{}", i % 9)).or_default().push(row.id.clone());
+        }
+    };
+    insert(0..200).await;
+    let mut connector = Connector::start(&db, &broker, "");
+    assert_eq!(broker.read_committed("outbox.event.order", 200, PROGRESS_TIMEOUT).len(), 200);
+    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    let copy = |connector: &Connector, to: &str| {
+        connector.command(&["state", "copy", "--to", to], PROGRESS_TIMEOUT).expect("state copy finishes")
+    };
+    let (status, stdout, stderr) = copy(&connector, "kafka");
+    assert!(status.success() && stdout.contains("copied the checkpoint"), "{stdout}\n{stderr}");
+
+    // The same directory, now with the Kafka backend and exactly once.
+    connector.write_config(&db, &broker, EXACTLY_ONCE);
+    connector.run(&connector.config_path());
+    assert!(common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut connector)), "{}", log_tail(&connector));
+    let (status, _, stderr) = copy(&connector, "local");
+    assert_eq!(status.code(), Some(2), "a copy while the connector runs:\n{stderr}");
+    assert!(stderr.contains("is running"), "{stderr}");
+    insert(200..400).await;
+    let written = reliability::written_from(std::mem::take(&mut expected));
+    let run = assert_exactly_once("state copy", &connector, &written);
+    assert_eq!(run.count("kafka_records"), 400, "nothing republished after the move");
+    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+
+    // The local store is now behind the topic: copying it over would move the connector back.
+    let (status, _, stderr) = copy(&connector, "kafka");
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("newer checkpoint"), "{stderr}");
+}
