@@ -433,3 +433,81 @@ async fn state_copy_moves_a_local_connector_to_kafka_without_repeating_anything(
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("newer checkpoint"), "{stderr}");
 }
+
+/// Poison rows with `exactly_once`: the dead letters are in the transaction of the checkpoint that passes
+/// them, so a crash before its commit leaves none visible and the restart writes each once; the hold lives
+/// in the state topic (`status` shows it) and `quarantine release`, run with the connector stopped (it takes
+/// the lease), republishes the held events in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_commit_with_their_checkpoint_and_release_works_from_kafka_state() {
+    const DLQ: &str = "dlq";
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Noida);
+    let mut conn = db.conn().await;
+    let big =
+        |aggregate: &str| common::OutboxRow::new(aggregate).payload(serde_json::json!({ "blob": "x".repeat(30_000) }));
+    let (a1, poison, held, a2) =
+        (common::OutboxRow::new("A-1"), big("P-1"), common::OutboxRow::new("P-1"), common::OutboxRow::new("A-2"));
+    for row in [&a1, &poison, &held, &a2] {
+        common::insert_event(&mut conn, row).await.expect("insert");
+    }
+    let mut connector = Connector::new();
+    let write = |connector: &Connector, max: u32| {
+        let config = connector.write_config(&db, &broker, EXACTLY_ONCE);
+        let topic = "topic = \"outbox.event.${aggregate_type}\"";
+        let text = std::fs::read_to_string(&config).unwrap().replace(
+            topic,
+            &format!(
+                "{topic}\nmax_record_bytes = {max}\ndead_letter_topic = \"{DLQ}\"\n\
+                 topic_config = {{ \"max.message.bytes\" = \"1048588\" }}"
+            ),
+        );
+        std::fs::write(&config, text).unwrap();
+        config
+    };
+    let config = write(&connector, 20_000);
+    // Crash before the first commit: the dead letters produced so far are aborted.
+    connector.env("OUTBOX_CDC_FAILPOINT", "before_kafka_commit:1");
+    connector.run(&config);
+    let exited = connector.wait_exit(PROGRESS_TIMEOUT);
+    assert!(
+        exited.is_some_and(|s| std::os::unix::process::ExitStatusExt::signal(&s) == Some(6)),
+        "the failpoint did not fire ({exited:?}):\n{}",
+        log_tail(&connector)
+    );
+    connector.remove_env("OUTBOX_CDC_FAILPOINT");
+    connector.restart();
+    // Read once the restart committed: noida-db's fetch does not resume a read_committed reader that
+    // started while the aborted transaction was still open (tests/common/broker.rs).
+    assert!(
+        common::wait_until(PROGRESS_TIMEOUT, || current_log(&connector)
+            .contains("checkpoint committed with its events")),
+        "{}",
+        log_tail(&connector)
+    );
+    let dead = broker.read_to_end(DLQ, common::Isolation::ReadCommitted, PROGRESS_TIMEOUT);
+    let dead_ids: Vec<_> = dead.iter().filter_map(|r| r.header_str("id")).collect();
+    assert_eq!(dead_ids, [poison.id.as_str(), held.id.as_str()], "{}", log_tail(&connector));
+    let live = broker.read_to_end("outbox.event.order", common::Isolation::ReadCommitted, PROGRESS_TIMEOUT);
+    let mut live_ids: Vec<_> = live.iter().filter_map(|r| r.header_str("id")).collect();
+    live_ids.sort_unstable();
+    let mut want = [a1.id.as_str(), a2.id.as_str()];
+    want.sort_unstable();
+    assert_eq!(live_ids, want);
+    let holds = |connector: &Connector| {
+        let (status, out, err) = connector.command(&["quarantine", "list", "--json"], PROGRESS_TIMEOUT).unwrap();
+        assert!(status.success(), "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+    };
+    let listed = holds(&connector);
+    assert_eq!(listed[0]["aggregate_id"], "P-1", "the hold is read from the state topic: {listed:#}");
+    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+
+    write(&connector, 100_000);
+    let (status, out, err) = connector.command(&["quarantine", "release", "order", "P-1"], PROGRESS_TIMEOUT).unwrap();
+    assert!(status.success() && out.contains("2 event(s) republished"), "{out}\n{err}");
+    let live = broker.read_to_end("outbox.event.order", common::Isolation::ReadCommitted, PROGRESS_TIMEOUT);
+    let p1: Vec<_> = live.iter().filter(|r| r.key_str() == Some("P-1")).filter_map(|r| r.header_str("id")).collect();
+    assert_eq!(p1, [poison.id.as_str(), held.id.as_str()]);
+    assert_eq!(holds(&connector), serde_json::json!([]), "the hold is lifted in the state topic");
+}

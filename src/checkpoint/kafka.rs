@@ -330,8 +330,22 @@ async fn read(config: &Config) -> Result<State> {
         .map_err(|e| Error::transient(format!("reading the state topic failed: {e}")))?
 }
 
+/// The state reader's context: the end of a partition is how the reader knows it is done, not an error
+/// worth librdkafka's "Global error" line at every start.
+struct StateReader;
+
+impl rdkafka::ClientContext for StateReader {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_)) {
+            tracing::warn!(target: "librdkafka", %error, "{reason}");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for StateReader {}
+
 fn read_blocking(cc: rdkafka::ClientConfig, topic: &str, name: &str, partitions: usize) -> Result<State> {
-    let consumer: BaseConsumer = cc.create().map_err(|e| classify_kafka(&e))?;
+    let consumer: BaseConsumer<StateReader> = cc.create_with_context(StateReader).map_err(|e| classify_kafka(&e))?;
     let mut assignment = TopicPartitionList::new();
     for p in 0..partitions as i32 {
         assignment.add_partition_offset(topic, p, Offset::Beginning).expect("valid offset");

@@ -782,11 +782,8 @@ fn read_kafka(
 
 /// Moves each partition's next offset to the consumer's position where that is further.
 fn advance_to_positions(consumer: &BaseConsumer, ends: &mut HashMap<(String, i32), (i64, i64)>) {
-    let Ok(positions) = consumer.position() else { return };
-    for element in positions.elements() {
-        if let (Offset::Offset(at), Some(end)) =
-            (element.offset(), ends.get_mut(&(element.topic().to_string(), element.partition())))
-        {
+    for (topic, partition, at) in super::consumer_positions(consumer) {
+        if let Some(end) = ends.get_mut(&(topic, partition)) {
             end.1 = end.1.max(at);
         }
     }
