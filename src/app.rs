@@ -109,9 +109,14 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
                         tokio::select! {
                             result = pipeline.run(&shutdown) => result,
                             // Dropping the run drops its producer, which purges what it has not sent.
-                            reason = lost => Err(Error::transient(format!(
-                                "lease lost ({reason}): stopped publishing; waiting as a standby"
-                            ))),
+                            reason = lost => {
+                                let error = Error::transient(format!(
+                                    "lease lost ({reason}): stopped publishing; waiting as a standby"
+                                ));
+                                // Not ready until it holds the lease and runs again.
+                                crate::health::health().pipeline_failed(&error);
+                                Err(error)
+                            }
                         }
                     }
                     Err(error) => Err(error.context("opening the state in Kafka")),
