@@ -26,7 +26,11 @@
 //!   transactional id: an older instance that still runs (after losing its lease, or a split brain) is
 //!   fenced from then on, and its next write fails instead of moving the checkpoint backwards.
 //! - **The state is read after the fence.** [`KafkaStore::open`] first fences, then reads to the end: no
-//!   transaction of an older writer can still commit after the read.
+//!   transaction of an older writer can still commit after the read. With `exactly_once` it fences the
+//!   event producer's transactional id too (that producer writes the checkpoints): an older instance
+//!   paused in the middle of a commit has its transaction finished by the broker first, else the read
+//!   could stop before that commit's checkpoint and the run would publish its events a second time
+//!   (`tests/exactly_once.rs`, the paused active).
 //! - Writes are serialised (one lock) and update the in-memory copy only once committed.
 
 use std::collections::BTreeMap;
@@ -86,14 +90,16 @@ impl KafkaStore {
     /// created, or holds records this build cannot read.
     pub async fn open(config: &Config) -> Result<KafkaStore> {
         ensure_topic(config).await?;
-        let writer = writer(config)?;
         let started = Instant::now();
-        let fence = tokio::task::spawn_blocking(move || writer.init_transactions(STATE_TIMEOUT).map(|()| writer));
-        let writer = fence
-            .await
-            .map_err(|e| Error::transient(format!("the state writer failed: {e}")))?
-            .map_err(|e| classify_kafka(&e).context("fencing older writers of the state topic (init_transactions)"))?;
-        tracing::debug!(ms = started.elapsed().as_millis() as u64, "state writer ready; older writers fenced");
+        let writer = init(writer(config)?, "the state writer").await?;
+        if config.exactly_once() {
+            // The event producer writes checkpoints too: an older one's transaction may still be open or
+            // committing (its markers not yet written). Starting a producer with its transactional id makes
+            // the broker finish that transaction (abort it, or complete its commit) before it answers, so
+            // the read below sees every checkpoint that will ever be committed under that id.
+            drop(init(transactional(config, config.transactional_id())?, "the event producer's id").await?);
+        }
+        tracing::debug!(ms = started.elapsed().as_millis() as u64, "older writers fenced");
         let state = read(config).await?;
         Ok(KafkaStore {
             topic: config.state.topic.clone(),
@@ -239,8 +245,24 @@ impl KafkaStore {
 
 /// The state writer: a transactional producer whose id is `<transactional_id>.state`.
 fn writer(config: &Config) -> Result<ThreadedProducer<DefaultProducerContext>> {
+    transactional(config, &format!("{}.state", config.transactional_id()))
+}
+
+/// Starts `producer`'s transactions (`init_transactions`): fences every older producer with its id.
+async fn init(
+    producer: ThreadedProducer<DefaultProducerContext>,
+    what: &str,
+) -> Result<ThreadedProducer<DefaultProducerContext>> {
+    tokio::task::spawn_blocking(move || producer.init_transactions(STATE_TIMEOUT).map(|()| producer))
+        .await
+        .map_err(|e| Error::transient(format!("starting {what} failed: {e}")))?
+        .map_err(|e| classify_kafka(&e).context(format_args!("fencing older producers ({what}, init_transactions)")))
+}
+
+/// A transactional producer with `id`, for the state topic.
+fn transactional(config: &Config, id: &str) -> Result<ThreadedProducer<DefaultProducerContext>> {
     let mut cc = config.kafka.client_config()?;
-    cc.set("transactional.id", format!("{}.state", config.transactional_id()))
+    cc.set("transactional.id", id)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("partitioner", "murmur2_random")
