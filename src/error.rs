@@ -294,6 +294,15 @@ pub fn classify_kafka(err: &rdkafka::error::KafkaError) -> Error {
             ))
         }
         K::ClientCreation(_) => Error::definite(format!("Kafka client configuration: {text}")),
+        K::Transaction(_)
+            if matches!(err.rdkafka_error_code(), Some(C::UnsupportedFeature | C::UnsupportedVersion)) =>
+        {
+            Error::definite(format!(
+                "Kafka: {text}. The broker does not support transactions, which [state] backend = \"kafka\" and \
+                 [delivery] guarantee = \"exactly_once\" need (Apache Kafka 0.11 or later, or a compatible broker \
+                 with transactions; Tansu 0.6 has none): with this broker use the local backend and at_least_once"
+            ))
+        }
         _ if err.rdkafka_error_code().is_some_and(is_producer_fatal) => Error::producer_fatal(format!(
             "Kafka: {text}. The idempotent producer cannot continue without risking reordering or duplicates; the \
              run restarts from the checkpoint with a new producer"
@@ -306,6 +315,13 @@ pub fn classify_kafka(err: &rdkafka::error::KafkaError) -> Error {
             _ => Error::transient(format!("Kafka: {text}")),
         },
     }
+}
+
+/// Whether a transactional producer's error says a newer producer with its `transactional.id` started
+/// (another instance took over): it can never commit again.
+pub fn is_fenced(err: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(err.rdkafka_error_code(), Some(C::Fenced | C::ProducerFenced | C::InvalidProducerEpoch))
 }
 
 /// Errors with which the idempotent producer gives up: a fatal error, or a delivery failed because the

@@ -535,3 +535,15 @@ async fn dead_letters_commit_with_their_checkpoint_and_release_works_from_kafka_
     assert_eq!(p1, [poison.id.as_str(), held.id.as_str()]);
     assert_eq!(holds(&connector), serde_json::json!([]), "the hold is lifted in the state topic");
 }
+
+/// A broker without transactions (Tansu 0.6 has none): `exactly_once` stops at once with exit 2 and says
+/// so, instead of retrying for ever.
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_on_a_broker_without_transactions_fails_loud() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut connector = Connector::start(&db, &broker, EXACTLY_ONCE);
+    let exited = connector.wait_exit(PROGRESS_TIMEOUT);
+    assert_eq!(exited.and_then(|s| s.code()), Some(2), "{}", log_tail(&connector));
+    assert!(connector.stderr().contains("transactions"), "{}", log_tail(&connector));
+}

@@ -217,7 +217,7 @@ impl KafkaStore {
                 if t.txn_requires_abort() {
                     let _ = writer.abort_transaction(STATE_TIMEOUT);
                 }
-                if t.is_fatal() {
+                if t.is_fatal() && crate::error::is_fenced(&e) {
                     return Error::transient(format!(
                         "writing to the state topic {}: {e}. Another instance of connector {:?} took over \
                          (its start fenced this one): this instance stops writing",
@@ -358,7 +358,7 @@ struct StateReader;
 
 impl rdkafka::ClientContext for StateReader {
     fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_)) {
+        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
             tracing::warn!(target: "librdkafka", %error, "{reason}");
         }
     }

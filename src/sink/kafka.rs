@@ -636,7 +636,7 @@ impl KafkaSink {
                 Ok(())
             }
             Err(e) => {
-                let fenced = matches!(&e, KafkaError::Transaction(t) if t.is_fatal());
+                let fenced = crate::error::is_fenced(&e);
                 self.abort_transaction().await;
                 Err(match fenced {
                     true => Error::transient(format!(
