@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::connector::toml_str;
 use common::workload::OutboxRow;
-use common::{audit, insert_event, Broker, Connector, Engine, Expected, MariaDb, Writer, WriterConfig};
+use common::{
+    audit, free_port, insert_event, wait_until, Broker, Connector, Engine, Expected, MariaDb, Writer, WriterConfig,
+};
 use mysql_async::prelude::Queryable;
 
 const TOPIC: &str = "outbox.event.order";
@@ -113,7 +115,8 @@ async fn insert_interleaved(db: &MariaDb, aggregates: &[&str], n: usize) -> Expe
 /// The relay's statements, driven directly against MariaDB as two relays (`r1`, `r2`) would: a claim
 /// leases an aggregate's rows in order; a failed delivery counts an attempt, records the error, backs off
 /// 1-2 s and releases the lease; the aggregate's later row waits behind a retried one; a lease taken over
-/// cannot be renewed or marked by its former holder.
+/// cannot be renewed or marked by its former holder, nor can an expired one. The relay's counters follow
+/// (this is the only test of this binary that runs a relay in its own process).
 #[tokio::test(flavor = "multi_thread")]
 async fn claims_failures_and_leases_follow_the_order_rule() {
     use outbox_cdc::config::Config;
@@ -168,6 +171,134 @@ async fn claims_failures_and_leases_follow_the_order_rule() {
     assert!(!r1.renew(&mut conn, 0, &keys[..1]).await.unwrap(), "r2 holds it now");
     assert_eq!(r1.mark_published(&mut conn, 0, &keys[..1]).await.unwrap(), 0);
     assert_eq!(r2.mark_published(&mut conn, 0, &keys[..1]).await.unwrap(), 1);
+
+    // A lease that expired (lease_ms = 1000) is taken over by the next claim.
+    let late = insert_interleaved(&db, &["D"], 1).await;
+    let held = r1.claim(&mut conn, 0).await.unwrap();
+    assert_eq!(ids(&held), late.per_aggregate["D"]);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let taken = r2.claim(&mut conn, 0).await.unwrap();
+    assert_eq!(ids(&taken), late.per_aggregate["D"]);
+    assert!(!r1.renew(&mut conn, 0, &[held[0].key.clone()]).await.unwrap());
+    // Due and unpublished: D (leased, in flight); A's second row waits for its retry.
+    conn.exec_drop("UPDATE shop.outbox_events SET next_attempt_at = NOW(6) + INTERVAL 1 HOUR WHERE id = ?", (&all[1],))
+        .await
+        .unwrap();
+    let (backlog, waited_s) = r2.backlog(&mut conn, 0).await.unwrap();
+    assert_eq!(backlog, 1);
+    assert!(waited_s >= 1.2, "D became due before the lease expired: {waited_s}");
+
+    let page = outbox_cdc::metrics::metrics().render();
+    let value = |series: &str| sample(&page, series).unwrap_or_else(|| panic!("no {series} in:\n{page}"));
+    assert_eq!(value("outbox_cdc_poll_rows_claimed_total"), 7.0, "4 + 1 + D twice");
+    assert_eq!(value("outbox_cdc_poll_rows_failed_total"), 2.0);
+    assert_eq!(value("outbox_cdc_poll_rows_published_total"), 3.0);
+    assert_eq!(value("outbox_cdc_poll_lease_takeovers_total"), 1.0);
+    // Claims: 4 that leased rows (6 statements each), 2 that found heads all leased by the
+    // other relay (2 reads: the rows behind the heads are not free), 1 that found no head.
+    assert!(value("outbox_cdc_poll_queries_total{kind=\"claim\"}") >= 24.0, "{page}");
+    assert_eq!(value("outbox_cdc_poll_queries_total{kind=\"mark\"}"), 3.0);
+    assert_eq!(value("outbox_cdc_poll_queries_total{kind=\"fail\"}"), 1.0);
+    assert_eq!(value("outbox_cdc_poll_queries_total{kind=\"renew\"}"), 6.0, "3 renewals of 2 statements");
+    assert_eq!(value("outbox_cdc_poll_queries_total{kind=\"backlog\"}"), 1.0);
+}
+
+/// The value of one sample line `name{labels} value` in a metrics page.
+fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// `GET /metrics` on 127.0.0.1:`port`; `None` while nothing answers.
+fn scrape(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+}
+
+/// A relay process's `/metrics` while rows flow: the binlog source's event counters where they apply, and
+/// the relay's own: rows claimed and published, a lease taken over from a dead relay, a parked row holding
+/// its aggregate (so its follower shows as backlog, waiting longer and longer), claim and mark statements,
+/// idle polls while nothing is due. Regression guard: the relay exposed none of its own counters.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relays_metrics_count_queries_rows_leases_and_backlog() {
+    let db = MariaDb::start();
+    create_relay_user(&db);
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    // A row leased by a relay that died an hour ago, a poison row (invalid headers) and the row behind it.
+    let orphan = OutboxRow::new("O");
+    insert_event(&mut conn, &orphan).await.unwrap();
+    conn.exec_drop(
+        "UPDATE outbox_events SET locked_by = 'gone:1', locked_at = NOW(6) - INTERVAL 1 HOUR WHERE id = ?",
+        (&orphan.id,),
+    )
+    .await
+    .unwrap();
+    insert_event(&mut conn, &OutboxRow::new("P").headers(Some(serde_json::json!([1])))).await.unwrap();
+    let mut expected = insert_interleaved(&db, &["A", "B", "C"], 10).await;
+    expected.per_aggregate.insert("O".into(), vec![orphan.id.clone()]);
+
+    let port = free_port();
+    let mut relay = relay_config(&db, &broker, "poll_interval_ms = 50");
+    let config = std::fs::read_to_string(relay.config_path()).unwrap();
+    let config =
+        config.replace(common::connector::EPHEMERAL_METRICS, &format!("\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
+    std::fs::write(relay.config_path(), config).unwrap();
+    relay.run(&relay.config_path());
+    let records = broker.read_all(TOPIC, expected.len(), CATCH_UP);
+    let report = audit(&expected, &records);
+    assert!(report.is_clean(), "{}\n{}", report.summary(), relay.logs());
+    wait_all_published(&db, &[&relay]).await;
+    insert_event(&mut conn, &OutboxRow::new("P")).await.unwrap();
+
+    let page = || scrape(port).unwrap_or_default();
+    let value = |page: &str, series: &str| sample(page, series).unwrap_or(-1.0);
+    // The backlog is counted every 5 s: wait for a count that sees P's follower waiting.
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let p = page();
+            value(&p, "outbox_cdc_poll_backlog_rows") == 1.0 && value(&p, "outbox_cdc_poll_oldest_due_seconds") > 0.0
+        }),
+        "the held row never showed as backlog:\n{}\n{}",
+        page(),
+        relay.logs()
+    );
+    let first = page();
+    for (series, want) in [
+        ("outbox_cdc_poll_rows_claimed_total", 32.0),
+        ("outbox_cdc_poll_rows_published_total", 31.0),
+        ("outbox_cdc_poll_rows_parked_total", 1.0),
+        ("outbox_cdc_poll_rows_failed_total", 0.0),
+        ("outbox_cdc_poll_lease_takeovers_total", 1.0),
+        ("outbox_cdc_poll_leases_lost_total", 0.0),
+        ("outbox_cdc_events_acknowledged_total{topic=\"outbox.event.order\"}", 31.0),
+        ("outbox_cdc_events_read_total{topic=\"outbox.event.order\"}", 31.0),
+        ("outbox_cdc_end_to_end_latency_seconds_count{aggregate_type=\"order\"}", 31.0),
+        ("outbox_cdc_records_in_flight", 0.0),
+        ("outbox_cdc_quarantined_aggregates", 1.0),
+        ("outbox_cdc_dead_letters_total{kind=\"invalid_headers\"}", 1.0),
+    ] {
+        assert_eq!(value(&first, series), want, "{series}:\n{first}");
+    }
+    for kind in ["claim", "mark", "park", "backlog"] {
+        let series = format!("outbox_cdc_poll_queries_total{{kind=\"{kind}\"}}");
+        assert!(value(&first, &series) >= 1.0, "{series}:\n{first}");
+    }
+    // Idle: one claim statement (the heads read) per poll, and the idle polls count.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let second = page();
+    let grew = |series: &str| value(&second, series) - value(&first, series);
+    assert!(grew("outbox_cdc_poll_idle_polls_total") >= 5.0, "{first}\n-----\n{second}");
+    assert!(
+        grew("outbox_cdc_poll_queries_total{kind=\"claim\"}") <= grew("outbox_cdc_poll_idle_polls_total") + 1.0,
+        "{first}\n-----\n{second}"
+    );
+    assert_eq!(grew("outbox_cdc_poll_queries_total{kind=\"mark\"}"), 0.0);
+    assert!(relay.terminate().success(), "{}", relay.logs());
 }
 
 /// One relay publishes every row in order, marks it published and releases its lease; `check` passes for

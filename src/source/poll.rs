@@ -56,6 +56,7 @@ use mysql_async::{Conn, Row, Value};
 
 use crate::config::{ColumnNames, Config, PayloadEncoding};
 use crate::error::{classify_mysql, Error, Result};
+use crate::metrics::{metrics, PollQuery, POLL_BACKLOG_CAP};
 use crate::outbox::{quote_ident, OutboxRow, TableName};
 use crate::poison::Origin;
 use crate::source::decode::Undecodable;
@@ -217,6 +218,7 @@ impl Relay {
             n = self.batch_rows
         );
         let heads: Vec<(Value, Value)> = conn.query(heads_sql).await.map_err(failed("finding heads in"))?;
+        metrics().poll_queries(PollQuery::Claim, 1);
         if heads.is_empty() {
             return Ok(Vec::new());
         }
@@ -230,7 +232,8 @@ impl Relay {
             .collect();
         let aggregates = vec![format!("({at} = ? AND {ai} = ?)"); heads.len()].join(" OR ");
         let rows_sql = format!(
-            "SELECT {roles}, {id}, attempts, last_error, next_attempt_at <= NOW(6), {free}{additional} FROM {table} \
+            "SELECT {roles}, {id}, attempts, last_error, next_attempt_at <= NOW(6), {free}, locked_by IS NOT NULL\
+             {additional} FROM {table} \
              WHERE published_at IS NULL AND ({aggregates}) ORDER BY {at}, {ai}, {order} LIMIT {n}",
             roles = roles.join(", "),
             // `[outbox] additional_placement` columns, after the relay's own (ADDITIONAL_FROM).
@@ -240,6 +243,7 @@ impl Relay {
         );
         let params: Vec<Value> = heads.iter().flat_map(|(t, i)| [t.clone(), i.clone()]).collect();
         let rows: Vec<Row> = conn.exec(rows_sql, params).await.map_err(failed("reading"))?;
+        metrics().poll_queries(PollQuery::Claim, 1);
         // Per aggregate, the prefix of rows that are due and free.
         let heads: HashSet<Aggregate> = heads.iter().map(|(t, i)| (key_bytes(t), key_bytes(i))).collect();
         let seen: Vec<(Aggregate, bool, bool)> = rows
@@ -268,6 +272,7 @@ impl Relay {
             free = self.lease_free("")
         );
         let locked: Vec<Value> = tx.exec(lock_sql, keys).await.map_err(failed("locking rows of"))?;
+        metrics().poll_queries(PollQuery::Claim, 2);
         let locked: HashSet<Vec<u8>> = locked.iter().map(key_bytes).collect();
         let got: Vec<bool> =
             chosen.iter().map(|(_, row)| locked.contains(&key_bytes(row.as_ref(8).unwrap_or(&Value::NULL)))).collect();
@@ -280,6 +285,7 @@ impl Relay {
             .collect();
         if kept.is_empty() {
             tx.rollback().await.map_err(failed("ending the claim of"))?;
+            metrics().poll_queries(PollQuery::Claim, 1);
             return Ok(Vec::new());
         }
         let keys: Vec<Value> = kept.iter().map(|r| r.as_ref(8).cloned().unwrap_or(Value::NULL)).collect();
@@ -291,6 +297,10 @@ impl Relay {
         params.extend(keys);
         tx.exec_drop(lease_sql, params).await.map_err(failed("leasing rows of"))?;
         tx.commit().await.map_err(failed("committing the claim of"))?;
+        metrics().poll_queries(PollQuery::Claim, 2);
+        // A claimable row still naming a holder is one whose lease expired (a release clears it).
+        let taken_over = kept.iter().filter(|r| r.get::<Option<i64>, _>(TAKEN_OVER).flatten() == Some(1)).count();
+        metrics().poll_claimed(kept.len() as u64, taken_over as u64);
         let encoding = self.columns.payload_encoding();
         Ok(kept.into_iter().map(|row| claimed(&pt.table, pt.present, encoding, row)).collect())
     }
@@ -325,6 +335,7 @@ impl Relay {
             )
             .await
             .map_err(failed)?;
+        metrics().poll_queries(PollQuery::Renew, 2);
         Ok(held == Some(keys.len() as u64))
     }
 
@@ -351,6 +362,8 @@ impl Relay {
         )
         .await
         .map_err(|e| classify_mysql(&e).context(format_args!("poll: marking rows of {table} published")))?;
+        metrics().poll_queries(PollQuery::Mark, 1);
+        metrics().poll_published(conn.affected_rows());
         Ok(conn.affected_rows())
     }
 
@@ -369,7 +382,12 @@ impl Relay {
             (format!("dead-lettered: {reason}"), self.id.as_str(), key.clone()),
         )
         .await
-        .map_err(|e| classify_mysql(&e).context(format_args!("poll: parking a dead-lettered row of {table}")))
+        .map_err(|e| classify_mysql(&e).context(format_args!("poll: parking a dead-lettered row of {table}")))?;
+        metrics().poll_queries(PollQuery::Park, 1);
+        if conn.affected_rows() > 0 {
+            metrics().poll_parked();
+        }
+        Ok(())
     }
 
     /// Records a failed delivery of `keys`: `attempts + 1`, `last_error`, `next_attempt_at` = now + a delay
@@ -399,7 +417,31 @@ impl Relay {
             params,
         )
         .await
-        .map_err(|e| classify_mysql(&e).context(format_args!("poll: recording a failed delivery on {table}")))
+        .map_err(|e| classify_mysql(&e).context(format_args!("poll: recording a failed delivery on {table}")))?;
+        metrics().poll_queries(PollQuery::Fail, 1);
+        metrics().poll_failed(conn.affected_rows());
+        Ok(())
+    }
+
+    /// The backlog of table `t`: its due unpublished rows (counted up to [`POLL_BACKLOG_CAP`]: a count reads
+    /// every row it counts) and the seconds since the oldest of them became due (0 when none is). One
+    /// statement, along `idx_ready`.
+    ///
+    /// # Errors
+    /// Classified query errors.
+    pub async fn backlog(&self, conn: &mut Conn, t: usize) -> Result<(u64, f64)> {
+        let table = self.tables[t].table.quoted();
+        let (due, waited_us): (Option<u64>, Option<i64>) = conn
+            .query_first(format!(
+                "SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE published_at IS NULL \
+                 AND next_attempt_at <= NOW(6) LIMIT {POLL_BACKLOG_CAP}) d), \
+                 TIMESTAMPDIFF(MICROSECOND, (SELECT MIN(next_attempt_at) FROM {table} WHERE published_at IS NULL), NOW(6))"
+            ))
+            .await
+            .map_err(|e| classify_mysql(&e).context(format_args!("poll: counting the backlog of {table}")))?
+            .unwrap_or((None, None));
+        metrics().poll_queries(PollQuery::Backlog, 1);
+        Ok((due.unwrap_or(0), waited_us.unwrap_or(0).max(0) as f64 / 1e6))
     }
 }
 
@@ -482,10 +524,13 @@ fn key_bytes(value: &Value) -> Vec<u8> {
     }
 }
 
-/// Where the `[outbox] additional_placement` columns start in a row of the claim's read.
-const ADDITIONAL_FROM: usize = 13;
+/// In a row of the claim's read: whether the row still names a holder (`locked_by`).
+const TAKEN_OVER: usize = 13;
 
-/// A row of the claim's read (roles, key, attempts, last_error, due, free, additional columns) as a
+/// Where the `[outbox] additional_placement` columns start in a row of the claim's read.
+const ADDITIONAL_FROM: usize = 14;
+
+/// A row of the claim's read (roles, key, attempts, last_error, due, free, taken over, additional columns) as a
 /// [`Claimed`].
 fn claimed(table: &Arc<TableName>, present: [bool; 8], encoding: PayloadEncoding, mut row: Row) -> Claimed {
     let key = row.take::<Value, _>(8).unwrap_or(Value::NULL);
