@@ -343,11 +343,17 @@ async fn check_refuses_a_table_the_relay_cannot_use() {
     );
     assert!(stdout.contains("GRANT SELECT, UPDATE ON shop.outbox_events"), "{stdout}");
 
-    db.sql("ALTER TABLE shop.outbox_events DROP COLUMN locked_by;");
+    // A table whose relay columns are named otherwise (here: `locked_by` is `claimed_by`): check and the
+    // relay both name the missing column and give the DDL that adds it, and only it.
+    db.sql("ALTER TABLE shop.outbox_events CHANGE COLUMN locked_by claimed_by VARCHAR(128) NULL;");
+    let ddl = "ALTER TABLE `shop`.`outbox_events` ADD COLUMN `locked_by` VARCHAR(128) NULL";
+    let (status, stdout, _) = relay.command(&["check"], Duration::from_secs(60)).expect("check runs");
+    assert_eq!(status.code(), Some(2), "{stdout}");
+    assert!(stdout.contains("no `locked_by` column") && stdout.contains(ddl), "{stdout}");
     relay.restart();
     let status = relay.wait_exit(Duration::from_secs(60)).expect("the relay stops on a table it cannot use");
     assert_eq!(status.code(), Some(2), "{}", relay.logs());
-    assert!(relay.stderr().contains("no `locked_by` column"), "{}", relay.logs());
+    assert!(relay.stderr().contains("no `locked_by` column") && relay.stderr().contains(ddl), "{}", relay.logs());
 }
 
 /// Four relay processes on one table under a concurrent workload with small batches: every event

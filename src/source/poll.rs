@@ -66,6 +66,16 @@ use crate::source::decode::Undecodable;
 pub const POLL_COLUMNS: [&str; 6] =
     ["published_at", "attempts", "next_attempt_at", "locked_at", "locked_by", "last_error"];
 
+/// The relay's columns as `check` proposes to add them ([`poll_columns_ddl`]), in [`POLL_COLUMNS`] order.
+pub const POLL_COLUMN_DEFINITIONS: [&str; 6] = [
+    "DATETIME(6) NULL",
+    "INT UNSIGNED NOT NULL DEFAULT 0",
+    "DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
+    "DATETIME(6) NULL",
+    "VARCHAR(128) NULL",
+    "VARCHAR(1000) NULL",
+];
+
 /// `next_attempt_at` of a dead-lettered (parked) row: never due.
 pub const PARKED_UNTIL: &str = "9999-12-31 23:59:59";
 
@@ -579,27 +589,59 @@ pub(crate) async fn columns_of(conn: &mut Conn, table: &TableName) -> Result<Vec
     .map_err(|e| classify_mysql(&e).context(format_args!("reading the columns of {table}")))
 }
 
+/// The types the relay can use for each of its columns, in [`POLL_COLUMNS`] order.
+const POLL_COLUMN_TYPES: [&[&str]; 6] = [
+    &["datetime", "timestamp"],
+    &["tinyint", "smallint", "mediumint", "int", "bigint"],
+    &["datetime", "timestamp"],
+    &["datetime", "timestamp"],
+    &["varchar", "char", "text", "tinytext", "mediumtext"],
+    &["varchar", "text", "tinytext", "mediumtext", "longtext"],
+];
+
+/// Each relay column of a table ([`POLL_COLUMNS`] order): `None` when usable, else `Some(None)` when it is
+/// missing, `Some(Some(type))` when it has a type the relay cannot use.
+fn poll_column_faults(found: &[(String, String, String)]) -> [Option<Option<String>>; 6] {
+    std::array::from_fn(|i| match found.iter().find(|c| c.0.eq_ignore_ascii_case(POLL_COLUMNS[i])) {
+        None => Some(None),
+        Some((_, data_type, _)) if !POLL_COLUMN_TYPES[i].contains(&data_type.to_ascii_lowercase().as_str()) => {
+            Some(Some(data_type.clone()))
+        }
+        Some(_) => None,
+    })
+}
+
 /// What is wrong with the relay's columns of a table (missing, or of a type the relay cannot use), one
 /// finding each; empty when they are usable. Also what `check` reports.
 pub fn poll_column_problems(table: &TableName, found: &[(String, String, String)]) -> Vec<String> {
-    let usable: [&[&str]; 6] = [
-        &["datetime", "timestamp"],
-        &["tinyint", "smallint", "mediumint", "int", "bigint"],
-        &["datetime", "timestamp"],
-        &["datetime", "timestamp"],
-        &["varchar", "char", "text", "tinytext", "mediumtext"],
-        &["varchar", "text", "tinytext", "mediumtext", "longtext"],
-    ];
-    let mut problems = Vec::new();
-    for (name, types) in POLL_COLUMNS.iter().zip(usable) {
-        match found.iter().find(|c| c.0.eq_ignore_ascii_case(name)) {
-            None => problems.push(format!("{table} has no `{name}` column, which the polling relay needs")),
-            Some((_, data_type, _)) if !types.contains(&data_type.to_ascii_lowercase().as_str()) => problems
-                .push(format!("{table}.{name} is {data_type}; the polling relay needs one of {}", types.join(", "))),
-            Some(_) => {}
-        }
-    }
-    problems
+    POLL_COLUMNS
+        .iter()
+        .zip(poll_column_faults(found))
+        .zip(POLL_COLUMN_TYPES)
+        .filter_map(|((name, fault), types)| match fault? {
+            None => Some(format!(
+                "{table} has no `{name}` column, which the polling relay needs (the relay's column names are fixed)"
+            )),
+            Some(data_type) => {
+                Some(format!("{table}.{name} is {data_type}; the polling relay needs one of {}", types.join(", ")))
+            }
+        })
+        .collect()
+}
+
+/// The `ALTER TABLE` that gives a table the relay's columns it lacks (`ADD COLUMN`) or has with a type the
+/// relay cannot use (`MODIFY COLUMN`: check what the column holds first); `None` when they are all usable.
+pub fn poll_columns_ddl(table: &TableName, found: &[(String, String, String)]) -> Option<String> {
+    let clauses: Vec<String> = POLL_COLUMNS
+        .iter()
+        .zip(POLL_COLUMN_DEFINITIONS)
+        .zip(poll_column_faults(found))
+        .filter_map(|((name, definition), fault)| {
+            let verb = if fault?.is_some() { "MODIFY" } else { "ADD" };
+            Some(format!("{verb} COLUMN {} {definition}", quote_ident(name)))
+        })
+        .collect();
+    (!clauses.is_empty()).then(|| format!("ALTER TABLE {} {}", table.quoted(), clauses.join(", ")))
 }
 
 /// The ordering key of a table: its auto-increment column, else `(occurred_at, id)` when it has an
@@ -617,8 +659,9 @@ async fn load_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames) -
     let problems = poll_column_problems(table, &found);
     if !problems.is_empty() {
         return Err(Error::definite(format!(
-            "{}. Run `outbox-cdc check` for the DDL (source.kind = \"poll\")",
-            problems.join("; ")
+            "{}. Add them (source.kind = \"poll\"): {}",
+            problems.join("; "),
+            poll_columns_ddl(table, &found).unwrap_or_default()
         )));
     }
     let order = order_key(&found, columns).ok_or_else(|| {
@@ -714,5 +757,13 @@ mod tests {
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("attempts is varchar"), "{problems:?}");
         assert!(problems[1].contains("no `locked_by` column"), "{problems:?}");
+        assert_eq!(
+            poll_columns_ddl(&table, &broken).as_deref(),
+            Some(
+                "ALTER TABLE `shop`.`outbox_events` MODIFY COLUMN `attempts` INT UNSIGNED NOT NULL DEFAULT 0, \
+                 ADD COLUMN `locked_by` VARCHAR(128) NULL"
+            )
+        );
+        assert_eq!(poll_columns_ddl(&table, &reference), None);
     }
 }

@@ -842,13 +842,7 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
              NULL, locked_by VARCHAR(128) NULL, last_error VARCHAR(1000) NULL",
             &if problems.is_empty() { "present".to_string() } else { problems.join("; ") },
             problems.is_empty(),
-            &format!(
-                "add the missing ones, e.g. ALTER TABLE {} ADD COLUMN published_at DATETIME(6) NULL, ADD COLUMN \
-                 attempts INT UNSIGNED NOT NULL DEFAULT 0, ADD COLUMN next_attempt_at DATETIME(6) NOT NULL DEFAULT \
-                 CURRENT_TIMESTAMP(6), ADD COLUMN locked_at DATETIME(6) NULL, ADD COLUMN locked_by VARCHAR(128) NULL, \
-                 ADD COLUMN last_error VARCHAR(1000) NULL",
-                table.quoted()
-            ),
+            &super::poll::poll_columns_ddl(table, &found).unwrap_or_default(),
         );
         let order = super::poll::order_key(&found, &config.outbox.columns);
         report.push(
