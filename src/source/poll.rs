@@ -49,6 +49,7 @@
 //! their followers are found with plain reads, and only the chosen rows are then locked by primary key.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use mysql_async::prelude::Queryable;
@@ -97,8 +98,11 @@ pub enum OrderKey {
     OccurredAtThenId,
 }
 
+/// The fewest heads a claim asks for ([`PollTable::heads_wanted`]).
+const MIN_HEADS: usize = 16;
+
 /// One outbox table as the relay reads it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct PollTable {
     /// The table.
     pub table: Arc<TableName>,
@@ -106,6 +110,21 @@ pub struct PollTable {
     present: [bool; 8],
     /// How its aggregates' events are ordered.
     pub order: OrderKey,
+    /// How many heads the next claim asks for. A claim reads every unpublished row of the aggregates of
+    /// its heads and keeps `poll.batch_rows` of them, so with a deep backlog per aggregate (a catch-up)
+    /// asking for `batch_rows` heads would read up to `batch_rows` × the backlog to keep `batch_rows`.
+    /// After a claim whose read was cut at `batch_rows`, the next asks for twice the aggregates that read
+    /// reached (at least [`MIN_HEADS`]); after one that was not cut, for `batch_rows` again.
+    heads_wanted: AtomicUsize,
+}
+
+/// The heads the claim after one asks for: `read_rows` rows of `aggregates` aggregates were read, at most
+/// `batch_rows` ([`PollTable::heads_wanted`]).
+fn next_heads_wanted(read_rows: usize, aggregates: usize, batch_rows: usize) -> usize {
+    if read_rows < batch_rows {
+        return batch_rows;
+    }
+    (2 * aggregates).clamp(MIN_HEADS.min(batch_rows), batch_rows)
 }
 
 /// A claimed row.
@@ -157,7 +176,7 @@ impl Relay {
             .map_err(|e| classify_mysql(&e).context("poll: setting the relay's isolation level"))?;
         let mut tables = Vec::new();
         for table in config.tables() {
-            tables.push(load_table(conn, table, &config.outbox.columns).await?);
+            tables.push(load_table(conn, table, &config.outbox.columns, config.poll.batch_rows).await?);
         }
         Ok(Relay {
             id: config.poll.relay_id(),
@@ -225,7 +244,7 @@ impl Relay {
              AND {free} AND NOT EXISTS (SELECT 1 FROM {table} e WHERE e.{at} = o.{at} AND e.{ai} = o.{ai} \
              AND e.published_at IS NULL AND {before}) ORDER BY o.next_attempt_at LIMIT {n}",
             free = self.lease_free("o."),
-            n = self.batch_rows
+            n = pt.heads_wanted.load(Ordering::Relaxed)
         );
         let heads: Vec<(Value, Value)> = conn.query(heads_sql).await.map_err(failed("finding heads in"))?;
         metrics().poll_queries(PollQuery::Claim, 1);
@@ -264,6 +283,8 @@ impl Relay {
                 ((part(1), part(2)), flag(11), flag(12))
             })
             .collect();
+        let aggregates = seen.iter().map(|(a, _, _)| a).collect::<HashSet<_>>().len();
+        pt.heads_wanted.store(next_heads_wanted(rows.len(), aggregates, self.batch_rows), Ordering::Relaxed);
         let groups = choose(&seen, |a| heads.contains(a));
         let chosen: Vec<(usize, Row)> =
             groups.into_iter().zip(rows).filter_map(|(group, row)| group.map(|g| (g, row))).collect();
@@ -653,7 +674,7 @@ pub fn order_key(found: &[(String, String, String)], columns: &ColumnNames) -> O
     found.iter().any(|c| c.0.eq_ignore_ascii_case(&columns.occurred_at)).then_some(OrderKey::OccurredAtThenId)
 }
 
-async fn load_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames) -> Result<PollTable> {
+async fn load_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, batch_rows: usize) -> Result<PollTable> {
     let present = super::snapshot::present_roles(conn, table, columns).await?;
     let found = columns_of(conn, table).await?;
     let problems = poll_column_problems(table, &found);
@@ -672,7 +693,7 @@ async fn load_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames) -
             columns.occurred_at
         ))
     })?;
-    Ok(PollTable { table: Arc::new(table.clone()), present, order })
+    Ok(PollTable { table: Arc::new(table.clone()), present, order, heads_wanted: AtomicUsize::new(batch_rows) })
 }
 
 #[cfg(test)]
@@ -712,6 +733,17 @@ mod tests {
         let heads = [a.clone(), b.clone(), c.clone(), e.clone()];
         let got = choose(&rows, |x| heads.contains(x));
         assert_eq!(got, [Some(1), Some(1), None, None, None, None, None, None, None, Some(5), None]);
+    }
+
+    /// A read cut at batch_rows asks next for twice the aggregates it reached (16 at least, batch_rows at
+    /// most); a read that was not cut asks for batch_rows heads again.
+    #[test]
+    fn a_deep_backlog_narrows_the_next_claims_heads() {
+        assert_eq!(next_heads_wanted(500, 5, 500), 16, "catch-up: 5 aggregates of 100 rows filled the batch");
+        assert_eq!(next_heads_wanted(500, 40, 500), 80);
+        assert_eq!(next_heads_wanted(500, 400, 500), 500);
+        assert_eq!(next_heads_wanted(120, 3, 500), 500, "not cut: the backlog is shallow");
+        assert_eq!(next_heads_wanted(7, 1, 7), 7, "batch_rows below the minimum");
     }
 
     /// After the locking read, a group keeps its rows up to the first one another relay locked first;
