@@ -90,6 +90,16 @@ enum Command {
         metrics: Option<String>,
         #[arg(long, default_value_t = 0)]
         acked: u64,
+        /// Stop when the sum of this counter's series on --metrics reaches --until-value instead (the
+        /// polling relay, which has no checkpoint: `outbox_cdc_poll_rows_published_total`). Scraped every
+        /// 200 ms.
+        #[arg(long, requires_all = ["metrics", "until_value"])]
+        until_metric: Option<String>,
+        #[arg(long)]
+        until_value: Option<u64>,
+        /// Write the last /metrics page here when done (with --metrics).
+        #[arg(long)]
+        metrics_out: Option<PathBuf>,
         /// The command.
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
@@ -196,18 +206,21 @@ async fn main() -> anyhow::Result<()> {
             timeout_s,
             metrics,
             acked,
+            until_metric,
+            until_value,
+            metrics_out,
             cmd,
         } => {
-            let target = match (gtid, gtid_file, snapshot_done) {
-                (Some(g), None, false) => Target::Gtid(g),
-                (None, Some(f), false) => Target::GtidFile(f),
-                (None, None, true) => Target::SnapshotDone,
-                _ => bail!("give exactly one of --gtid, --gtid-file, --snapshot-done"),
+            let target = match (gtid, gtid_file, snapshot_done, until_metric) {
+                (Some(g), None, false, None) => Target::Gtid(g),
+                (None, Some(f), false, None) => Target::GtidFile(f),
+                (None, None, true, None) => Target::SnapshotDone,
+                (None, None, false, Some(name)) => Target::Metric(name, until_value.unwrap_or(0)),
+                _ => bail!("give exactly one of --gtid, --gtid-file, --snapshot-done, --until-metric"),
             };
-            tokio::task::spawn_blocking(move || {
-                run_until(&state, target, rss_csv, pid_file, timeout_s, metrics.map(|m| (m, acked)), &cmd)
-            })
-            .await?
+            let probe = metrics.map(|addr| MetricsProbe { addr, acked, out: metrics_out });
+            tokio::task::spawn_blocking(move || run_until(&state, target, rss_csv, pid_file, timeout_s, probe, &cmd))
+                .await?
         }
         Command::ProduceFloor { kafka, mysql_url, events, max_in_flight_bytes } => {
             produce_floor(&kafka, &mysql_url, events, max_in_flight_bytes).await
@@ -267,10 +280,20 @@ fn mariadb_gtids(text: &str) -> anyhow::Result<Gtids> {
     Ok(Gtids::MariaDb(text.trim().parse::<GtidPos>().map_err(|e| anyhow!("GTID position {text:?}: {e}"))?))
 }
 
+/// The connector's /metrics (host:port) as run-until reads it: when it first counts `acked` acknowledged
+/// events, and where to write its last page.
+struct MetricsProbe {
+    addr: String,
+    acked: u64,
+    out: Option<PathBuf>,
+}
+
 enum Target {
     Gtid(String),
     GtidFile(PathBuf),
     SnapshotDone,
+    /// A counter on the connector's /metrics reaching a value.
+    Metric(String, u64),
 }
 
 fn run_until(
@@ -279,9 +302,10 @@ fn run_until(
     rss_csv: Option<PathBuf>,
     pid_file: Option<PathBuf>,
     timeout_s: u64,
-    acked_target: Option<(String, u64)>,
+    probe: Option<MetricsProbe>,
     cmd: &[String],
 ) -> anyhow::Result<()> {
+    let mut next_scrape = Instant::now();
     let mut acked_at: Option<f64> = None;
     let start = Instant::now();
     let mut child = std::process::Command::new(&cmd[0]).args(&cmd[1..]).spawn().context("starting the command")?;
@@ -323,26 +347,37 @@ fn run_until(
                 }
             }
         }
-        if let (None, Some((addr, n))) = (acked_at, &acked_target) {
-            if acknowledged(addr).is_some_and(|a| a >= *n) {
+        if let (None, Some(p), false) = (acked_at, &probe, matches!(target, Target::Metric(..))) {
+            if acknowledged(&p.addr).is_some_and(|a| a >= p.acked) {
                 acked_at = Some(start.elapsed().as_secs_f64());
             }
         }
+        let by_metric = match (&target, &probe) {
+            (Target::Metric(name, n), Some(p)) if Instant::now() >= next_scrape => {
+                next_scrape = Instant::now() + Duration::from_millis(200);
+                Some(scrape(&p.addr).is_some_and(|page| counter_sum(&page, name) >= *n as f64))
+            }
+            (Target::Metric(..), _) => Some(false),
+            _ => None,
+        };
         // A read error (the writer holds the file mid-commit) is just another poll.
-        let done = match Store::read_only(state) {
+        let done = by_metric.unwrap_or_else(|| match Store::read_only(state) {
             Ok(Some(cp)) => match &target {
                 Target::SnapshotDone => cp.snapshot().as_ref().is_some_and(|s| s.done),
                 // The checkpoint may be past the target when more was committed after it.
                 _ => gtid.as_ref().is_some_and(|g| g.is_within(&cp.position().gtids) == Some(true)),
             },
             _ => false,
-        };
+        });
         if done {
             let seconds = start.elapsed().as_secs_f64();
             break (seconds, cpu_seconds(&pid)?, status_kb(&pid, "VmHWM:").unwrap_or(0));
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    if let Some(MetricsProbe { addr, out: Some(out), .. }) = &probe {
+        std::fs::write(out, scrape(addr).unwrap_or_default())?;
+    }
     std::process::Command::new("kill").args(["-TERM", &pid]).status()?;
     child.wait()?;
     println!(
@@ -353,20 +388,28 @@ fn run_until(
     Ok(())
 }
 
-/// The connector's count of acknowledged events, from its /metrics endpoint (plain HTTP/1.0).
+/// The connector's count of acknowledged events, from its /metrics endpoint.
 fn acknowledged(addr: &str) -> Option<u64> {
+    Some(counter_sum(&scrape(addr)?, "outbox_cdc_events_acknowledged_total") as u64)
+}
+
+/// The connector's /metrics page (plain HTTP/1.0).
+fn scrape(addr: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
     s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).ok()?;
     let mut body = String::new();
     s.read_to_string(&mut body).ok()?;
-    let sum: f64 = body
-        .lines()
-        .filter(|l| l.starts_with("outbox_cdc_events_acknowledged_total{"))
+    Some(body)
+}
+
+/// The sum of every series of `name` (with or without labels) on a metrics page.
+fn counter_sum(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    Some(sum as u64)
+        .sum()
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -96,6 +96,33 @@ pub mod names {
     /// active/standby pair, see `crate::lease`), else 0.
     pub const LEASE_HELD: &str = "outbox_cdc_lease_held";
 
+    // The polling relay (`source.kind = "poll"`); 0 (or absent labels) under the binlog source.
+    /// Counter by `kind` (claim, mark, fail, park, renew, backlog): SQL statements the relay sent to the
+    /// source database. A claim that finds nothing due is one statement; one that leases rows is six
+    /// (heads, rows, START TRANSACTION, locking read, lease, COMMIT); a renewal is two.
+    pub const POLL_QUERIES: &str = "outbox_cdc_poll_queries";
+    /// Counter: rows the relay claimed (leased to itself).
+    pub const POLL_ROWS_CLAIMED: &str = "outbox_cdc_poll_rows_claimed";
+    /// Counter: rows the relay marked `published_at` after Kafka acknowledged them.
+    pub const POLL_ROWS_PUBLISHED: &str = "outbox_cdc_poll_rows_published";
+    /// Counter: rows whose delivery failed (`attempts + 1`, retried later).
+    pub const POLL_ROWS_FAILED: &str = "outbox_cdc_poll_rows_failed";
+    /// Counter: rows parked after going to the dead-letter topic (they hold their aggregate).
+    pub const POLL_ROWS_PARKED: &str = "outbox_cdc_poll_rows_parked";
+    /// Counter: rows claimed from another relay whose lease had expired.
+    pub const POLL_LEASE_TAKEOVERS: &str = "outbox_cdc_poll_lease_takeovers";
+    /// Counter: batches this relay stopped publishing because its lease was taken over or could not be
+    /// renewed, or whose rows it could not all mark (another relay publishes them again).
+    pub const POLL_LEASES_LOST: &str = "outbox_cdc_poll_leases_lost";
+    /// Counter: polls that found nothing to claim in any table (each followed by `poll.poll_interval_ms`).
+    pub const POLL_IDLE_POLLS: &str = "outbox_cdc_poll_idle_polls";
+    /// Gauge: unpublished rows that are due (parked and backing-off rows excluded), counted at most every
+    /// 5 s and capped at [`crate::metrics::POLL_BACKLOG_CAP`] (a count reads every row it counts).
+    pub const POLL_BACKLOG_ROWS: &str = "outbox_cdc_poll_backlog_rows";
+    /// Gauge: seconds since the oldest due unpublished row became due (its `next_attempt_at`): the relay's
+    /// lag; 0 when nothing is due. Read with the backlog.
+    pub const POLL_OLDEST_DUE_SECONDS: &str = "outbox_cdc_poll_oldest_due_seconds";
+
     /// Deprecated names, each with its replacement: exposed with the replacement's value for one release
     /// after the rename, then removed.
     pub const DEPRECATED: &[(&str, &str)] = &[(BYTES_IN_FLIGHT, IN_FLIGHT_BYTES)];
@@ -129,6 +156,16 @@ pub mod names {
         KAFKA_TRANSACTIONS,
         KAFKA_TRANSACTION_COMMIT_SECONDS,
         LEASE_HELD,
+        POLL_QUERIES,
+        POLL_ROWS_CLAIMED,
+        POLL_ROWS_PUBLISHED,
+        POLL_ROWS_FAILED,
+        POLL_ROWS_PARKED,
+        POLL_LEASE_TAKEOVERS,
+        POLL_LEASES_LOST,
+        POLL_IDLE_POLLS,
+        POLL_BACKLOG_ROWS,
+        POLL_OLDEST_DUE_SECONDS,
     ];
 }
 
@@ -210,6 +247,8 @@ pub struct Metrics {
     kafka_transactions: Family<OutcomeLabel, Counter>,
     kafka_transaction_commit_seconds: Histogram,
     lease_held: Gauge,
+    /// The polling relay's.
+    poll: PollMetrics,
     /// Commit time (Unix seconds) of the last transaction read; 0 = none yet.
     last_read_commit_s: AtomicU64,
     /// Whether a heartbeat arrived after that transaction (the reader is at the end of the binlog).
@@ -291,6 +330,9 @@ impl Metrics {
         for outcome in ["committed", "aborted"] {
             drop(metrics.kafka_transactions.get_or_create(&OutcomeLabel { outcome }));
         }
+        for kind in PollQuery::ALL {
+            drop(metrics.poll.queries.get_or_create(&KindLabel { kind: kind.as_str().into() }));
+        }
         metrics.build_info.get_or_create(&BuildLabel { version: VERSION.into(), commit: COMMIT.into() }).set(1);
         metrics
     }
@@ -343,6 +385,18 @@ impl Metrics {
                 Histogram::new(LATENCY_BUCKETS_SECONDS.iter().copied())
             ),
             lease_held: reg!(names::LEASE_HELD, Gauge::default()),
+            poll: PollMetrics {
+                queries: reg!(names::POLL_QUERIES, Family::default()),
+                rows_claimed: reg!(names::POLL_ROWS_CLAIMED, Counter::default()),
+                rows_published: reg!(names::POLL_ROWS_PUBLISHED, Counter::default()),
+                rows_failed: reg!(names::POLL_ROWS_FAILED, Counter::default()),
+                rows_parked: reg!(names::POLL_ROWS_PARKED, Counter::default()),
+                lease_takeovers: reg!(names::POLL_LEASE_TAKEOVERS, Counter::default()),
+                leases_lost: reg!(names::POLL_LEASES_LOST, Counter::default()),
+                idle_polls: reg!(names::POLL_IDLE_POLLS, Counter::default()),
+                backlog_rows: reg!(names::POLL_BACKLOG_ROWS, Gauge::default()),
+                oldest_due_seconds: reg!(names::POLL_OLDEST_DUE_SECONDS, FloatGauge::default()),
+            },
             registry,
             last_read_commit_s: AtomicU64::new(0),
             caught_up: AtomicBool::new(false),
@@ -533,6 +587,102 @@ impl Metrics {
     }
 }
 
+/// The polling relay's series ([`names::POLL_QUERIES`] and the ones after it).
+struct PollMetrics {
+    queries: Family<KindLabel, Counter>,
+    rows_claimed: Counter,
+    rows_published: Counter,
+    rows_failed: Counter,
+    rows_parked: Counter,
+    lease_takeovers: Counter,
+    leases_lost: Counter,
+    idle_polls: Counter,
+    backlog_rows: Gauge,
+    oldest_due_seconds: FloatGauge,
+}
+
+/// The most due rows [`names::POLL_BACKLOG_ROWS`] counts.
+pub const POLL_BACKLOG_CAP: u64 = 100_000;
+
+/// What a polling relay's statement was for ([`names::POLL_QUERIES`]' `kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollQuery {
+    /// Finding, locking and leasing rows (including the claim transaction's START and COMMIT).
+    Claim,
+    /// Marking a batch published.
+    Mark,
+    /// Recording a failed delivery.
+    Fail,
+    /// Parking a dead-lettered row.
+    Park,
+    /// Renewing a lease (and checking it is still held).
+    Renew,
+    /// Counting the backlog.
+    Backlog,
+}
+
+impl PollQuery {
+    /// Every kind, for the zero series.
+    pub const ALL: [PollQuery; 6] =
+        [PollQuery::Claim, PollQuery::Mark, PollQuery::Fail, PollQuery::Park, PollQuery::Renew, PollQuery::Backlog];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PollQuery::Claim => "claim",
+            PollQuery::Mark => "mark",
+            PollQuery::Fail => "fail",
+            PollQuery::Park => "park",
+            PollQuery::Renew => "renew",
+            PollQuery::Backlog => "backlog",
+        }
+    }
+}
+
+impl Metrics {
+    /// The polling relay sent `n` statements of `kind`.
+    pub fn poll_queries(&self, kind: PollQuery, n: u64) {
+        self.poll.queries.get_or_create(&KindLabel { kind: kind.as_str().into() }).inc_by(n);
+    }
+
+    /// The polling relay claimed `rows`, `taken_over` of them from an expired lease of another relay.
+    pub fn poll_claimed(&self, rows: u64, taken_over: u64) {
+        self.poll.rows_claimed.inc_by(rows);
+        self.poll.lease_takeovers.inc_by(taken_over);
+    }
+
+    /// The polling relay marked `rows` published.
+    pub fn poll_published(&self, rows: u64) {
+        self.poll.rows_published.inc_by(rows);
+    }
+
+    /// The polling relay recorded a failed delivery of `rows`.
+    pub fn poll_failed(&self, rows: u64) {
+        self.poll.rows_failed.inc_by(rows);
+    }
+
+    /// The polling relay parked a dead-lettered row.
+    pub fn poll_parked(&self) {
+        self.poll.rows_parked.inc();
+    }
+
+    /// The polling relay gave up a batch whose lease another relay took over.
+    pub fn poll_lease_lost(&self) {
+        self.poll.leases_lost.inc();
+    }
+
+    /// The polling relay found nothing to claim.
+    pub fn poll_idle(&self) {
+        self.poll.idle_polls.inc();
+    }
+
+    /// The polling relay's backlog: `due_rows` (capped) and the seconds the oldest of them waited.
+    pub fn poll_backlog(&self, due_rows: u64, oldest_due_seconds: f64) {
+        self.poll.backlog_rows.set(due_rows as i64);
+        self.poll.oldest_due_seconds.set(oldest_due_seconds.max(0.0));
+    }
+}
+
 fn help(name: &str) -> &'static str {
     match name {
         names::SOURCE_SECONDS_BEHIND => "Seconds between now and the commit of the last source transaction read",
@@ -566,6 +716,16 @@ fn help(name: &str) -> &'static str {
         names::KAFKA_TRANSACTIONS => "Kafka transactions (exactly_once) by outcome: committed or aborted",
         names::KAFKA_TRANSACTION_COMMIT_SECONDS => "Seconds each Kafka transaction's commit took (exactly_once)",
         names::LEASE_HELD => "1 while this instance holds its lease on the source server (active), else 0",
+        names::POLL_QUERIES => "Polling relay: SQL statements sent to the source database, by kind",
+        names::POLL_ROWS_CLAIMED => "Polling relay: rows claimed",
+        names::POLL_ROWS_PUBLISHED => "Polling relay: rows marked published after Kafka acknowledged them",
+        names::POLL_ROWS_FAILED => "Polling relay: rows whose delivery failed (retried later)",
+        names::POLL_ROWS_PARKED => "Polling relay: dead-lettered rows parked (they hold their aggregate)",
+        names::POLL_LEASE_TAKEOVERS => "Polling relay: rows claimed from another relay's expired lease",
+        names::POLL_LEASES_LOST => "Polling relay: batches given up because another relay took over their lease",
+        names::POLL_IDLE_POLLS => "Polling relay: polls that found nothing to claim",
+        names::POLL_BACKLOG_ROWS => "Polling relay: due unpublished rows (counted every 5 s, capped)",
+        names::POLL_OLDEST_DUE_SECONDS => "Polling relay: seconds since the oldest due unpublished row became due",
         _ => "",
     }
 }

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::connector::toml_str;
 use common::workload::OutboxRow;
-use common::{audit, insert_event, Broker, Connector, Engine, Expected, MariaDb, Writer, WriterConfig};
+use common::{
+    audit, free_port, insert_event, wait_until, Broker, Connector, Engine, Expected, MariaDb, Writer, WriterConfig,
+};
 use mysql_async::prelude::Queryable;
 
 const TOPIC: &str = "outbox.event.order";
@@ -113,7 +115,8 @@ async fn insert_interleaved(db: &MariaDb, aggregates: &[&str], n: usize) -> Expe
 /// The relay's statements, driven directly against MariaDB as two relays (`r1`, `r2`) would: a claim
 /// leases an aggregate's rows in order; a failed delivery counts an attempt, records the error, backs off
 /// 1-2 s and releases the lease; the aggregate's later row waits behind a retried one; a lease taken over
-/// cannot be renewed or marked by its former holder.
+/// cannot be renewed or marked by its former holder, nor can an expired one. The relay's counters follow
+/// (this is the only test of this binary that runs a relay in its own process).
 #[tokio::test(flavor = "multi_thread")]
 async fn claims_failures_and_leases_follow_the_order_rule() {
     use outbox_cdc::config::Config;
@@ -168,6 +171,134 @@ async fn claims_failures_and_leases_follow_the_order_rule() {
     assert!(!r1.renew(&mut conn, 0, &keys[..1]).await.unwrap(), "r2 holds it now");
     assert_eq!(r1.mark_published(&mut conn, 0, &keys[..1]).await.unwrap(), 0);
     assert_eq!(r2.mark_published(&mut conn, 0, &keys[..1]).await.unwrap(), 1);
+
+    // A lease that expired (lease_ms = 1000) is taken over by the next claim.
+    let late = insert_interleaved(&db, &["D"], 1).await;
+    let held = r1.claim(&mut conn, 0).await.unwrap();
+    assert_eq!(ids(&held), late.per_aggregate["D"]);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let taken = r2.claim(&mut conn, 0).await.unwrap();
+    assert_eq!(ids(&taken), late.per_aggregate["D"]);
+    assert!(!r1.renew(&mut conn, 0, &[held[0].key.clone()]).await.unwrap());
+    // Due and unpublished: D (leased, in flight); A's second row waits for its retry.
+    conn.exec_drop("UPDATE shop.outbox_events SET next_attempt_at = NOW(6) + INTERVAL 1 HOUR WHERE id = ?", (&all[1],))
+        .await
+        .unwrap();
+    let (backlog, waited_s) = r2.backlog(&mut conn, 0).await.unwrap();
+    assert_eq!(backlog, 1);
+    assert!(waited_s >= 1.2, "D became due before the lease expired: {waited_s}");
+
+    let page = outbox_cdc::metrics::metrics().render();
+    let value = |series: &str| sample(&page, series).unwrap_or_else(|| panic!("no {series} in:\n{page}"));
+    assert_eq!(value("outbox_cdc_poll_rows_claimed_total"), 7.0, "4 + 1 + D twice");
+    assert_eq!(value("outbox_cdc_poll_rows_failed_total"), 2.0);
+    assert_eq!(value("outbox_cdc_poll_rows_published_total"), 3.0);
+    assert_eq!(value("outbox_cdc_poll_lease_takeovers_total"), 1.0);
+    // Claims: 4 that leased rows (6 statements each), 2 that found heads all leased by the
+    // other relay (2 reads: the rows behind the heads are not free), 1 that found no head.
+    assert!(value("outbox_cdc_poll_queries_total{kind=\"claim\"}") >= 24.0, "{page}");
+    assert_eq!(value("outbox_cdc_poll_queries_total{kind=\"mark\"}"), 3.0);
+    assert_eq!(value("outbox_cdc_poll_queries_total{kind=\"fail\"}"), 1.0);
+    assert_eq!(value("outbox_cdc_poll_queries_total{kind=\"renew\"}"), 6.0, "3 renewals of 2 statements");
+    assert_eq!(value("outbox_cdc_poll_queries_total{kind=\"backlog\"}"), 1.0);
+}
+
+/// The value of one sample line `name{labels} value` in a metrics page.
+fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// `GET /metrics` on 127.0.0.1:`port`; `None` while nothing answers.
+fn scrape(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+}
+
+/// A relay process's `/metrics` while rows flow: the binlog source's event counters where they apply, and
+/// the relay's own: rows claimed and published, a lease taken over from a dead relay, a parked row holding
+/// its aggregate (so its follower shows as backlog, waiting longer and longer), claim and mark statements,
+/// idle polls while nothing is due. Regression guard: the relay exposed none of its own counters.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relays_metrics_count_queries_rows_leases_and_backlog() {
+    let db = MariaDb::start();
+    create_relay_user(&db);
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    // A row leased by a relay that died an hour ago, a poison row (invalid headers) and the row behind it.
+    let orphan = OutboxRow::new("O");
+    insert_event(&mut conn, &orphan).await.unwrap();
+    conn.exec_drop(
+        "UPDATE outbox_events SET locked_by = 'gone:1', locked_at = NOW(6) - INTERVAL 1 HOUR WHERE id = ?",
+        (&orphan.id,),
+    )
+    .await
+    .unwrap();
+    insert_event(&mut conn, &OutboxRow::new("P").headers(Some(serde_json::json!([1])))).await.unwrap();
+    let mut expected = insert_interleaved(&db, &["A", "B", "C"], 10).await;
+    expected.per_aggregate.insert("O".into(), vec![orphan.id.clone()]);
+
+    let port = free_port();
+    let mut relay = relay_config(&db, &broker, "poll_interval_ms = 50");
+    let config = std::fs::read_to_string(relay.config_path()).unwrap();
+    let config =
+        config.replace(common::connector::EPHEMERAL_METRICS, &format!("\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
+    std::fs::write(relay.config_path(), config).unwrap();
+    relay.run(&relay.config_path());
+    let records = broker.read_all(TOPIC, expected.len(), CATCH_UP);
+    let report = audit(&expected, &records);
+    assert!(report.is_clean(), "{}\n{}", report.summary(), relay.logs());
+    wait_all_published(&db, &[&relay]).await;
+    insert_event(&mut conn, &OutboxRow::new("P")).await.unwrap();
+
+    let page = || scrape(port).unwrap_or_default();
+    let value = |page: &str, series: &str| sample(page, series).unwrap_or(-1.0);
+    // The backlog is counted every 5 s: wait for a count that sees P's follower waiting.
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let p = page();
+            value(&p, "outbox_cdc_poll_backlog_rows") == 1.0 && value(&p, "outbox_cdc_poll_oldest_due_seconds") > 0.0
+        }),
+        "the held row never showed as backlog:\n{}\n{}",
+        page(),
+        relay.logs()
+    );
+    let first = page();
+    for (series, want) in [
+        ("outbox_cdc_poll_rows_claimed_total", 32.0),
+        ("outbox_cdc_poll_rows_published_total", 31.0),
+        ("outbox_cdc_poll_rows_parked_total", 1.0),
+        ("outbox_cdc_poll_rows_failed_total", 0.0),
+        ("outbox_cdc_poll_lease_takeovers_total", 1.0),
+        ("outbox_cdc_poll_leases_lost_total", 0.0),
+        ("outbox_cdc_events_acknowledged_total{topic=\"outbox.event.order\"}", 31.0),
+        ("outbox_cdc_events_read_total{topic=\"outbox.event.order\"}", 31.0),
+        ("outbox_cdc_end_to_end_latency_seconds_count{aggregate_type=\"order\"}", 31.0),
+        ("outbox_cdc_records_in_flight", 0.0),
+        ("outbox_cdc_quarantined_aggregates", 1.0),
+        ("outbox_cdc_dead_letters_total{kind=\"invalid_headers\"}", 1.0),
+    ] {
+        assert_eq!(value(&first, series), want, "{series}:\n{first}");
+    }
+    for kind in ["claim", "mark", "park", "backlog"] {
+        let series = format!("outbox_cdc_poll_queries_total{{kind=\"{kind}\"}}");
+        assert!(value(&first, &series) >= 1.0, "{series}:\n{first}");
+    }
+    // Idle: one claim statement (the heads read) per poll, and the idle polls count.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let second = page();
+    let grew = |series: &str| value(&second, series) - value(&first, series);
+    assert!(grew("outbox_cdc_poll_idle_polls_total") >= 5.0, "{first}\n-----\n{second}");
+    assert!(
+        grew("outbox_cdc_poll_queries_total{kind=\"claim\"}") <= grew("outbox_cdc_poll_idle_polls_total") + 1.0,
+        "{first}\n-----\n{second}"
+    );
+    assert_eq!(grew("outbox_cdc_poll_queries_total{kind=\"mark\"}"), 0.0);
+    assert!(relay.terminate().success(), "{}", relay.logs());
 }
 
 /// One relay publishes every row in order, marks it published and releases its lease; `check` passes for
@@ -189,6 +320,15 @@ async fn a_relay_publishes_marks_and_passes_check() {
     for line in ["claim index", "privilege UPDATE on shop.outbox_events", "all checks passed"] {
         assert!(stdout.contains(line), "{line} not in:\n{stdout}");
     }
+    // The reference schema's (aggregate_type, aggregate_id, occurred_at) index makes every claim read the
+    // published rows kept too (docs/PERFORMANCE.md): check warns and proposes the index that does not;
+    // with it, the warning goes.
+    let ddl = "ALTER TABLE `shop`.`outbox_events` ADD INDEX idx_unpublished (`aggregate_type`, `aggregate_id`, \
+               `published_at`, `occurred_at`), ALGORITHM=INPLACE, LOCK=NONE";
+    assert!(stdout.contains(ddl), "{stdout}");
+    db.sql(&format!("{};", ddl.replace("`shop`.", "shop.")));
+    let (status, stdout, _) = relay.command(&["check"], Duration::from_secs(60)).expect("check runs");
+    assert!(status.success() && !stdout.contains("idx_unpublished"), "{stdout}");
     closing_audit(&relay);
 }
 
@@ -212,11 +352,17 @@ async fn check_refuses_a_table_the_relay_cannot_use() {
     );
     assert!(stdout.contains("GRANT SELECT, UPDATE ON shop.outbox_events"), "{stdout}");
 
-    db.sql("ALTER TABLE shop.outbox_events DROP COLUMN locked_by;");
+    // A table whose relay columns are named otherwise (here: `locked_by` is `claimed_by`): check and the
+    // relay both name the missing column and give the DDL that adds it, and only it.
+    db.sql("ALTER TABLE shop.outbox_events CHANGE COLUMN locked_by claimed_by VARCHAR(128) NULL;");
+    let ddl = "ALTER TABLE `shop`.`outbox_events` ADD COLUMN `locked_by` VARCHAR(128) NULL";
+    let (status, stdout, _) = relay.command(&["check"], Duration::from_secs(60)).expect("check runs");
+    assert_eq!(status.code(), Some(2), "{stdout}");
+    assert!(stdout.contains("no `locked_by` column") && stdout.contains(ddl), "{stdout}");
     relay.restart();
     let status = relay.wait_exit(Duration::from_secs(60)).expect("the relay stops on a table it cannot use");
     assert_eq!(status.code(), Some(2), "{}", relay.logs());
-    assert!(relay.stderr().contains("no `locked_by` column"), "{}", relay.logs());
+    assert!(relay.stderr().contains("no `locked_by` column") && relay.stderr().contains(ddl), "{}", relay.logs());
 }
 
 /// Four relay processes on one table under a concurrent workload with small batches: every event
@@ -478,7 +624,8 @@ async fn the_lease_is_renewed_while_the_sink_waits_for_a_slow_broker() {
 /// dead-letter topic when claimed in the same batch), while other aggregates flow;
 /// `quarantine list` shows the holds. `prune` deletes published rows by `published_at` only: never an
 /// unpublished one, never one of a held aggregate. `quarantine release` lets the held aggregate flow again,
-/// in order.
+/// in order. The audit finds missing exactly the dead-lettered events that were not republished, and
+/// nothing out of order.
 #[tokio::test(flavor = "multi_thread")]
 async fn poison_rows_hold_their_aggregate_until_release_and_prune_goes_by_published_at() {
     let db = MariaDb::start();
@@ -592,4 +739,31 @@ async fn poison_rows_hold_their_aggregate_until_release_and_prune_goes_by_publis
     assert_eq!(a, [ids["a1"].as_str(), ids["a3"].as_str(), a4.id.as_str()], "{}", relay.logs());
     wait_all_published(&db, &[&relay]).await;
     assert_eq!(count(&db, "published_at IS NULL").await, 2, "C stays held");
+
+    // The audit: what is missing from the topic is exactly what went to the dead-letter topic and was not
+    // republished (a2 skipped, C held), nothing is out of order; without those rows, it passes.
+    let run = relay.audit(&[]);
+    assert_eq!(run.code, Some(1), "{}\n{}", run.report, run.stderr);
+    let mut missing: Vec<&str> =
+        run.report["missing_ids"].as_array().unwrap().iter().filter_map(|id| id.as_str()).collect();
+    missing.sort();
+    let mut dead_lettered = vec![ids["a2"].as_str(), ids["c1"].as_str(), ids["c2"].as_str()];
+    dead_lettered.sort();
+    assert_eq!((missing, run.count("order_violations")), (dead_lettered.clone(), 0), "{}", run.report);
+    let others = format!("id NOT IN ('{}')", dead_lettered.join("', '"));
+    let run = relay.audit(&["--where", &others]);
+    assert_eq!(run.code, Some(0), "audit failed: {}\n{}", run.report, run.stderr);
+    assert_eq!((run.count("missing"), run.count("order_violations")), (0, 0), "{}", run.report);
+    let of = |names: &[&str]| names.iter().map(|n| ids[n].clone()).collect::<Vec<String>>();
+    let mut a = of(&["a1", "a2", "a3"]);
+    a.push(a4.id.clone());
+    let written = common::reliability::written_from(Expected::from_orders([
+        ("A", a),
+        ("B", of(&["b1", "b2"])),
+        ("C", of(&["c1", "c2"])),
+    ]));
+    let note = "one relay, max_attempts 3: an invalid-headers row and a row past max_attempts dead-lettered and \
+                parked (their aggregates held), prune by published_at, release of one hold; audited without the 3 \
+                dead-lettered rows not republished (the full audit reports exactly those missing)";
+    common::reliability::record("polling relay: poison rows", &written, &run, None, note);
 }

@@ -20,6 +20,12 @@
 //!   lease that cannot be renewed, or that another relay took over, ends the run: the in-flight records are
 //!   purged and the new holder publishes the rows again.
 //!
+//! # Load on the database
+//! Idle: one statement per table per `poll.poll_interval_ms` (the heads read, which finds nothing due).
+//! Busy: per batch of up to `poll.batch_rows` rows, six claim statements, one mark, and two per lease
+//! renewal. Every [`BACKLOG_EVERY`], one bounded count per table. `outbox_cdc_poll_queries_total` counts
+//! them by kind.
+//!
 //! # Graceful shutdown
 //! The batch in flight is finished (up to [`SHUTDOWN_GRACE`]) and marked, then the run returns.
 
@@ -33,6 +39,7 @@ use crate::checkpoint::{Store, Watermark};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::health::health;
+use crate::metrics::metrics;
 use crate::poison::KnownPoison;
 use crate::publish::{Publisher, SourceRow};
 use crate::quarantine::headers;
@@ -40,6 +47,9 @@ use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::poll::{Claimed, Relay};
 use crate::source::SourceConn;
+
+/// How often the relay counts its backlog (`outbox_cdc_poll_backlog_rows`): one bounded count per table.
+const BACKLOG_EVERY: Duration = Duration::from_secs(5);
 
 /// The parts of a relay run.
 struct PollRun<'a> {
@@ -76,9 +86,14 @@ pub(super) async fn run(
     let idle = Duration::from_millis(config.poll.poll_interval_ms);
     let requested = shutdown.requested();
     tokio::pin!(requested);
+    let mut backlog_due = tokio::time::Instant::now();
     loop {
         if shutdown.is_requested() {
             return Ok(());
+        }
+        if tokio::time::Instant::now() >= backlog_due {
+            run.count_backlog().await?;
+            backlog_due = tokio::time::Instant::now() + BACKLOG_EVERY;
         }
         let mut busy = false;
         for t in 0..run.relay.tables().len() {
@@ -90,6 +105,7 @@ pub(super) async fn run(
             run.publish(t, claimed).await?;
         }
         if !busy {
+            metrics().poll_idle();
             tokio::select! {
                 _ = tokio::time::sleep(idle) => {}
                 _ = &mut requested => return Ok(()),
@@ -99,6 +115,19 @@ pub(super) async fn run(
 }
 
 impl PollRun<'_> {
+    /// Counts the due unpublished rows of every table and the wait of the oldest
+    /// (`outbox_cdc_poll_backlog_rows`, `outbox_cdc_poll_oldest_due_seconds`).
+    async fn count_backlog(&mut self) -> Result<()> {
+        let (mut due, mut waited_s) = (0, 0.0f64);
+        for t in 0..self.relay.tables().len() {
+            let (rows, seconds) = self.relay.backlog(&mut self.conn, t).await?;
+            due += rows;
+            waited_s = waited_s.max(seconds);
+        }
+        metrics().poll_backlog(due, waited_s);
+        Ok(())
+    }
+
     /// Publishes one claimed batch in order, waits for every acknowledgement (renewing the lease), then
     /// marks the rows published, or parks the dead-lettered ones.
     async fn publish(&mut self, t: usize, claimed: Vec<Claimed>) -> Result<()> {
@@ -187,6 +216,7 @@ impl PollRun<'_> {
             .collect();
         let marked = self.relay.mark_published(&mut self.conn, t, &published).await?;
         if marked < published.len() as u64 {
+            metrics().poll_lease_lost();
             tracing::warn!(
                 marked,
                 batch = published.len(),
@@ -234,7 +264,11 @@ impl PollRun<'_> {
 
 /// Renews the lease on a batch; an error when it cannot (the caller stops publishing the batch).
 async fn keep_lease(relay: &Relay, conn: &mut Conn, t: usize, keys: &[Value]) -> Result<()> {
-    match relay.renew(conn, t, keys).await {
+    let renewed = relay.renew(conn, t, keys).await;
+    if !matches!(renewed, Ok(true)) {
+        metrics().poll_lease_lost();
+    }
+    match renewed {
         Ok(true) => Ok(()),
         Ok(false) => Err(Error::transient(
             "another relay took over this relay's lease (it expired while Kafka did not acknowledge); the rows \

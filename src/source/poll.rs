@@ -49,6 +49,7 @@
 //! their followers are found with plain reads, and only the chosen rows are then locked by primary key.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use mysql_async::prelude::Queryable;
@@ -56,6 +57,7 @@ use mysql_async::{Conn, Row, Value};
 
 use crate::config::{ColumnNames, Config, PayloadEncoding};
 use crate::error::{classify_mysql, Error, Result};
+use crate::metrics::{metrics, PollQuery, POLL_BACKLOG_CAP};
 use crate::outbox::{quote_ident, OutboxRow, TableName};
 use crate::poison::Origin;
 use crate::source::decode::Undecodable;
@@ -64,6 +66,16 @@ use crate::source::decode::Undecodable;
 /// `next_attempt_at`, `locked_at`, `locked_by`, `last_error`.
 pub const POLL_COLUMNS: [&str; 6] =
     ["published_at", "attempts", "next_attempt_at", "locked_at", "locked_by", "last_error"];
+
+/// The relay's columns as `check` proposes to add them ([`poll_columns_ddl`]), in [`POLL_COLUMNS`] order.
+pub const POLL_COLUMN_DEFINITIONS: [&str; 6] = [
+    "DATETIME(6) NULL",
+    "INT UNSIGNED NOT NULL DEFAULT 0",
+    "DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
+    "DATETIME(6) NULL",
+    "VARCHAR(128) NULL",
+    "VARCHAR(1000) NULL",
+];
 
 /// `next_attempt_at` of a dead-lettered (parked) row: never due.
 pub const PARKED_UNTIL: &str = "9999-12-31 23:59:59";
@@ -86,8 +98,11 @@ pub enum OrderKey {
     OccurredAtThenId,
 }
 
+/// The fewest heads a claim asks for ([`PollTable::heads_wanted`]).
+const MIN_HEADS: usize = 16;
+
 /// One outbox table as the relay reads it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct PollTable {
     /// The table.
     pub table: Arc<TableName>,
@@ -95,6 +110,21 @@ pub struct PollTable {
     present: [bool; 8],
     /// How its aggregates' events are ordered.
     pub order: OrderKey,
+    /// How many heads the next claim asks for. A claim reads every unpublished row of the aggregates of
+    /// its heads and keeps `poll.batch_rows` of them, so with a deep backlog per aggregate (a catch-up)
+    /// asking for `batch_rows` heads would read up to `batch_rows` × the backlog to keep `batch_rows`.
+    /// After a claim whose read was cut at `batch_rows`, the next asks for twice the aggregates that read
+    /// reached (at least [`MIN_HEADS`]); after one that was not cut, for `batch_rows` again.
+    heads_wanted: AtomicUsize,
+}
+
+/// The heads the claim after one asks for: `read_rows` rows of `aggregates` aggregates were read, at most
+/// `batch_rows` ([`PollTable::heads_wanted`]).
+fn next_heads_wanted(read_rows: usize, aggregates: usize, batch_rows: usize) -> usize {
+    if read_rows < batch_rows {
+        return batch_rows;
+    }
+    (2 * aggregates).clamp(MIN_HEADS.min(batch_rows), batch_rows)
 }
 
 /// A claimed row.
@@ -146,7 +176,7 @@ impl Relay {
             .map_err(|e| classify_mysql(&e).context("poll: setting the relay's isolation level"))?;
         let mut tables = Vec::new();
         for table in config.tables() {
-            tables.push(load_table(conn, table, &config.outbox.columns).await?);
+            tables.push(load_table(conn, table, &config.outbox.columns, config.poll.batch_rows).await?);
         }
         Ok(Relay {
             id: config.poll.relay_id(),
@@ -214,9 +244,10 @@ impl Relay {
              AND {free} AND NOT EXISTS (SELECT 1 FROM {table} e WHERE e.{at} = o.{at} AND e.{ai} = o.{ai} \
              AND e.published_at IS NULL AND {before}) ORDER BY o.next_attempt_at LIMIT {n}",
             free = self.lease_free("o."),
-            n = self.batch_rows
+            n = pt.heads_wanted.load(Ordering::Relaxed)
         );
         let heads: Vec<(Value, Value)> = conn.query(heads_sql).await.map_err(failed("finding heads in"))?;
+        metrics().poll_queries(PollQuery::Claim, 1);
         if heads.is_empty() {
             return Ok(Vec::new());
         }
@@ -230,7 +261,8 @@ impl Relay {
             .collect();
         let aggregates = vec![format!("({at} = ? AND {ai} = ?)"); heads.len()].join(" OR ");
         let rows_sql = format!(
-            "SELECT {roles}, {id}, attempts, last_error, next_attempt_at <= NOW(6), {free}{additional} FROM {table} \
+            "SELECT {roles}, {id}, attempts, last_error, next_attempt_at <= NOW(6), {free}, locked_by IS NOT NULL\
+             {additional} FROM {table} \
              WHERE published_at IS NULL AND ({aggregates}) ORDER BY {at}, {ai}, {order} LIMIT {n}",
             roles = roles.join(", "),
             // `[outbox] additional_placement` columns, after the relay's own (ADDITIONAL_FROM).
@@ -240,6 +272,7 @@ impl Relay {
         );
         let params: Vec<Value> = heads.iter().flat_map(|(t, i)| [t.clone(), i.clone()]).collect();
         let rows: Vec<Row> = conn.exec(rows_sql, params).await.map_err(failed("reading"))?;
+        metrics().poll_queries(PollQuery::Claim, 1);
         // Per aggregate, the prefix of rows that are due and free.
         let heads: HashSet<Aggregate> = heads.iter().map(|(t, i)| (key_bytes(t), key_bytes(i))).collect();
         let seen: Vec<(Aggregate, bool, bool)> = rows
@@ -250,6 +283,8 @@ impl Relay {
                 ((part(1), part(2)), flag(11), flag(12))
             })
             .collect();
+        let aggregates = seen.iter().map(|(a, _, _)| a).collect::<HashSet<_>>().len();
+        pt.heads_wanted.store(next_heads_wanted(rows.len(), aggregates, self.batch_rows), Ordering::Relaxed);
         let groups = choose(&seen, |a| heads.contains(a));
         let chosen: Vec<(usize, Row)> =
             groups.into_iter().zip(rows).filter_map(|(group, row)| group.map(|g| (g, row))).collect();
@@ -268,6 +303,7 @@ impl Relay {
             free = self.lease_free("")
         );
         let locked: Vec<Value> = tx.exec(lock_sql, keys).await.map_err(failed("locking rows of"))?;
+        metrics().poll_queries(PollQuery::Claim, 2);
         let locked: HashSet<Vec<u8>> = locked.iter().map(key_bytes).collect();
         let got: Vec<bool> =
             chosen.iter().map(|(_, row)| locked.contains(&key_bytes(row.as_ref(8).unwrap_or(&Value::NULL)))).collect();
@@ -280,6 +316,7 @@ impl Relay {
             .collect();
         if kept.is_empty() {
             tx.rollback().await.map_err(failed("ending the claim of"))?;
+            metrics().poll_queries(PollQuery::Claim, 1);
             return Ok(Vec::new());
         }
         let keys: Vec<Value> = kept.iter().map(|r| r.as_ref(8).cloned().unwrap_or(Value::NULL)).collect();
@@ -291,6 +328,10 @@ impl Relay {
         params.extend(keys);
         tx.exec_drop(lease_sql, params).await.map_err(failed("leasing rows of"))?;
         tx.commit().await.map_err(failed("committing the claim of"))?;
+        metrics().poll_queries(PollQuery::Claim, 2);
+        // A claimable row still naming a holder is one whose lease expired (a release clears it).
+        let taken_over = kept.iter().filter(|r| r.get::<Option<i64>, _>(TAKEN_OVER).flatten() == Some(1)).count();
+        metrics().poll_claimed(kept.len() as u64, taken_over as u64);
         let encoding = self.columns.payload_encoding();
         Ok(kept.into_iter().map(|row| claimed(&pt.table, pt.present, encoding, row)).collect())
     }
@@ -325,6 +366,7 @@ impl Relay {
             )
             .await
             .map_err(failed)?;
+        metrics().poll_queries(PollQuery::Renew, 2);
         Ok(held == Some(keys.len() as u64))
     }
 
@@ -351,6 +393,8 @@ impl Relay {
         )
         .await
         .map_err(|e| classify_mysql(&e).context(format_args!("poll: marking rows of {table} published")))?;
+        metrics().poll_queries(PollQuery::Mark, 1);
+        metrics().poll_published(conn.affected_rows());
         Ok(conn.affected_rows())
     }
 
@@ -369,7 +413,12 @@ impl Relay {
             (format!("dead-lettered: {reason}"), self.id.as_str(), key.clone()),
         )
         .await
-        .map_err(|e| classify_mysql(&e).context(format_args!("poll: parking a dead-lettered row of {table}")))
+        .map_err(|e| classify_mysql(&e).context(format_args!("poll: parking a dead-lettered row of {table}")))?;
+        metrics().poll_queries(PollQuery::Park, 1);
+        if conn.affected_rows() > 0 {
+            metrics().poll_parked();
+        }
+        Ok(())
     }
 
     /// Records a failed delivery of `keys`: `attempts + 1`, `last_error`, `next_attempt_at` = now + a delay
@@ -399,7 +448,31 @@ impl Relay {
             params,
         )
         .await
-        .map_err(|e| classify_mysql(&e).context(format_args!("poll: recording a failed delivery on {table}")))
+        .map_err(|e| classify_mysql(&e).context(format_args!("poll: recording a failed delivery on {table}")))?;
+        metrics().poll_queries(PollQuery::Fail, 1);
+        metrics().poll_failed(conn.affected_rows());
+        Ok(())
+    }
+
+    /// The backlog of table `t`: its due unpublished rows (counted up to [`POLL_BACKLOG_CAP`]: a count reads
+    /// every row it counts) and the seconds since the oldest of them became due (0 when none is). One
+    /// statement, along `idx_ready`.
+    ///
+    /// # Errors
+    /// Classified query errors.
+    pub async fn backlog(&self, conn: &mut Conn, t: usize) -> Result<(u64, f64)> {
+        let table = self.tables[t].table.quoted();
+        let (due, waited_us): (Option<u64>, Option<i64>) = conn
+            .query_first(format!(
+                "SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE published_at IS NULL \
+                 AND next_attempt_at <= NOW(6) LIMIT {POLL_BACKLOG_CAP}) d), \
+                 TIMESTAMPDIFF(MICROSECOND, (SELECT MIN(next_attempt_at) FROM {table} WHERE published_at IS NULL), NOW(6))"
+            ))
+            .await
+            .map_err(|e| classify_mysql(&e).context(format_args!("poll: counting the backlog of {table}")))?
+            .unwrap_or((None, None));
+        metrics().poll_queries(PollQuery::Backlog, 1);
+        Ok((due.unwrap_or(0), waited_us.unwrap_or(0).max(0) as f64 / 1e6))
     }
 }
 
@@ -482,10 +555,13 @@ fn key_bytes(value: &Value) -> Vec<u8> {
     }
 }
 
-/// Where the `[outbox] additional_placement` columns start in a row of the claim's read.
-const ADDITIONAL_FROM: usize = 13;
+/// In a row of the claim's read: whether the row still names a holder (`locked_by`).
+const TAKEN_OVER: usize = 13;
 
-/// A row of the claim's read (roles, key, attempts, last_error, due, free, additional columns) as a
+/// Where the `[outbox] additional_placement` columns start in a row of the claim's read.
+const ADDITIONAL_FROM: usize = 14;
+
+/// A row of the claim's read (roles, key, attempts, last_error, due, free, taken over, additional columns) as a
 /// [`Claimed`].
 fn claimed(table: &Arc<TableName>, present: [bool; 8], encoding: PayloadEncoding, mut row: Row) -> Claimed {
     let key = row.take::<Value, _>(8).unwrap_or(Value::NULL);
@@ -534,27 +610,59 @@ pub(crate) async fn columns_of(conn: &mut Conn, table: &TableName) -> Result<Vec
     .map_err(|e| classify_mysql(&e).context(format_args!("reading the columns of {table}")))
 }
 
+/// The types the relay can use for each of its columns, in [`POLL_COLUMNS`] order.
+const POLL_COLUMN_TYPES: [&[&str]; 6] = [
+    &["datetime", "timestamp"],
+    &["tinyint", "smallint", "mediumint", "int", "bigint"],
+    &["datetime", "timestamp"],
+    &["datetime", "timestamp"],
+    &["varchar", "char", "text", "tinytext", "mediumtext"],
+    &["varchar", "text", "tinytext", "mediumtext", "longtext"],
+];
+
+/// Each relay column of a table ([`POLL_COLUMNS`] order): `None` when usable, else `Some(None)` when it is
+/// missing, `Some(Some(type))` when it has a type the relay cannot use.
+fn poll_column_faults(found: &[(String, String, String)]) -> [Option<Option<String>>; 6] {
+    std::array::from_fn(|i| match found.iter().find(|c| c.0.eq_ignore_ascii_case(POLL_COLUMNS[i])) {
+        None => Some(None),
+        Some((_, data_type, _)) if !POLL_COLUMN_TYPES[i].contains(&data_type.to_ascii_lowercase().as_str()) => {
+            Some(Some(data_type.clone()))
+        }
+        Some(_) => None,
+    })
+}
+
 /// What is wrong with the relay's columns of a table (missing, or of a type the relay cannot use), one
 /// finding each; empty when they are usable. Also what `check` reports.
 pub fn poll_column_problems(table: &TableName, found: &[(String, String, String)]) -> Vec<String> {
-    let usable: [&[&str]; 6] = [
-        &["datetime", "timestamp"],
-        &["tinyint", "smallint", "mediumint", "int", "bigint"],
-        &["datetime", "timestamp"],
-        &["datetime", "timestamp"],
-        &["varchar", "char", "text", "tinytext", "mediumtext"],
-        &["varchar", "text", "tinytext", "mediumtext", "longtext"],
-    ];
-    let mut problems = Vec::new();
-    for (name, types) in POLL_COLUMNS.iter().zip(usable) {
-        match found.iter().find(|c| c.0.eq_ignore_ascii_case(name)) {
-            None => problems.push(format!("{table} has no `{name}` column, which the polling relay needs")),
-            Some((_, data_type, _)) if !types.contains(&data_type.to_ascii_lowercase().as_str()) => problems
-                .push(format!("{table}.{name} is {data_type}; the polling relay needs one of {}", types.join(", "))),
-            Some(_) => {}
-        }
-    }
-    problems
+    POLL_COLUMNS
+        .iter()
+        .zip(poll_column_faults(found))
+        .zip(POLL_COLUMN_TYPES)
+        .filter_map(|((name, fault), types)| match fault? {
+            None => Some(format!(
+                "{table} has no `{name}` column, which the polling relay needs (the relay's column names are fixed)"
+            )),
+            Some(data_type) => {
+                Some(format!("{table}.{name} is {data_type}; the polling relay needs one of {}", types.join(", ")))
+            }
+        })
+        .collect()
+}
+
+/// The `ALTER TABLE` that gives a table the relay's columns it lacks (`ADD COLUMN`) or has with a type the
+/// relay cannot use (`MODIFY COLUMN`: check what the column holds first); `None` when they are all usable.
+pub fn poll_columns_ddl(table: &TableName, found: &[(String, String, String)]) -> Option<String> {
+    let clauses: Vec<String> = POLL_COLUMNS
+        .iter()
+        .zip(POLL_COLUMN_DEFINITIONS)
+        .zip(poll_column_faults(found))
+        .filter_map(|((name, definition), fault)| {
+            let verb = if fault?.is_some() { "MODIFY" } else { "ADD" };
+            Some(format!("{verb} COLUMN {} {definition}", quote_ident(name)))
+        })
+        .collect();
+    (!clauses.is_empty()).then(|| format!("ALTER TABLE {} {}", table.quoted(), clauses.join(", ")))
 }
 
 /// The ordering key of a table: its auto-increment column, else `(occurred_at, id)` when it has an
@@ -566,14 +674,15 @@ pub fn order_key(found: &[(String, String, String)], columns: &ColumnNames) -> O
     found.iter().any(|c| c.0.eq_ignore_ascii_case(&columns.occurred_at)).then_some(OrderKey::OccurredAtThenId)
 }
 
-async fn load_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames) -> Result<PollTable> {
+async fn load_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, batch_rows: usize) -> Result<PollTable> {
     let present = super::snapshot::present_roles(conn, table, columns).await?;
     let found = columns_of(conn, table).await?;
     let problems = poll_column_problems(table, &found);
     if !problems.is_empty() {
         return Err(Error::definite(format!(
-            "{}. Run `outbox-cdc check` for the DDL (source.kind = \"poll\")",
-            problems.join("; ")
+            "{}. Add them (source.kind = \"poll\"): {}",
+            problems.join("; "),
+            poll_columns_ddl(table, &found).unwrap_or_default()
         )));
     }
     let order = order_key(&found, columns).ok_or_else(|| {
@@ -584,7 +693,7 @@ async fn load_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames) -
             columns.occurred_at
         ))
     })?;
-    Ok(PollTable { table: Arc::new(table.clone()), present, order })
+    Ok(PollTable { table: Arc::new(table.clone()), present, order, heads_wanted: AtomicUsize::new(batch_rows) })
 }
 
 #[cfg(test)]
@@ -624,6 +733,17 @@ mod tests {
         let heads = [a.clone(), b.clone(), c.clone(), e.clone()];
         let got = choose(&rows, |x| heads.contains(x));
         assert_eq!(got, [Some(1), Some(1), None, None, None, None, None, None, None, Some(5), None]);
+    }
+
+    /// A read cut at batch_rows asks next for twice the aggregates it reached (16 at least, batch_rows at
+    /// most); a read that was not cut asks for batch_rows heads again.
+    #[test]
+    fn a_deep_backlog_narrows_the_next_claims_heads() {
+        assert_eq!(next_heads_wanted(500, 5, 500), 16, "catch-up: 5 aggregates of 100 rows filled the batch");
+        assert_eq!(next_heads_wanted(500, 40, 500), 80);
+        assert_eq!(next_heads_wanted(500, 400, 500), 500);
+        assert_eq!(next_heads_wanted(120, 3, 500), 500, "not cut: the backlog is shallow");
+        assert_eq!(next_heads_wanted(7, 1, 7), 7, "batch_rows below the minimum");
     }
 
     /// After the locking read, a group keeps its rows up to the first one another relay locked first;
@@ -669,5 +789,13 @@ mod tests {
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("attempts is varchar"), "{problems:?}");
         assert!(problems[1].contains("no `locked_by` column"), "{problems:?}");
+        assert_eq!(
+            poll_columns_ddl(&table, &broken).as_deref(),
+            Some(
+                "ALTER TABLE `shop`.`outbox_events` MODIFY COLUMN `attempts` INT UNSIGNED NOT NULL DEFAULT 0, \
+                 ADD COLUMN `locked_by` VARCHAR(128) NULL"
+            )
+        );
+        assert_eq!(poll_columns_ddl(&table, &reference), None);
     }
 }

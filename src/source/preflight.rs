@@ -842,13 +842,7 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
              NULL, locked_by VARCHAR(128) NULL, last_error VARCHAR(1000) NULL",
             &if problems.is_empty() { "present".to_string() } else { problems.join("; ") },
             problems.is_empty(),
-            &format!(
-                "add the missing ones, e.g. ALTER TABLE {} ADD COLUMN published_at DATETIME(6) NULL, ADD COLUMN \
-                 attempts INT UNSIGNED NOT NULL DEFAULT 0, ADD COLUMN next_attempt_at DATETIME(6) NOT NULL DEFAULT \
-                 CURRENT_TIMESTAMP(6), ADD COLUMN locked_at DATETIME(6) NULL, ADD COLUMN locked_by VARCHAR(128) NULL, \
-                 ADD COLUMN last_error VARCHAR(1000) NULL",
-                table.quoted()
-            ),
+            &super::poll::poll_columns_ddl(table, &found).unwrap_or_default(),
         );
         let order = super::poll::order_key(&found, &config.outbox.columns);
         report.push(
@@ -887,21 +881,25 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
             ),
         );
         let (at, ai) = (&config.outbox.columns.aggregate_type, &config.outbox.columns.aggregate_id);
-        if starts_with(&[at.as_str(), ai.as_str()]) {
-            report.push(
-                &format!("table {table} aggregate index"),
-                &format!("an index on ({at}, {ai}, ...)"),
-                "present",
-                true,
-                "",
-            );
+        // The order rule's head test and the claim's read of the heads' rows look for an aggregate's
+        // unpublished rows: with `published_at` right after the aggregate in the index they read only those;
+        // with (aggregate_type, aggregate_id, ...) alone they read every published row kept as well.
+        let wanted = format!("an index on ({at}, {ai}, published_at, ...)");
+        if starts_with(&[at.as_str(), ai.as_str(), "published_at"]) {
+            report.push(&format!("table {table} aggregate index"), &wanted, "present", true, "");
         } else {
+            let found = if starts_with(&[at.as_str(), ai.as_str()]) {
+                "one on the aggregate without published_at next: every claim also reads the published rows kept \
+                 of each aggregate it looks at (prune keeps that short; docs/PERFORMANCE.md)"
+            } else {
+                "none: the order rule's look-up of earlier unpublished rows scans the table for every claimed row"
+            };
             report.warn(
                 &format!("table {table} aggregate index"),
-                &format!("an index on ({at}, {ai}, ...)"),
-                "none: the order rule's look-up of earlier unpublished rows scans the table for every claimed row",
+                &wanted,
+                found,
                 &format!(
-                    "ALTER TABLE {} ADD INDEX idx_aggregate ({}, {}, {}), ALGORITHM=INPLACE, LOCK=NONE",
+                    "ALTER TABLE {} ADD INDEX idx_unpublished ({}, {}, `published_at`, {}), ALGORITHM=INPLACE, LOCK=NONE",
                     table.quoted(),
                     quote_ident(at),
                     quote_ident(ai),
