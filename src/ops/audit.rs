@@ -782,7 +782,7 @@ fn read_kafka(
 
 /// Moves each partition's next offset to the consumer's position where that is further.
 fn advance_to_positions(consumer: &BaseConsumer, ends: &mut HashMap<(String, i32), (i64, i64)>) {
-    for (topic, partition, at) in super::consumer_positions(consumer) {
+    for (topic, partition, at) in super::reading::consumer_positions(consumer) {
         if let Some(end) = ends.get_mut(&(topic, partition)) {
             end.1 = end.1.max(at);
         }

@@ -11,6 +11,7 @@ pub mod check;
 pub mod ids;
 pub mod prune;
 pub mod quarantine;
+pub mod reading;
 pub mod release;
 pub mod replay;
 pub mod state;
@@ -73,21 +74,4 @@ pub async fn run_prune(config: &Config, options: &PruneOptions) -> Result<()> {
         report.rows_deleted, report.cutoff, report.batches, report.checkpoint, report.view
     );
     Ok(())
-}
-
-/// Where a consumer will read next in each assigned partition: `(topic, partition, offset)`. A
-/// `read_committed` consumer of a transactional topic (`exactly_once`) moves past commit markers and aborted
-/// records, offsets at which no record is ever returned: a reader that waits for a record at the end
-/// offset minus one would wait for ever, this position is where it really is.
-pub(crate) fn consumer_positions(consumer: &rdkafka::consumer::BaseConsumer) -> Vec<(String, i32, i64)> {
-    use rdkafka::consumer::Consumer;
-    let Ok(positions) = consumer.position() else { return Vec::new() };
-    positions
-        .elements()
-        .iter()
-        .filter_map(|e| match e.offset() {
-            rdkafka::Offset::Offset(at) => Some((e.topic().to_string(), e.partition(), at)),
-            _ => None,
-        })
-        .collect()
 }

@@ -404,7 +404,7 @@ fn read_hold(config: &crate::config::KafkaConfig, topic: &str, hold_id: &str) ->
         let Some(message) = consumer.poll(Duration::from_millis(100)) else {
             // A transactional topic's last offsets may hold no record (a commit marker): the position says
             // the partition is read.
-            for (_, partition, at) in super::consumer_positions(&consumer) {
+            for (_, partition, at) in super::reading::consumer_positions(&consumer) {
                 let p = partition as usize;
                 if p < done.len() && !done[p] && at >= ends[p] {
                     done[p] = true;
