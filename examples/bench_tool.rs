@@ -417,7 +417,7 @@ enum Checkpoints {
     /// The local store in this directory (read-only opens, as `outbox-cdc status` does).
     Local(PathBuf),
     /// The state topic, tailed.
-    Kafka(StateTail),
+    Kafka(Box<StateTail>),
 }
 
 /// One `read_committed` consumer of the state topic, created once the topic exists, that keeps the newest
@@ -439,7 +439,9 @@ impl Checkpoints {
                 let config = Config::load(&path).map_err(err)?;
                 Some(match config.state.backend {
                     StateBackend::Local => Checkpoints::Local(config.state.dir.clone()),
-                    StateBackend::Kafka => Checkpoints::Kafka(StateTail { config, consumer: None, latest: None }),
+                    StateBackend::Kafka => {
+                        Checkpoints::Kafka(Box::new(StateTail { config, consumer: None, latest: None }))
+                    }
                 })
             }
             (None, None) => None,
