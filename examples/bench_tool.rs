@@ -14,6 +14,11 @@
 //! - `broker-latency`: the same records produced at the same rate straight to the broker, consumed the
 //!   same way: send→ack and send→consumable latency of the broker alone.
 //!
+//! `run-until` and `latency` read the connector's stored checkpoint from `--state` (the local store) or,
+//! with `--config`, from wherever that configuration keeps it: with `[state] backend = "kafka"` by tailing
+//! the state topic with one `read_committed` consumer (the checkpoint record is visible there the moment
+//! its write, or under `exactly_once` its Kafka transaction, commits).
+//!
 //! # Why commit→consumable
 //! The connector's own histogram (`outbox_cdc_end_to_end_latency_seconds`) measures `occurred_at`→ack with
 //! buckets that double from 1 ms, too coarse for a 20 ms target, and `occurred_at` is taken before the
@@ -43,8 +48,8 @@ use serde_json::json;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 outbox_cdc::tune_allocator_before_main!();
 
-use outbox_cdc::checkpoint::Store;
-use outbox_cdc::config::Config;
+use outbox_cdc::checkpoint::{Checkpoint, Store};
+use outbox_cdc::config::{Config, StateBackend};
 use outbox_cdc::outbox::{OutboxRow, TableName};
 use outbox_cdc::position::mariadb::GtidPos;
 use outbox_cdc::position::Gtids;
@@ -64,8 +69,11 @@ enum Command {
     /// Run a command until its checkpoint covers a GTID (or the snapshot is done); report time, CPU, RSS.
     RunUntil {
         /// The connector's state directory.
-        #[arg(long)]
-        state: PathBuf,
+        #[arg(long, required_unless_present = "config")]
+        state: Option<PathBuf>,
+        /// Or the connector's configuration: its checkpoint is read where `[state]` keeps it.
+        #[arg(long, conflicts_with = "state")]
+        config: Option<PathBuf>,
         /// Stop when the checkpoint's GTID position covers this one (MariaDB notation).
         #[arg(long)]
         gtid: Option<String>,
@@ -148,6 +156,16 @@ enum Command {
         /// The running connector's state directory (checkpoint lag); omit to skip.
         #[arg(long)]
         state: Option<PathBuf>,
+        /// Or its configuration (checkpoint lag, read where `[state]` keeps it).
+        #[arg(long, conflicts_with = "state")]
+        config: Option<PathBuf>,
+        /// Also follow a second connector reading the same writer at the same time (a paired run): its
+        /// topic; with --pair-config.
+        #[arg(long, requires = "pair_config")]
+        pair_topic: Option<String>,
+        /// The second connector's configuration (its checkpoint).
+        #[arg(long, requires = "pair_topic")]
+        pair_config: Option<PathBuf>,
         /// Events committed in the first seconds are not counted (connections, metadata, first batches).
         #[arg(long, default_value_t = 5)]
         warmup_s: u64,
@@ -198,6 +216,7 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::RunUntil {
             state,
+            config,
             gtid,
             gtid_file,
             snapshot_done,
@@ -218,8 +237,9 @@ async fn main() -> anyhow::Result<()> {
                 (None, None, false, Some(name)) => Target::Metric(name, until_value.unwrap_or(0)),
                 _ => bail!("give exactly one of --gtid, --gtid-file, --snapshot-done, --until-metric"),
             };
+            let checkpoints = Checkpoints::new(state, config)?.context("give --state or --config")?;
             let probe = metrics.map(|addr| MetricsProbe { addr, acked, out: metrics_out });
-            tokio::task::spawn_blocking(move || run_until(&state, target, rss_csv, pid_file, timeout_s, probe, &cmd))
+            tokio::task::spawn_blocking(move || run_until(checkpoints, target, rss_csv, pid_file, timeout_s, probe, &cmd))
                 .await?
         }
         Command::ProduceFloor { kafka, mysql_url, events, max_in_flight_bytes } => {
@@ -237,7 +257,13 @@ async fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Latency { writer, kafka, state, warmup_s } => latency(&writer, &kafka, state, warmup_s).await,
+        Command::Latency { writer, kafka, state, config, pair_topic, pair_config, warmup_s } => {
+            let pair = match (pair_topic, Checkpoints::new(None, pair_config)?) {
+                (Some(topic), Some(checkpoints)) => Some((topic, checkpoints)),
+                _ => None,
+            };
+            latency(&writer, &kafka, Checkpoints::new(state, config)?, pair, warmup_s).await
+        }
         Command::BrokerLatency { kafka, mysql_url, rate, seconds, warmup_s } => {
             broker_latency(&kafka, &mysql_url, rate, seconds, warmup_s).await
         }
@@ -297,7 +323,7 @@ enum Target {
 }
 
 fn run_until(
-    state: &std::path::Path,
+    mut checkpoints: Checkpoints,
     target: Target,
     rss_csv: Option<PathBuf>,
     pid_file: Option<PathBuf>,
@@ -361,8 +387,8 @@ fn run_until(
             _ => None,
         };
         // A read error (the writer holds the file mid-commit) is just another poll.
-        let done = by_metric.unwrap_or_else(|| match Store::read_only(state) {
-            Ok(Some(cp)) => match &target {
+        let done = by_metric.unwrap_or_else(|| match checkpoints.latest() {
+            Some(cp) => match &target {
                 Target::SnapshotDone => cp.snapshot().as_ref().is_some_and(|s| s.done),
                 // The checkpoint may be past the target when more was committed after it.
                 _ => gtid.as_ref().is_some_and(|g| g.is_within(&cp.position().gtids) == Some(true)),
@@ -410,6 +436,97 @@ fn counter_sum(page: &str, name: &str) -> f64 {
         .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The connector's stored checkpoint
+
+/// Where the running connector's checkpoint is read from.
+enum Checkpoints {
+    /// The local store in this directory (read-only opens, as `outbox-cdc status` does).
+    Local(PathBuf),
+    /// The state topic, tailed.
+    Kafka(Box<StateTail>),
+}
+
+/// One `read_committed` consumer of the state topic, created once the topic exists, that keeps the newest
+/// checkpoint record of one connector. Cheaper and sharper than `Store::inspect_for` per poll, which
+/// builds a client and reads the whole topic from the beginning each time: the topic gains a record per
+/// checkpoint (ten a second in the bench), and a poll every 20 ms would re-read it fifty times a second.
+struct StateTail {
+    config: Config,
+    consumer: Option<BaseConsumer>,
+    latest: Option<Checkpoint>,
+}
+
+impl Checkpoints {
+    /// From `--state` or `--config`; `None` when neither is given.
+    fn new(state: Option<PathBuf>, config: Option<PathBuf>) -> anyhow::Result<Option<Checkpoints>> {
+        Ok(match (state, config) {
+            (Some(dir), _) => Some(Checkpoints::Local(dir)),
+            (None, Some(path)) => {
+                let config = Config::load(&path).map_err(err)?;
+                Some(match config.state.backend {
+                    StateBackend::Local => Checkpoints::Local(config.state.dir.clone()),
+                    StateBackend::Kafka => {
+                        Checkpoints::Kafka(Box::new(StateTail { config, consumer: None, latest: None }))
+                    }
+                })
+            }
+            (None, None) => None,
+        })
+    }
+
+    /// The newest stored checkpoint, `None` before the first (or on a read error: just another poll).
+    fn latest(&mut self) -> Option<Checkpoint> {
+        match self {
+            Checkpoints::Local(dir) => Store::read_only(dir).ok().flatten(),
+            Checkpoints::Kafka(tail) => tail.poll(),
+        }
+    }
+}
+
+impl StateTail {
+    fn poll(&mut self) -> Option<Checkpoint> {
+        if self.consumer.is_none() {
+            self.consumer = self.subscribe().ok().flatten();
+        }
+        let consumer = self.consumer.as_ref()?;
+        let key = format!("{}/checkpoint", self.config.state.name);
+        while let Some(Ok(m)) = consumer.poll(Duration::ZERO) {
+            if m.key() == Some(key.as_bytes()) {
+                self.latest = m.payload().and_then(|v| serde_json::from_slice(v).ok());
+            }
+        }
+        self.latest.clone()
+    }
+
+    /// A consumer assigned to every partition of the state topic from the beginning, once the connector
+    /// has created it (assigning a topic that does not exist yet would wait for a metadata refresh).
+    fn subscribe(&self) -> anyhow::Result<Option<BaseConsumer>> {
+        let topic = &self.config.state.topic;
+        let consumer: BaseConsumer = self
+            .config
+            .kafka
+            .client_config()
+            .map_err(err)?
+            .set("group.id", "outbox-cdc-bench-state")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .set("fetch.wait.max.ms", "10")
+            .create()?;
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(1))?;
+        let partitions = metadata.topics().iter().find(|t| t.name() == topic).map_or(0, |t| t.partitions().len());
+        if partitions == 0 {
+            return Ok(None);
+        }
+        let mut assignment = TopicPartitionList::new();
+        for p in 0..partitions as i32 {
+            assignment.add_partition_offset(topic, p, Offset::Beginning)?;
+        }
+        consumer.assign(&assignment)?;
+        Ok(Some(consumer))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -852,6 +969,9 @@ fn consume_arrivals(
         .set("bootstrap.servers", &kafka.bootstrap)
         .set("group.id", "outbox-cdc-bench")
         .set("enable.auto.commit", "false")
+        // librdkafka's default, stated: under `exactly_once` an event is consumable once its Kafka
+        // transaction commits.
+        .set("isolation.level", "read_committed")
         .set("fetch.wait.max.ms", "10")
         .set("fetch.min.bytes", "1")
         .create()?;
@@ -891,82 +1011,131 @@ async fn wait_arrivals(seen: &AtomicUsize, expected: usize, quiet: Duration) {
 // ---------------------------------------------------------------------------------------------------------
 // latency (through the connector)
 
-async fn latency(writer: &WriterArgs, kafka: &KafkaArgs, state: Option<PathBuf>, warmup_s: u64) -> anyhow::Result<()> {
+async fn latency(
+    writer: &WriterArgs,
+    kafka: &KafkaArgs,
+    checkpoints: Option<Checkpoints>,
+    pair: Option<(String, Checkpoints)>,
+    warmup_s: u64,
+) -> anyhow::Result<()> {
     let clock = Clock::new();
     let total = (writer.rate * writer.seconds) as usize;
-    create_topic(&kafka.bootstrap, &kafka.topic, kafka.partitions).await?;
-    let (arrivals, stop, seen) =
-        (Arc::new(TimeLog::new(total)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
-    let consumer = consume_arrivals(kafka, clock, arrivals.clone(), stop.clone(), seen.clone())?;
-    // Checkpoint samples: (instant, GTID seq_no covered).
-    let samples = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
-    let sampler = state.map(|dir| {
-        let (samples, stop) = (samples.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                if let Ok(Some(cp)) = Store::read_only(&dir) {
-                    let text = cp.position().gtids.to_string();
-                    if let Some(seq) = text.rsplit('-').next().and_then(|s| s.parse().ok()) {
-                        samples.lock().unwrap().push((clock.now_ns(), seq));
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(25));
-            }
-        })
-    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut followed = vec![Followed::start(kafka, checkpoints, total, clock, stop.clone()).await?];
+    if let Some((topic, checkpoints)) = pair {
+        let kafka = KafkaArgs { topic, ..kafka.clone() };
+        followed.push(Followed::start(&kafka, Some(checkpoints), total, clock, stop.clone()).await?);
+    }
     let log = Arc::new(CommitLog::new(total));
     let report = write_steadily(writer, &clock, log.clone()).await?;
-    wait_arrivals(&seen, total, Duration::from_secs(10)).await;
+    for f in &followed {
+        wait_arrivals(&f.seen, total, Duration::from_secs(10)).await;
+    }
     // Let the checkpoint cover the end.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     stop.store(true, Ordering::Relaxed);
-    consumer.join().map_err(|_| anyhow!("consumer panicked"))?;
-    if let Some(s) = sampler {
-        s.join().map_err(|_| anyhow!("sampler panicked"))?;
-    }
     let first = writer.rate * warmup_s;
-    let mut lat = Vec::new();
-    let mut missing = 0u64;
-    // (commit second since start, latency ms) of every measured event, for the slowest list.
-    let mut timed = Vec::new();
-    for seq in first..total as u64 {
-        match (log.committed_ns.get(seq), arrivals.get(seq)) {
-            (Some(c), Some(a)) => {
-                let ms = (a as f64 - c as f64) / 1e6;
-                lat.push(ms);
-                timed.push((c as f64 / 1e9, ms));
-            }
-            _ => missing += 1,
-        }
+    let mut results = Vec::new();
+    for f in followed {
+        results.push(f.finish(&log, first, total)?);
     }
-    // The slowest events and when they were committed: periodic spikes point at a periodic cause.
-    timed.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap());
-    let slowest: Vec<String> = timed.iter().take(12).map(|(at, ms)| format!("{at:.2}s:{ms:.0}ms")).collect();
-    // Checkpoint lag: for each measured transaction, the first sample whose position covers it.
-    let samples = samples.lock().unwrap();
-    let mut lag = Vec::new();
-    if !samples.is_empty() {
-        for seq in first..total as u64 {
-            let (Some(c), gtid) = (log.committed_ns.get(seq), log.gtid_seq[seq as usize].load(Ordering::Relaxed))
-            else {
-                continue;
-            };
-            if gtid == 0 {
-                continue;
-            }
-            let i = samples.partition_point(|&(_, covered)| covered < gtid);
-            if let Some(&(at, _)) = samples.get(i) {
-                lag.push((at as f64 - c as f64) / 1e6);
-            }
-        }
+    let mut out = json!({ "target_rate": writer.rate, "achieved_rate": report.achieved_rate, "seconds": writer.seconds,
+                          "warmup_s": warmup_s });
+    let pair = (results.len() > 1).then(|| results.pop()).flatten();
+    for (k, v) in results.pop().expect("one followed connector").as_object().expect("an object") {
+        out[k] = v.clone();
     }
-    println!(
-        "{}",
-        json!({ "target_rate": writer.rate, "achieved_rate": report.achieved_rate, "seconds": writer.seconds,
-                "warmup_s": warmup_s, "missing": missing, "commit_to_consumable": summary(lat),
-                "commit_to_checkpoint": summary(lag), "slowest": slowest })
-    );
+    if let Some(pair) = pair {
+        out["pair"] = pair;
+    }
+    println!("{out}");
     Ok(())
+}
+
+/// One connector's topic and checkpoint, followed while the writer writes.
+struct Followed {
+    arrivals: Arc<TimeLog>,
+    seen: Arc<AtomicUsize>,
+    consumer: std::thread::JoinHandle<()>,
+    /// Checkpoint samples: (instant, GTID seq_no covered).
+    samples: Arc<Mutex<Vec<(u64, u64)>>>,
+    sampler: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Followed {
+    async fn start(
+        kafka: &KafkaArgs,
+        checkpoints: Option<Checkpoints>,
+        total: usize,
+        clock: Clock,
+        stop: Arc<AtomicBool>,
+    ) -> anyhow::Result<Followed> {
+        create_topic(&kafka.bootstrap, &kafka.topic, kafka.partitions).await?;
+        let (arrivals, seen) = (Arc::new(TimeLog::new(total)), Arc::new(AtomicUsize::new(0)));
+        let consumer = consume_arrivals(kafka, clock, arrivals.clone(), stop.clone(), seen.clone())?;
+        let samples = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
+        let sampler = checkpoints.map(|mut checkpoints| {
+            let samples = samples.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(cp) = checkpoints.latest() {
+                        let text = cp.position().gtids.to_string();
+                        if let Some(seq) = text.rsplit('-').next().and_then(|s| s.parse().ok()) {
+                            samples.lock().unwrap().push((clock.now_ns(), seq));
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(25));
+                }
+            })
+        });
+        Ok(Followed { arrivals, seen, consumer, samples, sampler })
+    }
+
+    /// Joins the threads (after `stop`) and summarises: commit→consumable, commit→checkpoint, slowest.
+    fn finish(self, log: &CommitLog, first: u64, total: usize) -> anyhow::Result<serde_json::Value> {
+        let Followed { arrivals, consumer, samples, sampler, .. } = self;
+        consumer.join().map_err(|_| anyhow!("consumer panicked"))?;
+        if let Some(s) = sampler {
+            s.join().map_err(|_| anyhow!("sampler panicked"))?;
+        }
+        let mut lat = Vec::new();
+        let mut missing = 0u64;
+        // (commit second since start, latency ms) of every measured event, for the slowest list.
+        let mut timed = Vec::new();
+        for seq in first..total as u64 {
+            match (log.committed_ns.get(seq), arrivals.get(seq)) {
+                (Some(c), Some(a)) => {
+                    let ms = (a as f64 - c as f64) / 1e6;
+                    lat.push(ms);
+                    timed.push((c as f64 / 1e9, ms));
+                }
+                _ => missing += 1,
+            }
+        }
+        // The slowest events and when they were committed: periodic spikes point at a periodic cause.
+        timed.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap());
+        let slowest: Vec<String> = timed.iter().take(12).map(|(at, ms)| format!("{at:.2}s:{ms:.0}ms")).collect();
+        // Checkpoint lag: for each measured transaction, the first sample whose position covers it.
+        let samples = samples.lock().unwrap();
+        let mut lag = Vec::new();
+        if !samples.is_empty() {
+            for seq in first..total as u64 {
+                let (Some(c), gtid) = (log.committed_ns.get(seq), log.gtid_seq[seq as usize].load(Ordering::Relaxed))
+                else {
+                    continue;
+                };
+                if gtid == 0 {
+                    continue;
+                }
+                let i = samples.partition_point(|&(_, covered)| covered < gtid);
+                if let Some(&(at, _)) = samples.get(i) {
+                    lag.push((at as f64 - c as f64) / 1e6);
+                }
+            }
+        }
+        Ok(json!({ "missing": missing, "commit_to_consumable": summary(lat), "commit_to_checkpoint": summary(lag),
+                   "slowest": slowest }))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
