@@ -239,8 +239,10 @@ async fn main() -> anyhow::Result<()> {
             };
             let checkpoints = Checkpoints::new(state, config)?.context("give --state or --config")?;
             let probe = metrics.map(|addr| MetricsProbe { addr, acked, out: metrics_out });
-            tokio::task::spawn_blocking(move || run_until(checkpoints, target, rss_csv, pid_file, timeout_s, probe, &cmd))
-                .await?
+            tokio::task::spawn_blocking(move || {
+                run_until(checkpoints, target, rss_csv, pid_file, timeout_s, probe, &cmd)
+            })
+            .await?
         }
         Command::ProduceFloor { kafka, mysql_url, events, max_in_flight_bytes } => {
             produce_floor(&kafka, &mysql_url, events, max_in_flight_bytes).await

@@ -407,6 +407,17 @@ pub struct Transactional {
     pub max_bytes: usize,
 }
 
+/// Commits whose durations set how early the next one starts ([`Txn::lead`]).
+const RECENT_COMMITS: usize = 16;
+
+impl Txn {
+    /// How much earlier than `interval` after the last commit the next one starts: the longest of the
+    /// recent commits, at most half the interval.
+    fn lead(&self, interval: Duration) -> Duration {
+        self.recent.iter().max().copied().unwrap_or_default().min(interval / 2)
+    }
+}
+
 /// The open Kafka transaction of a transactional sink.
 #[derive(Debug)]
 struct Txn {
@@ -417,6 +428,10 @@ struct Txn {
     bytes: usize,
     /// When the last transaction committed (or the sink started).
     committed_at: Instant,
+    /// How long the last [`RECENT_COMMITS`] commits took: a commit starts early by the longest of them,
+    /// so that a record waits about `checkpoint_interval_ms` from the previous commit to being readable,
+    /// not that plus the commit.
+    recent: std::collections::VecDeque<Duration>,
     /// How long `commit_transaction` may take (`transaction.timeout.ms`).
     timeout: Duration,
 }
@@ -564,7 +579,14 @@ impl KafkaSink {
             .await
             .map_err(|e| Error::transient(format!("the producer's start failed: {e}")))?
             .map_err(|e| classify_kafka(&e).context("starting the transactional producer (init_transactions)"))?;
-        sink.txn = Some(Txn { settings, open: false, bytes: 0, committed_at: Instant::now(), timeout });
+        sink.txn = Some(Txn {
+            settings,
+            open: false,
+            bytes: 0,
+            committed_at: Instant::now(),
+            timeout,
+            recent: std::collections::VecDeque::with_capacity(RECENT_COMMITS),
+        });
         Ok(sink)
     }
 
@@ -587,16 +609,17 @@ impl KafkaSink {
     }
 
     /// Whether the transaction should commit now: it holds `transaction_max_bytes`, or `interval` passed
-    /// since the last commit (also with no records: the checkpoint still moves).
+    /// since the last commit (also with no records: the checkpoint still moves), less the time a commit
+    /// has recently taken (at most half the interval), so that it is done about `interval` after the last.
     pub fn commit_due(&self, interval: Duration) -> bool {
-        self.txn
-            .as_ref()
-            .is_some_and(|t| (t.open && t.bytes >= t.settings.max_bytes) || t.committed_at.elapsed() >= interval)
+        self.txn.as_ref().is_some_and(|t| {
+            (t.open && t.bytes >= t.settings.max_bytes) || t.committed_at.elapsed() + t.lead(interval) >= interval
+        })
     }
 
     /// When the current transaction is due by time, if records are waiting in it.
     pub fn open_transaction_due_at(&self, interval: Duration) -> Option<Instant> {
-        self.txn.as_ref().filter(|t| t.open).map(|t| t.committed_at + interval)
+        self.txn.as_ref().filter(|t| t.open).map(|t| t.committed_at + interval - t.lead(interval))
     }
 
     /// Writes `checkpoint` (the checkpointer's JSON record) into the open transaction (beginning one if
@@ -631,6 +654,10 @@ impl KafkaSink {
         match committed {
             Ok(()) => {
                 txn.committed_at = Instant::now();
+                if txn.recent.len() == RECENT_COMMITS {
+                    txn.recent.pop_front();
+                }
+                txn.recent.push_back(started.elapsed());
                 metrics().transaction_committed(started.elapsed());
                 crate::failpoint!("after_kafka_commit");
                 Ok(())
@@ -975,6 +1002,28 @@ mod tests {
     use super::*;
 
     const TOPIC: &str = "outbox.event.order";
+
+    /// A commit starts early by the longest recent commit, never by more than half the interval: the
+    /// record that waits longest is readable about one interval after the previous commit.
+    #[test]
+    fn a_commit_starts_early_by_the_longest_recent_commit() {
+        let settings =
+            Transactional { id: "t".into(), state_topic: "s".into(), checkpoint_key: "k".into(), max_bytes: 1 << 20 };
+        let mut txn = Txn {
+            settings,
+            open: false,
+            bytes: 0,
+            committed_at: Instant::now(),
+            timeout: Duration::from_secs(60),
+            recent: std::collections::VecDeque::new(),
+        };
+        let interval = Duration::from_millis(1000);
+        assert_eq!(txn.lead(interval), Duration::ZERO, "no commit yet");
+        txn.recent.extend([80, 120, 95].map(Duration::from_millis));
+        assert_eq!(txn.lead(interval), Duration::from_millis(120));
+        txn.recent.push_back(Duration::from_millis(900));
+        assert_eq!(txn.lead(interval), Duration::from_millis(500), "at most half the interval");
+    }
 
     /// The size rule: a record is blamed for a size refusal only when it alone is over the limit.
     #[test]
