@@ -172,6 +172,12 @@ async fn claims_failures_and_leases_follow_the_order_rule() {
     assert_eq!(r1.mark_published(&mut conn, 0, &keys[..1]).await.unwrap(), 0);
     assert_eq!(r2.mark_published(&mut conn, 0, &keys[..1]).await.unwrap(), 1);
 
+    // A's second row waits for its retry through what follows: its own back-off (1-2 s from its failure)
+    // may run out during the lease's 1.2 s on a loaded machine, and it would then be claimed beside D.
+    conn.exec_drop("UPDATE shop.outbox_events SET next_attempt_at = NOW(6) + INTERVAL 1 HOUR WHERE id = ?", (&all[1],))
+        .await
+        .unwrap();
+
     // A lease that expired (lease_ms = 1000) is taken over by the next claim.
     let late = insert_interleaved(&db, &["D"], 1).await;
     let held = r1.claim(&mut conn, 0).await.unwrap();
@@ -180,10 +186,7 @@ async fn claims_failures_and_leases_follow_the_order_rule() {
     let taken = r2.claim(&mut conn, 0).await.unwrap();
     assert_eq!(ids(&taken), late.per_aggregate["D"]);
     assert!(!r1.renew(&mut conn, 0, &[held[0].key.clone()]).await.unwrap());
-    // Due and unpublished: D (leased, in flight); A's second row waits for its retry.
-    conn.exec_drop("UPDATE shop.outbox_events SET next_attempt_at = NOW(6) + INTERVAL 1 HOUR WHERE id = ?", (&all[1],))
-        .await
-        .unwrap();
+    // Due and unpublished: D (leased, in flight); A's second row waits for its retry (pushed back above).
     let (backlog, waited_s) = r2.backlog(&mut conn, 0).await.unwrap();
     assert_eq!(backlog, 1);
     assert!(waited_s >= 1.2, "D became due before the lease expired: {waited_s}");
