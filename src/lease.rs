@@ -112,6 +112,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{classify_mysql, Error, Result};
+
+/// How long [`Lease::of_stopped_connector`] waits before it concludes that an instance runs: more than a
+/// standby's one-second `GET_LOCK` poll.
+pub const STOPPED_WAIT: Duration = Duration::from_secs(3);
 use crate::metrics::metrics;
 use crate::source::SourceConn;
 
@@ -300,6 +304,23 @@ impl Lease {
             tracing::warn!(lock = %lock, reason = %why, "standby: lease connection lost; reconnecting");
             close(conn).await;
         }
+    }
+
+    /// The lease of the connector `config` names, for a command that needs it stopped (`quarantine
+    /// release`, `state copy`): taken at once, or refused after [`STOPPED_WAIT`] as held by a running
+    /// instance. Release it when done.
+    ///
+    /// # Errors
+    /// A definite error saying the connector runs; what [`Lease::acquire`] returns otherwise.
+    pub async fn of_stopped_connector(config: &crate::config::Config) -> Result<Lease> {
+        let source = SourceConn::from_config(config)?;
+        let failover = Duration::from_millis(config.delivery.failover_timeout_ms);
+        let name = &config.state.name;
+        Lease::acquire(&source, name, failover, tokio::time::sleep(STOPPED_WAIT)).await?.ok_or_else(|| {
+            Error::definite(format!(
+                "connector {name:?} is running (another process holds its lease on the source server): stop it first"
+            ))
+        })
     }
 
     /// Starts the keeper task that renews the lock on `conn`.

@@ -92,13 +92,7 @@ pub async fn release(
         }
         // The Kafka backend: a stopped connector is one that holds no lease.
         crate::config::StateBackend::Kafka => {
-            let source = crate::source::SourceConn::from_config(config)?;
-            let failover = Duration::from_millis(config.delivery.failover_timeout_ms);
-            let wait = tokio::time::sleep(Duration::from_secs(3));
-            let lease =
-                crate::lease::Lease::acquire(&source, &config.state.name, failover, wait).await?.ok_or_else(|| {
-                    stopped(Error::definite(format!("connector {:?} holds its lease", config.state.name)))
-                })?;
+            let lease = crate::lease::Lease::of_stopped_connector(config).await.map_err(stopped)?;
             let result = async {
                 let store = Store::open_for(config).await?;
                 release_from(&store, config, aggregate_type, aggregate_id, skip_poison, accept_missing).await

@@ -13,17 +13,11 @@
 //! - The checkpoint is copied as it is (position, server, snapshot progress), with holds and known poison:
 //!   the connector resumes from the target exactly where it would have resumed from the source.
 
-use std::time::Duration;
-
 use crate::checkpoint::store::Inspection;
 use crate::checkpoint::Store;
 use crate::config::{Config, StateBackend};
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::source::SourceConn;
-
-/// How long `state copy` waits for the lease before it concludes a connector runs.
-const LEASE_WAIT: Duration = Duration::from_secs(3);
 
 /// What a copy did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,21 +46,8 @@ pub async fn copy(config: &Config, to: StateBackend) -> Result<CopyReport> {
         c
     };
     let (from_config, to_config) = (with(from_backend), with(to));
-    let source = SourceConn::from_config(config)?;
     // No connector may run on either side while the state moves.
-    let lease = Lease::acquire(
-        &source,
-        &config.state.name,
-        Duration::from_millis(config.delivery.failover_timeout_ms),
-        tokio::time::sleep(LEASE_WAIT),
-    )
-    .await?
-    .ok_or_else(|| {
-        Error::definite(format!(
-            "connector {:?} is running (another process holds its lease on the source server): stop it, then copy",
-            config.state.name
-        ))
-    })?;
+    let lease = Lease::of_stopped_connector(config).await?;
     let result = async {
         // The local store opened as its one writer: no connector with the local backend runs either.
         let stopped = |e: Error| e.context("state copy needs the connector stopped");
