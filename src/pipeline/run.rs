@@ -189,9 +189,7 @@ impl<'a> Run<'a> {
         }
         self.partial = false;
         crate::failpoint!("shutdown_drained");
-        if committed.is_err() {
-            self.sink.abort_transaction().await;
-        }
+        // A failed commit aborted its transaction already (`KafkaSink::commit`).
         let mark = self.checkpointer.saved();
         if let Some(mark) = &mark {
             tracing::info!(position = %mark.position, "checkpoint (committed with its events)");

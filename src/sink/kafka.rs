@@ -650,9 +650,9 @@ impl KafkaSink {
             .await
             .map_err(|e| Error::transient(format!("the commit task failed: {e}")))?;
         let txn = self.txn.as_mut().expect("transactional");
-        txn.open = false;
         match committed {
             Ok(()) => {
+                txn.open = false;
                 txn.committed_at = Instant::now();
                 if txn.recent.len() == RECENT_COMMITS {
                     txn.recent.pop_front();
@@ -678,9 +678,9 @@ impl KafkaSink {
     }
 
     /// Aborts the open transaction, if any: none of its records becomes visible to `read_committed`
-    /// consumers. Queued records are purged first.
+    /// consumers. Queued records are purged first. Without an open transaction it does nothing.
     pub async fn abort_transaction(&mut self) {
-        let Some(txn) = &mut self.txn else { return };
+        let Some(txn) = self.txn.as_mut().filter(|t| t.open) else { return };
         txn.open = false;
         self.producer.purge(PurgeConfig::default().queue().inflight());
         let (producer, timeout) = (self.producer.clone(), txn.timeout);
