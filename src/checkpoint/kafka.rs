@@ -89,7 +89,7 @@ impl KafkaStore {
     /// Transient when the broker cannot be reached; definite when the topic is not compacted, may not be
     /// created, or holds records this build cannot read.
     pub async fn open(config: &Config) -> Result<KafkaStore> {
-        ensure_topic(config).await?;
+        let partitions = ensure_topic(config).await?;
         let started = Instant::now();
         let writer = init(writer(config)?, "the state writer").await?;
         if config.exactly_once() {
@@ -100,7 +100,7 @@ impl KafkaStore {
             drop(init(transactional(config, config.transactional_id())?, "the event producer's id").await?);
         }
         tracing::debug!(ms = started.elapsed().as_millis() as u64, "older writers fenced");
-        let state = read(config).await?;
+        let state = read(config, partitions).await?;
         Ok(KafkaStore {
             topic: config.state.topic.clone(),
             name: config.state.name.clone(),
@@ -116,10 +116,11 @@ impl KafkaStore {
     /// # Errors
     /// Transient when the broker cannot be reached; definite for unreadable records.
     pub async fn inspect(config: &Config) -> Result<Option<Inspection>> {
-        if topic_partitions(config).await? == 0 {
+        let partitions = topic_partitions(config).await?;
+        if partitions == 0 {
             return Ok(None);
         }
-        let state = read(config).await?;
+        let state = read(config, partitions).await?;
         Ok(Some(Inspection {
             checkpoint: state.checkpoint,
             holds: state.holds.into_values().collect(),
@@ -291,12 +292,14 @@ async fn topic_partitions(config: &Config) -> Result<usize> {
 
 /// Creates the state topic when it is missing (compacted, kept for good, one partition), and refuses one
 /// that the broker says is not compacted: its records would expire and the connector would lose its place.
-async fn ensure_topic(config: &Config) -> Result<()> {
+/// Returns its partition count.
+async fn ensure_topic(config: &Config) -> Result<usize> {
     let topic = &config.state.topic;
     let admin: AdminClient<DefaultClientContext> =
         config.kafka.client_config()?.create().map_err(|e| classify_kafka(&e))?;
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-    if topic_partitions(config).await? == 0 {
+    let mut partitions = topic_partitions(config).await?;
+    if partitions == 0 {
         if !config.kafka.create_topics {
             return Err(Error::definite(format!(
                 "the state topic {topic:?} does not exist and kafka.create_topics = false: create it with \
@@ -310,7 +313,9 @@ async fn ensure_topic(config: &Config) -> Result<()> {
         let results = admin.create_topics([&new_topic], &options).await.map_err(|e| classify_kafka(&e))?;
         for result in results {
             match result {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Ok(_) => partitions = 1,
+                // Created by another instance meanwhile, with whatever partitions it chose.
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => partitions = topic_partitions(config).await?,
                 Err((name, code)) => {
                     return Err(classify_kafka(&KafkaError::AdminOp(code))
                         .context(format_args!("creating the state topic {name:?}")))
@@ -333,13 +338,12 @@ async fn ensure_topic(config: &Config) -> Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(partitions)
 }
 
 /// Reads the connector's records from every partition of the state topic, from the beginning to the end,
 /// `read_committed`.
-async fn read(config: &Config) -> Result<State> {
-    let partitions = topic_partitions(config).await?;
+async fn read(config: &Config, partitions: usize) -> Result<State> {
     let mut cc = config.kafka.client_config()?;
     cc.set("group.id", format!("{}.state-reader", config.state.name))
         .set("enable.auto.commit", "false")
