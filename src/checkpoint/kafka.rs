@@ -91,14 +91,19 @@ impl KafkaStore {
     pub async fn open(config: &Config) -> Result<KafkaStore> {
         let partitions = ensure_topic(config).await?;
         let started = Instant::now();
-        let writer = init(writer(config)?, "the state writer").await?;
-        if config.exactly_once() {
+        let writer = init(writer(config)?, "the state writer");
+        let writer = match config.exactly_once() {
             // The event producer writes checkpoints too: an older one's transaction may still be open or
             // committing (its markers not yet written). Starting a producer with its transactional id makes
             // the broker finish that transaction (abort it, or complete its commit) before it answers, so
-            // the read below sees every checkpoint that will ever be committed under that id.
-            drop(init(transactional(config, config.transactional_id())?, "the event producer's id").await?);
-        }
+            // the read below sees every checkpoint that will ever be committed under that id. Both fences
+            // run at once; the read waits for both.
+            true => {
+                let events = init(transactional(config, config.transactional_id())?, "the event producer's id");
+                tokio::try_join!(writer, events)?.0
+            }
+            false => writer.await?,
+        };
         tracing::debug!(ms = started.elapsed().as_millis() as u64, "older writers fenced");
         let state = read(config, partitions).await?;
         Ok(KafkaStore {

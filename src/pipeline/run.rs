@@ -179,7 +179,7 @@ impl<'a> Run<'a> {
         let mut committed = Ok(());
         match (commit_now, self.closed.take()) {
             (true, Some(mark)) => committed = commit(&mut self.sink, &self.checkpointer, &mark).await,
-            (true, None) => {}
+            (true, None) => committed = self.sink.finish_commit().await,
             (false, _) => {
                 if self.partial && result.is_ok() {
                     tracing::info!("aborting the Kafka transaction: it holds part of a source transaction; both are read again after restart");
@@ -286,7 +286,7 @@ impl<'a> Run<'a> {
             watermark.close(tx, mark.clone());
             if sink.is_transactional() {
                 if sink.commit_due(checkpoint_interval(config)) {
-                    commit(sink, checkpointer, &mark).await?;
+                    start_commit(sink, checkpointer, &mark).await?;
                     *closed = None;
                 } else {
                     *closed = Some(mark);
@@ -329,6 +329,7 @@ impl<'a> Run<'a> {
                 None => sink.open_transaction_due_at(interval),
                 Some(_) => None,
             };
+            let committing = sink.is_committing();
             tokio::select! {
                 // Changes before the shutdown notice: while changes flow, the check above sees a shutdown
                 // on the next turn; the notice only wakes a loop that waits for the source.
@@ -398,7 +399,7 @@ impl<'a> Run<'a> {
                         if sink.is_transactional() {
                             watermark.close(tx, mark.clone());
                             if sink.commit_due(interval) {
-                                commit(sink, checkpointer, &mark).await?;
+                                start_commit(sink, checkpointer, &mark).await?;
                                 *closed = None;
                             } else {
                                 *closed = Some(mark);
@@ -413,9 +414,12 @@ impl<'a> Run<'a> {
                 },
                 _ = sleep_until(commit_at), if commit_at.is_some() => {
                     if let Some(mark) = closed.take() {
-                        commit(sink, checkpointer, &mark).await?;
+                        start_commit(sink, checkpointer, &mark).await?;
                     }
                 }
+                // The commit started above returned: its checkpoint is saved, and records held meanwhile
+                // go into the next transaction.
+                _ = sink.commit_returned(), if committing => sink.finish_commit().await?,
                 _ = &mut requested, if !stopping => if stream.current.is_some() {
                     tracing::info!("stopping after the current source transaction");
                 },
@@ -426,15 +430,26 @@ impl<'a> Run<'a> {
 }
 
 /// `exactly_once`: writes the checkpoint at `mark` into the open Kafka transaction and commits it, so that
-/// the events before `mark` and the checkpoint that passes them become visible together.
+/// the events before `mark` and the checkpoint that passes them become visible together; returns once it
+/// committed.
 ///
 /// # Errors
 /// A definite error for a mark behind the last checkpoint; transient for a failed commit (aborted).
-async fn commit(sink: &mut KafkaSink, checkpointer: &Checkpointer, mark: &Mark) -> Result<()> {
+async fn commit(sink: &mut KafkaSink, checkpointer: &Arc<Checkpointer>, mark: &Mark) -> Result<()> {
+    start_commit(sink, checkpointer, mark).await?;
+    sink.finish_commit().await
+}
+
+/// [`commit`] without waiting for the broker: the run reads on while Kafka commits; the checkpoint counts
+/// as saved once the commit returns ([`KafkaSink::finish_commit`]).
+///
+/// # Errors
+/// As [`commit`], for the commit still running before this one.
+async fn start_commit(sink: &mut KafkaSink, checkpointer: &Arc<Checkpointer>, mark: &Mark) -> Result<()> {
     let checkpoint = checkpointer.record(mark)?;
-    sink.commit(serde_json::to_vec(&checkpoint).expect("checkpoint serializes")).await?;
-    checkpointer.committed(mark.clone(), &checkpoint);
-    Ok(())
+    let record = serde_json::to_vec(&checkpoint).expect("checkpoint serializes");
+    let (checkpointer, mark) = (checkpointer.clone(), mark.clone());
+    sink.start_commit(record, Box::new(move || checkpointer.committed(mark, &checkpoint))).await
 }
 
 /// Sleeps until `at`; never returns for `None` (a disabled `select!` branch still builds its future).

@@ -418,11 +418,10 @@ impl Txn {
     }
 }
 
-/// The open Kafka transaction of a transactional sink.
-#[derive(Debug)]
+/// The Kafka transaction state of a transactional sink.
 struct Txn {
     settings: Transactional,
-    /// Whether a transaction is open (begun, not yet committed or aborted).
+    /// Whether a transaction is open (begun, not yet committed or aborted; also while it commits).
     open: bool,
     /// Record bytes produced in it.
     bytes: usize,
@@ -434,6 +433,21 @@ struct Txn {
     recent: std::collections::VecDeque<Duration>,
     /// How long `commit_transaction` may take (`transaction.timeout.ms`).
     timeout: Duration,
+    /// The commit running on a blocking thread, if any ([`KafkaSink::start_commit`]).
+    committing: Option<Committing>,
+    /// Records sent while a commit runs, in order, each holding its in-flight budget: they go into the
+    /// next transaction as soon as the commit returns ([`KafkaSink::finish_commit`]).
+    held: std::collections::VecDeque<(KafkaRecord, Box<InFlight>)>,
+}
+
+/// A Kafka commit in progress: librdkafka allows no record into the producer until it returns.
+struct Committing {
+    task: tokio::task::JoinHandle<rdkafka::error::KafkaResult<()>>,
+    /// The task's outcome once [`KafkaSink::commit_returned`] saw it (kept, so waiting is cancel-safe).
+    outcome: Option<std::result::Result<rdkafka::error::KafkaResult<()>, tokio::task::JoinError>>,
+    started: Instant,
+    /// Called once the transaction is committed (the run records its checkpoint as saved).
+    on_commit: Box<dyn FnOnce() + Send + Sync>,
 }
 
 /// The librdkafka configuration every Kafka client starts from ([`KafkaConfig::client_config`]).
@@ -586,6 +600,8 @@ impl KafkaSink {
             committed_at: Instant::now(),
             timeout,
             recent: std::collections::VecDeque::with_capacity(RECENT_COMMITS),
+            committing: None,
+            held: std::collections::VecDeque::new(),
         });
         Ok(sink)
     }
@@ -593,6 +609,7 @@ impl KafkaSink {
     /// Begins a Kafka transaction before the first record of one (transactional sinks only).
     fn begin_if_needed(&mut self) -> Result<()> {
         let Some(txn) = &mut self.txn else { return Ok(()) };
+        debug_assert!(txn.committing.is_none(), "no transaction begins while one commits");
         if !txn.open {
             self.producer
                 .begin_transaction()
@@ -611,15 +628,34 @@ impl KafkaSink {
     /// Whether the transaction should commit now: it holds `transaction_max_bytes`, or `interval` passed
     /// since the last commit (also with no records: the checkpoint still moves), less the time a commit
     /// has recently taken (at most half the interval), so that it is done about `interval` after the last.
+    /// Never while a commit runs.
     pub fn commit_due(&self, interval: Duration) -> bool {
-        self.txn.as_ref().is_some_and(|t| {
+        self.txn.as_ref().filter(|t| t.committing.is_none()).is_some_and(|t| {
             (t.open && t.bytes >= t.settings.max_bytes) || t.committed_at.elapsed() + t.lead(interval) >= interval
         })
     }
 
-    /// When the current transaction is due by time, if records are waiting in it.
+    /// When the current transaction is due by time, if records are waiting in it (none while a commit runs:
+    /// [`KafkaSink::commit_returned`] wakes the run then).
     pub fn open_transaction_due_at(&self, interval: Duration) -> Option<Instant> {
-        self.txn.as_ref().filter(|t| t.open).map(|t| t.committed_at + interval - t.lead(interval))
+        self.txn
+            .as_ref()
+            .filter(|t| t.open && t.committing.is_none())
+            .map(|t| t.committed_at + interval - t.lead(interval))
+    }
+
+    /// Whether a commit is running ([`KafkaSink::start_commit`]).
+    pub fn is_committing(&self) -> bool {
+        self.txn.as_ref().is_some_and(|t| t.committing.is_some())
+    }
+
+    /// Returns once the running commit returned (at once without one); cancel-safe. The run then calls
+    /// [`KafkaSink::finish_commit`].
+    pub async fn commit_returned(&mut self) {
+        let Some(c) = self.txn.as_mut().and_then(|t| t.committing.as_mut()) else { return };
+        if c.outcome.is_none() {
+            c.outcome = Some((&mut c.task).await);
+        }
     }
 
     /// Writes `checkpoint` (the checkpointer's JSON record) into the open transaction (beginning one if
@@ -627,9 +663,26 @@ impl KafkaSink {
     /// `read_committed` consumers together with the checkpoint that covers them, or none does.
     ///
     /// # Errors
-    /// Transient for a failed commit (the transaction is aborted; the run restarts from the last committed
-    /// checkpoint); transient too when a newer producer fenced this one (another instance took over).
-    pub async fn commit(&mut self, checkpoint: Vec<u8>) -> Result<()> {
+    /// As [`KafkaSink::finish_commit`].
+    pub async fn commit(&mut self, checkpoint: Vec<u8>, on_commit: Box<dyn FnOnce() + Send + Sync>) -> Result<()> {
+        self.start_commit(checkpoint, on_commit).await?;
+        self.finish_commit().await
+    }
+
+    /// [`KafkaSink::commit`] without waiting for the broker: the commit runs on a blocking thread while
+    /// the run reads on. Records sent meanwhile are held, within the in-flight budget, and go into the
+    /// next transaction when [`KafkaSink::finish_commit`] sees the commit return; `on_commit` is called
+    /// then, if it committed. A commit still running is finished first.
+    ///
+    /// # Errors
+    /// As [`KafkaSink::finish_commit`], for the commit before; transient when the checkpoint record is
+    /// refused (the transaction is aborted).
+    pub async fn start_commit(
+        &mut self,
+        checkpoint: Vec<u8>,
+        on_commit: Box<dyn FnOnce() + Send + Sync>,
+    ) -> Result<()> {
+        self.finish_commit().await?;
         self.begin_if_needed()?;
         let txn = self.txn.as_ref().expect("begun above");
         let record = BaseRecord::with_opaque_to(
@@ -645,41 +698,100 @@ impl KafkaSink {
         }
         crate::failpoint!("before_kafka_commit");
         let (producer, timeout) = (self.producer.clone(), txn.timeout);
-        let started = Instant::now();
-        let committed = tokio::task::spawn_blocking(move || producer.commit_transaction(timeout))
-            .await
-            .map_err(|e| Error::transient(format!("the commit task failed: {e}")))?;
+        let task = tokio::task::spawn_blocking(move || producer.commit_transaction(timeout));
+        let txn = self.txn.as_mut().expect("transactional");
+        txn.committing = Some(Committing { task, outcome: None, started: Instant::now(), on_commit });
+        Ok(())
+    }
+
+    /// Waits for the running commit, if any, to return. Committed: calls its `on_commit`, then begins the
+    /// next transaction with the records held meanwhile, in the order they were sent.
+    ///
+    /// # Errors
+    /// Transient for a failed commit (the transaction is aborted and the held records dropped; the run
+    /// restarts from the last committed checkpoint); transient too when a newer producer fenced this one
+    /// (another instance took over).
+    pub async fn finish_commit(&mut self) -> Result<()> {
+        let Some(mut c) = self.txn.as_mut().and_then(|t| t.committing.take()) else { return Ok(()) };
+        let outcome = match c.outcome.take() {
+            Some(outcome) => outcome,
+            None => (&mut c.task).await,
+        };
+        let committed = match outcome {
+            Ok(committed) => committed,
+            Err(e) => {
+                // The commit's outcome is unknown: nothing more goes into this producer.
+                self.drop_held();
+                return Err(Error::transient(format!("the commit task failed: {e}")));
+            }
+        };
         let txn = self.txn.as_mut().expect("transactional");
         match committed {
             Ok(()) => {
+                let took = c.started.elapsed();
                 txn.open = false;
                 txn.committed_at = Instant::now();
                 if txn.recent.len() == RECENT_COMMITS {
                     txn.recent.pop_front();
                 }
-                txn.recent.push_back(started.elapsed());
-                metrics().transaction_committed(started.elapsed());
+                txn.recent.push_back(took);
+                metrics().transaction_committed(took);
                 crate::failpoint!("after_kafka_commit");
+                (c.on_commit)();
+                let held = std::mem::take(&mut txn.held);
+                if !held.is_empty() {
+                    self.begin_if_needed()?;
+                }
+                for (record, in_flight) in held {
+                    self.enqueue(&record, in_flight).await?;
+                }
                 Ok(())
             }
             Err(e) => {
                 let fenced = crate::error::is_fenced(&e);
-                self.abort_transaction().await;
+                self.drop_held();
+                self.abort_open().await;
                 Err(match fenced {
                     true => Error::transient(format!(
-                        "the Kafka transaction could not commit: {e}. A newer producer with this transactional.id                          started (another instance took over); nothing of this transaction is visible"
+                        "the Kafka transaction could not commit: {e}. A newer producer with this transactional.id \
+                         started (another instance took over); nothing of this transaction is visible"
                     )),
                     false => classify_kafka(&e).context(
-                        "committing the Kafka transaction (aborted: nothing of it is visible; the run restarts from                          the last committed checkpoint)",
+                        "committing the Kafka transaction (aborted: nothing of it is visible; the run restarts from \
+                         the last committed checkpoint)",
                     ),
                 })
             }
         }
     }
 
+    /// Drops the records held during a commit that failed: they were never produced, so none is counted
+    /// as delivered, and they are read again after the restart. Their budget is returned.
+    fn drop_held(&mut self) {
+        let Some(txn) = self.txn.as_mut() else { return };
+        for (_, in_flight) in txn.held.drain(..) {
+            metrics().record_settled(in_flight.permits as usize);
+            self.budget.add_permits(in_flight.permits as usize);
+        }
+    }
+
     /// Aborts the open transaction, if any: none of its records becomes visible to `read_committed`
     /// consumers. Queued records are purged first. Without an open transaction it does nothing.
     pub async fn abort_transaction(&mut self) {
+        if self.is_committing() {
+            // librdkafka cannot abort while it commits: let the commit end. If it committed, its records
+            // are visible and its checkpoint is recorded; if not, it aborted already.
+            let finished = self.finish_commit().await;
+            self.drop_held();
+            if let Err(error) = finished {
+                tracing::debug!(%error, "the commit running when the transaction was aborted");
+            }
+        }
+        self.abort_open().await;
+    }
+
+    /// Aborts the open transaction, if any (none is committing).
+    async fn abort_open(&mut self) {
         let Some(txn) = self.txn.as_mut().filter(|t| t.open) else { return };
         txn.open = false;
         self.producer.purge(PurgeConfig::default().queue().inflight());
@@ -735,20 +847,39 @@ impl KafkaSink {
             });
         }
         let permits = (record.size_bytes() + IN_FLIGHT_OVERHEAD_BYTES).min(self.max_in_flight_bytes) as u32;
+        if self.is_committing() {
+            // A record is held only within the budget; past it, the commit must return first (its
+            // records are acknowledged by then, so the budget is free for the held ones).
+            let returned = self.txn.as_ref().and_then(|t| t.committing.as_ref()).is_some_and(|c| c.task.is_finished());
+            if returned || self.budget.available_permits() < permits as usize {
+                self.finish_commit().await?;
+            }
+        }
         self.acquire_budget(permits).await;
         if self.context().failed.load(Ordering::Acquire) {
             self.budget.add_permits(permits as usize);
             return Err(self.failure());
         }
         self.watermark.add_record(tx);
+        metrics().event_produced(&record.topic, permits as usize);
+        let in_flight =
+            Box::new(InFlight { tx: Some(tx), permits, record_bytes: record.size_bytes() as u32, occurred_at_ms });
+        if let Some(txn) = self.txn.as_mut().filter(|t| t.committing.is_some()) {
+            txn.held.push_back((record.clone(), in_flight));
+            return Ok(());
+        }
+        self.begin_if_needed()?;
+        self.enqueue(record, in_flight).await
+    }
+
+    /// Hands `record`, registered with the watermark and holding its budget, to librdkafka.
+    async fn enqueue(&mut self, record: &KafkaRecord, in_flight: Box<InFlight>) -> Result<()> {
+        let permits = in_flight.permits;
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for (key, value) in &record.headers {
             headers = headers.insert(Header { key, value: Some(value) });
         }
-        metrics().event_produced(&record.topic, permits as usize);
-        self.begin_if_needed()?;
-        let in_flight = InFlight { tx: Some(tx), permits, record_bytes: record.size_bytes() as u32, occurred_at_ms };
-        let mut pending = BaseRecord::with_opaque_to(&record.topic, Box::new(in_flight))
+        let mut pending = BaseRecord::with_opaque_to(&record.topic, in_flight)
             .key(&record.key)
             .payload(&record.value)
             .headers(headers);
@@ -1016,6 +1147,8 @@ mod tests {
             committed_at: Instant::now(),
             timeout: Duration::from_secs(60),
             recent: std::collections::VecDeque::new(),
+            committing: None,
+            held: std::collections::VecDeque::new(),
         };
         let interval = Duration::from_millis(1000);
         assert_eq!(txn.lead(interval), Duration::ZERO, "no commit yet");
@@ -1276,6 +1409,86 @@ mod tests {
         settled(&sink).await;
         let error = watermark.take_failure().expect("the record was refused");
         assert_eq!(error.refused().map(|r| r.id.as_str()), Some("big"), "{error}");
+    }
+
+    /// A transactional sink on the mock cluster (which runs the transaction protocol, though it does not
+    /// hide aborted records) whose commits take at least `round_trip` on the broker.
+    async fn transactional_sink(
+        cluster: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+        round_trip: Duration,
+    ) -> (KafkaSink, Arc<Watermark>) {
+        cluster.create_topic("state", 1, 1).unwrap();
+        let config = kafka_config(&cluster.bootstrap_servers(), "");
+        let settings = Transactional {
+            id: "t".into(),
+            state_topic: "state".into(),
+            checkpoint_key: "c/checkpoint".into(),
+            max_bytes: 1 << 20,
+        };
+        let watermark = Arc::new(Watermark::new(None));
+        let sink = KafkaSink::transactional(&config, watermark.clone(), settings).await.unwrap();
+        cluster.broker_round_trip_time(1, round_trip).unwrap();
+        (sink, watermark)
+    }
+
+    fn held(sink: &KafkaSink) -> usize {
+        sink.txn.as_ref().unwrap().held.len()
+    }
+
+    /// Keeping the pipeline busy while Kafka commits must not cost order or completeness: records sent
+    /// while a commit runs are held, and go into the next transaction in the order they were sent, after
+    /// the commit's checkpoint counts as saved.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn records_sent_while_a_commit_runs_go_into_the_next_transaction_in_order() {
+        let cluster = cluster();
+        let (mut sink, watermark) = transactional_sink(&cluster, Duration::from_millis(300)).await;
+        let ids: Vec<String> = (1..=10).map(|i| format!("A{i}")).collect();
+        let tx = watermark.open();
+        for id in &ids[..5] {
+            sink.send(tx, &record(id, 100), None).await.unwrap();
+        }
+        let committed = Arc::new(AtomicBool::new(false));
+        let on_commit = committed.clone();
+        sink.start_commit(b"{}".to_vec(), Box::new(move || on_commit.store(true, Ordering::Release))).await.unwrap();
+        for id in &ids[5..] {
+            sink.send(tx, &record(id, 100), None).await.unwrap();
+        }
+        assert_eq!(held(&sink), 5, "sent during a commit of at least 300 ms");
+        assert!(!committed.load(Ordering::Acquire), "the commit cannot have returned yet");
+
+        sink.commit_returned().await;
+        sink.finish_commit().await.unwrap();
+        assert!(committed.load(Ordering::Acquire), "committed: its checkpoint counts as saved");
+        assert_eq!(held(&sink), 0);
+        assert!(sink.txn.as_ref().unwrap().open, "the held records are in the next transaction");
+        sink.commit(b"{}".to_vec(), Box::new(|| {})).await.unwrap();
+        settled(&sink).await;
+        assert!(watermark.take_failure().is_none());
+        assert_eq!(read_ids(&cluster.bootstrap_servers()), ids);
+    }
+
+    /// A commit that fails takes the records held meanwhile with it: none is produced, none counts as
+    /// delivered, their budget is returned, and the run gets a transient error (it restarts from the last
+    /// commit, where they are read again).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_failed_commit_drops_the_records_held_meanwhile() {
+        let cluster = cluster();
+        let (mut sink, watermark) = transactional_sink(&cluster, Duration::from_millis(300)).await;
+        cluster.request_errors(RDKafkaApiKey::EndTxn, &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_PRODUCER_FENCED]);
+        let tx = watermark.open();
+        sink.send(tx, &record("A1", 100), None).await.unwrap();
+        let committed = Arc::new(AtomicBool::new(false));
+        let on_commit = committed.clone();
+        sink.start_commit(b"{}".to_vec(), Box::new(move || on_commit.store(true, Ordering::Release))).await.unwrap();
+        sink.send(tx, &record("A2", 100), None).await.unwrap();
+        assert_eq!(held(&sink), 1);
+
+        let error = sink.finish_commit().await.unwrap_err();
+        assert!(!error.is_definite(), "{error}");
+        assert!(!committed.load(Ordering::Acquire), "nothing of a failed commit counts as saved");
+        assert_eq!(held(&sink), 0);
+        settled(&sink).await;
+        assert_eq!(watermark.unsettled(), 1, "A2 was never produced, so never acknowledged");
     }
 
     /// Regression guard for `/readyz`'s broker probe listing every topic of the cluster every 5 s: it names
