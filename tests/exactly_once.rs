@@ -9,48 +9,16 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::reliability::{self, Duplicates, Recovery};
-use common::{Broker, Connector, Engine, MariaDb, Writer, WriterConfig};
+use common::reliability::{self, hold_running, steady_workload, wait_commits, Duplicates, Recovery, PROGRESS_TIMEOUT};
+use common::{Broker, Connector, Engine, MariaDb, Writer};
 use rand::Rng;
 
 /// The settings every test here runs with: transactions committing every 200 ms.
 const EXACTLY_ONCE: &str = "[delivery]\nguarantee = \"exactly_once\"\n\
                             [state]\nbackend = \"kafka\"\ncheckpoint_interval_ms = 200\n";
 
-const PROGRESS_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// 4 writers over 64 aggregates, a few hundred commits a second.
-fn workload() -> WriterConfig {
-    WriterConfig {
-        tasks: 4,
-        aggregates_per_task: 16,
-        max_events: 200_000,
-        pause: Duration::from_millis(3),
-        record_gtids: true,
-        ..WriterConfig::default()
-    }
-}
-
 fn log_tail(connector: &Connector) -> String {
     common::tail_file(&connector.dir().join("stderr.log"), 80)
-}
-
-async fn wait_commits(writer: &Writer, more: usize, what: &str) {
-    let target = writer.committed() + more;
-    assert!(
-        writer.wait_committed(target, PROGRESS_TIMEOUT).await,
-        "the workload stalled {what}: {} commits, wanted {target}",
-        writer.committed()
-    );
-}
-
-/// Sleeps `duration`, asserting that the connector keeps running.
-async fn hold_running(connector: &mut Connector, duration: Duration, what: &str) {
-    let until = Instant::now() + duration;
-    while Instant::now() < until {
-        assert!(connector.is_running(), "the connector exited ({what}):\n{}", log_tail(connector));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// The audit passes (nothing missing, in order) and sees every event exactly once.
@@ -76,7 +44,7 @@ async fn kill_9_under_load_loses_and_repeats_nothing() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Noida);
     let mut connector = Connector::start(&db, &broker, EXACTLY_ONCE);
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     wait_commits(&writer, 200, "before the first kill").await;
     let pauses_ms: Vec<u64> = {
         let mut rng = rand::rng();
@@ -84,7 +52,7 @@ async fn kill_9_under_load_loses_and_repeats_nothing() {
     };
     eprintln!("[exactly-once kill9] pauses before each kill (ms): {pauses_ms:?}");
     for (cycle, pause) in pauses_ms.iter().enumerate() {
-        hold_running(&mut connector, Duration::from_millis(*pause), &format!("before kill #{}", cycle + 1)).await;
+        hold_running(&mut connector, Duration::from_millis(*pause), &format!("before kill #{}", cycle + 1), 80).await;
         connector.kill();
         connector.restart();
     }
@@ -121,7 +89,7 @@ async fn a_crash_at_every_commit_point_loses_and_repeats_nothing() {
         seeded.per_aggregate.entry(format!("seed-{}", i % 10)).or_default().push(row.id.clone());
     }
     drop(conn);
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     let mut connector = Connector::new();
     let config = connector.write_config(&db, &broker, &format!("{EXACTLY_ONCE}[snapshot]\nchunk_rows = 200\n"));
     for (i, point) in
@@ -227,7 +195,7 @@ async fn the_standby_takes_over_after_kill_9_with_nothing_lost_or_repeated() {
     let broker = Broker::start(Engine::Noida);
     let settings = standby_settings();
     let mut instances = [Connector::start(&db, &broker, &settings), Connector::new()];
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     assert!(
         common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut instances[0])),
         "the first instance never became active:\n{}",
@@ -238,7 +206,7 @@ async fn the_standby_takes_over_after_kill_9_with_nothing_lost_or_repeated() {
     let mut failovers = Vec::new();
     for round in 0..rounds {
         let (active, standby) = (round % 2, (round + 1) % 2);
-        hold_running(&mut instances[standby], Duration::from_secs(2), "as a standby").await;
+        hold_running(&mut instances[standby], Duration::from_secs(2), "as a standby", 80).await;
         assert!(
             current_log(&instances[standby]).contains("standby: waiting for the lease"),
             "round {round}: the second instance does not wait for the lease:\n{}",
@@ -294,7 +262,7 @@ async fn two_instances_started_together_never_publish_together() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Noida);
     let settings = standby_settings();
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     let mut instances = [Connector::new(), Connector::new()];
     let configs: Vec<_> = instances.iter().map(|i| i.write_config(&db, &broker, &settings)).collect();
     for round in 0..rounds {
@@ -307,7 +275,7 @@ async fn two_instances_started_together_never_publish_together() {
             log_tail(&instances[0]),
             log_tail(&instances[1])
         );
-        hold_running(&mut instances[0], Duration::from_secs(3), "both running").await;
+        hold_running(&mut instances[0], Duration::from_secs(3), "both running", 80).await;
         let active: Vec<bool> = instances.iter_mut().map(is_active).collect();
         assert_eq!(
             active.iter().filter(|a| **a).count(),
@@ -365,12 +333,12 @@ async fn paused_active_wakes_up(settings: &str, exactly_once: bool) {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Noida);
     let mut old = Connector::start(&db, &broker, settings);
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     assert!(common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut old)), "{}", log_tail(&old));
     let mut new = Connector::new();
     let config = new.write_config(&db, &broker, settings);
     new.run(&config);
-    hold_running(&mut new, Duration::from_secs(2), "as a standby").await;
+    hold_running(&mut new, Duration::from_secs(2), "as a standby", 80).await;
     wait_commits(&writer, 200, "before the pause").await;
     signal(&old, "STOP");
     assert!(

@@ -13,7 +13,10 @@ mod common;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::reliability::{self, checkpoint_seq, mariadb_seq, Duplicates, Recovery};
+use common::reliability::{
+    self, checkpoint_seq, hold_running, mariadb_seq, steady_workload, wait_commits, Duplicates, Recovery,
+    PROGRESS_TIMEOUT,
+};
 use common::{
     audit, AuditReport, Broker, Connector, Engine, Expected, MariaDb, Proxy, Received, Writer, WriterConfig, Written,
 };
@@ -22,8 +25,6 @@ use rand::Rng;
 const TOPIC: &str = "outbox.event.order";
 /// How long the connector may take to deliver everything once the workload stopped.
 const CATCH_UP: Duration = Duration::from_secs(120);
-/// How long any single "wait for progress" may take.
-const PROGRESS_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long after a blackhole ends its detection may still show up in the log.
 const DETECTION_GRACE: Duration = Duration::from_secs(20);
 /// How long MariaDB stays down after the crash in `mariadb_restarted_under_load`.
@@ -31,26 +32,12 @@ const DB_DOWNTIME: Duration = Duration::from_secs(3);
 /// Lines of connector log in assertion messages.
 const LOG_LINES: usize = 150;
 
-/// The workload of every scenario: 4 writers over 64 aggregates, paced so that each fault lands in the
-/// middle of a steady stream. `max_events` only bounds a run whose `finish` never comes.
-fn workload() -> WriterConfig {
-    WriterConfig {
-        tasks: 4,
-        aggregates_per_task: 16,
-        max_events: 200_000,
-        pause: Duration::from_millis(3),
-        // For diagnosis (and the duplicate-window check): the GTID of every commit.
-        record_gtids: true,
-        ..WriterConfig::default()
-    }
-}
-
 /// The workload against the durable (SQLite) broker: 2 writers over 32 aggregates at most ~150
 /// commits/s. Tansu's SQLite engine turns CPU-bound when fetching from a topic of ~35k records (reading
 /// it back never finished: metadata requests time out while the broker grinds at 100% of a core), so
 /// the scenarios that need durability keep the topic under ~10k records.
 fn durable_workload() -> WriterConfig {
-    WriterConfig { tasks: 2, pause: Duration::from_millis(10), ..workload() }
+    WriterConfig { tasks: 2, pause: Duration::from_millis(10), ..steady_workload() }
 }
 
 /// The last [`LOG_LINES`] lines of the connector's stderr (its logs), for assertion messages.
@@ -77,22 +64,6 @@ fn save_logs(name: &str, connector: &Connector, broker: Option<&Broker>) -> Stri
 /// How often the connector started streaming (once per pipeline run: start, or reconnect).
 fn streaming_runs(connector: &Connector) -> usize {
     connector.stderr().lines().filter(|l| l.contains("outbox_cdc::pipeline: streaming")).count()
-}
-
-/// Waits until the workload committed `more` transactions beyond what it has now.
-async fn wait_commits(writer: &Writer, more: usize, what: &str) {
-    let target = writer.committed() + more;
-    assert!(
-        writer.wait_committed(target, PROGRESS_TIMEOUT).await,
-        "the workload stalled {what}: {} commits, wanted {target}",
-        writer.committed()
-    );
-}
-
-/// Sleeps for `duration`, asserting every 100 ms that the connector process is still running.
-async fn hold_running(connector: &mut Connector, duration: Duration, what: &str) {
-    let until = Instant::now() + duration;
-    wait_for(connector, duration + Duration::from_secs(1), what, |_| Instant::now() >= until).await;
 }
 
 /// Waits until `cond(connector)` holds, asserting that the connector keeps running.
@@ -225,7 +196,7 @@ async fn kill9_at_random_moments() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::start(&db, &broker, "");
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     wait_commits(&writer, 200, "before the first kill").await;
 
     let pauses_ms: Vec<u64> = {
@@ -238,7 +209,8 @@ async fn kill9_at_random_moments() {
     // Kills after which `status --json` could not read the checkpoint.
     let mut status_failures: Vec<String> = Vec::new();
     for (cycle, pause) in pauses_ms.iter().enumerate() {
-        hold_running(&mut connector, Duration::from_millis(*pause), &format!("before kill #{}", cycle + 1)).await;
+        hold_running(&mut connector, Duration::from_millis(*pause), &format!("before kill #{}", cycle + 1), LOG_LINES)
+            .await;
         connector.kill();
         let record = match connector.try_status_json() {
             Ok(record) => record,
@@ -256,7 +228,7 @@ async fn kill9_at_random_moments() {
     }
     let recovery = Recovery::starts(&db).wait(&connector);
     eprintln!("[kill9] checkpoints resumed from (domain-0 seq): {resumed_from:?}");
-    hold_running(&mut connector, Duration::from_secs(1), "after the last restart").await;
+    hold_running(&mut connector, Duration::from_secs(1), "after the last restart", LOG_LINES).await;
     wait_commits(&writer, 200, "after the last restart").await;
     let written = writer.finish().await;
     assert!(written.errors.is_empty(), "the workload saw errors: {:?}", written.errors);
@@ -356,7 +328,7 @@ async fn broker_outage(name: &str, fault: BrokerFault, outage: Duration) {
         BrokerFault::Kill => broker.kill(),
     }
     let at_outage = writer.committed();
-    hold_running(&mut connector, outage, "while the broker was down").await;
+    hold_running(&mut connector, outage, "while the broker was down", LOG_LINES).await;
     assert!(
         writer.committed() >= at_outage + 100,
         "the workload must keep committing during the outage ({} -> {})",
@@ -365,7 +337,7 @@ async fn broker_outage(name: &str, fault: BrokerFault, outage: Duration) {
     );
     broker.start_again();
     let recovery = Recovery::starts(&db).wait(&connector);
-    hold_running(&mut connector, Duration::from_secs(2), "after the broker came back").await;
+    hold_running(&mut connector, Duration::from_secs(2), "after the broker came back", LOG_LINES).await;
     wait_commits(&writer, 300, "after the broker came back").await;
     let written = writer.finish().await;
     assert!(written.errors.is_empty(), "the workload saw errors: {:?}", written.errors);
@@ -412,7 +384,7 @@ async fn mariadb_restarted_under_load() {
     let mut db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::start(&db, &broker, "");
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     wait_commits(&writer, 300, "before the first restart").await;
     assert!(delivered_at_least(&broker, 100, PROGRESS_TIMEOUT), "nothing delivered:\n{}", log_tail(&connector));
 
@@ -425,7 +397,7 @@ async fn mariadb_restarted_under_load() {
     let runs = streaming_runs(&connector);
     db.kill(); // crash: InnoDB and binlog recovery on the next start
                // Down long enough that the connector's reconnects are refused a few times and the writers' too.
-    hold_running(&mut connector, DB_DOWNTIME, "while MariaDB was down").await;
+    hold_running(&mut connector, DB_DOWNTIME, "while MariaDB was down", LOG_LINES).await;
     db.start_again();
     let recovery = Recovery::starts(&db).wait(&connector);
     wait_commits(&writer, 300, "after the crash").await;
@@ -465,7 +437,7 @@ async fn replication_connection_cut_without_either_side_dying() {
     connector.run(&config);
 
     // The workload writes to MariaDB directly; only the connector goes through the proxy.
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     wait_commits(&writer, 300, "before the first cut").await;
     assert!(delivered_at_least(&broker, 100, PROGRESS_TIMEOUT), "nothing delivered:\n{}", log_tail(&connector));
     assert!(proxy.accepted() >= 1, "the connector does not go through the proxy");
@@ -483,7 +455,7 @@ async fn replication_connection_cut_without_either_side_dying() {
 
     let runs = streaming_runs(&connector);
     proxy.blackhole(BLACKHOLE);
-    hold_running(&mut connector, BLACKHOLE, "during the blackhole").await;
+    hold_running(&mut connector, BLACKHOLE, "during the blackhole", LOG_LINES).await;
     let blackhole_ended = Recovery::starts(&db);
     // Detection is due 3 heartbeats (+1 s) into the silence; its log line comes after the failed run's
     // drain (at most 5 s). Once the blackhole ends an undetected connection simply carries on, so

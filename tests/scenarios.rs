@@ -18,38 +18,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
-use common::reliability::{self, checkpoint_seq, Duplicates, Recovery};
-use common::{Broker, Connector, Engine, MariaDb, Writer, WriterConfig, Written};
+use common::reliability::{
+    self, checkpoint_seq, steady_workload, wait_commits, Duplicates, Recovery, PROGRESS_TIMEOUT,
+};
+use common::{Broker, Connector, Engine, MariaDb, Writer, Written};
 use mysql_async::prelude::Queryable;
 
 /// The environment variable that arms a failpoint in the connector process.
 const FAILPOINT: &str = "OUTBOX_CDC_FAILPOINT";
 /// How long a failpoint or a definite error may take to end the process.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(120);
-/// How long any single "wait for progress" may take.
-const PROGRESS_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// 4 writers over 64 aggregates, each transaction's GTID recorded for the duplicate-window check.
-fn workload() -> WriterConfig {
-    WriterConfig {
-        tasks: 4,
-        aggregates_per_task: 16,
-        max_events: 200_000,
-        pause: Duration::from_millis(3),
-        record_gtids: true,
-        ..WriterConfig::default()
-    }
-}
-
-/// Waits until the workload committed `more` transactions beyond what it has now.
-async fn wait_commits(writer: &Writer, more: usize, what: &str) {
-    let target = writer.committed() + more;
-    assert!(
-        writer.wait_committed(target, PROGRESS_TIMEOUT).await,
-        "the workload stalled {what}: {} commits, wanted {target}",
-        writer.committed()
-    );
-}
 
 fn log_tail(connector: &Connector) -> String {
     common::tail_file(&connector.dir().join("stderr.log"), 120)
@@ -83,7 +61,7 @@ async fn window_database_committed_connector_down() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::start(&db, &broker, "");
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     wait_commits(&writer, 300, "before the stop").await;
     assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", log_tail(&connector));
     let while_down = reliability::scaled(600, 3000);
@@ -107,7 +85,7 @@ async fn window_acknowledged_not_checkpointed() {
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::new();
     let config = connector.write_config(&db, &broker, "");
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     wait_commits(&writer, 200, "before the start").await;
     connector.env(FAILPOINT, "ack_before_checkpoint:3");
     connector.run(&config);
@@ -160,7 +138,7 @@ async fn window_killed_mid_transaction() {
     let broker = Broker::start(Engine::Memory);
     // The large transaction is the first outbox transaction in the binlog, so hit 1,000 lands in it.
     let (big_ids, big_gtid) = big_transaction(&db, ROWS).await;
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     let mut connector = Connector::new();
     let config = connector.write_config(&db, &broker, "");
     connector.env(FAILPOINT, format!("row_produced:{}", ROWS / 2));
@@ -213,7 +191,7 @@ async fn crash_at_each_failpoint() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
     let seeded = seed(&db, SEED).await;
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     let mut connector = Connector::new();
     let config = connector.write_config(&db, &broker, "[snapshot]\nmode = \"initial\"\nchunk_rows = 500\n");
     // Mid chunk 3 of the snapshot, then the 200th streamed row, then the 4th checkpoint write.
@@ -306,7 +284,7 @@ async fn state_directory_full() {
         eprintln!("[state_full] SKIPPED: cannot mount a tmpfs here (not root?)");
         return;
     };
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     connector.run(&config);
     wait_commits(&writer, 300, "before the disk fills").await;
     assert!(
@@ -347,7 +325,7 @@ async fn binlog_purged_while_down_then_when_needed() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::start(&db, &broker, "");
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     wait_commits(&writer, 300, "before the stop").await;
     assert!(connector.terminate().success(), "{}", log_tail(&connector));
     let checkpoint = stored_seq(&connector);
@@ -398,7 +376,7 @@ async fn server_identity_changed_is_refused() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::start(&db, &broker, "");
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     wait_commits(&writer, 300, "before the stop").await;
     let first = writer.finish().await;
     assert!(
@@ -424,7 +402,7 @@ async fn server_identity_changed_is_refused() {
         assert_eq!(connector.status_json(), checkpoint, "a refused start must not touch the checkpoint");
     };
     refuse("before the new history reaches the checkpoint's GTID");
-    let writer = Writer::start(db.opts_root(), workload());
+    let writer = Writer::start(db.opts_root(), steady_workload());
     assert!(
         common::wait_until(PROGRESS_TIMEOUT, || reliability::db_seq(&db) > checkpointed + 50),
         "the new history did not pass GTID sequence {checkpointed}"

@@ -411,8 +411,8 @@ pub struct Transactional {
 const RECENT_COMMITS: usize = 16;
 
 impl Txn {
-    /// How much earlier than `interval` after the last commit the next one starts: the longest of the
-    /// recent commits, at most half the interval.
+    /// How much earlier than `interval` after the last commit's start the next one starts: the longest of
+    /// the recent commits, at most half the interval.
     fn lead(&self, interval: Duration) -> Duration {
         self.recent.iter().max().copied().unwrap_or_default().min(interval / 2)
     }
@@ -425,11 +425,12 @@ struct Txn {
     open: bool,
     /// Record bytes produced in it.
     bytes: usize,
-    /// When the last transaction committed (or the sink started).
-    committed_at: Instant,
-    /// How long the last [`RECENT_COMMITS`] commits took: a commit starts early by the longest of them,
-    /// so that a record waits about `checkpoint_interval_ms` from the previous commit to being readable,
-    /// not that plus the commit.
+    /// When the last commit started (or the sink started).
+    cycle_start: Instant,
+    /// How long the last [`RECENT_COMMITS`] commits took. Commits start `interval` less the longest of them
+    /// apart: a record read just after a commit started is held until that one returns, goes into the
+    /// next, and is readable when the next returns, about `checkpoint_interval_ms` after it was read, not
+    /// that plus a commit.
     recent: std::collections::VecDeque<Duration>,
     /// How long `commit_transaction` may take (`transaction.timeout.ms`).
     timeout: Duration,
@@ -597,7 +598,7 @@ impl KafkaSink {
             settings,
             open: false,
             bytes: 0,
-            committed_at: Instant::now(),
+            cycle_start: Instant::now(),
             timeout,
             recent: std::collections::VecDeque::with_capacity(RECENT_COMMITS),
             committing: None,
@@ -626,12 +627,11 @@ impl KafkaSink {
     }
 
     /// Whether the transaction should commit now: it holds `transaction_max_bytes`, or `interval` passed
-    /// since the last commit (also with no records: the checkpoint still moves), less the time a commit
-    /// has recently taken (at most half the interval), so that it is done about `interval` after the last.
-    /// Never while a commit runs.
+    /// since the last commit started (also with no records: the checkpoint still moves), less the time a
+    /// commit has recently taken (at most half the interval; see `Txn::recent`). Never while a commit runs.
     pub fn commit_due(&self, interval: Duration) -> bool {
         self.txn.as_ref().filter(|t| t.committing.is_none()).is_some_and(|t| {
-            (t.open && t.bytes >= t.settings.max_bytes) || t.committed_at.elapsed() + t.lead(interval) >= interval
+            (t.open && t.bytes >= t.settings.max_bytes) || t.cycle_start.elapsed() + t.lead(interval) >= interval
         })
     }
 
@@ -641,7 +641,7 @@ impl KafkaSink {
         self.txn
             .as_ref()
             .filter(|t| t.open && t.committing.is_none())
-            .map(|t| t.committed_at + interval - t.lead(interval))
+            .map(|t| t.cycle_start + interval - t.lead(interval))
     }
 
     /// Whether a commit is running ([`KafkaSink::start_commit`]).
@@ -700,7 +700,8 @@ impl KafkaSink {
         let (producer, timeout) = (self.producer.clone(), txn.timeout);
         let task = tokio::task::spawn_blocking(move || producer.commit_transaction(timeout));
         let txn = self.txn.as_mut().expect("transactional");
-        txn.committing = Some(Committing { task, outcome: None, started: Instant::now(), on_commit });
+        txn.cycle_start = Instant::now();
+        txn.committing = Some(Committing { task, outcome: None, started: txn.cycle_start, on_commit });
         Ok(())
     }
 
@@ -730,7 +731,6 @@ impl KafkaSink {
             Ok(()) => {
                 let took = c.started.elapsed();
                 txn.open = false;
-                txn.committed_at = Instant::now();
                 if txn.recent.len() == RECENT_COMMITS {
                     txn.recent.pop_front();
                 }
@@ -1135,7 +1135,7 @@ mod tests {
     const TOPIC: &str = "outbox.event.order";
 
     /// A commit starts early by the longest recent commit, never by more than half the interval: the
-    /// record that waits longest is readable about one interval after the previous commit.
+    /// record that waits longest is readable about one interval after it was read.
     #[test]
     fn a_commit_starts_early_by_the_longest_recent_commit() {
         let settings =
@@ -1144,7 +1144,7 @@ mod tests {
             settings,
             open: false,
             bytes: 0,
-            committed_at: Instant::now(),
+            cycle_start: Instant::now(),
             timeout: Duration::from_secs(60),
             recent: std::collections::VecDeque::new(),
             committing: None,

@@ -1,6 +1,7 @@
-//! Scenario bookkeeping shared by `tests/faults.rs` and `tests/scenarios.rs`: full-length parameters,
-//! recovery time, the closing `outbox-cdc audit` with its duplicate-window check, and one JSON line per
-//! scenario for `docs/RELIABILITY.md` (`scripts/reliability`).
+//! Scenario bookkeeping shared by `tests/faults.rs`, `tests/scenarios.rs` and `tests/exactly_once.rs`: the
+//! steady workload, waiting for progress, full-length parameters, recovery time, the closing
+//! `outbox-cdc audit` with its duplicate-window check, and one JSON line per scenario for
+//! `docs/RELIABILITY.md` (`scripts/reliability`).
 //!
 //! # The duplicate window
 //! Every pipeline run logs where it resumed (`streaming position=gtid …`). An event may be published once
@@ -12,7 +13,7 @@
 use super::audit::Expected;
 use super::connector::{AuditRun, Connector};
 use super::mariadb::MariaDb;
-use super::workload::Written;
+use super::workload::{Writer, WriterConfig, Written};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,47 @@ pub const OUT_ENV: &str = "OUTBOX_CDC_RELIABILITY_OUT";
 const CATCH_UP: Duration = Duration::from_secs(180);
 /// How long a recovery may take before the test fails.
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// How long any single "wait for progress" may take.
+pub const PROGRESS_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The workload a fault lands in: 4 writers over 64 aggregates, a few hundred commits a second, paced so
+/// that each fault lands in the middle of a steady stream. `max_events` only bounds a run whose `finish`
+/// never comes; each commit's GTID is recorded for diagnosis and the duplicate-window check.
+pub fn steady_workload() -> WriterConfig {
+    WriterConfig {
+        tasks: 4,
+        aggregates_per_task: 16,
+        max_events: 200_000,
+        pause: Duration::from_millis(3),
+        record_gtids: true,
+        ..WriterConfig::default()
+    }
+}
+
+/// Waits until the workload committed `more` transactions beyond what it has now.
+pub async fn wait_commits(writer: &Writer, more: usize, what: &str) {
+    let target = writer.committed() + more;
+    assert!(
+        writer.wait_committed(target, PROGRESS_TIMEOUT).await,
+        "the workload stalled {what}: {} commits, wanted {target}",
+        writer.committed()
+    );
+}
+
+/// Sleeps for `duration`, asserting every 100 ms that the connector process is still running (its last
+/// `log_lines` lines of log in the message when it is not).
+pub async fn hold_running(connector: &mut Connector, duration: Duration, what: &str, log_lines: usize) {
+    let until = Instant::now() + duration;
+    while Instant::now() < until {
+        assert!(
+            connector.is_running(),
+            "the connector exited ({what}):\n{}",
+            super::tail_file(&connector.dir().join("stderr.log"), log_lines)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
 
 /// Whether the full-length parameters were asked for.
 pub fn full() -> bool {
