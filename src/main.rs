@@ -22,7 +22,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 outbox_cdc::tune_allocator_before_main!();
 
 #[derive(Debug, Parser)]
-#[command(name = "outbox-cdc", version, about = "Transactional outbox CDC: MySQL/MariaDB binlog to Kafka")]
+#[command(
+    name = "outbox-cdc",
+    version = env!("OUTBOX_CDC_VERSION"),
+    about = "Transactional outbox CDC: MySQL/MariaDB binlog to Kafka"
+)]
 struct Cli {
     /// Path of the configuration file.
     #[arg(long, short, global = true, default_value = "connector.toml", env = "OUTBOX_CDC_CONFIG")]

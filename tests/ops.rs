@@ -312,3 +312,15 @@ async fn prune_never_deletes_rows_behind_a_stopped_connectors_checkpoint() {
     assert!(everything.is_subset(&in_kafka), "a deleted row's event is missing from Kafka");
     connector.terminate();
 }
+
+/// `--version` names the commit the binary was built from (what a bug report needs), as the
+/// `outbox_cdc_build_info` gauge does.
+#[test]
+fn version_names_the_commit() {
+    let (code, stdout, stderr) = run_cli(&["--version"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let commit = outbox_cdc::metrics::COMMIT;
+    // The harness heads each start's output with a line of its own.
+    let printed = stdout.lines().filter(|l| !l.starts_with("=== harness")).collect::<Vec<_>>().join("\n");
+    assert_eq!(printed, format!("outbox-cdc {} ({commit})", env!("CARGO_PKG_VERSION")), "{stderr}");
+}

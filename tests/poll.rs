@@ -698,6 +698,21 @@ async fn poison_rows_hold_their_aggregate_until_release_and_prune_goes_by_publis
     let mut held: Vec<&str> = holds.as_array().unwrap().iter().filter_map(|h| h["aggregate_id"].as_str()).collect();
     held.sort();
     assert_eq!(held, ["A", "C"], "{stdout}");
+    // `status` asks the table (the relay keeps no position): a4 is due but waits behind A's parked rows.
+    let (status, stdout, stderr) = relay.command(&["status", "--json"], Duration::from_secs(30)).unwrap();
+    assert!(status.success(), "{stdout}\n{stderr}");
+    let shown: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let table = &shown["tables"][0];
+    assert_eq!(
+        (shown["source"].as_str(), table["table"].as_str(), table["due_rows"].as_u64(), table["parked_rows"].as_u64()),
+        (Some("poll"), Some("shop.outbox_events"), Some(1), Some(4)),
+        "{stdout}"
+    );
+    assert_eq!(shown["holds"].as_array().map(Vec::len), Some(2), "{stdout}");
+    let (status, stdout, _) = relay.command(&["status"], Duration::from_secs(30)).unwrap();
+    for line in ["shop.outbox_events: 1 row(s) due, the oldest due", "; 4 parked", "2 aggregate(s) held"] {
+        assert!(status.success() && stdout.contains(line), "{line} not in:\n{stdout}");
+    }
 
     // Prune: every row "published" two days ago, then one day's retention.
     conn.query_drop(

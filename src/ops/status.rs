@@ -1,4 +1,5 @@
-//! `outbox-cdc status`: what the state directory holds, readable while the connector runs.
+//! `outbox-cdc status`: what the state directory holds, readable while the connector runs; for the polling
+//! relay, which keeps no position, what its tables hold.
 //!
 //! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 
@@ -6,6 +7,8 @@ use crate::checkpoint::store::LastError;
 use crate::checkpoint::{Checkpoint, Store};
 use crate::config::{Config, SourceKind};
 use crate::error::Result;
+use crate::metrics::POLL_BACKLOG_CAP;
+use crate::source::poll::Relay;
 use crate::source::{self, preflight, SourceConn};
 use crate::time::utc_text;
 
@@ -16,6 +19,9 @@ use crate::time::utc_text;
 /// # Errors
 /// A definite error when the store cannot be read.
 pub async fn print(config: &Config, json: bool) -> Result<()> {
+    if config.source.kind == SourceKind::Poll {
+        return print_relay(config, json).await;
+    }
     let Some(inspection) = Store::inspect_for(config).await? else {
         println!("no checkpoint in {} (the connector has not started yet)", config.state_location());
         return Ok(());
@@ -100,6 +106,70 @@ pub async fn print(config: &Config, json: bool) -> Result<()> {
     }
     match &last_error {
         Some(e) => println!("{}", last_error_line(e, now_ms)),
+        None => println!("last error:      none"),
+    }
+    Ok(())
+}
+
+/// One polled table's state, as `status` shows it.
+#[derive(Debug, serde::Serialize)]
+struct PolledTable {
+    table: String,
+    /// Unpublished rows due now, counted up to [`POLL_BACKLOG_CAP`].
+    due_rows: u64,
+    /// Whether `due_rows` stopped at the cap.
+    due_rows_capped: bool,
+    /// Seconds since the oldest due row became due.
+    oldest_due_s: f64,
+    /// Dead-lettered rows, never due again (`quarantine list`).
+    parked_rows: u64,
+}
+
+/// [`print`] for the polling relay: it has no position (a row's `published_at` is its progress), so it
+/// prints each table's due and parked rows, asked of the database, then the holds and last error.
+async fn print_relay(config: &Config, json: bool) -> Result<()> {
+    let source = SourceConn::from_config(config)?;
+    let mut conn = source.connect().await?;
+    let relay = Relay::load(&mut conn, config).await?;
+    let mut tables = Vec::new();
+    for (t, polled) in relay.tables().iter().enumerate() {
+        let (due_rows, oldest_due_s) = relay.backlog(&mut conn, t).await?;
+        let parked_rows = relay.parked(&mut conn, t).await?;
+        let due_rows_capped = due_rows >= POLL_BACKLOG_CAP;
+        tables.push(PolledTable {
+            table: polled.table.to_string(),
+            due_rows,
+            due_rows_capped,
+            oldest_due_s,
+            parked_rows,
+        });
+    }
+    let inspection = Store::inspect_for(config).await?;
+    let holds = inspection.as_ref().map(|i| i.holds.clone()).unwrap_or_default();
+    let last_error = inspection.and_then(|i| i.last_error).map(|mut e| {
+        e.message = crate::secret::redact(&e.message).into_owned();
+        e
+    });
+    if json {
+        let value = serde_json::json!({ "source": "poll", "tables": tables, "holds": holds, "last_error": last_error });
+        println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
+        return Ok(());
+    }
+    println!("source:          polling relay (no position: each row's published_at is its progress)");
+    for t in &tables {
+        let more = if t.due_rows_capped { "at least " } else { "" };
+        let oldest = match t.due_rows {
+            0 => String::new(),
+            _ => format!(", the oldest due {:.1} s", t.oldest_due_s),
+        };
+        println!("table:           {}: {more}{} row(s) due{oldest}; {} parked", t.table, t.due_rows, t.parked_rows);
+    }
+    match holds.len() {
+        0 => println!("quarantine:      none"),
+        n => println!("quarantine:      {n} aggregate(s) held (outbox-cdc quarantine list)"),
+    }
+    match &last_error {
+        Some(e) => println!("{}", last_error_line(e, crate::time::now_ms())),
         None => println!("last error:      none"),
     }
     Ok(())

@@ -474,6 +474,21 @@ impl Relay {
         metrics().poll_queries(PollQuery::Backlog, 1);
         Ok((due.unwrap_or(0), waited_us.unwrap_or(0).max(0) as f64 / 1e6))
     }
+
+    /// The parked (dead-lettered) rows of table `t`: unpublished, never due again. Along `idx_ready`.
+    ///
+    /// # Errors
+    /// Classified query errors.
+    pub async fn parked(&self, conn: &mut Conn, t: usize) -> Result<u64> {
+        let table = self.tables[t].table.quoted();
+        let parked: Option<u64> = conn
+            .query_first(format!(
+                "SELECT COUNT(*) FROM {table} WHERE published_at IS NULL AND next_attempt_at = '{PARKED_UNTIL}'"
+            ))
+            .await
+            .map_err(|e| classify_mysql(&e).context(format_args!("poll: counting the parked rows of {table}")))?;
+        Ok(parked.unwrap_or(0))
+    }
 }
 
 /// After `quarantine release` republished a hold's events: marks their rows published (they were parked,
