@@ -329,6 +329,11 @@ impl<'a> Run<'a> {
                 None => sink.open_transaction_due_at(interval),
                 Some(_) => None,
             };
+            // A commit that returned is finished here too: while changes flow, the biased select below
+            // may not poll its branch (a stream of transactions without outbox rows sends nothing).
+            if sink.commit_has_returned() {
+                sink.finish_commit().await?;
+            }
             let committing = sink.is_committing();
             tokio::select! {
                 // Changes before the shutdown notice: while changes flow, the check above sees a shutdown

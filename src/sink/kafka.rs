@@ -649,6 +649,12 @@ impl KafkaSink {
         self.txn.as_ref().is_some_and(|t| t.committing.is_some())
     }
 
+    /// Whether a commit was started and has returned: [`KafkaSink::finish_commit`] would not wait.
+    pub fn commit_has_returned(&self) -> bool {
+        let committing = self.txn.as_ref().and_then(|t| t.committing.as_ref());
+        committing.is_some_and(|c| c.outcome.is_some() || c.task.is_finished())
+    }
+
     /// Returns once the running commit returned (at once without one); cancel-safe. The run then calls
     /// [`KafkaSink::finish_commit`].
     pub async fn commit_returned(&mut self) {
@@ -850,8 +856,7 @@ impl KafkaSink {
         if self.is_committing() {
             // A record is held only within the budget; past it, the commit must return first (its
             // records are acknowledged by then, so the budget is free for the held ones).
-            let returned = self.txn.as_ref().and_then(|t| t.committing.as_ref()).is_some_and(|c| c.task.is_finished());
-            if returned || self.budget.available_permits() < permits as usize {
+            if self.commit_has_returned() || self.budget.available_permits() < permits as usize {
                 self.finish_commit().await?;
             }
         }
