@@ -416,6 +416,11 @@ impl Txn {
     fn lead(&self, interval: Duration) -> Duration {
         self.recent.iter().max().copied().unwrap_or_default().min(interval / 2)
     }
+
+    /// When the next commit is due by time: `interval` less [`Txn::lead`] after the last one started.
+    fn due_at(&self, interval: Duration) -> Instant {
+        self.cycle_start + interval - self.lead(interval)
+    }
 }
 
 /// The Kafka transaction state of a transactional sink.
@@ -425,7 +430,7 @@ struct Txn {
     open: bool,
     /// Record bytes produced in it.
     bytes: usize,
-    /// When the last commit started (or the sink started).
+    /// When the last commit started (or the sink started); while a commit runs, when it started.
     cycle_start: Instant,
     /// How long the last [`RECENT_COMMITS`] commits took. Commits start `interval` less the longest of them
     /// apart: a record read just after a commit started is held until that one returns, goes into the
@@ -446,7 +451,6 @@ struct Committing {
     task: tokio::task::JoinHandle<rdkafka::error::KafkaResult<()>>,
     /// The task's outcome once [`KafkaSink::commit_returned`] saw it (kept, so waiting is cancel-safe).
     outcome: Option<std::result::Result<rdkafka::error::KafkaResult<()>, tokio::task::JoinError>>,
-    started: Instant,
     /// Called once the transaction is committed (the run records its checkpoint as saved).
     on_commit: Box<dyn FnOnce() + Send + Sync>,
 }
@@ -630,18 +634,16 @@ impl KafkaSink {
     /// since the last commit started (also with no records: the checkpoint still moves), less the time a
     /// commit has recently taken (at most half the interval; see `Txn::recent`). Never while a commit runs.
     pub fn commit_due(&self, interval: Duration) -> bool {
-        self.txn.as_ref().filter(|t| t.committing.is_none()).is_some_and(|t| {
-            (t.open && t.bytes >= t.settings.max_bytes) || t.cycle_start.elapsed() + t.lead(interval) >= interval
-        })
+        self.txn
+            .as_ref()
+            .filter(|t| t.committing.is_none())
+            .is_some_and(|t| (t.open && t.bytes >= t.settings.max_bytes) || Instant::now() >= t.due_at(interval))
     }
 
     /// When the current transaction is due by time, if records are waiting in it (none while a commit runs:
     /// [`KafkaSink::commit_returned`] wakes the run then).
     pub fn open_transaction_due_at(&self, interval: Duration) -> Option<Instant> {
-        self.txn
-            .as_ref()
-            .filter(|t| t.open && t.committing.is_none())
-            .map(|t| t.cycle_start + interval - t.lead(interval))
+        self.txn.as_ref().filter(|t| t.open && t.committing.is_none()).map(|t| t.due_at(interval))
     }
 
     /// Whether a commit is running ([`KafkaSink::start_commit`]).
@@ -707,7 +709,7 @@ impl KafkaSink {
         let task = tokio::task::spawn_blocking(move || producer.commit_transaction(timeout));
         let txn = self.txn.as_mut().expect("transactional");
         txn.cycle_start = Instant::now();
-        txn.committing = Some(Committing { task, outcome: None, started: txn.cycle_start, on_commit });
+        txn.committing = Some(Committing { task, outcome: None, on_commit });
         Ok(())
     }
 
@@ -735,7 +737,7 @@ impl KafkaSink {
         let txn = self.txn.as_mut().expect("transactional");
         match committed {
             Ok(()) => {
-                let took = c.started.elapsed();
+                let took = txn.cycle_start.elapsed();
                 txn.open = false;
                 if txn.recent.len() == RECENT_COMMITS {
                     txn.recent.pop_front();
