@@ -112,12 +112,12 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{classify_mysql, Error, Result};
+use crate::metrics::metrics;
+use crate::source::SourceConn;
 
 /// How long [`Lease::of_stopped_connector`] waits before it concludes that an instance runs: more than a
 /// standby's one-second `GET_LOCK` poll.
 pub const STOPPED_WAIT: Duration = Duration::from_secs(3);
-use crate::metrics::metrics;
-use crate::source::SourceConn;
 
 /// The prefix of every lock this connector takes.
 const PREFIX: &str = "outbox-cdc/";

@@ -26,11 +26,7 @@ pub async fn print(config: &Config, json: bool) -> Result<()> {
         println!("no checkpoint in {} (the connector has not started yet)", config.state_location());
         return Ok(());
     };
-    // Messages are redacted when an error is built; a record written by an older version may not be.
-    let last_error = inspection.last_error.map(|mut e| {
-        e.message = crate::secret::redact(&e.message).into_owned();
-        e
-    });
+    let last_error = redacted(inspection.last_error);
     let Some(cp) = &inspection.checkpoint else {
         println!("no checkpoint in {} (the connector has not started yet)", config.state_location());
         if let (false, Some(e)) = (json, &last_error) {
@@ -100,15 +96,29 @@ pub async fn print(config: &Config, json: bool) -> Result<()> {
     }
     let age_ms = now_ms.saturating_sub(cp.written_at_ms());
     println!("written:         {} ({:.1} s ago)", utc_text(cp.written_at_ms()), age_ms as f64 / 1000.0);
-    match inspection.holds.len() {
+    print_holds_and_last_error(inspection.holds.len(), last_error.as_ref(), now_ms);
+    Ok(())
+}
+
+/// The stored last error with its message redacted: messages are redacted when an error is built, but a
+/// record written by an older version may not be.
+fn redacted(last_error: Option<LastError>) -> Option<LastError> {
+    last_error.map(|mut e| {
+        e.message = crate::secret::redact(&e.message).into_owned();
+        e
+    })
+}
+
+/// The `quarantine:` and `last error:` lines that end both forms of `status`.
+fn print_holds_and_last_error(holds: usize, last_error: Option<&LastError>, now_ms: u64) {
+    match holds {
         0 => println!("quarantine:      none"),
         n => println!("quarantine:      {n} aggregate(s) held (outbox-cdc quarantine list)"),
     }
-    match &last_error {
+    match last_error {
         Some(e) => println!("{}", last_error_line(e, now_ms)),
         None => println!("last error:      none"),
     }
-    Ok(())
 }
 
 /// One polled table's state, as `status` shows it.
@@ -146,10 +156,7 @@ async fn print_relay(config: &Config, json: bool) -> Result<()> {
     }
     let inspection = Store::inspect_for(config).await?;
     let holds = inspection.as_ref().map(|i| i.holds.clone()).unwrap_or_default();
-    let last_error = inspection.and_then(|i| i.last_error).map(|mut e| {
-        e.message = crate::secret::redact(&e.message).into_owned();
-        e
-    });
+    let last_error = redacted(inspection.and_then(|i| i.last_error));
     if json {
         let value = serde_json::json!({ "source": "poll", "tables": tables, "holds": holds, "last_error": last_error });
         println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
@@ -164,14 +171,7 @@ async fn print_relay(config: &Config, json: bool) -> Result<()> {
         };
         println!("table:           {}: {more}{} row(s) due{oldest}; {} parked", t.table, t.due_rows, t.parked_rows);
     }
-    match holds.len() {
-        0 => println!("quarantine:      none"),
-        n => println!("quarantine:      {n} aggregate(s) held (outbox-cdc quarantine list)"),
-    }
-    match &last_error {
-        Some(e) => println!("{}", last_error_line(e, crate::time::now_ms())),
-        None => println!("last error:      none"),
-    }
+    print_holds_and_last_error(holds.len(), last_error.as_ref(), crate::time::now_ms());
     Ok(())
 }
 

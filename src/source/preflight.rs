@@ -838,8 +838,12 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
         let problems = super::poll::poll_column_problems(table, &found);
         report.push(
             &format!("table {table} relay columns"),
-            "published_at DATETIME(6) NULL, attempts INT UNSIGNED, next_attempt_at DATETIME(6), locked_at DATETIME(6) \
-             NULL, locked_by VARCHAR(128) NULL, last_error VARCHAR(1000) NULL",
+            &super::poll::POLL_COLUMNS
+                .iter()
+                .zip(super::poll::POLL_COLUMN_DEFINITIONS)
+                .map(|(name, definition)| format!("{name} {definition}"))
+                .collect::<Vec<_>>()
+                .join(", "),
             &if problems.is_empty() { "present".to_string() } else { problems.join("; ") },
             problems.is_empty(),
             &super::poll::poll_columns_ddl(table, &found).unwrap_or_default(),
