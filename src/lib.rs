@@ -54,6 +54,7 @@ pub mod findings;
 pub mod health;
 pub mod http;
 pub mod inbox;
+pub mod kafka;
 pub mod lease;
 pub mod metrics;
 pub mod ops;

@@ -311,6 +311,8 @@ async fn run(config: Config, options: RunOptions) -> Result<(), Error> {
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
             _ = term.recv() => tracing::info!("SIGTERM: stopping"),
         }
+        // A read waiting for another producer's transaction gives up at once: nothing waits on it now.
+        outbox_cdc::kafka::read::stop_waiting();
         trigger.trigger();
     });
     app::run(config, options, shutdown).await

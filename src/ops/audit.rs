@@ -53,14 +53,14 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::DefaultConsumerContext;
 use rdkafka::message::{Headers, Message};
-use rdkafka::{Offset, TopicPartitionList};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
-use crate::error::{classify_kafka, classify_mysql, Error, Result};
+use crate::error::{classify_mysql, Error, Result};
+use crate::kafka::read::{Starts, ToEnd, Until};
 use crate::ops::ids::IdColumn;
 use crate::outbox::{quote_ident, TableName};
 use crate::source::column_types::{text_sql, TypeFamily};
@@ -87,8 +87,6 @@ const LOOKUP_BATCH: usize = 500;
 const CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// A partition below its high watermark that yields nothing for this long fails the audit (transient).
 const STALL: Duration = Duration::from_secs(60);
-/// Timeout of metadata and watermark requests.
-const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What to audit.
 #[derive(Debug, Clone)]
@@ -616,43 +614,14 @@ fn read_kafka(
     limit: usize,
     quiet: Duration,
 ) -> Result<KafkaPass> {
-    let consumer: BaseConsumer =
-        config.create().map_err(|e| classify_kafka(&e).context("creating the audit's Kafka reader"))?;
-    let mut assignment = TopicPartitionList::new();
-    // (topic, partition) -> (high watermark at the start, next offset to read)
-    let mut ends: HashMap<(String, i32), (i64, i64)> = HashMap::new();
-    let mut estimate = 0u64;
-    for topic in topics {
-        let md = consumer
-            .fetch_metadata(Some(topic), KAFKA_TIMEOUT)
-            .map_err(|e| classify_kafka(&e).context(format_args!("metadata of topic {topic}")))?;
-        let Some(t) = md.topics().iter().find(|t| t.name() == topic) else { continue };
-        if t.error().is_some() {
-            tracing::warn!(topic, "topic does not exist: every row routed to it is missing");
-            continue;
-        }
-        for p in t.partitions() {
-            let (low, high) = consumer
-                .fetch_watermarks(topic, p.id(), KAFKA_TIMEOUT)
-                .map_err(|e| classify_kafka(&e).context(format_args!("watermarks of {topic}/{}", p.id())))?;
-            if high > low {
-                estimate += (high - low) as u64;
-                assignment
-                    .add_partition_offset(topic, p.id(), Offset::Beginning)
-                    .map_err(|e| classify_kafka(&e).context("assigning partitions"))?;
-                ends.insert((topic.clone(), p.id()), (high, low));
-            }
-        }
+    let until = Until { quiet, stall: STALL };
+    let mut reader = ToEnd::start(config, DefaultConsumerContext, topics, &Starts::new(), until, "the routed topics")?;
+    for topic in reader.missing() {
+        tracing::warn!(topic, "topic does not exist: every row routed to it is missing");
     }
     let mut pass = KafkaPass::default();
-    if ends.is_empty() {
-        return Ok(pass);
-    }
-    consumer.assign(&assignment).map_err(|e| classify_kafka(&e).context("assigning partitions"))?;
-    let progress = crate::progress::Progress::labelled("audit: kafka", "records", estimate, 0);
+    let progress = crate::progress::Progress::labelled("audit: kafka", "records", reader.estimate(), 0);
     let topic_index: HashMap<&str, usize> = topics.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
-    let mut last_record = Instant::now();
-    let mut reached_at: Option<Instant> = None;
     let mut done = false;
     while !done {
         let mut tx = db.begin_write().map_err(spill_error)?;
@@ -663,14 +632,10 @@ fn read_kafka(
             let mut last = tx.open_table(LAST).map_err(spill_error)?;
             let mut in_batch = 0;
             while in_batch < KAFKA_BATCH {
-                match consumer.poll(Duration::from_millis(100)) {
-                    Some(Ok(m)) => {
+                match reader.next_record()? {
+                    Some(m) => {
                         in_batch += 1;
                         pass.records += 1;
-                        last_record = Instant::now();
-                        if let Some(end) = ends.get_mut(&(m.topic().to_string(), m.partition())) {
-                            end.1 = end.1.max(m.offset() + 1);
-                        }
                         let id = m.headers().and_then(|h| {
                             h.iter()
                                 .find(|h| h.key == "id")
@@ -743,33 +708,10 @@ fn read_kafka(
                         let value = LastEntry { t: entry.t, id: id.to_string(), p: partition, o: offset, s: split };
                         last.insert(key.as_str(), encode(&value).as_slice()).map_err(spill_error)?;
                     }
-                    Some(Err(e)) => {
-                        return Err(classify_kafka(&e).context("reading the routed topics (run the audit again)"))
-                    }
-                    // Transactional topics (`exactly_once`) hold offsets no record is read at: commit markers,
-                    // and aborted records a read_committed consumer skips. The consumer's position moves past
-                    // them.
-                    None => advance_to_positions(&consumer, &mut ends),
-                }
-                let now = Instant::now();
-                let behind = ends.iter().find(|(_, (high, next))| next < high);
-                match behind {
                     None => {
-                        let reached = *reached_at.get_or_insert(now);
-                        // Quiet after the start's high watermarks: the end. A live topic keeps growing, so
-                        // stop anyway after ten quiet periods.
-                        if now - last_record >= quiet || now - reached >= quiet * 10 {
-                            done = true;
-                            break;
-                        }
+                        done = true;
+                        break;
                     }
-                    Some(((topic, partition), (high, next))) if now - last_record >= STALL => {
-                        return Err(Error::transient(format!(
-                            "reading {topic}/{partition}: no record for {STALL:?} at offset {next}, below the high \
-                             watermark {high} (run the audit again)"
-                        )));
-                    }
-                    Some(_) => {}
                 }
             }
         }
@@ -778,15 +720,6 @@ fn read_kafka(
     }
     progress.finish(pass.records);
     Ok(pass)
-}
-
-/// Moves each partition's next offset to the consumer's position where that is further.
-fn advance_to_positions(consumer: &BaseConsumer, ends: &mut HashMap<(String, i32), (i64, i64)>) {
-    for (topic, partition, at) in super::reading::consumer_positions(consumer) {
-        if let Some(end) = ends.get_mut(&(topic, partition)) {
-            end.1 = end.1.max(at);
-        }
-    }
 }
 
 /// Phase 3: missing and duplicated ids of the window.

@@ -11,7 +11,6 @@ pub mod check;
 pub mod ids;
 pub mod prune;
 pub mod quarantine;
-pub mod reading;
 pub mod release;
 pub mod replay;
 pub mod state;

@@ -31,17 +31,18 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::DefaultConsumerContext;
 use rdkafka::message::{Headers, Message};
-use rdkafka::{Offset, TopicPartitionList};
 
 use super::ids::IdColumn;
 use crate::checkpoint::{Store, Watermark};
 use crate::config::Config;
-use crate::error::{classify_kafka, Error, Result};
+use crate::error::{Error, Result};
+use crate::kafka::read::{Starts, ToEnd, Until};
 use crate::outbox::{quote_ident, TableName};
 use crate::poison::{Hold, PoisonKind};
 use crate::quarantine::{headers, payload_value, DeadLetter};
@@ -61,6 +62,8 @@ pub struct ReleaseReport {
     pub missing_first: Option<String>,
 }
 
+/// How long reading the dead-letter topic may make no progress, beyond the longest another producer's open
+/// transaction can hold it back.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the dead-letter topic must stay silent after its reported end before the read is complete.
 const QUIET: Duration = Duration::from_secs(1);
@@ -122,10 +125,11 @@ async fn release_from(
                 "no hold on aggregate {aggregate_type}/{aggregate_id}; `outbox-cdc quarantine list` shows the holds"
             ))
         })?;
-    let config_kafka = config.kafka.clone();
+    let cc = hold_reader_config(&config.kafka)?;
+    let stall = crate::kafka::read::transaction_max_timeout(&cc).await + READ_TIMEOUT;
     let topic = config.kafka.dead_letter_topic.clone();
     let hold_id = hold.hold_id.clone();
-    let read = tokio::task::spawn_blocking(move || read_hold(&config_kafka, &topic, &hold_id))
+    let read = tokio::task::spawn_blocking(move || read_hold(&cc, &topic, &hold_id, stall))
         .await
         .map_err(|e| Error::transient(format!("reading the dead-letter topic: {e}")))??;
     let mut report = ReleaseReport::default();
@@ -349,70 +353,21 @@ async fn payloads_from_table(config: &Config, letters: &[DeadLetter]) -> Result<
     Ok(payloads)
 }
 
-/// This hold's dead-letter records, in offset order, first occurrence of each event id.
-fn read_hold(config: &crate::config::KafkaConfig, topic: &str, hold_id: &str) -> Result<HoldRead> {
-    let mut cc = client_config(config)?;
-    cc.set("group.id", "outbox-cdc-quarantine-release")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "false");
-    let consumer: BaseConsumer = cc.create().map_err(|e| classify_kafka(&e))?;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .map_err(|e| classify_kafka(&e).context(format_args!("metadata of {topic}")))?;
-    let partitions = metadata.topics().iter().find(|t| t.name() == topic).map_or(0, |t| t.partitions().len());
-    let mut assignment = TopicPartitionList::new();
-    let mut remaining = 0usize;
-    let mut ends = Vec::new();
-    let mut log_starts = Vec::new();
-    for p in 0..partitions as i32 {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, p, Duration::from_secs(10))
-            .map_err(|e| classify_kafka(&e).context(format_args!("end offsets of {topic}")))?;
-        // Every partition is read, also one reported empty (see the NOTE below).
-        assignment.add_partition_offset(topic, p, Offset::Beginning).map_err(|e| classify_kafka(&e))?;
-        if high > low {
-            remaining += 1;
-        }
-        ends.push(high);
-        log_starts.push(low);
-    }
-    if partitions == 0 {
-        return Ok(HoldRead::default());
-    }
-    consumer.assign(&assignment).map_err(|e| classify_kafka(&e))?;
-    let mut done = vec![false; partitions];
+/// This hold's dead-letter records, in offset order, first occurrence of each event id, read to the
+/// topic's high watermark ([`crate::reading`]): another producer's open transaction on the shared
+/// dead-letter topic is waited out (at most `stall`), never taken for the end, or the release would lift a
+/// hold whose tail it never read and those events would never be republished.
+fn read_hold(cc: &ClientConfig, topic: &str, hold_id: &str, stall: Duration) -> Result<HoldRead> {
+    let until = Until { quiet: QUIET, stall };
+    let what = format!("the dead-letter topic {topic}");
+    let topics = [topic.to_string()];
+    let mut reader = ToEnd::start(cc, DefaultConsumerContext, &topics, &Starts::new(), until, what)?;
+    let log_starts = reader.log_starts().into_values().collect();
     let mut seen = HashSet::new();
     let mut letters = Vec::new();
     let mut first_at = None;
-    let deadline = Instant::now() + READ_TIMEOUT;
-    // NOTE: the end offsets are where reading may stop at the earliest; reading goes on until nothing more
-    // arrives for QUIET, because some brokers (Tansu's memory engine) report a partition's end too low, and
-    // a release that stopped early would lift the hold with held events never republished.
-    let mut quiet_since = Instant::now();
-    loop {
-        if Instant::now() >= deadline {
-            return Err(Error::transient(format!("reading {topic} did not reach its end within {READ_TIMEOUT:?}")));
-        }
-        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
-            // A transactional topic's last offsets may hold no record (a commit marker): the position says
-            // the partition is read.
-            for (_, partition, at) in super::reading::consumer_positions(&consumer) {
-                let p = partition as usize;
-                if p < done.len() && !done[p] && at >= ends[p] {
-                    done[p] = true;
-                    remaining -= 1;
-                }
-            }
-            if remaining == 0 && quiet_since.elapsed() >= QUIET {
-                break;
-            }
-            continue;
-        };
-        quiet_since = Instant::now();
-        let message = message.map_err(|e| classify_kafka(&e).context(format_args!("reading {topic}")))?;
-        let p = message.partition() as usize;
+    while let Some(message) = reader.next_record()? {
+        let p = message.partition();
         let header = |name: &str| {
             message.headers().and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value.map(<[u8]>::to_vec)))
         };
@@ -422,16 +377,22 @@ fn read_hold(config: &crate::config::KafkaConfig, topic: &str, hold_id: &str) ->
             })?;
             let id = letter.row.columns.get("id").and_then(|v| v.as_str()).unwrap_or_default().to_string();
             if seen.insert(id) {
-                first_at.get_or_insert((message.partition(), message.offset()));
+                first_at.get_or_insert((p, message.offset()));
                 letters.push(letter);
             }
         }
-        if message.offset() + 1 >= ends[p] && !done[p] {
-            done[p] = true;
-            remaining -= 1;
-        }
     }
     Ok(HoldRead { letters, log_starts, first_at })
+}
+
+/// The dead-letter reader's librdkafka settings: the connector's, `read_committed`, no group offsets.
+fn hold_reader_config(config: &crate::config::KafkaConfig) -> Result<ClientConfig> {
+    let mut cc = client_config(config)?;
+    cc.set("group.id", "outbox-cdc-quarantine-release")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed");
+    Ok(cc)
 }
 
 /// Human summary of holds for `quarantine list`.
