@@ -162,17 +162,39 @@ impl Checkpointer {
     }
 }
 
+/// How often the periodic writer looks for the run's first acknowledged transaction, which it writes at once.
+const FIRST_CHECK: Duration = Duration::from_millis(20);
+
 /// Returns only when a write failed.
+///
+/// The first acknowledged transaction after a start is written as soon as it is acknowledged, not an
+/// interval later: a connector that dies within an interval of every start (OOM-killed, a liveness probe
+/// too tight) would otherwise never move its checkpoint, and every restart would publish everything
+/// since the last one again. Each start so makes progress.
 async fn flush_every(checkpointer: Arc<Checkpointer>, watermark: Arc<Watermark>, interval: Duration) -> Result<()> {
+    let flush = |checkpointer: &Arc<Checkpointer>, watermark: &Arc<Watermark>| {
+        let (checkpointer, watermark) = (checkpointer.clone(), watermark.clone());
+        async move {
+            tokio::task::spawn_blocking(move || checkpointer.flush(&watermark))
+                .await
+                .map_err(|e| Error::transient(format!("the checkpoint writer failed: {e}")))?
+        }
+    };
+    let mut first = tokio::time::interval(FIRST_CHECK.min(interval));
+    loop {
+        first.tick().await;
+        let (mark, saved) = (watermark.mark(), checkpointer.saved());
+        if mark.is_some() && saved.is_some() && mark != saved {
+            flush(&checkpointer, &watermark).await?;
+            break;
+        }
+    }
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await; // the first tick is immediate
     loop {
         tick.tick().await;
-        let (checkpointer, watermark) = (checkpointer.clone(), watermark.clone());
-        tokio::task::spawn_blocking(move || checkpointer.flush(&watermark))
-            .await
-            .map_err(|e| Error::transient(format!("the checkpoint writer failed: {e}")))??;
+        flush(&checkpointer, &watermark).await?;
     }
 }
 

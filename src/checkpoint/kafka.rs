@@ -13,6 +13,7 @@
 //! | `<name>/hold/<aggregate_type>\0<id>`  | a hold                 |
 //! | `<name>/poison/<event id>`            | a known poison event   |
 //! | `<name>/last_error`                   | the last error         |
+//! | `<name>/producers`                    | the transactional ids of the last start |
 //!
 //! A removed hold or poison event is a tombstone. Compaction keeps the newest record of each key; a
 //! reader replays the topic in offset order, so the newest wins before compaction too.
@@ -43,13 +44,13 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::{Offset, TopicPartitionList};
 use serde::de::DeserializeOwned;
 
 use super::records::{hold_key, Inspection, LastError};
 use super::Checkpoint;
 use crate::config::Config;
 use crate::error::{classify_kafka, Error, Result};
+use crate::kafka::read::{Starts, ToEnd, Until};
 use crate::poison::{Hold, KnownPoison};
 
 /// How long a state write (one transaction) or the read at start may take before it fails as transient.
@@ -62,6 +63,17 @@ struct State {
     holds: BTreeMap<String, Hold>,
     poison: BTreeMap<String, KnownPoison>,
     last_error: Option<LastError>,
+    producers: Option<Producers>,
+}
+
+/// The transactional ids of the connector's last start (`<name>/producers`): the next start fences them
+/// when its own differ ([`KafkaStore::fence_earlier_producers`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Producers {
+    /// `[delivery] transactional_id`: the event producer's id (with exactly_once), and with `.state` the
+    /// state writer's.
+    transactional_id: String,
+    exactly_once: bool,
 }
 
 /// The state of one connector in a compacted Kafka topic.
@@ -71,6 +83,8 @@ pub struct KafkaStore {
     /// `None` when opened to read only (`status`, `quarantine list`).
     writer: Option<ThreadedProducer<DefaultProducerContext>>,
     state: Mutex<State>,
+    /// Where the last read of the topic ended, per partition ([`KafkaStore::catch_up`] reads on from there).
+    read_to: Mutex<Starts>,
     /// Serialises writes: a transaction at a time.
     write_lock: Mutex<()>,
 }
@@ -89,7 +103,7 @@ impl KafkaStore {
     /// Transient when the broker cannot be reached; definite when the topic is not compacted, may not be
     /// created, or holds records this build cannot read.
     pub async fn open(config: &Config) -> Result<KafkaStore> {
-        let partitions = ensure_topic(config).await?;
+        ensure_topic(config).await?;
         let started = Instant::now();
         let writer = init(writer(config)?, "the state writer");
         let writer = match config.exactly_once() {
@@ -105,14 +119,84 @@ impl KafkaStore {
             false => writer.await?,
         };
         tracing::debug!(ms = started.elapsed().as_millis() as u64, "older writers fenced");
-        let state = read(config, partitions).await?;
-        Ok(KafkaStore {
+        let (state, read_to) = read(config, State::default(), Starts::new()).await?;
+        let store = KafkaStore {
             topic: config.state.topic.clone(),
             name: config.state.name.clone(),
             writer: Some(writer),
             state: Mutex::new(state),
+            read_to: Mutex::new(read_to),
             write_lock: Mutex::new(()),
-        })
+        };
+        store.fence_earlier_producers(config).await?;
+        Ok(store)
+    }
+
+    /// Fences the producers of the connector's last start when their ids differ from this one's, then
+    /// records this start's. The fences above cover only the ids the config names now: a changed (or
+    /// per-pod) `transactional_id` would leave the previous producer able to commit, and switching from
+    /// exactly_once to at_least_once would leave its event producer's transaction open. After fencing, the
+    /// state is read on from where it was read, so a commit those producers made before the fence counts.
+    async fn fence_earlier_producers(&self, config: &Config) -> Result<()> {
+        let now =
+            Producers { transactional_id: config.transactional_id().to_string(), exactly_once: config.exactly_once() };
+        let before = self.lock().producers.clone();
+        if before.as_ref() == Some(&now) {
+            return Ok(());
+        }
+        if let Some(before) = &before {
+            let mut ids = Vec::new();
+            if before.transactional_id != now.transactional_id {
+                ids.push(format!("{}.state", before.transactional_id));
+            }
+            if before.exactly_once && (!now.exactly_once || before.transactional_id != now.transactional_id) {
+                ids.push(before.transactional_id.clone());
+            }
+            for id in &ids {
+                tracing::info!(
+                    id,
+                    "fencing the producer of the connector's previous start (its transactional id changed)"
+                );
+                drop(init(transactional(config, id)?, "the previous start's producer").await?);
+            }
+            if !ids.is_empty() {
+                let starts = self.read_to.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let current = self.lock().clone();
+                let (state, read_to) = read(config, current, starts).await?;
+                *self.lock() = state;
+                *self.read_to.lock().unwrap_or_else(|p| p.into_inner()) = read_to;
+            }
+        }
+        let json = serde_json::to_vec(&now).expect("serializes");
+        self.write(vec![(format!("{}/producers", self.name), Some(json))])?;
+        self.lock().producers = Some(now);
+        Ok(())
+    }
+
+    /// Reads what was committed to the state topic since [`KafkaStore::open`] read it, once the producer
+    /// that will commit this run's checkpoints has started (`exactly_once`: its `init_transactions` fenced
+    /// every older producer with its id). The fence in `open` is a producer of its own, dropped before
+    /// the run's starts: another instance (a split brain the lease cannot see) may have committed in
+    /// between, and a run planned from the older read would publish again what that one committed.
+    ///
+    /// # Errors
+    /// Transient when the checkpoint moved since `open` (the run starts again from the newer one) or the
+    /// broker cannot be reached.
+    pub async fn catch_up(&self, config: &Config) -> Result<()> {
+        let (before, starts) = (self.lock().clone(), self.read_to.lock().unwrap_or_else(|p| p.into_inner()).clone());
+        let (after, read_to) = read(config, before.clone(), starts).await?;
+        let json = |c: &Option<Checkpoint>| c.as_ref().map(|c| serde_json::to_vec(c).expect("checkpoint serializes"));
+        let moved = json(&before.checkpoint) != json(&after.checkpoint);
+        *self.lock() = after;
+        *self.read_to.lock().unwrap_or_else(|p| p.into_inner()) = read_to;
+        if moved {
+            return Err(Error::transient(format!(
+                "the checkpoint of connector {:?} in {} moved while this instance started: another instance \
+                 committed after this one read it (it is fenced now). Starting again from the newer checkpoint",
+                self.name, self.topic
+            )));
+        }
+        Ok(())
     }
 
     /// Reads the connector's committed state without writing or fencing anything (`status`, `check`,
@@ -121,11 +205,10 @@ impl KafkaStore {
     /// # Errors
     /// Transient when the broker cannot be reached; definite for unreadable records.
     pub async fn inspect(config: &Config) -> Result<Option<Inspection>> {
-        let partitions = topic_partitions(config).await?;
-        if partitions == 0 {
+        if topic_partitions(config).await? == 0 {
             return Ok(None);
         }
-        let state = read(config, partitions).await?;
+        let (state, _) = read(config, State::default(), Starts::new()).await?;
         Ok(Some(Inspection {
             checkpoint: state.checkpoint,
             holds: state.holds.into_values().collect(),
@@ -148,7 +231,8 @@ impl KafkaStore {
         &self.topic
     }
 
-    pub(super) fn load(&self) -> Option<Checkpoint> {
+    /// The checkpoint as last read or committed.
+    pub fn load(&self) -> Option<Checkpoint> {
         self.lock().checkpoint.clone()
     }
 
@@ -183,6 +267,15 @@ impl KafkaStore {
         self.write(records)?;
         let mut state = self.lock();
         state.holds.remove(&key);
+        for id in event_ids {
+            state.poison.remove(id);
+        }
+        Ok(())
+    }
+
+    pub(super) fn forget_known_poison(&self, event_ids: &[String]) -> Result<()> {
+        self.write(event_ids.iter().map(|id| (format!("{}/poison/{id}", self.name), None)).collect())?;
+        let mut state = self.lock();
         for id in event_ids {
             state.poison.remove(id);
         }
@@ -312,9 +405,11 @@ async fn ensure_topic(config: &Config) -> Result<usize> {
                  --config cleanup.policy=compact --config retention.ms=-1)"
             )));
         }
-        let new_topic = NewTopic::new(topic, 1, TopicReplication::Fixed(config.kafka.topic_replication_factor))
-            .set("cleanup.policy", "compact")
-            .set("retention.ms", "-1");
+        let settings = topic_settings(config);
+        let mut new_topic = NewTopic::new(topic, 1, TopicReplication::Fixed(config.kafka.topic_replication_factor));
+        for (key, value) in &settings {
+            new_topic = new_topic.set(key, value);
+        }
         let results = admin.create_topics([&new_topic], &options).await.map_err(|e| classify_kafka(&e))?;
         for result in results {
             match result {
@@ -327,12 +422,14 @@ async fn ensure_topic(config: &Config) -> Result<usize> {
                 }
             }
         }
-        tracing::info!(topic, "created the state topic (compacted)");
+        tracing::info!(topic, ?settings, "created the state topic (compacted)");
     }
     let resource = ResourceSpecifier::Topic(topic);
     if let Ok(results) = admin.describe_configs([&resource], &options).await {
         if let Some(Ok(described)) = results.into_iter().next() {
-            if let Some(policy) = described.get("cleanup.policy").and_then(|e| e.value.as_deref()) {
+            let described: BTreeMap<String, String> =
+                described.entries.into_iter().filter_map(|e| Some((e.name, e.value?))).collect();
+            if let Some(policy) = described.get("cleanup.policy") {
                 if !policy.split(',').any(|p| p.trim() == "compact") || policy.contains("delete") {
                     return Err(Error::definite(format!(
                         "the state topic {topic:?} has cleanup.policy = {policy}: its records would expire and the \
@@ -341,73 +438,136 @@ async fn ensure_topic(config: &Config) -> Result<usize> {
                     )));
                 }
             }
+            for advice in topic_advice(topic, &described, &topic_settings(config)) {
+                tracing::warn!("{advice}");
+            }
         }
     }
     Ok(partitions)
 }
 
-/// Reads the connector's records from every partition of the state topic, from the beginning to the end,
-/// `read_committed`.
-async fn read(config: &Config, partitions: usize) -> Result<State> {
+/// Kafka never compacts a partition's active segment, and by default rolls it only after 7 days or 1 GiB:
+/// a state topic created with the defaults grows by every checkpoint for a week, and every start and every
+/// failover reads all of it. These keep what a start reads to about an hour of writes plus one record per
+/// key, as Kafka Streams' and Connect's compacted topics are kept in practice.
+const COMPACTION: &[(&str, &str)] = &[
+    ("segment.ms", "3600000"),
+    ("segment.bytes", "16777216"),
+    ("min.cleanable.dirty.ratio", "0.1"),
+    // How long a tombstone (a released hold) stays readable after compaction: a reader slower than this
+    // could miss it.
+    ("delete.retention.ms", "86400000"),
+];
+
+/// The configs the state topic is created with: `kafka.topic_config` (its durability settings, e.g.
+/// `min.insync.replicas`, apply to the checkpoints as to the events they cover: a checkpoint must not be
+/// lost where its events survive), then compaction for good ([`COMPACTION`]) over it.
+fn topic_settings(config: &Config) -> BTreeMap<String, String> {
+    let mut settings = config.kafka.topic_config.clone();
+    settings.retain(|k, _| !matches!(k.as_str(), "retention.ms" | "retention.bytes" | "cleanup.policy"));
+    settings.insert("cleanup.policy".into(), "compact".into());
+    settings.insert("retention.ms".into(), "-1".into());
+    for (key, value) in COMPACTION {
+        settings.insert((*key).into(), (*value).into());
+    }
+    settings
+}
+
+/// What an existing state topic lacks of `wanted` ([`topic_settings`]): segments that keep it large (what
+/// every start reads grows), a weaker `min.insync.replicas` than the events'. Each with the command that fixes it.
+fn topic_advice(topic: &str, described: &BTreeMap<String, String>, wanted: &BTreeMap<String, String>) -> Vec<String> {
+    let number = |map: &BTreeMap<String, String>, key: &str| map.get(key).and_then(|v| v.parse::<f64>().ok());
+    let mut fix = Vec::new();
+    for key in ["segment.ms", "segment.bytes", "min.cleanable.dirty.ratio"] {
+        if let (Some(has), Some(want)) = (number(described, key), number(wanted, key)) {
+            // Up to 24 times ours is still fine (a day of segments); only a topic left at Kafka's defaults is not.
+            let limit = if key == "min.cleanable.dirty.ratio" { 0.5 } else { want * 24.0 };
+            if has > limit {
+                fix.push(format!("{key}={}", wanted[key]));
+            }
+        }
+    }
+    let mut advice = Vec::new();
+    if !fix.is_empty() {
+        advice.push(format!(
+            "the state topic {topic:?} keeps its records uncompacted for long ({}): Kafka never compacts the active \
+             segment, so every start and every failover reads all that accumulated. Fix: kafka-configs --alter \
+             --entity-type topics --entity-name {topic} --add-config {}",
+            fix.iter()
+                .map(|f| f.split('=').next().unwrap_or_default())
+                .map(|k| format!("{k} = {}", described[k]))
+                .collect::<Vec<_>>()
+                .join(", "),
+            fix.join(",")
+        ));
+    }
+    if let (Some(has), Some(want)) = (number(described, "min.insync.replicas"), number(wanted, "min.insync.replicas")) {
+        if has < want {
+            advice.push(format!(
+                "the state topic {topic:?} has min.insync.replicas = {has}, below the events' {want} \
+                 (kafka.topic_config): a checkpoint could be lost where the events it covers survive. Fix: \
+                 kafka-configs --alter --entity-type topics --entity-name {topic} --add-config min.insync.replicas={want}"
+            ));
+        }
+    }
+    advice
+}
+
+/// The state topic's client settings for reading: `read_committed`, in large fetches (a state topic that
+/// compaction has not yet shrunk can hold many records).
+fn reader_config(config: &Config) -> Result<rdkafka::ClientConfig> {
     let mut cc = config.kafka.client_config()?;
     cc.set("group.id", format!("{}.state-reader", config.state.name))
         .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed")
-        .set("fetch.wait.max.ms", "50");
-    let (topic, name) = (config.state.topic.clone(), config.state.name.clone());
-    tokio::task::spawn_blocking(move || read_blocking(cc, &topic, &name, partitions))
-        .await
-        .map_err(|e| Error::transient(format!("reading the state topic failed: {e}")))?
+        .set("fetch.wait.max.ms", "50")
+        .set("fetch.max.bytes", "52428800")
+        .set("max.partition.fetch.bytes", "16777216");
+    Ok(cc)
 }
 
-/// The state reader's context: the end of a partition is how the reader knows it is done, not an error
-/// worth librdkafka's "Global error" line at every start.
+/// Reads the connector's records from every partition of the state topic, from `starts` (the beginning
+/// where none is given) to the high watermarks the topic has now (see [`crate::reading`]), `read_committed`,
+/// applying them to `state`. Returns where each partition was read to.
+///
+/// A transaction another producer left open on the topic (a connector sharing it, killed mid-transaction)
+/// holds the read back until the broker ends it: the read waits, bounded by the broker's
+/// `transaction.max.timeout.ms`, and logs why. Stopping at the first end-of-partition instead would miss
+/// every checkpoint committed after that transaction.
+async fn read(config: &Config, mut state: State, starts: Starts) -> Result<(State, Starts)> {
+    let cc = reader_config(config)?;
+    let stall = crate::kafka::read::transaction_max_timeout(&cc).await + STATE_TIMEOUT;
+    let (topic, name) = (config.state.topic.clone(), config.state.name.clone());
+    tokio::task::spawn_blocking(move || {
+        let until = Until { quiet: Duration::ZERO, stall };
+        let what = format!("the state topic {topic}");
+        let mut reader = ToEnd::start(&cc, StateReader, std::slice::from_ref(&topic), &starts, until, what)?;
+        let prefix = format!("{name}/");
+        let started = Instant::now();
+        while let Some(message) = reader.next_record()? {
+            let Some(key) = message.key().and_then(|k| std::str::from_utf8(k).ok()) else { continue };
+            let Some(key) = key.strip_prefix(&prefix) else { continue };
+            let at = (message.partition(), message.offset());
+            apply(&mut state, key, message.payload())
+                .map_err(|e| e.context(format_args!("state topic {topic}, partition {}, offset {}", at.0, at.1)))?;
+        }
+        tracing::debug!(records = reader.records(), ms = started.elapsed().as_millis() as u64, "state topic read");
+        Ok((state, reader.positions()))
+    })
+    .await
+    .map_err(|e| Error::transient(format!("reading the state topic failed: {e}")))?
+}
+
+/// The state reader's context: librdkafka's errors go to the log as warnings.
 struct StateReader;
 
 impl rdkafka::ClientContext for StateReader {
     fn error(&self, error: KafkaError, reason: &str) {
-        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
-            tracing::warn!(target: "librdkafka", %error, "{reason}");
-        }
+        tracing::warn!(target: "librdkafka", %error, "{reason}");
     }
 }
 
 impl rdkafka::consumer::ConsumerContext for StateReader {}
-
-fn read_blocking(cc: rdkafka::ClientConfig, topic: &str, name: &str, partitions: usize) -> Result<State> {
-    let consumer: BaseConsumer<StateReader> = cc.create_with_context(StateReader).map_err(|e| classify_kafka(&e))?;
-    let mut assignment = TopicPartitionList::new();
-    for p in 0..partitions as i32 {
-        assignment.add_partition_offset(topic, p, Offset::Beginning).expect("valid offset");
-    }
-    consumer.assign(&assignment).map_err(|e| classify_kafka(&e))?;
-    let prefix = format!("{name}/");
-    let mut state = State::default();
-    let mut at_end = vec![false; partitions];
-    let deadline = Instant::now() + STATE_TIMEOUT;
-    while at_end.iter().any(|done| !done) {
-        if Instant::now() >= deadline {
-            return Err(Error::transient(format!(
-                "reading the state topic {topic} did not reach its end within {STATE_TIMEOUT:?} (an open \
-                 transaction of another writer holds it back, or the broker is slow)"
-            )));
-        }
-        match consumer.poll(Duration::from_millis(200)) {
-            None => {}
-            Some(Err(KafkaError::PartitionEOF(p))) => at_end[p as usize] = true,
-            Some(Err(e)) => return Err(classify_kafka(&e).context(format_args!("reading the state topic {topic}"))),
-            Some(Ok(message)) => {
-                at_end[message.partition() as usize] = false;
-                let Some(key) = message.key().and_then(|k| std::str::from_utf8(k).ok()) else { continue };
-                let Some(key) = key.strip_prefix(&prefix) else { continue };
-                apply(&mut state, key, message.payload())
-                    .map_err(|e| e.context(format_args!("state topic {topic}, offset {}", message.offset())))?;
-            }
-        }
-    }
-    Ok(state)
-}
 
 /// Applies one record (key without the connector prefix; `None`: a tombstone) to `state`.
 fn apply(state: &mut State, key: &str, value: Option<&[u8]>) -> Result<()> {
@@ -423,6 +583,8 @@ fn apply(state: &mut State, key: &str, value: Option<&[u8]>) -> Result<()> {
         state.checkpoint = value.map(|v| parse(key, v)).transpose()?;
     } else if key == "last_error" {
         state.last_error = value.map(|v| parse(key, v)).transpose()?;
+    } else if key == "producers" {
+        state.producers = value.map(|v| parse(key, v)).transpose()?;
     } else if let Some(hold) = key.strip_prefix("hold/") {
         match value {
             Some(v) => drop(state.holds.insert(hold.to_string(), parse(key, v)?)),
@@ -443,6 +605,38 @@ mod tests {
 
     /// The newest record of a key wins, a tombstone removes, unknown keys of this connector are skipped
     /// (a newer build's), and an unreadable known record stops the connector.
+    /// The state topic is created to stay small (what every start reads), with the events' durability; an
+    /// existing one left at Kafka's defaults, or weaker than the events, is warned about with the fix.
+    #[test]
+    fn the_state_topic_stays_small_and_as_durable_as_the_events() {
+        let mut config = Config::parse(
+            "[source]\nhost = \"h\"\nuser = \"u\"\npassword = \"p\"\nserver_id = 7\n[outbox]\ntable = \"s.o\"\n\
+             [kafka]\nbootstrap_servers = \"b:9092\"\n[kafka.topic_config]\n\"min.insync.replicas\" = \"2\"\n\
+             \"retention.ms\" = \"604800000\"\n",
+        )
+        .unwrap();
+        config.state.backend = crate::config::StateBackend::Kafka;
+        let wanted = topic_settings(&config);
+        let get = |k: &str| wanted.get(k).map(String::as_str);
+        assert_eq!((get("cleanup.policy"), get("retention.ms")), (Some("compact"), Some("-1")));
+        assert_eq!((get("segment.ms"), get("min.insync.replicas")), (Some("3600000"), Some("2")));
+
+        let defaults: BTreeMap<String, String> = [
+            ("segment.ms", "604800000"),
+            ("segment.bytes", "1073741824"),
+            ("min.cleanable.dirty.ratio", "0.5"),
+            ("min.insync.replicas", "1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let advice = topic_advice("st", &defaults, &wanted);
+        assert_eq!(advice.len(), 2, "{advice:?}");
+        assert!(advice[0].contains("--add-config segment.ms=3600000,segment.bytes=16777216"), "{}", advice[0]);
+        assert!(advice[1].contains("min.insync.replicas=2"), "{}", advice[1]);
+        assert!(topic_advice("st", &wanted, &wanted).is_empty(), "as created: nothing to say");
+    }
+
     #[test]
     fn records_replay_in_offset_order() {
         let mut state = State::default();

@@ -134,6 +134,17 @@ pub fn copy_into(from: &store::Inspection, to: &Store) -> crate::error::Result<(
     for poison in &from.known_poison {
         to.add_known_poison(poison)?;
     }
+    // The target mirrors the source: a hold released on one side and left on the other would dead-letter
+    // its aggregate's events again, and the next release would publish them a second time.
+    let kept: std::collections::HashSet<_> = from.holds.iter().map(|h| (&h.aggregate_type, &h.aggregate_id)).collect();
+    for hold in to.holds()? {
+        if !kept.contains(&(&hold.aggregate_type, &hold.aggregate_id)) {
+            to.remove_hold(&hold, &[])?;
+        }
+    }
+    let known: std::collections::HashSet<_> = from.known_poison.iter().map(|p| &p.id).collect();
+    let gone: Vec<String> = to.known_poison()?.into_iter().map(|p| p.id).filter(|id| !known.contains(id)).collect();
+    to.forget_known_poison(&gone)?;
     // Last: a copy cut short leaves the target without a checkpoint rather than one without its holds.
     if let Some(checkpoint) = &from.checkpoint {
         to.save(checkpoint)?;

@@ -248,6 +248,26 @@ impl Store {
         }
     }
 
+    /// Forgets known-poison events (`state copy` mirroring a source that no longer has them).
+    ///
+    /// # Errors
+    /// A definite error when the write fails.
+    pub fn forget_known_poison(&self, event_ids: &[String]) -> Result<()> {
+        if event_ids.is_empty() {
+            return Ok(());
+        }
+        match &self.backend {
+            Backend::Local(l) => l.write(|tx| {
+                let mut poison = tx.open_table(KNOWN_POISON)?;
+                for id in event_ids {
+                    poison.remove(id.as_str())?;
+                }
+                Ok(())
+            }),
+            Backend::Kafka(k) => k.forget_known_poison(event_ids),
+        }
+    }
+
     /// Events the broker refused for good.
     ///
     /// # Errors
@@ -527,6 +547,42 @@ mod tests {
         }
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(store.load().unwrap(), Some(checkpoint(200)));
+    }
+
+    /// Guards against `state copy` leaving in the target a hold the source had released: its events would
+    /// go to the dead-letter topic again and the next release would republish them a second time.
+    #[test]
+    fn a_copy_mirrors_the_source_holds_and_known_poison() {
+        let hold = |id: &str| crate::poison::Hold {
+            aggregate_type: "order".into(),
+            aggregate_id: id.into(),
+            hold_id: format!("h-{id}"),
+            kind: crate::poison::PoisonKind::Undecodable,
+            reason: "r".into(),
+            origin: "o".into(),
+            held_at_ms: 1,
+            first_event: None,
+            start: None,
+        };
+        let poison = |id: &str| KnownPoison { id: id.into(), message: "m".into() };
+        let dir = tempfile::tempdir().unwrap();
+        let target = Store::open(dir.path()).unwrap();
+        target.put_hold(&hold("released")).unwrap();
+        target.put_hold(&hold("kept")).unwrap();
+        target.add_known_poison(&poison("e-released")).unwrap();
+        let from = Inspection {
+            checkpoint: Some(checkpoint(300)),
+            holds: vec![hold("kept"), hold("new")],
+            last_error: None,
+            known_poison: vec![poison("e-new")],
+        };
+        crate::checkpoint::copy_into(&from, &target).unwrap();
+        let mut held: Vec<String> = target.holds().unwrap().into_iter().map(|h| h.aggregate_id).collect();
+        held.sort();
+        assert_eq!(held, ["kept", "new"]);
+        let known: Vec<String> = target.known_poison().unwrap().into_iter().map(|p| p.id).collect();
+        assert_eq!(known, ["e-new"]);
+        assert_eq!(target.load().unwrap(), Some(checkpoint(300)));
     }
 
     #[test]

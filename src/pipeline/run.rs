@@ -76,7 +76,10 @@ impl<'a> Run<'a> {
                     max_bytes: config.delivery.transaction_max_bytes,
                 };
                 checkpointer.write_in_transactions();
-                KafkaSink::transactional(&config.kafka, watermark.clone(), settings).await?
+                let sink = KafkaSink::transactional(&config.kafka, watermark.clone(), settings).await?;
+                // The producer that commits has fenced now: what was read before it did may be stale.
+                state.catch_up(config).await?;
+                sink
             }
             (true, None) => {
                 return Err(Error::definite("delivery.guarantee = \"exactly_once\" needs [state] backend = \"kafka\""))
