@@ -1006,6 +1006,21 @@ pub enum Guarantee {
 }
 
 impl Config {
+    /// What makes two connectors of one `state.name` the same connector: the outbox tables, the topic
+    /// template, the broker and the state topic. The lease's holder announces it
+    /// ([`crate::lease::Lease::acquire_as`]) so that a standby of another connector can tell.
+    pub fn fingerprint(&self) -> u32 {
+        let tables: Vec<String> = self.tables().iter().map(ToString::to_string).collect();
+        let text = format!(
+            "{}\n{}\n{}\n{}",
+            tables.join(","),
+            self.kafka.topic,
+            self.kafka.bootstrap_servers,
+            self.state.topic
+        );
+        crc32fast::hash(text.as_bytes())
+    }
+
     /// `delivery.transactional_id`, or `state.name`.
     pub fn transactional_id(&self) -> &str {
         self.delivery.transactional_id.as_deref().unwrap_or(&self.state.name)
@@ -1284,7 +1299,25 @@ impl Config {
     }
 }
 
+/// `transaction.timeout.ms` unless configured: how long a Kafka transaction may stay open (the broker's
+/// `transaction.max.timeout.ms`, 15 minutes by default, caps it).
+pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
+
 impl KafkaConfig {
+    /// The event producer's `transaction.timeout.ms` (`exactly_once`): `properties."transaction.timeout.ms"`,
+    /// else [`DEFAULT_TRANSACTION_TIMEOUT_MS`].
+    ///
+    /// # Errors
+    /// A definite error when the property is not a number.
+    pub fn transaction_timeout_ms(&self) -> Result<u64> {
+        match self.properties.get("transaction.timeout.ms") {
+            Some(v) => v.trim().parse::<u64>().map_err(|_| {
+                Error::definite(format!("kafka.properties.\"transaction.timeout.ms\" = {v:?} is not a number"))
+            }),
+            None => Ok(DEFAULT_TRANSACTION_TIMEOUT_MS),
+        }
+    }
+
     /// The librdkafka configuration every Kafka client starts from: the producer, the admin client, the
     /// state store's clients, and the consumers of `audit` and `quarantine release`; with the secrets of
     /// `properties_env` and `properties_file` read ([`KafkaConfig::resolved_properties`]).
@@ -1520,6 +1553,12 @@ impl ConfigFile {
         if delivery.transactional_id.as_deref().is_some_and(|id| id.is_empty() || id.len() > 249) {
             return Err(Error::definite("delivery.transactional_id must be 1 to 249 characters"));
         }
+        if state.checkpoint_interval_ms == 0 {
+            return Err(Error::definite(
+                "state.checkpoint_interval_ms must be at least 1: it is the period of the checkpoint writer (with \
+                 exactly_once, of the Kafka commits)",
+            ));
+        }
         if !(2_000..=600_000).contains(&delivery.failover_timeout_ms) {
             return Err(Error::definite("delivery.failover_timeout_ms must be between 2000 and 600000"));
         }
@@ -1551,6 +1590,17 @@ impl ConfigFile {
                     "delivery.guarantee = \"exactly_once\" needs [state] backend = \"kafka\": the checkpoint is \
                      written in the same Kafka transaction as the events it covers",
                 ));
+            }
+            let timeout_ms = self.kafka.transaction_timeout_ms()?;
+            if state.checkpoint_interval_ms.saturating_mul(2) > timeout_ms {
+                return Err(Error::definite(format!(
+                    "state.checkpoint_interval_ms = {} is more than half of kafka.properties.\"transaction.timeout.ms\" \
+                     = {timeout_ms}: a transaction stays open about one interval and then commits, and the broker \
+                     aborts one that stays open longer than that timeout, so the commits would fail (at or above \
+                     it, none would ever succeed). Lower the interval, or raise the timeout (at most the broker's \
+                     transaction.max.timeout.ms, 15 minutes by default)",
+                    state.checkpoint_interval_ms
+                )));
             }
         }
         Ok(())
@@ -2125,6 +2175,32 @@ mod tests {
         assert!(with("[delivery]\nfailover_timeout_ms = 500").unwrap_err().to_string().contains("failover_timeout_ms"));
         let err = with("[kafka.properties]\n\"transactional.id\" = \"x\"").unwrap_err().to_string();
         assert!(err.contains("[delivery] transactional_id"), "{err}");
+    }
+
+    /// Settings that would silently break the commits: each refused with what to change.
+    #[test]
+    fn settings_that_break_the_commits_are_refused() {
+        let eos = "[delivery]\nguarantee = \"exactly_once\"\n[state]\nbackend = \"kafka\"\n";
+        let with = |extra: &str| Config::parse(&format!("{MINIMAL}\n{extra}"));
+        let refusals: &[(String, &str)] = &[
+            // The periodic writer's timer panicked on a zero period, and the run restarted for ever.
+            ("[state]\ncheckpoint_interval_ms = 0".into(), "at least 1"),
+            // At or above the transaction timeout nothing ever commits.
+            (format!("{eos}checkpoint_interval_ms = 60000"), "more than half"),
+            (
+                format!(
+                    "{eos}checkpoint_interval_ms = 2000\n[kafka.properties]\n\"transaction.timeout.ms\" = \"3000\""
+                ),
+                "more than half",
+            ),
+            (format!("{eos}[kafka.properties]\n\"transaction.timeout.ms\" = \"soon\""), "not a number"),
+        ];
+        for (extra, expected) in refusals {
+            let err = with(extra).unwrap_err();
+            assert!(err.is_definite() && err.to_string().contains(expected), "{extra}: {err}");
+        }
+        with(&format!("{eos}checkpoint_interval_ms = 30000")).expect("half of the default timeout");
+        with("[state]\ncheckpoint_interval_ms = 60000").expect("at_least_once has no transaction timeout");
     }
 
     #[test]

@@ -294,6 +294,14 @@ pub fn classify_kafka(err: &rdkafka::error::KafkaError) -> Error {
             ))
         }
         K::ClientCreation(_) => Error::definite(format!("Kafka client configuration: {text}")),
+        K::Transaction(_) if err.rdkafka_error_code() == Some(C::InvalidTransactionTimeout) => {
+            Error::definite(format!(
+                "Kafka: {text}. kafka.properties.\"transaction.timeout.ms\" is above the broker's \
+             transaction.max.timeout.ms (15 minutes unless the broker sets it): lower it to at most that, or raise \
+             the broker's limit"
+            ))
+        }
+        K::Transaction(_) if is_fenced(err) => fenced_transaction(format_args!("Kafka: {text}")),
         K::Transaction(_)
             if matches!(err.rdkafka_error_code(), Some(C::UnsupportedFeature | C::UnsupportedVersion)) =>
         {
@@ -322,6 +330,20 @@ pub fn classify_kafka(err: &rdkafka::error::KafkaError) -> Error {
 pub fn is_fenced(err: &rdkafka::error::KafkaError) -> bool {
     use rdkafka::types::RDKafkaErrorCode as C;
     matches!(err.rdkafka_error_code(), Some(C::Fenced | C::ProducerFenced | C::InvalidProducerEpoch))
+}
+
+/// The error of a transactional producer that was fenced: a newer instance with its `transactional.id`
+/// started (it took over), or the transaction stayed open past `transaction.timeout.ms` and the broker's
+/// coordinator aborted it (and bumped the producer's epoch). Transient, and not a producer fault: unlike a
+/// broker that keeps refusing a producer's sequence numbers, it says nothing about lost partitions, so it
+/// is not counted towards the connector's stop after repeated fatal producer errors.
+pub fn fenced_transaction(what: impl fmt::Display) -> Error {
+    Error::transient(format!(
+        "{what}: this producer's Kafka transaction was ended by the broker. Either another instance with the same \
+         transactional.id started (it took over; this one stops), or the transaction stayed open longer than \
+         transaction.timeout.ms and the broker aborted it (a stalled run: look for a broker or network pause). \
+         Nothing of it is visible; the run restarts from the last committed checkpoint with a new producer"
+    ))
 }
 
 /// Errors with which the idempotent producer gives up: a fatal error, or a delivery failed because the

@@ -48,6 +48,7 @@ use crate::checkpoint::{TxId, Watermark};
 use crate::config::KafkaConfig;
 use crate::error::{classify_kafka, is_record_refusal, is_size_refusal, Error, Result};
 use crate::health::health;
+use crate::lease::Holding;
 use crate::metrics::metrics;
 use crate::router::KafkaRecord;
 
@@ -77,6 +78,9 @@ struct SinkContext {
     topic_limits: RwLock<HashMap<String, Option<usize>>>,
     /// The largest batch of several records the producer builds (`min(batch.size, message.max.bytes)`).
     batch_limit_bytes: usize,
+    /// Whether the producer is transactional: a fenced epoch is then a takeover or a transaction the broker
+    /// timed out ([`crate::error::fenced_transaction`]), not a producer fault.
+    transactional: bool,
 }
 
 impl SinkContext {
@@ -96,6 +100,18 @@ impl SinkContext {
         unsafe {
             rdkafka::bindings::rd_kafka_purge(native, flags);
         }
+    }
+
+    /// The code of the producer's fatal error, once it has one (its deliveries then fail with `_FATAL`).
+    fn fatal_cause(&self) -> Option<RDKafkaErrorCode> {
+        let native = self.native.load(Ordering::Acquire);
+        if native.is_null() {
+            return None;
+        }
+        // SAFETY: as in `purge_queue`; rd_kafka_fatal_error may be called from any thread, and a null
+        // buffer of size 0 asks for the code only.
+        let code = unsafe { rdkafka::bindings::rd_kafka_fatal_error(native, std::ptr::null_mut(), 0) };
+        (code != rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR).then(|| code.into())
     }
 
     /// Records a failed delivery: the first one freezes the watermark, stops the sink and purges the queue,
@@ -169,6 +185,12 @@ impl ProducerContext for SinkContext {
                 m.produce_error(&code.map_or_else(|| "Unknown".to_string(), |c| format!("{c:?}")));
                 let topic = message.topic();
                 let error = match code {
+                    Some(c)
+                        if self.transactional
+                            && (is_fenced_code(c) || self.fatal_cause().is_some_and(is_fenced_code)) =>
+                    {
+                        crate::error::fenced_transaction(format_args!("delivery to topic {topic} failed ({error})"))
+                    }
                     Some(c) if is_size_refusal(c) => self.size_refusal(error, message, in_flight.record_bytes),
                     Some(c) if is_record_refusal(c) => match header(message, "id") {
                         Some(id) => Error::refused_record(id.to_string(), format!("{error} (topic {topic})")),
@@ -392,6 +414,8 @@ pub struct KafkaSink {
     dead_letter_topic: String,
     /// With `exactly_once`: the Kafka transaction records are produced in.
     txn: Option<Txn>,
+    /// With the Kafka state backend: the lease this instance publishes under ([`KafkaSink::publish_while`]).
+    lease: Option<Holding>,
 }
 
 /// Where a transactional sink writes the checkpoint that commits with its records (`exactly_once`).
@@ -417,9 +441,15 @@ impl Txn {
         self.recent.iter().max().copied().unwrap_or_default().min(interval / 2)
     }
 
-    /// When the next commit is due by time: `interval` less [`Txn::lead`] after the last one started.
+    /// When the next commit is due by time: `interval` less [`Txn::lead`] after the last one started; at
+    /// once until this producer committed once. A connector that dies within an interval of every start
+    /// (OOM-killed, a liveness probe too tight) would otherwise never move its checkpoint, and every restart
+    /// would publish everything since the last one again.
     fn due_at(&self, interval: Duration) -> Instant {
-        self.cycle_start + interval - self.lead(interval)
+        match self.committed_once {
+            true => self.cycle_start + interval - self.lead(interval),
+            false => self.cycle_start,
+        }
     }
 }
 
@@ -432,13 +462,19 @@ struct Txn {
     bytes: usize,
     /// When the last commit started (or the sink started); while a commit runs, when it started.
     cycle_start: Instant,
+    /// Whether a commit of this producer succeeded: the first is due as soon as there is something to
+    /// commit ([`Txn::due_at`]).
+    committed_once: bool,
     /// How long the last [`RECENT_COMMITS`] commits took. Commits start `interval` less the longest of them
     /// apart: a record read just after a commit started is held until that one returns, goes into the
     /// next, and is readable when the next returns, about `checkpoint_interval_ms` after it was read, not
     /// that plus a commit.
     recent: std::collections::VecDeque<Duration>,
-    /// How long `commit_transaction` may take (`transaction.timeout.ms`).
+    /// How long `abort_transaction` may take (`transaction.timeout.ms`).
     timeout: Duration,
+    /// How long one `commit_transaction` call may take before it is called again ([`crate::kafka::commit::until_known`]):
+    /// `transaction.timeout.ms`.
+    commit_attempt: Duration,
     /// The commit running on a blocking thread, if any ([`KafkaSink::start_commit`]).
     committing: Option<Committing>,
     /// Records sent while a commit runs, in order, each holding its in-flight budget: they go into the
@@ -453,6 +489,44 @@ struct Committing {
     outcome: Option<std::result::Result<rdkafka::error::KafkaResult<()>, tokio::task::JoinError>>,
     /// Called once the transaction is committed (the run records its checkpoint as saved).
     on_commit: Box<dyn FnOnce() + Send + Sync>,
+}
+
+/// The codes of a fenced transactional producer (its own epoch ended by a newer one or by the coordinator).
+fn is_fenced_code(code: RDKafkaErrorCode) -> bool {
+    matches!(code, RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
+}
+
+/// How long a transactional sink dropped with its transaction open (the run dropped when the lease is lost)
+/// may spend aborting it.
+const ABORT_ON_DROP: Duration = Duration::from_secs(2);
+
+impl Drop for KafkaSink {
+    /// A run dropped in the middle (the lease lost: `app` drops it at once) would leave its Kafka
+    /// transaction open until `transaction.timeout.ms`, holding back every `read_committed` consumer of its
+    /// partitions, and every other connector's state read, that long. So the open transaction is aborted
+    /// here, best effort and bounded by [`ABORT_ON_DROP`]. It fences nobody: a newer instance that already
+    /// started has bumped the producer epoch, and then this abort fails harmlessly. A commit still running
+    /// cannot be aborted; librdkafka finishes it.
+    fn drop(&mut self) {
+        let Some(txn) = self.txn.as_ref().filter(|t| t.open && t.committing.is_none()) else { return };
+        let _ = txn;
+        self.producer.purge(PurgeConfig::default().queue().inflight());
+        let started = Instant::now();
+        match self.producer.abort_transaction(ABORT_ON_DROP) {
+            Ok(()) => {
+                metrics().transaction_aborted();
+                tracing::info!(
+                    ms = started.elapsed().as_millis() as u64,
+                    "aborted the open Kafka transaction of the stopped run"
+                );
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "could not abort the open Kafka transaction of the stopped run: read_committed consumers of its \
+                 partitions wait until the next instance starts or the broker aborts it (transaction.timeout.ms)"
+            ),
+        }
+    }
 }
 
 /// The librdkafka configuration every Kafka client starts from ([`KafkaConfig::client_config`]).
@@ -502,10 +576,6 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// for a record batch's header against a topic's `max.message.bytes`.
 const RECORD_OVERHEAD_BYTES: usize = 512;
 
-/// `transaction.timeout.ms` unless configured: how long a Kafka transaction may stay open (the broker's
-/// `transaction.max.timeout.ms`, 15 minutes by default, caps it).
-const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
-
 /// librdkafka's default `batch.size`.
 const DEFAULT_BATCH_SIZE: usize = 1_000_000;
 
@@ -536,6 +606,7 @@ impl KafkaSink {
         let budget = Arc::new(Semaphore::new(config.max_in_flight_bytes));
         let (mut cc, batch_limit_bytes) = producer_config(config)?;
         adjust(&mut cc);
+        let transactional = cc.get("transactional.id").is_some();
         let context = SinkContext {
             watermark: watermark.clone(),
             budget: budget.clone(),
@@ -544,6 +615,7 @@ impl KafkaSink {
             native: AtomicPtr::new(std::ptr::null_mut()),
             topic_limits: RwLock::new(HashMap::new()),
             batch_limit_bytes,
+            transactional,
         };
         let producer: ThreadedProducer<SinkContext> =
             cc.create_with_context(context).map_err(|e| classify_kafka(&e))?;
@@ -563,6 +635,7 @@ impl KafkaSink {
             dead_letter_topic: config.dead_letter_topic.clone(),
             topics: TopicSettings::of(config, batch_limit_bytes),
             txn: None,
+            lease: None,
         })
     }
 
@@ -579,12 +652,7 @@ impl KafkaSink {
         watermark: Arc<Watermark>,
         settings: Transactional,
     ) -> Result<Self> {
-        let timeout_ms = match config.properties.get("transaction.timeout.ms") {
-            Some(v) => v.trim().parse::<u64>().map_err(|_| {
-                Error::definite(format!("kafka.properties.\"transaction.timeout.ms\" = {v:?} is not a number"))
-            })?,
-            None => DEFAULT_TRANSACTION_TIMEOUT_MS,
-        };
+        let timeout_ms = config.transaction_timeout_ms()?;
         let mut sink = KafkaSink::with(config, watermark, |cc| {
             // A record in a transaction cannot outlive it: librdkafka refuses a message timeout above the
             // transaction's. A record that times out fails the transaction, which is aborted as a whole.
@@ -603,7 +671,9 @@ impl KafkaSink {
             open: false,
             bytes: 0,
             cycle_start: Instant::now(),
+            committed_once: false,
             timeout,
+            commit_attempt: timeout,
             recent: std::collections::VecDeque::with_capacity(RECENT_COMMITS),
             committing: None,
             held: std::collections::VecDeque::new(),
@@ -623,6 +693,12 @@ impl KafkaSink {
             txn.bytes = 0;
         }
         Ok(())
+    }
+
+    /// Makes [`KafkaSink::send`] refuse every record once `lease` is no longer provably held (the Kafka
+    /// backend's active/standby: see [`crate::lease`]).
+    pub fn publish_while(&mut self, lease: Holding) {
+        self.lease = Some(lease);
     }
 
     /// Whether records go out in Kafka transactions.
@@ -705,8 +781,8 @@ impl KafkaSink {
             return Err(error);
         }
         crate::failpoint!("before_kafka_commit");
-        let (producer, timeout) = (self.producer.clone(), txn.timeout);
-        let task = tokio::task::spawn_blocking(move || producer.commit_transaction(timeout));
+        let (producer, attempt) = (self.producer.clone(), txn.commit_attempt);
+        let task = tokio::task::spawn_blocking(move || crate::kafka::commit::until_known(&producer, attempt));
         let txn = self.txn.as_mut().expect("transactional");
         txn.cycle_start = Instant::now();
         txn.committing = Some(Committing { task, outcome: None, on_commit });
@@ -739,6 +815,7 @@ impl KafkaSink {
             Ok(()) => {
                 let took = txn.cycle_start.elapsed();
                 txn.open = false;
+                txn.committed_once = true;
                 if txn.recent.len() == RECENT_COMMITS {
                     txn.recent.pop_front();
                 }
@@ -764,9 +841,11 @@ impl KafkaSink {
                         "the Kafka transaction could not commit: {e}. A newer producer with this transactional.id \
                          started (another instance took over); nothing of this transaction is visible"
                     )),
+                    // `commit_until_known` returns only definite outcomes: the commit failed for good, and
+                    // the transaction was (or, the producer being fatal, will be) aborted.
                     false => classify_kafka(&e).context(
-                        "committing the Kafka transaction (aborted: nothing of it is visible; the run restarts from \
-                         the last committed checkpoint)",
+                        "committing the Kafka transaction (it failed and is aborted: nothing of it is visible; the \
+                         run restarts from the last committed checkpoint)",
                     ),
                 })
             }
@@ -835,6 +914,12 @@ impl KafkaSink {
     /// producer's batches, or the record is refused for good; transient for broker unavailability during
     /// topic checks, and after an earlier record of this run failed (the first failure is returned).
     pub async fn send(&mut self, tx: TxId, record: &KafkaRecord, occurred_at_ms: Option<i64>) -> Result<()> {
+        if self.lease.as_ref().is_some_and(|l| !l.is_held()) {
+            return Err(Error::transient(
+                "the lease is no longer provably held (its renewal is overdue): stopped handing records to the \
+                 producer; waiting as a standby",
+            ));
+        }
         if !self.known_topics.contains(&record.topic) {
             self.ensure_topic(&record.topic).await?;
             self.known_topics.insert(record.topic.clone());
@@ -984,6 +1069,9 @@ impl KafkaSink {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let fatal = match self.producer.client().fatal_error() {
+            Some((code, reason)) if self.txn.is_some() && is_fenced_code(code) => {
+                crate::error::fenced_transaction(format_args!("the Kafka producer stopped ({code:?}: {reason})"))
+            }
             Some((code, reason)) => Error::producer_fatal(format!(
                 "the Kafka producer failed fatally ({code:?}: {reason}); the run restarts from the checkpoint \
                  with a new producer"
@@ -1152,12 +1240,17 @@ mod tests {
             open: false,
             bytes: 0,
             cycle_start: Instant::now(),
+            committed_once: false,
             timeout: Duration::from_secs(60),
+            commit_attempt: Duration::from_secs(60),
             recent: std::collections::VecDeque::new(),
             committing: None,
             held: std::collections::VecDeque::new(),
         };
         let interval = Duration::from_millis(1000);
+        // Guards against a crash loop that never moves the checkpoint: the first commit is due at once.
+        assert!(txn.due_at(interval) <= Instant::now(), "the first commit after a start comes at once");
+        txn.committed_once = true;
         assert_eq!(txn.lead(interval), Duration::ZERO, "no commit yet");
         txn.recent.extend([80, 120, 95].map(Duration::from_millis));
         assert_eq!(txn.lead(interval), Duration::from_millis(120));
@@ -1496,6 +1589,65 @@ mod tests {
         assert_eq!(held(&sink), 0);
         settled(&sink).await;
         assert_eq!(watermark.unsettled(), 1, "A2 was never produced, so never acknowledged");
+    }
+
+    /// A `transaction.timeout.ms` above the broker's `transaction.max.timeout.ms` can never start: a definite
+    /// error naming the setting, not a transient one retried for ever.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_transaction_timeout_the_broker_refuses_is_definite() {
+        let cluster = cluster();
+        cluster.create_topic("state", 1, 1).unwrap();
+        cluster.request_errors(
+            RDKafkaApiKey::InitProducerId,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TRANSACTION_TIMEOUT],
+        );
+        let config = kafka_config(&cluster.bootstrap_servers(), "");
+        let settings = Transactional {
+            id: "t".into(),
+            state_topic: "state".into(),
+            checkpoint_key: "c/checkpoint".into(),
+            max_bytes: 1 << 20,
+        };
+        let Err(error) = KafkaSink::transactional(&config, Arc::new(Watermark::new(None)), settings).await else {
+            panic!("the producer started")
+        };
+        assert!(error.is_definite() && error.to_string().contains("transaction.max.timeout.ms"), "{error}");
+    }
+
+    /// A transactional producer fenced while records are in flight (another instance started, or the
+    /// broker aborted a transaction open past `transaction.timeout.ms`) is a transient error that does not
+    /// count as a producer fault: five in a row used to stop the connector blaming lost partitions.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_fenced_transactional_producer_is_not_a_producer_fault() {
+        let cluster = cluster();
+        let (mut sink, watermark) = transactional_sink(&cluster, Duration::ZERO).await;
+        cluster.request_errors(RDKafkaApiKey::Produce, &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_PRODUCER_FENCED]);
+        let tx = watermark.open();
+        let sent = sink.send(tx, &record("A1", 100), None).await;
+        settled(&sink).await;
+        let error = sent.err().or_else(|| watermark.take_failure()).expect("the delivery failed");
+        assert!(!error.is_definite() && !error.is_producer_fatal(), "{error}");
+        assert!(error.to_string().contains("transaction.timeout.ms"), "{error}");
+    }
+
+    /// A commit that times out is still running in librdkafka and may commit: it is asked again until its
+    /// outcome is known, never taken for an abort (the run would restart from the previous checkpoint and
+    /// publish the transaction's records a second time once it commits).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_commit_that_times_out_is_retried_until_it_commits() {
+        let cluster = cluster();
+        let (mut sink, watermark) = transactional_sink(&cluster, Duration::from_millis(400)).await;
+        // Each call gives up long before the broker's answer comes: only the retries get it.
+        sink.txn.as_mut().unwrap().commit_attempt = Duration::from_millis(50);
+        let tx = watermark.open();
+        sink.send(tx, &record("A1", 100), None).await.unwrap();
+        let committed = Arc::new(AtomicBool::new(false));
+        let on_commit = committed.clone();
+        sink.commit(b"{}".to_vec(), Box::new(move || on_commit.store(true, Ordering::Release))).await.unwrap();
+        assert!(committed.load(Ordering::Acquire), "committed after the retries: its checkpoint counts as saved");
+        settled(&sink).await;
+        assert!(watermark.take_failure().is_none());
+        assert_eq!(read_ids(&cluster.bootstrap_servers()), ["A1"]);
     }
 
     /// Regression guard for `/readyz`'s broker probe listing every topic of the cluster every 5 s: it names
