@@ -62,6 +62,8 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
             StateBackend::Kafka => None,
         },
         accept_new_server: options.accept_new_server,
+        lease_server: None,
+        lease: None,
         config: config.clone(),
     };
     let current_store = Arc::new(std::sync::RwLock::new(pipeline.store.clone()));
@@ -92,8 +94,14 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
                 }
                 if lease.is_none() {
                     let failover = Duration::from_millis(config.delivery.failover_timeout_ms);
-                    match Lease::acquire(&pipeline.source, &config.state.name, failover, shutdown.requested()).await {
-                        Ok(Some(acquired)) => lease = Some(acquired),
+                    let name = &config.state.name;
+                    let fingerprint = Some(config.fingerprint());
+                    match Lease::acquire_as(&pipeline.source, name, fingerprint, failover, shutdown.requested()).await {
+                        Ok(Some(acquired)) => {
+                            pipeline.lease_server = Some(acquired.server().clone());
+                            pipeline.lease = Some(acquired.holding());
+                            lease = Some(acquired);
+                        }
                         Ok(None) => break Ok(()),
                         Err(error) => break Err(error),
                     }

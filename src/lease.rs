@@ -141,6 +141,13 @@ pub fn lock_name(name: &str) -> String {
     format!("{PREFIX}{kept}~{:08x}", crc32fast::hash(name.as_bytes()))
 }
 
+/// The lock a running connector's holder takes beside its lease: `outbox-cdc-config/<CRC-32 of the name>/
+/// <fingerprint of the configuration>`, 42 characters. A standby whose configuration's lock is held by
+/// another connection than the lease's runs beside a different connector of the same name.
+pub fn config_lock_name(name: &str, fingerprint: u32) -> String {
+    format!("outbox-cdc-config/{:08x}/{fingerprint:08x}", crc32fast::hash(name.as_bytes()))
+}
+
 /// The timeouts derived from `failover_timeout`; see the module docs, "The bound".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
@@ -197,6 +204,23 @@ impl Shared {
     }
 }
 
+/// [`Lease::is_held`], apart from the lease: the publishing code's check, so that no record is handed to
+/// the producer past the lease's deadline even while the task that would see [`Lease::lost`] is busy (a
+/// state write blocks it for up to its timeout).
+#[derive(Debug, Clone)]
+pub struct Holding {
+    shared: Arc<Shared>,
+    timing: Timing,
+}
+
+impl Holding {
+    /// As [`Lease::is_held`].
+    pub fn is_held(&self) -> bool {
+        !self.shared.lost.load(Ordering::Acquire)
+            && Instant::now() < self.shared.last_ok() + self.timing.give_up_after()
+    }
+}
+
 /// A held lease: this instance is the active one until [`Lease::lost`] resolves. Dropping it closes the
 /// lock's connection (the server releases the lock); [`Lease::release`] does so explicitly and waits.
 #[derive(Debug)]
@@ -205,6 +229,8 @@ pub struct Lease {
     lock: String,
     /// The server's id of the connection holding the lock (`CONNECTION_ID()`).
     connection_id: u64,
+    /// The server the lock is held on.
+    server: LeaseServer,
     timing: Timing,
     shared: Arc<Shared>,
     /// `Some(reason)` once lost.
@@ -229,6 +255,25 @@ impl Lease {
         failover_timeout: Duration,
         shutdown: F,
     ) -> Result<Option<Lease>> {
+        Lease::acquire_as(source, name, None, failover_timeout, shutdown).await
+    }
+
+    /// [`Lease::acquire`] for a running connector whose configuration has the fingerprint `config`
+    /// ([`config_lock_name`]): the holder also takes the lock of its configuration, and a standby whose
+    /// configuration's lock is not held by the lease's holder says so loudly. Two different connectors
+    /// left at the default `[state] name` on one server would otherwise make the second a silent,
+    /// permanent standby.
+    ///
+    /// # Errors
+    /// As [`Lease::acquire`].
+    pub async fn acquire_as<F: Future>(
+        source: &SourceConn,
+        name: &str,
+        config: Option<u32>,
+        failover_timeout: Duration,
+        shutdown: F,
+    ) -> Result<Option<Lease>> {
+        let config_lock = config.map(|fingerprint| config_lock_name(name, fingerprint));
         let lock = lock_name(name);
         let timing = Timing::new(failover_timeout);
         let started = Instant::now();
@@ -240,7 +285,7 @@ impl Lease {
                 _ = &mut shutdown => return Ok(None),
                 c = open(source, timing) => c,
             };
-            let (mut conn, connection_id) = match connected {
+            let (mut conn, connection_id, server) = match connected {
                 Ok(c) => c,
                 Err(e) if e.is_definite() => return Err(e.context(format_args!("lease {lock}"))),
                 Err(e) => {
@@ -279,6 +324,22 @@ impl Lease {
                             Ok(Ok(Some((id, host)))) => {
                                 holder_seen = Some(id);
                                 tracing::info!(lock = %lock, holder_connection = id, holder_host = %host, "standby: waiting for the lease held by connection {id} from {host}");
+                                if let Some(config_lock) = &config_lock {
+                                    let same = tokio::time::timeout(wait, holder_id(&mut conn, config_lock)).await;
+                                    if matches!(same, Ok(Ok(holder)) if holder != Some(id)) {
+                                        tracing::warn!(
+                                            lock = %lock,
+                                            holder_connection = id,
+                                            holder_host = %host,
+                                            "standby: the instance holding the lease of connector {name:?} runs with \
+                                             another configuration (other outbox tables, topics, broker or state \
+                                             topic), or an older outbox-cdc. If it is a different connector, give \
+                                             each its own [state] name: this one would otherwise wait for ever and \
+                                             never publish. During a rolling change of the configuration this is \
+                                             expected and ends when the old instance stops"
+                                        );
+                                    }
+                                }
                             }
                             Ok(Ok(None)) => {}
                             Ok(Err(e)) => break e.to_string(),
@@ -290,7 +351,11 @@ impl Lease {
                         let sent = Instant::now();
                         match tokio::time::timeout(timing.give_up_after(), renew(&mut conn, &lock)).await {
                             Ok(Ok(true)) => {
-                                let lease = Lease::start(conn, lock, connection_id, timing, sent);
+                                if let Some(config_lock) = &config_lock {
+                                    // Best effort: only a standby's diagnosis depends on it.
+                                    let _ = conn.query_drop(format!("SELECT GET_LOCK('{config_lock}', 0)")).await;
+                                }
+                                let lease = Lease::start(conn, lock, connection_id, server, timing, sent);
                                 tracing::info!(lock = %lease.lock, connection = connection_id, "lease acquired after {} ms", started.elapsed().as_millis());
                                 return Ok(Some(lease));
                             }
@@ -324,13 +389,25 @@ impl Lease {
     }
 
     /// Starts the keeper task that renews the lock on `conn`.
-    fn start(conn: Conn, lock: String, connection_id: u64, timing: Timing, sent: Instant) -> Lease {
+    fn start(
+        conn: Conn,
+        lock: String,
+        connection_id: u64,
+        server: LeaseServer,
+        timing: Timing,
+        sent: Instant,
+    ) -> Lease {
         let shared = Arc::new(Shared { origin: sent, last_ok_ns: AtomicU64::new(0), lost: AtomicBool::new(false) });
         let (state_tx, state) = watch::channel(None);
         let (stop, stop_rx) = oneshot::channel();
         metrics().lease_held(true);
         let keeper = tokio::spawn(keep(conn, lock.clone(), timing, shared.clone(), state_tx, stop_rx));
-        Lease { lock, connection_id, timing, shared, state, stop: Some(stop), keeper: Some(keeper) }
+        Lease { lock, connection_id, server, timing, shared, state, stop: Some(stop), keeper: Some(keeper) }
+    }
+
+    /// The server the lock is held on: the binlog connection must reach the same ([`LeaseServer::check_same`]).
+    pub fn server(&self) -> &LeaseServer {
+        &self.server
     }
 
     /// The server-side lock name.
@@ -352,6 +429,12 @@ impl Lease {
     /// passed (from the clock, even if the keeper task has not run). Cheap: check it before publishing.
     pub fn is_held(&self) -> bool {
         !self.shared.lost.load(Ordering::Acquire) && Instant::now() < self.held_until()
+    }
+
+    /// A cloneable view of [`Lease::is_held`] for the code that publishes (the sink checks it before each
+    /// record it hands to the producer).
+    pub fn holding(&self) -> Holding {
+        Holding { shared: self.shared.clone(), timing: self.timing }
     }
 
     /// Resolves with the reason once the lease can no longer be proven held: the connection failed, no
@@ -438,19 +521,79 @@ async fn keep(
 
 /// Opens the lock's connection with the session timeouts of [`Timing`] and returns it with its
 /// `CONNECTION_ID()`.
-async fn open(source: &SourceConn, timing: Timing) -> Result<(Conn, u64)> {
+async fn open(source: &SourceConn, timing: Timing) -> Result<(Conn, u64, LeaseServer)> {
     let mut conn = source.connect().await?;
     let s = timing.session_timeout_s();
     let setup = async {
         conn.query_drop(format!("SET SESSION wait_timeout = {s}, net_read_timeout = {s}, net_write_timeout = {s}"))
             .await?;
-        conn.query_first::<u64, _>("SELECT CONNECTION_ID()").await
+        let id = conn.query_first::<u64, _>("SELECT CONNECTION_ID()").await?;
+        let variables: Vec<(String, String)> = conn.query(SERVER_VARIABLES).await?;
+        Ok::<_, mysql_async::Error>((id, variables))
     };
     match tokio::time::timeout(timing.give_up_after(), setup).await {
-        Ok(Ok(Some(id))) => Ok((conn, id)),
-        Ok(Ok(None)) => Err(Error::transient("SELECT CONNECTION_ID() returned no row")),
+        Ok(Ok((Some(id), variables))) => Ok((conn, id, LeaseServer::of(&variables)?)),
+        Ok(Ok((None, _))) => Err(Error::transient("SELECT CONNECTION_ID() returned no row")),
         Ok(Err(e)) => Err(classify_mysql(&e).context("setting up the lease connection")),
         Err(_) => Err(Error::transient("setting up the lease connection timed out")),
+    }
+}
+
+/// The server variables that say which server the lease is on, and whether it can give one lock to all.
+pub const SERVER_VARIABLES: &str =
+    "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('server_id', 'server_uuid', 'wsrep_on')";
+
+/// The server a lease is held on: the binlog connection must reach the same one ([`LeaseServer::check_same`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseServer {
+    /// `@@server_id`.
+    pub server_id: u32,
+    /// `@@server_uuid` (MySQL only).
+    pub server_uuid: Option<String>,
+}
+
+impl LeaseServer {
+    /// From [`SERVER_VARIABLES`]' rows.
+    ///
+    /// # Errors
+    /// Definite for a Galera node (`wsrep_on = ON`): `GET_LOCK` there is refused or holds on one node
+    /// only, so two instances connected to two nodes would each hold "the" lease and publish at once.
+    pub fn of(variables: &[(String, String)]) -> Result<LeaseServer> {
+        let get = |name: &str| variables.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str());
+        if get("wsrep_on").is_some_and(|v| v.eq_ignore_ascii_case("ON") || v == "1") {
+            return Err(Error::definite(
+                "the source server is a Galera cluster node (wsrep_on = ON): its GET_LOCK is not one lock for the \
+                 whole cluster (Galera refuses or scopes user locks per node), so two instances reaching two \
+                 nodes would both be active. Point [source] at one node (not a load balancer over several) or at \
+                 an asynchronous replica of the cluster, which also serves the binlog",
+            ));
+        }
+        Ok(LeaseServer {
+            server_id: get("server_id").and_then(|v| v.parse().ok()).unwrap_or_default(),
+            server_uuid: get("server_uuid").filter(|v| !v.is_empty()).map(str::to_string),
+        })
+    }
+
+    /// That the binlog connection (`server_id`, `server_uuid`) reaches the server the lease is held on.
+    ///
+    /// # Errors
+    /// Transient when it does not (a proxy or DNS name that failed over between the two connections, or a
+    /// pool of replicas behind one name): another instance may hold the lease on that server and publish.
+    /// The run does not start; it is tried again after the back-off.
+    pub fn check_same(&self, server_id: u32, server_uuid: Option<&str>) -> Result<()> {
+        let uuids_differ = matches!((&self.server_uuid, server_uuid), (Some(a), Some(b)) if a != b);
+        if self.server_id == server_id && !uuids_differ {
+            return Ok(());
+        }
+        Err(Error::transient(format!(
+            "the lease is held on server_id {} ({}) but the binlog connection reached server_id {server_id} ({}): \
+             source.host leads to more than one server (a proxy or DNS name that failed over, a pool of replicas). \
+             Another instance could hold the lease on that server and publish at the same time, so this one does \
+             not start. Point source.host at one server",
+            self.server_id,
+            self.server_uuid.as_deref().unwrap_or("no uuid"),
+            server_uuid.unwrap_or("no uuid"),
+        )))
     }
 }
 
@@ -505,6 +648,25 @@ async fn close(conn: Conn) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards against a lease that is no lease: a Galera node (per-node locks) is refused, and a binlog
+    /// connection that reached another server than the lock's (a proxy that failed over, a pool of
+    /// replicas behind one name) keeps the run from starting.
+    #[test]
+    fn the_lease_needs_one_server_for_all() {
+        let vars = |v: &[(&str, &str)]| v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
+        let err = LeaseServer::of(&vars(&[("server_id", "1"), ("wsrep_on", "ON")])).unwrap_err();
+        assert!(err.is_definite() && err.to_string().contains("Galera"), "{err}");
+        let mariadb = LeaseServer::of(&vars(&[("server_id", "1"), ("wsrep_on", "OFF")])).unwrap();
+        assert_eq!(mariadb, LeaseServer { server_id: 1, server_uuid: None });
+        let mysql = LeaseServer::of(&vars(&[("server_id", "1"), ("server_uuid", "u-1")])).unwrap();
+        mariadb.check_same(1, None).expect("the same MariaDB server");
+        mysql.check_same(1, Some("u-1")).expect("the same MySQL server");
+        let err = mariadb.check_same(2, None).unwrap_err();
+        assert!(!err.is_definite() && err.to_string().contains("more than one server"), "{err}");
+        let err = mysql.check_same(1, Some("u-2")).unwrap_err();
+        assert!(err.to_string().contains("u-2"), "a server cloned with its server_id: {err}");
+    }
 
     /// Every name the config accepts (1-100 of `[A-Za-z0-9._-]`) gives a lock name MySQL accepts, one per
     /// name as the server compares them (case-insensitively).

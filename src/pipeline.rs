@@ -67,6 +67,12 @@ pub struct Pipeline {
     pub store: Option<Arc<Store>>,
     /// Resume even when the checkpoint belongs to another server (`--accept-new-server`).
     pub accept_new_server: bool,
+    /// The server this instance's lease is held on (Kafka backend): each run checks that its binlog
+    /// connection reaches the same one.
+    pub lease_server: Option<crate::lease::LeaseServer>,
+    /// The lease this instance publishes under (Kafka backend): the sink hands no record to the producer
+    /// once it is no longer provably held.
+    pub lease: Option<crate::lease::Holding>,
 }
 
 impl Pipeline {
@@ -106,9 +112,15 @@ impl Pipeline {
         }
         let ServerPlan { info, plan } =
             plan::server(&self.source, config, self.store(), self.accept_new_server).await?;
+        if let Some(lease) = &self.lease_server {
+            lease.check_same(info.identity.server_id, info.identity.server_uuid.as_deref())?;
+        }
         let checkpointer = Checkpointer::new(self.store().clone(), info.identity.clone());
         let first = plan.first(&checkpointer)?;
         let mut run = Run::new(&self.config, &self.source, self.router.clone(), checkpointer, shutdown).await?;
+        if let Some(lease) = &self.lease {
+            run.publish_while(lease.clone());
+        }
         let start = match first {
             First::Stream(mark) => mark,
             First::Snapshot(progress) => {

@@ -4,7 +4,7 @@
 //! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 
 use crate::checkpoint::Store;
-use crate::config::{Config, SourceKind};
+use crate::config::{Config, SourceKind, StateBackend};
 use mysql_async::prelude::Queryable;
 
 use crate::error::{classify_mysql, Result, EXIT_DEFINITE};
@@ -35,7 +35,10 @@ pub async fn run(config: &Config) -> Result<()> {
         }
         None => None,
     };
-    let report = preflight::check(&mut conn, &info, config, checked.as_ref()).await?;
+    let mut report = preflight::check(&mut conn, &info, config, checked.as_ref()).await?;
+    if config.state.backend == StateBackend::Kafka {
+        check_lease_server(&mut conn, &mut report).await?;
+    }
     print!("{report}");
     let routed = super::audit::routed_topics(config, config.tables(), &mut conn).await;
     let kafka = match crate::sink::check::check(&config.kafka, routed).await {
@@ -48,6 +51,23 @@ pub async fn run(config: &Config) -> Result<()> {
         }
     };
     summarize(&report, &kafka)
+}
+
+/// The Kafka backend's lease is a `GET_LOCK` on the source server: one lock for every instance, which a
+/// Galera node does not give ([`crate::lease::LeaseServer::of`]).
+async fn check_lease_server(conn: &mut mysql_async::Conn, report: &mut Report) -> Result<()> {
+    let variables: Vec<(String, String)> =
+        conn.query(crate::lease::SERVER_VARIABLES).await.map_err(|e| classify_mysql(&e))?;
+    let wsrep = variables.iter().find(|(n, _)| n.eq_ignore_ascii_case("wsrep_on")).map_or("absent", |(_, v)| v);
+    match crate::lease::LeaseServer::of(&variables) {
+        Ok(_) => {
+            report.push("lease server (GET_LOCK)", "one lock for all instances", &format!("wsrep_on {wsrep}"), true, "")
+        }
+        Err(e) => {
+            report.push("lease server (GET_LOCK)", "one lock for all instances", "a Galera node", false, &e.to_string())
+        }
+    }
+    Ok(())
 }
 
 /// `check` for the polling relay (`source.kind = "poll"`): the outbox tables as the relay uses them

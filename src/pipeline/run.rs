@@ -101,6 +101,11 @@ impl<'a> Run<'a> {
         })
     }
 
+    /// Hands no record to the producer once `lease` is no longer provably held.
+    pub(super) fn publish_while(&mut self, lease: crate::lease::Holding) {
+        self.sink.publish_while(lease);
+    }
+
     /// Declares `start` (durable already) as where the stream phase begins.
     pub(super) fn begin_stream(&self, start: &Mark) {
         self.watermark.reset(start.clone());
