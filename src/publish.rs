@@ -90,10 +90,15 @@ impl Publisher {
         let mut origin = Lazy::new(origin);
         if self.quarantine.hold_of(&row.aggregate_type, &row.aggregate_id).is_some() {
             if let Some(hold) = self.quarantine.divert(&row.aggregate_type, &row.aggregate_id, &row.id, origin.get()) {
-                let poison = Poison::new(
-                    PoisonKind::Quarantined,
-                    format!("aggregate held since event {} ({})", hold.hold_id, hold.kind.as_str()),
-                );
+                let poison = match hold.first_event() == Some(row.id.as_str()) {
+                    // The hold's own poison row, read again (a restart before its checkpoint): its dead
+                    // letter says what is wrong with it, as the first one did.
+                    true => Poison::new(hold.kind, hold.reason.clone()),
+                    false => Poison::new(
+                        PoisonKind::Quarantined,
+                        format!("aggregate held since event {} ({})", hold.hold_id, hold.kind.as_str()),
+                    ),
+                };
                 return self.dead_letter_row(row, poison, origin.get());
             }
         }
@@ -317,7 +322,9 @@ mod tests {
         assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-1", "A")), at("0-1-10", 0), ok).unwrap()), normal);
         let other = p.prepare(SourceRow::Decoded(&row("x-1", "B")), at("0-1-10", 1), ok).unwrap();
         assert_eq!(topic(&other), normal, "another aggregate");
-        assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-2", "A")), at("0-1-10", 1), ok).unwrap()), quarantined);
+        // The poison row itself, read again, keeps its real kind (it was `quarantined`, hiding why).
+        let too_large = ("dlq".to_string(), Some("too_large".to_string()));
+        assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-2", "A")), at("0-1-10", 1), ok).unwrap()), too_large);
         assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-3", "A")), at("0-1-10", 2), ok).unwrap()), quarantined);
         assert_eq!(topic(&p.prepare(SourceRow::Decoded(&row("e-4", "A")), at("0-1-11", 0), ok).unwrap()), quarantined);
         drop(p);
