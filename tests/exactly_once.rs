@@ -77,7 +77,6 @@ async fn kill_9_under_load_loses_and_repeats_nothing() {
 /// checkpoint), mid state write, and mid snapshot. Each is a separate process abort under load.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crash_at_every_commit_point_loses_and_repeats_nothing() {
-    const FAILPOINT: &str = "OUTBOX_CDC_FAILPOINT";
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Noida);
     // Rows before the first start: the snapshot runs in transactions too.
@@ -471,9 +470,13 @@ async fn dead_letters_commit_with_their_checkpoint_and_release_works_from_kafka_
     connector.restart();
     // Read once the restart committed: noida-db's fetch does not resume a read_committed reader that
     // started while the aborted transaction was still open (tests/common/broker.rs).
+    // (The first commit after a start comes at once, with the first source transaction only: wait for the
+    // next, which holds the rest.)
     assert!(
         common::wait_until(PROGRESS_TIMEOUT, || current_log(&connector)
-            .contains("checkpoint committed with its events")),
+            .matches("checkpoint committed with its events")
+            .count()
+            >= 3),
         "{}",
         log_tail(&connector)
     );
@@ -502,6 +505,266 @@ async fn dead_letters_commit_with_their_checkpoint_and_release_works_from_kafka_
     let p1: Vec<_> = live.iter().filter(|r| r.key_str() == Some("P-1")).filter_map(|r| r.header_str("id")).collect();
     assert_eq!(p1, [poison.id.as_str(), held.id.as_str()]);
     assert_eq!(holds(&connector), serde_json::json!([]), "the hold is lifted in the state topic");
+}
+
+/// The failpoint variable of the connector (src/failpoint.rs).
+const FAILPOINT: &str = "OUTBOX_CDC_FAILPOINT";
+
+/// Another transactional writer of the shared state topic (a connector sharing it, killed in the middle of
+/// a commit, as the broker sees it) leaves a transaction open there, three times; the connector commits on
+/// after it, and is restarted each time. Guards against a state read that ends at the last stable offset
+/// (librdkafka's end of partition for a `read_committed` reader): the restart resumed from the checkpoint
+/// before the open transaction and published again everything committed since (200 of 350 events twice
+/// when found). It waits instead, says why, and reads on once the transaction ends (here: the writer's next
+/// start fences it, as a restarted connector's would). Audited read_committed: nothing missing, nothing twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_another_writer_left_open_never_hides_a_checkpoint() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Noida);
+    let mut x = Connector::start(&db, &broker, EXACTLY_ONCE);
+    let writer = Writer::start(db.opts_root(), steady_workload());
+    wait_commits(&writer, 200, "before the first round").await;
+    let mut other = None;
+    let committing = |x: &Connector| current_log(x).contains("checkpoint committed with its events");
+    for round in 1..=3 {
+        // The transaction of the last round ends (as a restarted writer's start or the broker's timeout
+        // would end it): the waiting read goes on.
+        if let Some(last) = other.take() {
+            rdkafka::producer::Producer::abort_transaction(&last, Duration::from_secs(30)).expect("abort");
+        }
+        assert!(common::wait_until(PROGRESS_TIMEOUT, || committing(&x)), "round {round}: {}", log_tail(&x));
+        other = Some(open_foreign_transaction(&broker, "outbox-cdc.state"));
+        // The connector commits checkpoints after that transaction: the ones its restart must find.
+        wait_commits(&writer, 150, &format!("round {round}, after the transaction opened")).await;
+        hold_running(&mut x, Duration::from_millis(800), &format!("round {round}, committing"), 80).await;
+        assert!(x.terminate().success(), "round {round}: {}", log_tail(&x));
+        x.restart();
+        assert!(
+            common::wait_until(Duration::from_secs(40), || current_log(&x)
+                .contains("waiting for a transaction another producer left open")),
+            "round {round}: the start did not wait for the open transaction:\n{}",
+            log_tail(&x)
+        );
+        eprintln!("[other writer] round {round}: the start waits for the open transaction");
+    }
+    let last = other.take().expect("opened in the last round");
+    rdkafka::producer::Producer::abort_transaction(&last, Duration::from_secs(30)).expect("abort");
+    let recovery = Recovery::starts(&db).wait(&x);
+    wait_commits(&writer, 200, "after the last round").await;
+    let written = writer.finish().await;
+    assert!(written.errors.is_empty(), "the workload saw errors: {:?}", written.errors);
+    let run = assert_exactly_once("other writer", &x, &written);
+    reliability::record(
+        "exactly_once: another writer's transaction left open on the state topic",
+        &written,
+        &run,
+        Some(recovery),
+        "a transaction left open on the shared state topic 3 times; the connector restarted after each; read_committed audit",
+    );
+    assert!(x.terminate().success(), "{}", log_tail(&x));
+}
+
+/// A transactional producer of the test's own, with a transaction left open on `topic` (one record in it):
+/// another connector killed in the middle of a transaction, as the broker sees it.
+fn open_foreign_transaction(broker: &Broker, topic: &str) -> rdkafka::producer::BaseProducer {
+    use rdkafka::producer::{BaseRecord, Producer};
+    let producer: rdkafka::producer::BaseProducer = broker
+        .client_config()
+        .set("transactional.id", "a-foreign-writer")
+        .set("transaction.timeout.ms", "600000")
+        .create()
+        .expect("a transactional producer");
+    producer.init_transactions(Duration::from_secs(30)).expect("init_transactions");
+    producer.begin_transaction().expect("begin");
+    producer.send(BaseRecord::to(topic).key("foreign").payload("open")).map_err(|(e, _)| e).expect("send");
+    producer.flush(Duration::from_secs(30)).expect("flush");
+    producer
+}
+
+/// `quarantine release` reads the shared dead-letter topic to its high watermark. Guards against a release
+/// that stopped at the last stable offset, before another writer's open transaction: it lifted the hold
+/// without the held events dead-lettered after that point, and those were never published.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_reads_the_hold_past_another_writers_open_transaction() {
+    const DLQ: &str = "dlq";
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Noida);
+    broker.create_topic(DLQ, 1);
+    let mut conn = db.conn().await;
+    let poison = common::OutboxRow::new("P-1").payload(serde_json::json!({ "blob": "x".repeat(30_000) }));
+    common::insert_event(&mut conn, &poison).await.expect("insert");
+    let mut connector = Connector::new();
+    let write = |connector: &Connector, max: u32| {
+        let config = connector.write_config(&db, &broker, EXACTLY_ONCE);
+        let topic = "topic = \"outbox.event.${aggregate_type}\"";
+        let text = std::fs::read_to_string(&config).unwrap().replace(
+            topic,
+            &format!(
+                "{topic}\nmax_record_bytes = {max}\ndead_letter_topic = \"{DLQ}\"\n\
+                 topic_config = {{ \"max.message.bytes\" = \"1048588\" }}"
+            ),
+        );
+        std::fs::write(&config, text).unwrap();
+        config
+    };
+    connector.run(&write(&connector, 20_000));
+    let dead = |n: usize| broker.read_committed(DLQ, n, PROGRESS_TIMEOUT).len() >= n;
+    assert!(common::wait_until(PROGRESS_TIMEOUT, || dead(1)), "{}", log_tail(&connector));
+    // Another writer opens a transaction on the dead-letter topic; the hold's later events go after it.
+    let foreign = open_foreign_transaction(&broker, DLQ);
+    let held: Vec<common::OutboxRow> = (0..3).map(|_| common::OutboxRow::new("P-1")).collect();
+    for row in &held {
+        common::insert_event(&mut conn, row).await.expect("insert");
+    }
+    let uncommitted = || broker.read_uncommitted(DLQ, 5, Duration::from_secs(1)).len();
+    assert!(common::wait_until(PROGRESS_TIMEOUT, || uncommitted() >= 5), "{}", log_tail(&connector));
+    hold_running(&mut connector, Duration::from_millis(1000), "committing the dead letters", 80).await;
+    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+
+    write(&connector, 100_000);
+    // The foreign transaction ends while the release waits for it.
+    let ender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(12));
+        rdkafka::producer::Producer::abort_transaction(&foreign, Duration::from_secs(30)).expect("abort");
+    });
+    let (status, out, err) = connector.command(&["quarantine", "release", "order", "P-1"], PROGRESS_TIMEOUT).unwrap();
+    ender.join().unwrap();
+    assert!(status.success() && out.contains("4 event(s) republished"), "{out}\n{err}");
+    assert!(err.contains("waiting for a transaction another producer left open"), "{err}");
+    let live = broker.read_to_end("outbox.event.order", common::Isolation::ReadCommitted, PROGRESS_TIMEOUT);
+    let p1: Vec<_> = live.iter().filter(|r| r.key_str() == Some("P-1")).filter_map(|r| r.header_str("id")).collect();
+    let want: Vec<&str> = std::iter::once(&poison).chain(&held).map(|r| r.id.as_str()).collect();
+    assert_eq!(p1, want, "every held event republished, in order");
+}
+
+/// Guards against a run dropped on losing its lease with its Kafka transaction still open: the broker kept
+/// it open until `transaction.timeout.ms` (noida-db: for ever), and every `read_committed` consumer of its
+/// partitions, and every other connector's state read, waited that long. The lock's connection is killed
+/// and the lock taken by the test, so the connector stays a standby: its transaction must be aborted now.
+#[tokio::test(flavor = "multi_thread")]
+async fn losing_the_lease_aborts_the_open_transaction() {
+    use mysql_async::prelude::Queryable;
+    const TOPIC: &str = "outbox.event.order";
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Noida);
+    // Commits 20 s apart: after the first (at once), the transaction stays open while events flow.
+    broker.create_topic(TOPIC, 1);
+    let settings = standby_settings().replace("checkpoint_interval_ms = 200", "checkpoint_interval_ms = 20000");
+    let mut connector = Connector::start(&db, &broker, &settings);
+    let writer = Writer::start(db.opts_root(), steady_workload());
+    assert!(common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut connector)), "{}", log_tail(&connector));
+    wait_commits(&writer, 300, "before the lease is lost").await;
+    let open = |isolation| broker.watermarks(TOPIC, 0, isolation).1;
+    assert!(
+        common::wait_until(PROGRESS_TIMEOUT, || open(common::Isolation::ReadCommitted)
+            < open(common::Isolation::ReadUncommitted)),
+        "no transaction open on {TOPIC}:\n{}",
+        log_tail(&connector)
+    );
+    let mut admin = db.conn().await;
+    let lock = "outbox-cdc/outbox-cdc";
+    let holder: Option<u64> = admin.query_first(format!("SELECT IS_USED_LOCK('{lock}')")).await.unwrap();
+    admin.query_drop(format!("KILL {}", holder.expect("the connector holds the lease"))).await.unwrap();
+    let got: Option<i64> = admin.query_first(format!("SELECT GET_LOCK('{lock}', 10)")).await.unwrap();
+    assert_eq!(got, Some(1), "the test takes the lease");
+    assert!(
+        common::wait_until(Duration::from_secs(10), || open(common::Isolation::ReadCommitted)
+            == open(common::Isolation::ReadUncommitted)),
+        "the transaction of the run that lost its lease is still open:\n{}",
+        log_tail(&connector)
+    );
+    // The connector takes the lease back and resumes from its last commit: nothing lost, nothing twice.
+    drop(admin);
+    wait_commits(&writer, 200, "after the lease came back").await;
+    let written = writer.finish().await;
+    assert_exactly_once("lease lost", &connector, &written);
+    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+}
+
+/// Guards against two different connectors left at the default `[state] name` on one server: the second
+/// was a silent, permanent standby. It now says why it waits and what to change; a standby of the same
+/// connector does not.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_different_connector_under_the_same_name_is_diagnosed() {
+    const DIFFERENT: &str = "runs with another configuration";
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Noida);
+    let mut active = Connector::start(&db, &broker, EXACTLY_ONCE);
+    assert!(common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut active)), "{}", log_tail(&active));
+    let mut other = Connector::new();
+    let config = other.write_config(&db, &broker, EXACTLY_ONCE);
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("topic = \"outbox.event.${aggregate_type}\"", "topic = \"other.${aggregate_type}\"");
+    std::fs::write(&config, text).unwrap();
+    other.run(&config);
+    assert!(
+        common::wait_until(PROGRESS_TIMEOUT, || other.stderr().contains(DIFFERENT)),
+        "the other connector waits without saying why:\n{}",
+        log_tail(&other)
+    );
+    let mut standby = Connector::start(&db, &broker, EXACTLY_ONCE);
+    assert!(
+        common::wait_until(PROGRESS_TIMEOUT, || standby.stderr().contains("standby: waiting for the lease")),
+        "{}",
+        log_tail(&standby)
+    );
+    hold_running(&mut standby, Duration::from_secs(2), "a standby of the same connector", 40).await;
+    assert!(!standby.stderr().contains(DIFFERENT), "{}", log_tail(&standby));
+    for connector in [&mut active, &mut other, &mut standby] {
+        assert!(connector.terminate().success(), "{}", log_tail(connector));
+    }
+}
+
+/// A connector that dies within a checkpoint interval of every start (OOM-killed, a liveness probe too
+/// tight) moves its checkpoint at every start all the same. Guards against the first checkpoint coming one
+/// interval after the start: such a crash loop republished everything since its last checkpoint at every
+/// restart, for ever (3,000 duplicate records for 1,800 events in 5 kills when found).
+async fn a_crash_loop_moves_the_checkpoint_every_start(settings: &str, name: &str) {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Noida);
+    let mut connector = Connector::start(&db, &broker, settings);
+    let writer = Writer::start(db.opts_root(), steady_workload());
+    let mut last = 0;
+    for kill in 1..=5 {
+        wait_commits(&writer, 100, &format!("{name}: before kill #{kill}")).await;
+        // The interval is 10 s: only a checkpoint right after the start can land before the kill.
+        assert!(
+            common::wait_until(Duration::from_secs(8), || current_log(&connector).contains("streaming")),
+            "{name}: start #{kill} did not stream:\n{}",
+            log_tail(&connector)
+        );
+        hold_running(&mut connector, Duration::from_millis(1500), &format!("{name}: start #{kill}"), 80).await;
+        connector.kill();
+        let now = reliability::checkpoint_seq(connector.status_json().as_ref());
+        assert!(now > last, "{name}: start #{kill} moved no checkpoint ({last} -> {now}):\n{}", log_tail(&connector));
+        last = now;
+        connector.restart();
+    }
+    let recovery = Recovery::starts(&db).wait(&connector);
+    let written = writer.finish().await;
+    let run = reliability::closing_audit(name, &connector, &written, Duplicates::Reported);
+    reliability::record(
+        name,
+        &written,
+        &run,
+        Some(recovery),
+        "5 kill -9 each 1.5 s after a start, 10 s checkpoint interval",
+    );
+    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_a_crash_loop_moves_the_checkpoint_every_start() {
+    let settings = EXACTLY_ONCE.replace("checkpoint_interval_ms = 200", "checkpoint_interval_ms = 10000");
+    a_crash_loop_moves_the_checkpoint_every_start(&settings, "exactly_once: crash loop, a kill soon after each start")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn at_least_once_a_crash_loop_moves_the_checkpoint_every_start() {
+    let settings = "[state]\ncheckpoint_interval_ms = 10000\n";
+    a_crash_loop_moves_the_checkpoint_every_start(settings, "crash loop, a kill soon after each start").await;
 }
 
 /// A broker without transactions (Tansu 0.6 has none): `exactly_once` stops at once with exit 2 and says
