@@ -71,8 +71,10 @@ pub mod names {
     pub const DEAD_LETTERS: &str = "outbox_cdc_dead_letters";
     /// Gauge: aggregates held in quarantine.
     pub const QUARANTINED_AGGREGATES: &str = "outbox_cdc_quarantined_aggregates";
-    /// Gauge: seconds since the commit of the checkpointed transaction: a lower bound of the age of the
-    /// oldest binlog file the connector still needs.
+    /// Gauge: seconds since the commit of the checkpointed transaction, 0 while that transaction is in the
+    /// server's active binlog: an upper bound of how long ago the oldest binlog file the connector still
+    /// needs was last written (that file was written at the commit or later), which is what binlog expiry
+    /// compares with the retention (`crate::source::purge`).
     pub const BINLOG_NEEDED_AGE_SECONDS: &str = "outbox_cdc_binlog_needed_age_seconds";
     /// Gauge: bytes of the server's binlog files from the one holding the checkpoint to the newest.
     pub const BINLOG_NEEDED_BYTES: &str = "outbox_cdc_binlog_needed_bytes";
