@@ -92,7 +92,9 @@ pub mod names {
     /// Counter by `outcome` (`committed`, `aborted`): Kafka transactions of `exactly_once`, each holding
     /// whole source transactions and the checkpoint that covers them.
     pub const KAFKA_TRANSACTIONS: &str = "outbox_cdc_kafka_transactions";
-    /// Histogram: seconds a Kafka transaction's commit took (`exactly_once`): the pipeline waits for it.
+    /// Histogram: seconds a Kafka transaction's commit took (`exactly_once`). The run reads on during the
+    /// commit; the records it sends meanwhile are held (within `kafka.max_in_flight_bytes`) for the next
+    /// transaction.
     pub const KAFKA_TRANSACTION_COMMIT_SECONDS: &str = "outbox_cdc_kafka_transaction_commit_seconds";
     /// Gauge: 1 while this instance holds its lease on the source server (the active one of an
     /// active/standby pair, see `crate::lease`), else 0.
