@@ -122,11 +122,12 @@ fn embedded_toml(yaml: &str) -> String {
 #[test]
 fn shipped_configs_are_accepted_by_the_connector() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let configmap = std::fs::read_to_string(root.join("deploy/kubernetes/configmap.yaml")).unwrap();
-    let from_configmap = embedded_toml(&configmap);
-    assert!(from_configmap.contains("[state]"), "the block ended early:\n{from_configmap}");
-    outbox_cdc::config::Config::parse(&from_configmap)
-        .unwrap_or_else(|e| panic!("deploy/kubernetes/configmap.yaml: {e}\n{from_configmap}"));
+    for file in ["deploy/kubernetes/configmap.yaml", "deploy/kubernetes/active-standby/configmap.yaml"] {
+        let configmap = std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("read {file}: {e}"));
+        let from_configmap = embedded_toml(&configmap);
+        assert!(from_configmap.contains("[state]"), "{file}: the block ended early:\n{from_configmap}");
+        outbox_cdc::config::Config::parse(&from_configmap).unwrap_or_else(|e| panic!("{file}: {e}\n{from_configmap}"));
+    }
     let compose = std::fs::read_to_string(root.join("deploy/connector.docker.toml")).unwrap();
     outbox_cdc::config::Config::parse(&compose).unwrap_or_else(|e| panic!("deploy/connector.docker.toml: {e}"));
 }
