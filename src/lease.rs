@@ -221,6 +221,24 @@ impl Holding {
     }
 }
 
+/// `outbox_cdc_standby` is 1 while [`Lease::acquire`] waits, however the wait ends (the lease, shutdown, an
+/// error, or the future dropped): a standby is not ready by design, and alerts must tell it from an instance
+/// that is not ready for a reason to act on.
+struct StandingBy;
+
+impl StandingBy {
+    fn start() -> StandingBy {
+        metrics().standby(true);
+        StandingBy
+    }
+}
+
+impl Drop for StandingBy {
+    fn drop(&mut self) {
+        metrics().standby(false);
+    }
+}
+
 /// A held lease: this instance is the active one until [`Lease::lost`] resolves. Dropping it closes the
 /// lock's connection (the server releases the lock); [`Lease::release`] does so explicitly and waits.
 #[derive(Debug)]
@@ -274,6 +292,7 @@ impl Lease {
         shutdown: F,
     ) -> Result<Option<Lease>> {
         let config_lock = config.map(|fingerprint| config_lock_name(name, fingerprint));
+        let _standing_by = StandingBy::start();
         let lock = lock_name(name);
         let timing = Timing::new(failover_timeout);
         let started = Instant::now();

@@ -71,8 +71,10 @@ pub mod names {
     pub const DEAD_LETTERS: &str = "outbox_cdc_dead_letters";
     /// Gauge: aggregates held in quarantine.
     pub const QUARANTINED_AGGREGATES: &str = "outbox_cdc_quarantined_aggregates";
-    /// Gauge: seconds since the commit of the checkpointed transaction: a lower bound of the age of the
-    /// oldest binlog file the connector still needs.
+    /// Gauge: seconds since the commit of the checkpointed transaction, 0 while that transaction is in the
+    /// server's active binlog: an upper bound of how long ago the oldest binlog file the connector still
+    /// needs was last written (that file was written at the commit or later), which is what binlog expiry
+    /// compares with the retention (`crate::source::purge`).
     pub const BINLOG_NEEDED_AGE_SECONDS: &str = "outbox_cdc_binlog_needed_age_seconds";
     /// Gauge: bytes of the server's binlog files from the one holding the checkpoint to the newest.
     pub const BINLOG_NEEDED_BYTES: &str = "outbox_cdc_binlog_needed_bytes";
@@ -90,11 +92,17 @@ pub mod names {
     /// Counter by `outcome` (`committed`, `aborted`): Kafka transactions of `exactly_once`, each holding
     /// whole source transactions and the checkpoint that covers them.
     pub const KAFKA_TRANSACTIONS: &str = "outbox_cdc_kafka_transactions";
-    /// Histogram: seconds a Kafka transaction's commit took (`exactly_once`): the pipeline waits for it.
+    /// Histogram: seconds a Kafka transaction's commit took (`exactly_once`). The run reads on during the
+    /// commit; the records it sends meanwhile are held (within `kafka.max_in_flight_bytes`) for the next
+    /// transaction.
     pub const KAFKA_TRANSACTION_COMMIT_SECONDS: &str = "outbox_cdc_kafka_transaction_commit_seconds";
     /// Gauge: 1 while this instance holds its lease on the source server (the active one of an
     /// active/standby pair, see `crate::lease`), else 0.
     pub const LEASE_HELD: &str = "outbox_cdc_lease_held";
+    /// Gauge: 1 while this instance waits as a standby for the lease (`[state] backend = "kafka"`): it is
+    /// not ready by design, and healthy. 0 otherwise, also with the local backend, which has no lease.
+    /// With [`LEASE_HELD`] it tells a standby from an instance that is not ready for a reason to act on.
+    pub const STANDBY: &str = "outbox_cdc_standby";
 
     // The polling relay (`source.kind = "poll"`); 0 (or absent labels) under the binlog source.
     /// Counter by `kind` (claim, mark, fail, park, renew, backlog): SQL statements the relay sent to the
@@ -156,6 +164,7 @@ pub mod names {
         KAFKA_TRANSACTIONS,
         KAFKA_TRANSACTION_COMMIT_SECONDS,
         LEASE_HELD,
+        STANDBY,
         POLL_QUERIES,
         POLL_ROWS_CLAIMED,
         POLL_ROWS_PUBLISHED,
@@ -247,6 +256,7 @@ pub struct Metrics {
     kafka_transactions: Family<OutcomeLabel, Counter>,
     kafka_transaction_commit_seconds: Histogram,
     lease_held: Gauge,
+    standby: Gauge,
     /// The polling relay's.
     poll: PollMetrics,
     /// Commit time (Unix seconds) of the last transaction read; 0 = none yet.
@@ -385,6 +395,7 @@ impl Metrics {
                 Histogram::new(LATENCY_BUCKETS_SECONDS.iter().copied())
             ),
             lease_held: reg!(names::LEASE_HELD, Gauge::default()),
+            standby: reg!(names::STANDBY, Gauge::default()),
             poll: PollMetrics {
                 queries: reg!(names::POLL_QUERIES, Family::default()),
                 rows_claimed: reg!(names::POLL_ROWS_CLAIMED, Counter::default()),
@@ -578,6 +589,11 @@ impl Metrics {
         self.lease_held.set(i64::from(held));
     }
 
+    /// Whether this instance waits as a standby for its lease.
+    pub fn standby(&self, waiting: bool) {
+        self.standby.set(i64::from(waiting));
+    }
+
     /// The latest purge-risk reading.
     pub fn purge_risk(&self, needed_age_seconds: u64, needed_bytes: u64, retention_seconds: u64, ratio: f64) {
         self.binlog_needed_age_seconds.set(needed_age_seconds as f64);
@@ -716,6 +732,7 @@ fn help(name: &str) -> &'static str {
         names::KAFKA_TRANSACTIONS => "Kafka transactions (exactly_once) by outcome: committed or aborted",
         names::KAFKA_TRANSACTION_COMMIT_SECONDS => "Seconds each Kafka transaction's commit took (exactly_once)",
         names::LEASE_HELD => "1 while this instance holds its lease on the source server (active), else 0",
+        names::STANDBY => "1 while this instance waits as a standby for the lease (not ready by design), else 0",
         names::POLL_QUERIES => "Polling relay: SQL statements sent to the source database, by kind",
         names::POLL_ROWS_CLAIMED => "Polling relay: rows claimed",
         names::POLL_ROWS_PUBLISHED => "Polling relay: rows marked published after Kafka acknowledged them",
