@@ -758,4 +758,17 @@ async fn poison_rows_hold_their_aggregate_until_release_and_prune_goes_by_publis
                 behind them left in the table), prune by published_at, release of one hold; audited without the \
                 3 rows not published (the full audit reports exactly those missing)";
     common::reliability::record("polling relay: poison rows", &written, &run, None, note);
+
+    // Release C from another relay's state dir, while the first relay runs: the hold is found through the
+    // parked row and its dead letter; the active relay then publishes c2, which waited behind it.
+    let other = relay_config(&db, &broker, "poll_interval_ms = 50");
+    let (status, stdout, stderr) = other
+        .command(&["quarantine", "release", "order", "C", "--skip-poison"], Duration::from_secs(60))
+        .expect("release runs");
+    assert!(status.success(), "{stdout}\n{stderr}");
+    let normal = broker.read_all(TOPIC, 6, CATCH_UP);
+    let c: Vec<&str> = normal.iter().filter(|r| r.key_str() == Some("C")).filter_map(|r| r.header_str("id")).collect();
+    assert_eq!(c, [ids["c2"].as_str()], "{}", relay.logs());
+    wait_all_published(&db, &[&relay]).await;
+    assert_eq!(count(&db, "published_at IS NULL").await, 0);
 }
