@@ -27,11 +27,13 @@
 //!
 //! # Load on the database
 //! Per batch: the read, the read of the sequence gaps when there are any, and one `UPDATE` marking every
-//! batch acknowledged since the last one. Idle: one read per `poll.poll_interval_ms`; every
+//! batch acknowledged since the last one, as ranges of sequence numbers. The marks go through a second
+//! connection ([`marker`]), so reading and producing never wait for them; a row stays in flight (and no
+//! read takes it for a new one) until its mark returned. Idle: one read per `poll.poll_interval_ms`; every
 //! [`FULL_SWEEP_EVERY`] a sweep of the unpublished rows' keys; with parked rows, one read of them every
 //! [`BACKLOG_EVERY`]. `outbox_cdc_poll_queries_total` counts them by kind.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -79,6 +81,7 @@ pub fn message_timeout(failover: Duration) -> Duration {
 struct Sent {
     key: Value,
     key_bytes: Vec<u8>,
+    seq: Option<u64>,
     event_id: Option<String>,
     aggregate: Aggregate,
     /// Why it was dead-lettered, when it was: parked once acknowledged.
@@ -110,13 +113,28 @@ struct TableState {
     swept_at: Option<Instant>,
 }
 
+/// Rows of one table acknowledged by Kafka, for the marker task ([`marker`]) to mark published.
+struct MarkRequest {
+    t: usize,
+    keys: Vec<Value>,
+    seqs: Vec<u64>,
+    /// Their keys as bytes, sent back once marked (the run keeps them in flight until then, so that no
+    /// read takes an acknowledged row that is not marked yet for a new one).
+    done: Vec<Vec<u8>>,
+}
+
 /// The parts of a relay run.
 struct PollRun<'a> {
     config: &'a Config,
     router: Router,
     store: Arc<Store>,
-    relay: Relay,
+    relay: Arc<Relay>,
     conn: Conn,
+    /// To the marker task; `None` once the run closed it.
+    marks: Option<tokio::sync::mpsc::Sender<MarkRequest>>,
+    /// From the marker task: the rows it marked.
+    marked: tokio::sync::mpsc::UnboundedReceiver<(usize, Vec<Vec<u8>>)>,
+    marker: tokio::task::JoinHandle<Result<()>>,
     sink: KafkaSink,
     publisher: Publisher,
     watermark: Arc<Watermark>,
@@ -142,7 +160,12 @@ pub(super) async fn run(
         tracing::warn!(keys = ?ignored, "[poll] keys that no longer do anything (see README, the polling relay): remove them");
     }
     let mut conn = source.connect().await?;
-    let relay = Relay::load(&mut conn, config).await?;
+    let relay = Arc::new(Relay::load(&mut conn, config).await?);
+    // The marks go through a connection of their own, so that reading and producing never wait for them.
+    let (marks, requests) = tokio::sync::mpsc::channel(MAX_PENDING_BATCHES);
+    let (done, marked) = tokio::sync::mpsc::unbounded_channel();
+    // It ends when the run drops `marks`; marking rows Kafka acknowledged is right whenever it happens.
+    let marker = tokio::spawn(marker(relay.clone(), source.connect().await?, requests, done));
     let watermark = Arc::new(Watermark::new(None));
     let timeout = message_timeout(Duration::from_millis(config.delivery.failover_timeout_ms));
     let mut sink = KafkaSink::with_message_timeout(&config.kafka, watermark.clone(), timeout)?;
@@ -164,6 +187,9 @@ pub(super) async fn run(
         store,
         relay,
         conn,
+        marks: Some(marks),
+        marked,
+        marker,
         sink,
         publisher,
         watermark,
@@ -382,17 +408,26 @@ impl PollRun<'_> {
                 state.parking.insert(polled.aggregate.clone());
             }
             state.in_flight.insert(key_bytes.clone());
-            let event_id = polled.id().map(String::from);
-            batch.rows.push(Sent { key: polled.key, key_bytes, event_id, aggregate: polled.aggregate, dead });
+            let (event_id, seq) = (polled.id().map(String::from), polled.seq());
+            batch.rows.push(Sent { key: polled.key, key_bytes, seq, event_id, aggregate: polled.aggregate, dead });
         }
         Ok(())
     }
 
-    /// Marks every batch Kafka acknowledged (with all before it) published, parks its dead-lettered rows;
-    /// ends the run on a delivery failure.
+    /// Hands every batch Kafka acknowledged (with all before it) to the marker task, parks its
+    /// dead-lettered rows, and takes back the rows the marker task marked; ends the run on a delivery
+    /// failure or when the marker task failed.
     async fn settle(&mut self) -> Result<()> {
         if let Some(error) = self.watermark.take_failure() {
             return Err(self.failed(error).await);
+        }
+        while let Ok((t, keys)) = self.marked.try_recv() {
+            for key in keys {
+                self.tables[t].in_flight.remove(&key);
+            }
+        }
+        if self.marker.is_finished() {
+            return Err(self.marker_ended().await);
         }
         let settled = self.watermark.settled_before();
         let mut done: Vec<Batch> = Vec::new();
@@ -403,29 +438,46 @@ impl PollRun<'_> {
             return Ok(());
         }
         crate::failpoint!("poll_batch_acked");
-        let mut published: HashMap<usize, Vec<Value>> = HashMap::new();
+        let mut requests: BTreeMap<usize, MarkRequest> = BTreeMap::new();
         for batch in &done {
-            published
-                .entry(batch.t)
-                .or_default()
-                .extend(batch.rows.iter().filter(|r| r.dead.is_none()).map(|r| r.key.clone()));
-        }
-        for (t, keys) in published {
-            if !keys.is_empty() {
-                self.relay.mark_published(&mut self.conn, t, &keys).await?;
-            }
-        }
-        for batch in &done {
-            for row in batch.rows.iter().filter(|r| r.dead.is_some()) {
-                let reason = row.dead.as_deref().unwrap_or_default();
-                self.relay.park(&mut self.conn, batch.t, &row.key, reason).await?;
-                self.tables[batch.t].parking.remove(&row.aggregate);
-            }
+            let request = requests.entry(batch.t).or_insert_with(|| MarkRequest {
+                t: batch.t,
+                keys: Vec::new(),
+                seqs: Vec::new(),
+                done: Vec::new(),
+            });
             for row in &batch.rows {
-                self.tables[batch.t].in_flight.remove(&row.key_bytes);
+                match &row.dead {
+                    None => {
+                        request.keys.push(row.key.clone());
+                        request.seqs.extend(row.seq);
+                        request.done.push(row.key_bytes.clone());
+                    }
+                    Some(reason) => {
+                        self.relay.park(&mut self.conn, batch.t, &row.key, reason).await?;
+                        self.tables[batch.t].parking.remove(&row.aggregate);
+                        self.tables[batch.t].in_flight.remove(&row.key_bytes);
+                    }
+                }
+            }
+        }
+        let Some(marks) = &self.marks else { return Ok(()) };
+        for request in requests.into_values().filter(|r| !r.keys.is_empty()) {
+            if marks.send(request).await.is_err() {
+                return Err(self.marker_ended().await);
             }
         }
         Ok(())
+    }
+
+    /// The marker task's end, as the run's error.
+    async fn marker_ended(&mut self) -> Error {
+        self.marks = None;
+        match (&mut self.marker).await {
+            Ok(Err(error)) => error,
+            Ok(Ok(())) => Error::transient("poll: the marker task ended"),
+            Err(e) => Error::transient(format!("poll: the marker task failed: {e}")),
+        }
     }
 
     /// A delivery failed: nothing is counted against the rows, except a record the broker refused for good
@@ -509,11 +561,51 @@ impl PollRun<'_> {
             self.sink.abort();
             tracing::warn!("Kafka did not acknowledge everything within the shutdown grace period; the rows not marked are published again by the next run");
         }
-        match self.watermark.take_failure() {
-            Some(error) => Err(self.failed(error).await),
-            None => self.settle().await,
+        if let Some(error) = self.watermark.take_failure() {
+            return Err(self.failed(error).await);
+        }
+        self.settle().await?;
+        // Closing the channel ends the marker task once it marked what it was given.
+        self.marks = None;
+        match (&mut self.marker).await {
+            Ok(result) => result,
+            Err(e) => Err(Error::transient(format!("poll: the marker task failed: {e}"))),
         }
     }
+}
+
+/// The marker task: marks the rows it is given published, on its own connection, one statement per table
+/// for all the requests waiting, and sends their keys back.
+///
+/// # Errors
+/// Classified query errors (the rows stay unpublished: the next run publishes them again).
+async fn marker(
+    relay: Arc<Relay>,
+    mut conn: Conn,
+    mut requests: tokio::sync::mpsc::Receiver<MarkRequest>,
+    done: tokio::sync::mpsc::UnboundedSender<(usize, Vec<Vec<u8>>)>,
+) -> Result<()> {
+    while let Some(first) = requests.recv().await {
+        let mut waiting = vec![first];
+        while let Ok(more) = requests.try_recv() {
+            waiting.push(more);
+        }
+        let mut by_table: BTreeMap<usize, (Vec<Value>, Vec<u64>)> = BTreeMap::new();
+        for request in &waiting {
+            let (keys, seqs) = by_table.entry(request.t).or_default();
+            keys.extend(request.keys.iter().cloned());
+            seqs.extend(&request.seqs);
+        }
+        for (t, (keys, seqs)) in by_table {
+            relay.mark_published(&mut conn, t, &keys, &seqs).await?;
+        }
+        for request in waiting {
+            // The run may have ended meanwhile: nothing to tell then.
+            let _ = done.send((request.t, request.done));
+        }
+    }
+    let _ = conn.disconnect().await;
+    Ok(())
 }
 
 /// The most gap ranges remembered per table; past it the lowest are dropped (the full sweep still finds
