@@ -395,7 +395,7 @@ async fn key_comparisons_agree_with_the_scan_order() {
     let db = MariaDb::start();
     let mut conn = db.conn().await;
     #[rustfmt::skip]
-    let cases: [(&str, &[&str]); 9] = [
+    let cases: [(&str, &[&str]); 10] = [
         ("INT", &["2", "10", "1", "-3"]),
         ("BIGINT", &["20", "100", "3", "-5", "9007199254740993", "9007199254740992"]),
         ("BIGINT UNSIGNED", &["18446744073709551615", "18446744073709551614", "20", "100"]),
@@ -403,6 +403,7 @@ async fn key_comparisons_agree_with_the_scan_order() {
         ("VARCHAR(16) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci", &["a", "B", "A", "b", "ä", "10", "9"]),
         ("VARCHAR(16) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin", &["a", "B", "A", "b", "ä", "10", "9"]),
         ("VARCHAR(16) CHARACTER SET latin1 COLLATE latin1_swedish_ci", &["ä", "z", "a", "Z", "o"]),
+        ("VARCHAR(16) CHARACTER SET gbk COLLATE gbk_chinese_ci", &["中", "文", "a", "订单", "B"]),
         ("ENUM('payment','order','refund')", &["refund", "order", "payment"]),
         ("DATETIME(6)", &["2026-01-02 00:00:00.000000", "2025-12-31 23:59:59.999999", "2026-01-01 00:00:00.000001"]),
     ];

@@ -721,7 +721,7 @@ async fn check_column_types(
     }
     report.push(
         &format!("table {table} column types"),
-        "types the connector reads (text in utf8mb4, integers, BINARY(16) ids, ENUM/SET, JSON, DATETIME/TIMESTAMP, \
+        "types the connector reads (text in a character set it decodes, integers, BINARY(16) ids, ENUM/SET, JSON, DATETIME/TIMESTAMP, \
          by column)",
         &if problems.is_empty() { "as expected".to_string() } else { format!("{} unreadable", problems.len()) },
         problems.is_empty(),
