@@ -369,3 +369,39 @@ async fn characters(conn: &mut mysql_async::Conn, name: &str, max_len: u32) -> V
         }
     }
 }
+
+/// An ENUM in latin1 with labels outside ASCII: the TABLE_MAP carries the labels in the column's
+/// character set (`ENUM_AND_SET_*_CHARSET`), and the stream publishes them as the snapshot does. Before,
+/// a label that was not UTF-8 made the table map unreadable and stopped the connector.
+#[tokio::test(flavor = "multi_thread")]
+async fn latin1_enum_labels_snapshot_and_stream_alike() {
+    const TOPIC: &str = "outbox.event.order";
+    let db = MariaDb::start();
+    db.sql(
+        "ALTER TABLE shop.outbox_events MODIFY event_type ENUM('Créé','Payé','Expédié') CHARACTER SET latin1 NOT NULL",
+    );
+    let insert = |id: &str, event_type: &str| {
+        db.sql(&format!(
+            "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
+             payload, occurred_at, next_attempt_at) VALUES ('{id}', 'order', 'o-1', '{event_type}', 1, '{{}}', \
+             '2026-03-01', NOW(6))"
+        ))
+    };
+    insert("snap-1", "Payé");
+    let broker = Broker::start(Engine::Memory);
+    let mut connector = Connector::start(&db, &broker, "[snapshot]\nmode = \"initial\"\n");
+    wait_streaming(&connector);
+    insert("stream-1", "Payé");
+    insert("stream-2", "Expédié");
+    let records = broker.read_all(TOPIC, 3, READ_TIMEOUT);
+    let types: Vec<(Option<&str>, serde_json::Value)> =
+        records.iter().map(|r| (r.header_str("id"), envelope(r)["type"].clone())).collect();
+    assert_eq!(
+        types,
+        [(Some("snap-1"), "Payé".into()), (Some("stream-1"), "Payé".into()), (Some("stream-2"), "Expédié".into())],
+        "{}",
+        connector.logs()
+    );
+    assert!(connector.is_running(), "{}", connector.logs());
+    connector.terminate();
+}
