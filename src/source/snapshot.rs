@@ -24,9 +24,9 @@
 //! aggregate's rows come out in `occurred_at` order, ties by id, and all of them before any streamed event
 //! of that aggregate. With an index that starts with those columns the server walks it (`FORCE INDEX`:
 //! without a LIMIT the optimizer would rather sort); without one it sorts the table once, then streams.
-//! At most three chunks are in memory; when Kafka holds the caller back, the socket
-//! fills and the server waits (`net_write_timeout` is raised to the session's `wait_timeout` for that).
-//! Never OFFSET, never the whole table in memory.
+//! At most three chunks are in memory; when Kafka holds the caller back, the socket fills and the server
+//! waits (`net_write_timeout` is raised to the session's `wait_timeout` for that). Never OFFSET, never
+//! the whole table in memory.
 //!
 //! # Why not keyset chunks
 //! The scan was once a keyset query per chunk (`WHERE key > last ORDER BY key LIMIT chunk_rows`). With the
@@ -216,8 +216,8 @@ impl Scanner {
     /// Streams every table's rows in key order into `tx`, in chunks of `snapshot.chunk_rows`. Returns
     /// `false` when the receiver is gone.
     async fn scan(&mut self, tx: &tokio::sync::mpsc::Sender<Result<Option<Chunk>>>) -> Result<bool> {
-        for index in self.table..self.tables.len() {
-            let table = self.tables[index].clone();
+        for i in self.table..self.tables.len() {
+            let table = self.tables[i].clone();
             let present = present_roles(&mut self.conn, &table, &self.columns).await?;
             let keys = KeyColumns::load(&mut self.conn, &table, &self.columns).await?;
             let names = keys.columns.each_ref().map(|(name, _)| name.as_str());
