@@ -321,7 +321,8 @@ pub struct SnapshotConfig {
     /// Optional SQL condition restricting the snapshot, e.g. `published_at IS NULL`.
     #[serde(default)]
     pub r#where: Option<String>,
-    /// Rows per keyset chunk (one chunk is read ahead while the previous one is produced).
+    /// Rows per chunk of the snapshot's streamed scan, and so per snapshot checkpoint (one chunk is read
+    /// ahead while the previous one is produced: at most three are in memory).
     #[serde(default = "default_chunk_rows")]
     pub chunk_rows: usize,
     /// MySQL only: the brief lock that makes the snapshot's GTID read exact. "tables" (default,

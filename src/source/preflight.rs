@@ -8,7 +8,7 @@ use mysql_async::Conn;
 
 use super::column_types;
 use super::history::{self, Comparison};
-use super::key_order::{order_without_occurred_at, KeyType};
+use super::key_order::{index_columns, index_in_key_order, index_prefix, order_without_occurred_at, KeyType};
 use super::{NameCase, ServerInfo};
 use crate::config::{ColumnNames, Config, PayloadEncoding, PollOrder, ResumeBy};
 use crate::error::{classify_mysql, Error, Result};
@@ -721,7 +721,7 @@ async fn check_column_types(
     }
     report.push(
         &format!("table {table} column types"),
-        "types the connector reads (text in utf8mb4, integers, BINARY(16) ids, ENUM/SET, JSON, DATETIME/TIMESTAMP, \
+        "types the connector reads (text in a character set it decodes, integers, BINARY(16) ids, ENUM/SET, JSON, DATETIME/TIMESTAMP, \
          by column)",
         &if problems.is_empty() { "as expected".to_string() } else { format!("{} unreadable", problems.len()) },
         problems.is_empty(),
@@ -783,36 +783,30 @@ async fn check_column_types(
     Ok(())
 }
 
-/// The snapshot's keyset query reads along `(aggregate_type, aggregate_id, occurred_at)`, the id last: with
-/// an index that starts with those columns each chunk is an index range; without one the server sorts the
-/// rows after the last key for every chunk (correct, and memory-bounded on our side, but each chunk
-/// costs a scan of the rest of the table). A warning with the `ALTER TABLE` that adds it.
+/// The snapshot reads each table in one query ordered by `(aggregate_type, aggregate_id, occurred_at)`, the
+/// id last: with an index that starts with those columns the server walks it, without one it sorts the
+/// whole table first (correct, and memory-bounded on our side, but a sort of every row on the server, and
+/// no row arrives before it ends). A warning with the `ALTER TABLE` that adds it.
 async fn check_snapshot_index(
     conn: &mut Conn,
     table: &TableName,
     key: [&String; 4],
     report: &mut Report,
 ) -> Result<()> {
-    // The third column may be the id itself (a table without occurred_at): then the first two suffice,
-    // InnoDB appends the primary key to every secondary index.
-    let wanted: Vec<&String> = if key[2] == key[3] { key[..2].to_vec() } else { key[..3].to_vec() };
-    let indexes = index_columns(conn, table).await?;
-    let covered = indexes.iter().any(|(_, cols)| {
-        cols.len() >= wanted.len() && cols.iter().zip(&wanted).all(|(c, w)| c.eq_ignore_ascii_case(w))
-    });
+    let wanted = index_prefix(key.map(String::as_str));
     let setting = format!("table {table} snapshot index");
-    let expected = format!("an index on ({})", wanted.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", "));
-    if covered {
+    let listed = wanted.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
+    let expected = format!("an index on ({listed})");
+    if index_in_key_order(conn, table, &wanted).await?.is_some() {
         report.push(&setting, &expected, "present", true, "");
     } else {
         report.warn(
             &setting,
             &expected,
-            "none: the snapshot still runs in order, but every chunk sorts the rest of the table",
+            "none: the snapshot still runs in order, but the server sorts the whole table before the first row",
             &format!(
-                "ALTER TABLE {} ADD INDEX idx_outbox_cdc_snapshot ({}), ALGORITHM=INPLACE, LOCK=NONE",
-                table.quoted(),
-                wanted.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ")
+                "ALTER TABLE {} ADD INDEX idx_outbox_cdc_snapshot ({listed}), ALGORITHM=INPLACE, LOCK=NONE",
+                table.quoted()
             ),
         );
     }
@@ -943,26 +937,6 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
         );
     }
     Ok(report)
-}
-
-/// The indexes of `table` as (name, columns in index order).
-async fn index_columns(conn: &mut Conn, table: &TableName) -> Result<Vec<(String, Vec<String>)>> {
-    let columns: Vec<(String, String)> = conn
-        .exec(
-            "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS \
-             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY INDEX_NAME, SEQ_IN_INDEX",
-            (&table.database, &table.table),
-        )
-        .await
-        .map_err(|e| classify_mysql(&e))?;
-    let mut indexes: Vec<(String, Vec<String>)> = Vec::new();
-    for (index, column) in columns {
-        match indexes.last_mut() {
-            Some((name, cols)) if *name == index => cols.push(column),
-            _ => indexes.push((index, vec![column])),
-        }
-    }
-    Ok(indexes)
 }
 
 #[cfg(test)]
