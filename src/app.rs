@@ -104,10 +104,6 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
                         pipeline.lease_server = Some(acquired.server().clone());
                         pipeline.lease = Some(acquired.holding());
                         lease = Some(acquired);
-                        if config.source.kind == SourceKind::Poll {
-                            // The previous holder's last records land or are given up meanwhile.
-                            tokio::time::sleep(crate::pipeline::poll::TAKEOVER_WAIT).await;
-                        }
                     }
                     Ok(None) => break Ok(()),
                     Err(error) => break Err(error),

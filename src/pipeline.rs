@@ -44,7 +44,7 @@ use crate::source::overlap::Overlap;
 use crate::source::{preflight, SourceConn, SourceReader};
 
 mod plan;
-pub mod poll;
+mod poll;
 mod read_ahead;
 mod run;
 mod shutdown;

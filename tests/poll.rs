@@ -481,11 +481,12 @@ async fn database_crash_and_restart() {
 }
 
 /// The active relay is paused (SIGSTOP) under load past the failover timeout: a standby takes over, and
-/// when the paused one resumes it finds its lease gone and stands by; nothing of what it had handed to its
-/// producer lands after the new holder's records of the same aggregate (its producer gives up on them
-/// first), so the audit finds every event and none out of sequence order.
+/// when the paused one resumes it finds its lease gone and stands by; nothing is lost. Not asserted: the
+/// order of the paused relay's last records, which it had handed to its producer and can send when it
+/// resumes, after its successor's (a known gap: see `pipeline::poll`, "Who publishes"; a producer that gave
+/// up on records instead reordered events whenever a delivery was slow, seen under load in this test).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_paused_relay_lands_nothing_after_its_successor() {
+async fn a_paused_relay_stands_by_and_loses_nothing() {
     let db = MariaDb::start();
     create_relay_user(&db);
     let broker = Broker::start(Engine::Memory);
@@ -532,11 +533,12 @@ async fn a_paused_relay_lands_nothing_after_its_successor() {
     assert!(first.stderr().contains("lease lost"), "the paused relay never noticed:\n{}", first.logs());
     let records = broker.read_all(TOPIC, written.len(), CATCH_UP);
     let report = audit(&written.expected, &records);
-    assert!(report.is_clean(), "{}", report.summary());
-    let run = closing_audit(&second);
+    assert!(report.missing.is_empty() && report.split_aggregates.is_empty(), "{}", report.summary());
+    let run = second.audit(&[]);
+    assert_eq!(run.count("missing"), 0, "{}\n{}", run.report, run.stderr);
     let note = format!(
         "2 relays (failover_timeout_ms 3000); the active SIGSTOPped under load, the standby active {:.1} s later, \
-         SIGCONT 2 s after that: the old holder stands by",
+         SIGCONT 2 s after that: the old holder stands by; order not asserted (known gap)",
         took_over.as_secs_f64()
     );
     common::reliability::record("polling relay: paused relay wakes up after the takeover", &written, &run, None, &note);

@@ -12,11 +12,12 @@
 //!
 //! # Who publishes
 //! Only the holder of the lease ([`crate::lease`], taken in [`crate::app`]): the sink refuses every record
-//! once the lease is not provably held, and the app stops the run when it is lost. The relay's producer
-//! gives up on a record [`message_timeout`] (half the failover timeout) after it was handed over, and a
-//! relay that takes the lease over waits [`TAKEOVER_WAIT`] before its first read: a paused or cut-off
-//! relay stops handing records over at least half the failover timeout before the server frees its lock,
-//! so none of its records can land after the new holder's.
+//! once the lease is not provably held, and the app stops the run when it is lost. Like the binlog sink's,
+//! the producer never gives up on a record (`message.timeout.ms = 0`): a record given up while later ones
+//! of its partition land would come back after them on the retry, out of order. So records a paused relay
+//! had handed over and not yet sent can still land after its successor's when it resumes (the at-least-once
+//! duplicates of its last batches, possibly out of order once): a known gap, closed only by Kafka's own
+//! fencing (a transactional producer), which the relay does not use.
 //!
 //! # Errors
 //! - A delivery failure ends the run; nothing is written for it (an outage, a timeout, a restart never
@@ -64,18 +65,6 @@ const MAX_PENDING_BATCHES: usize = 32;
 
 /// The most gap ranges one read names; more are read as the one range that spans them.
 const MAX_GAP_RANGES: usize = 64;
-
-/// How long a relay that took the lease over waits before its first read: the previous holder's last
-/// records have been delivered or given up by then (module doc).
-pub const TAKEOVER_WAIT: Duration = Duration::from_millis(1_500);
-
-/// How long the relay's producer keeps trying to deliver a record: half the failover timeout. A holder
-/// stops handing records over half the failover timeout before a standby can hold the lock, so with
-/// [`TAKEOVER_WAIT`] (which covers the lease's rounding to whole seconds) every record of the old holder
-/// has landed or been given up before the new holder's first.
-pub fn message_timeout(failover: Duration) -> Duration {
-    failover / 2
-}
 
 /// A row handed to the producer.
 struct Sent {
@@ -167,8 +156,7 @@ pub(super) async fn run(
     // It ends when the run drops `marks`; marking rows Kafka acknowledged is right whenever it happens.
     let marker = tokio::spawn(marker(relay.clone(), source.connect().await?, requests, done));
     let watermark = Arc::new(Watermark::new(None));
-    let timeout = message_timeout(Duration::from_millis(config.delivery.failover_timeout_ms));
-    let mut sink = KafkaSink::with_message_timeout(&config.kafka, watermark.clone(), timeout)?;
+    let mut sink = KafkaSink::new(&config.kafka, watermark.clone())?;
     if let Some(lease) = lease {
         sink.publish_while(lease);
     }
@@ -648,11 +636,5 @@ mod tests {
         fill_gap(&mut gaps, 1);
         let ranges: Vec<(u64, u64)> = gaps.iter().map(|(lo, (hi, _))| (*lo, *hi)).collect();
         assert_eq!(ranges, [(11, 14), (16, 20)]);
-    }
-
-    /// The producer gives up on a record within half the failover timeout.
-    #[test]
-    fn records_are_given_up_within_half_the_failover() {
-        assert_eq!(message_timeout(Duration::from_secs(30)), Duration::from_secs(15));
     }
 }
