@@ -51,7 +51,7 @@ struct ConfigFile {
     /// The delivery guarantee, and taking over from another instance.
     #[serde(default)]
     pub delivery: DeliveryConfig,
-    /// The Schema Registry of `kafka.value_format = "avro"` and
+    /// The Schema Registry of `kafka.value_format = "avro" | "json_schema"` and
     /// `kafka.key_format = "avro"`.
     pub schema_registry: Option<SchemaRegistryConfig>,
 }
@@ -799,8 +799,8 @@ pub struct KafkaConfig {
     #[serde(default = "default_topic")]
     pub topic: String,
     /// "envelope" (default: event metadata + `data`), "payload" (the payload only), "cloudevents"
-    /// (structured JSON CloudEvents 1.0), or "avro": the payload encoded with its schema from
-    /// `[schema_registry]` in the Confluent wire format.
+    /// (structured JSON CloudEvents 1.0), or the payload with its schema from `[schema_registry]` in the
+    /// Confluent wire format: "avro" (an Avro datum) or "json_schema" (the JSON, validated).
     #[serde(default)]
     pub value_format: ValueFormat,
     /// "string" (default: the aggregate id's bytes), "json" (the aggregate id as a JSON string, what
@@ -890,12 +890,14 @@ pub enum ValueFormat {
     CloudEvents,
     /// The payload as an Avro datum of its registered schema, Confluent framed.
     Avro,
+    /// The payload, validated against its registered JSON Schema, Confluent framed.
+    JsonSchema,
 }
 
 impl ValueFormat {
     /// Whether the value is encoded with a schema from the registry.
     pub fn uses_registry(self) -> bool {
-        matches!(self, ValueFormat::Avro)
+        matches!(self, ValueFormat::Avro | ValueFormat::JsonSchema)
     }
 }
 
@@ -1762,8 +1764,8 @@ impl ConfigFile {
         };
         if !needs {
             return Err(Error::definite(
-                "[schema_registry] is set, but no format uses it: set kafka.value_format = \"avro\" (or \
-                 key_format = \"avro\"), or remove the section",
+                "[schema_registry] is set, but no format uses it: set kafka.value_format = \"avro\" or \
+                 \"json_schema\" (or key_format = \"avro\"), or remove the section",
             ));
         }
         registry.validate()?;

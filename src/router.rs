@@ -270,7 +270,7 @@ impl Router {
             KeyFormat::Avro => {
                 let schema = self.schema(key_subject(&record.topic), None, row, &poison)?;
                 let id = serde_json::Value::String(row.aggregate_id.clone());
-                schema.encode(&id, &mut record.key).expect("a string fits the string schema");
+                schema.encode(&id, "", &mut record.key).expect("a string fits the string schema");
             }
         }
         record.timestamp_ms = match self.record_timestamp {
@@ -321,7 +321,7 @@ impl Router {
                 )
                 .expect("serializing strings and raw JSON cannot fail");
             }
-            (ValueFormat::Avro, _) => {
+            (ValueFormat::Avro | ValueFormat::JsonSchema, _) => {
                 let schemas = self.schemas.as_ref().expect("validation requires [schema_registry]");
                 let version = schemas.version_of(row).map_err(|why| poison(PoisonKind::SchemaMissing, why))?;
                 let subject = schemas.value_subject(&record.topic, &row.aggregate_type, event_type);
@@ -331,7 +331,7 @@ impl Router {
                 };
                 let payload: serde_json::Value = serde_json::from_str(text)
                     .map_err(|e| poison(PoisonKind::InvalidPayload, format!("payload is not valid JSON: {e}")))?;
-                schema.encode(&payload, &mut record.value).map_err(|mismatch| {
+                schema.encode(&payload, text, &mut record.value).map_err(|mismatch| {
                     poison(
                         PoisonKind::SchemaMismatch,
                         format!(

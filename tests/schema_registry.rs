@@ -95,21 +95,27 @@ fn registry_toml(registry: &SchemaRegistry, extra: &str) -> String {
     format!("\n[schema_registry]\nurl = \"{}\"\n{extra}\n", registry.url())
 }
 
-/// The connector's config with `kafka_extra` in `[kafka]` and `tail` appended.
+/// The connector's config with `kafka_extra` in `[kafka]` (`value_format = "avro"` unless it says
+/// another) and `tail` appended.
 fn config(connector: &Connector, db: &MariaDb, broker: &Broker, kafka_extra: &str, tail: &str) -> PathBuf {
     let path = connector.write_config(db, broker, tail);
+    let format = if kafka_extra.contains("value_format") { "" } else { "value_format = \"avro\"\n" };
     let text = std::fs::read_to_string(&path).unwrap().replace(
         "topic = \"outbox.event.${aggregate_type}\"",
-        &format!("topic = \"outbox.event.${{aggregate_type}}\"\nvalue_format = \"avro\"\n{kafka_extra}"),
+        &format!("topic = \"outbox.event.${{aggregate_type}}\"\n{format}{kafka_extra}"),
     );
     std::fs::write(&path, text).unwrap();
     path
 }
 
 fn decode(registry: &SchemaRegistry, records: &[Received]) -> Vec<Value> {
+    decode_as(registry, "avro", records)
+}
+
+fn decode_as(registry: &SchemaRegistry, format: &str, records: &[Received]) -> Vec<Value> {
     let framed: Vec<Framed<'_>> = records
         .iter()
-        .map(|r| Framed { topic: &r.topic, format: "avro", key: false, bytes: r.value.as_deref().unwrap() })
+        .map(|r| Framed { topic: &r.topic, format, key: false, bytes: r.value.as_deref().unwrap() })
         .collect();
     registry.decode(&framed)
 }
@@ -319,5 +325,48 @@ async fn refused_credentials_are_definite_until_fixed() {
     let records = broker.read_all(TOPIC, 1, READ_TIMEOUT);
     assert_eq!(records.len(), 1, "{}", connector.logs());
     assert_eq!(decode(&registry, &records)[0], json!({"id": id, "value": decoded(1)}));
+    connector.terminate();
+}
+
+/// `value_format = "json_schema"`: the payload validated against its registered schema (which references
+/// another subject's), framed as written and decoded by confluent-kafka's JSONDeserializer; a payload that
+/// breaks the schema is dead-lettered with its path.
+#[tokio::test(flavor = "multi_thread")]
+async fn json_schema_validates_and_frames() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let registry = SchemaRegistry::start();
+    let money = json!({"$schema": "http://json-schema.org/draft-07/schema#", "$id": "https://acme.example/money.json",
+        "type": "object", "properties": {"amount": {"type": "string", "pattern": "^[0-9]+\\.[0-9]{2}$"},
+        "currency": {"type": "string"}}, "required": ["amount", "currency"]});
+    registry.register("money", "JSON", &money.to_string(), &[]);
+    let order = json!({"$schema": "http://json-schema.org/draft-07/schema#", "title": "OrderCreated", "type": "object",
+        "properties": {"lines": {"type": "array", "items": {"type": "object",
+            "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}}, "required": ["sku", "qty"]}},
+            "total": {"$ref": "https://acme.example/money.json"}},
+        "required": ["lines", "total"]});
+    let id = registry.register(SUBJECT, "JSON", &order.to_string(), &[("https://acme.example/money.json", "money", 1)]);
+    let mut conn = db.conn().await;
+    let good_payload = json!({"lines": [{"sku": "A", "qty": 2}], "total": {"amount": "19.90", "currency": "CHF"}});
+    let good = OutboxRow::new("A-1").schema_version(1).payload(good_payload.clone());
+    let bad = OutboxRow::new("B-1").schema_version(1).payload(
+        json!({"lines": [{"sku": "A", "qty": 2}, {"sku": "B", "qty": 0}], "total": {"amount": "1", "currency": "CHF"}}),
+    );
+    for row in [&bad, &good] {
+        insert_event(&mut conn, row).await.unwrap();
+    }
+    let mut connector = Connector::new();
+    let path = config(&connector, &db, &broker, "value_format = \"json_schema\"", &registry_toml(&registry, ""));
+    connector.run(&path);
+    let records = broker.read_all(TOPIC, 1, READ_TIMEOUT);
+    assert_eq!(records.len(), 1, "{}", connector.logs());
+    let value = records[0].value.as_deref().unwrap();
+    assert_eq!((value[0], &value[1..5]), (0, &id.to_be_bytes()[..]), "magic byte and schema id");
+    assert_eq!(&value[5..], good.payload.to_string().as_bytes(), "the JSON as the row holds it");
+    assert_eq!(decode_as(&registry, "json", &records)[0], json!({"id": id, "value": good_payload}));
+    let letter = dead_letter(&broker, &bad.id, 1);
+    assert_eq!(letter["kind"], "schema_mismatch", "{letter}");
+    let reason = letter["reason"].as_str().unwrap();
+    assert!(reason.contains("at $.lines[1].qty") && reason.contains("minimum"), "{reason}");
     connector.terminate();
 }

@@ -1,5 +1,6 @@
 //! Schema Registry formats: which schema a row is encoded with, fetched once and cached, and the
-//! Confluent wire format (`0x00`, the schema id as 4 bytes big-endian, then the datum).
+//! Confluent wire format (`0x00`, the schema id as 4 bytes big-endian, then the datum: Avro binary
+//! ([`avro`]) or the validated JSON ([`json_schema`])).
 //!
 //! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2; the router (same floor) imports it.
 //!
@@ -20,6 +21,7 @@
 //!   starts again from its checkpoint), never poison; refused credentials are definite.
 
 pub mod avro;
+pub mod json_schema;
 pub mod registry;
 
 use std::collections::HashMap;
@@ -31,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::outbox::{OutboxRow, SchemaVersion};
 
 use avro::{AvroCodec, Mismatch};
+use json_schema::JsonSchemaCodec;
 use registry::{Lookup, Registered, Registry};
 
 /// How long a "no such subject or version" answer stands before the registry is asked again.
@@ -76,18 +79,25 @@ pub struct Resolved {
 #[derive(Debug)]
 enum Codec {
     Avro(AvroCodec),
+    JsonSchema(JsonSchemaCodec),
 }
 
 impl Resolved {
-    /// Appends the framed datum of `payload` to `out`.
+    /// Appends the framed datum of `payload` (whose JSON text is `text`) to `out`.
     ///
     /// # Errors
     /// Where the payload does not fit the schema; `out` then holds a partial value.
-    pub fn encode(&self, payload: &serde_json::Value, out: &mut Vec<u8>) -> std::result::Result<(), Mismatch> {
+    pub fn encode(
+        &self,
+        payload: &serde_json::Value,
+        text: &str,
+        out: &mut Vec<u8>,
+    ) -> std::result::Result<(), Mismatch> {
         out.push(MAGIC);
         out.extend_from_slice(&self.id.to_be_bytes());
         match &self.codec {
             Codec::Avro(codec) => codec.encode(payload, out),
+            Codec::JsonSchema(codec) => codec.encode(payload, text, out),
         }
     }
 
@@ -95,6 +105,7 @@ impl Resolved {
     fn is_string(&self) -> bool {
         match &self.codec {
             Codec::Avro(codec) => codec.is_string(),
+            Codec::JsonSchema(_) => false,
         }
     }
 }
@@ -194,6 +205,7 @@ impl Schemas {
         let answer = blocking(|| self.fetch(subject, version, format));
         let entry = match answer {
             Ok(schema) => Entry::Known { schema: Arc::new(schema), at: Instant::now() },
+            Err(Lookup::Unusable(reason)) => Entry::Missing { reason, at: Instant::now() },
             Err(Lookup::NotFound(reason)) => {
                 let version = version.map_or("latest".to_string(), |v| format!("version {v}"));
                 Entry::Missing {
@@ -260,31 +272,32 @@ impl Schemas {
         let version_text = version.map_or_else(|| "latest".to_string(), |v| v.to_string());
         let registered = client.version(subject, &version_text)?;
         let schema_type = registered.schema_type.as_deref().unwrap_or("AVRO");
+        let mut references = Vec::new();
+        collect_references(client, &registered, &mut references, 0)?;
+        let unusable = |what: &str, e: String| {
+            Lookup::Unusable(format!(
+                "subject {subject:?} version {} (id {}) is not {what} the connector can read: {e}",
+                registered.version, registered.id
+            ))
+        };
         let codec = match (format, schema_type) {
             (ValueFormat::Avro, "AVRO") => {
-                let mut references = Vec::new();
-                collect_references(client, &registered, &mut references, 0)?;
-                let texts: Vec<String> = references.into_iter().map(|r| r.schema).collect();
-                AvroCodec::parse(&registered.schema, &texts).map_err(|e| {
-                    Error::definite(format!(
-                        "subject {subject:?} version {} (id {}) is not an Avro schema the connector can read: {e}",
-                        registered.version, registered.id
-                    ))
-                })?
+                let texts: Vec<String> = references.into_iter().map(|(_, r)| r.schema).collect();
+                Codec::Avro(AvroCodec::parse(&registered.schema, &texts).map_err(|e| unusable("an Avro schema", e))?)
             }
-            (format, found) => {
-                return Err(Lookup::Failed(Error::definite(format!(
-                "subject {subject:?} version {} (id {}) holds a {found} schema, and kafka.value_format = {format:?}",
+            (ValueFormat::JsonSchema, "JSON") => {
+                let named: Vec<(String, String)> = references.into_iter().map(|(name, r)| (name, r.schema)).collect();
+                Codec::JsonSchema(
+                    JsonSchemaCodec::parse(&registered.schema, &named).map_err(|e| unusable("a JSON Schema", e))?,
+                )
+            }
+            (format, found) => return Err(Lookup::Unusable(format!(
+                "subject {subject:?} version {} (id {}) holds a {found} schema, and the connector writes {format:?} \
+                     there",
                 registered.version, registered.id
-            ))))
-            }
+            ))),
         };
-        Ok(Resolved {
-            id: registered.id,
-            subject: registered.subject,
-            version: registered.version,
-            codec: Codec::Avro(codec),
-        })
+        Ok(Resolved { id: registered.id, subject: registered.subject, version: registered.version, codec })
     }
 }
 
@@ -301,11 +314,12 @@ pub fn render_subject(template: &str, topic: &str, aggregate_type: &str, event_t
         .replace("${event_type}", event_type)
 }
 
-/// The schemas `registered` references, each after its own references (depth-first), each once.
+/// The schemas `registered` references, each with the name it is referenced by, each after its own
+/// references (depth-first), each once.
 fn collect_references(
     client: &Registry,
     registered: &Registered,
-    into: &mut Vec<Registered>,
+    into: &mut Vec<(String, Registered)>,
     depth: usize,
 ) -> std::result::Result<(), Lookup> {
     if depth > 32 {
@@ -315,7 +329,7 @@ fn collect_references(
         ))));
     }
     for reference in &registered.references {
-        if into.iter().any(|r| r.subject == reference.subject && r.version == reference.version) {
+        if into.iter().any(|(_, r)| r.subject == reference.subject && r.version == reference.version) {
             continue;
         }
         let found = client.version(&reference.subject, &reference.version.to_string()).map_err(|e| match e {
@@ -326,7 +340,7 @@ fn collect_references(
             failed => failed,
         })?;
         collect_references(client, &found, into, depth + 1)?;
-        into.push(found);
+        into.push((reference.name.clone(), found));
     }
     Ok(())
 }

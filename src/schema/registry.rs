@@ -30,6 +30,8 @@ pub struct Registry {
 pub enum Lookup {
     /// The subject or version does not exist (the registry's message).
     NotFound(String),
+    /// The registry holds it, and it cannot be used: another schema type, or a schema that does not compile.
+    Unusable(String),
     /// The registry could not be asked or refused: an [`Error`], transient or definite.
     Failed(Error),
 }

@@ -219,13 +219,17 @@ def plain(value):
 def decode(url, credentials):
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     conf = {"url": url}
     if credentials:
         conf["basic.auth.user.info"] = credentials
     client = SchemaRegistryClient(conf)
-    deserializers = {"avro": AvroDeserializer(client)}
+    deserializers = {
+        "avro": AvroDeserializer(client),
+        "json": JSONDeserializer(None, schema_registry_client=client),
+    }
     for line in sys.stdin:
         if not line.strip():
             continue
