@@ -51,7 +51,7 @@ struct ConfigFile {
     /// The delivery guarantee, and taking over from another instance.
     #[serde(default)]
     pub delivery: DeliveryConfig,
-    /// The Schema Registry of `kafka.value_format = "avro" | "json_schema"` and
+    /// The Schema Registry of `kafka.value_format = "avro" | "json_schema" | "protobuf"` and
     /// `kafka.key_format = "avro"`.
     pub schema_registry: Option<SchemaRegistryConfig>,
 }
@@ -800,7 +800,8 @@ pub struct KafkaConfig {
     pub topic: String,
     /// "envelope" (default: event metadata + `data`), "payload" (the payload only), "cloudevents"
     /// (structured JSON CloudEvents 1.0), or the payload with its schema from `[schema_registry]` in the
-    /// Confluent wire format: "avro" (an Avro datum) or "json_schema" (the JSON, validated).
+    /// Confluent wire format: "avro" (an Avro datum), "json_schema" (the JSON, validated) or "protobuf"
+    /// (the payload as Protobuf's canonical JSON, written as the schema's first message).
     #[serde(default)]
     pub value_format: ValueFormat,
     /// "string" (default: the aggregate id's bytes), "json" (the aggregate id as a JSON string, what
@@ -892,12 +893,15 @@ pub enum ValueFormat {
     Avro,
     /// The payload, validated against its registered JSON Schema, Confluent framed.
     JsonSchema,
+    /// The payload (Protobuf's canonical JSON) as the registered schema's first message, Confluent framed
+    /// with the message-index array.
+    Protobuf,
 }
 
 impl ValueFormat {
     /// Whether the value is encoded with a schema from the registry.
     pub fn uses_registry(self) -> bool {
-        matches!(self, ValueFormat::Avro | ValueFormat::JsonSchema)
+        matches!(self, ValueFormat::Avro | ValueFormat::JsonSchema | ValueFormat::Protobuf)
     }
 }
 
@@ -1764,8 +1768,8 @@ impl ConfigFile {
         };
         if !needs {
             return Err(Error::definite(
-                "[schema_registry] is set, but no format uses it: set kafka.value_format = \"avro\" or \
-                 \"json_schema\" (or key_format = \"avro\"), or remove the section",
+                "[schema_registry] is set, but no format uses it: set kafka.value_format = \"avro\", \"json_schema\" \\
+                 or \"protobuf\" (or key_format = \"avro\"), or remove the section",
             ));
         }
         registry.validate()?;

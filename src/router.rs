@@ -321,7 +321,7 @@ impl Router {
                 )
                 .expect("serializing strings and raw JSON cannot fail");
             }
-            (ValueFormat::Avro | ValueFormat::JsonSchema, _) => {
+            (ValueFormat::Avro | ValueFormat::JsonSchema | ValueFormat::Protobuf, _) => {
                 let schemas = self.schemas.as_ref().expect("validation requires [schema_registry]");
                 let version = schemas.version_of(row).map_err(|why| poison(PoisonKind::SchemaMissing, why))?;
                 let subject = schemas.value_subject(&record.topic, &row.aggregate_type, event_type);

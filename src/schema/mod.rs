@@ -1,6 +1,7 @@
 //! Schema Registry formats: which schema a row is encoded with, fetched once and cached, and the
 //! Confluent wire format (`0x00`, the schema id as 4 bytes big-endian, then the datum: Avro binary
-//! ([`avro`]) or the validated JSON ([`json_schema`])).
+//! ([`avro`]), the validated JSON ([`json_schema`]), or the message-index array and the Protobuf message
+//! ([`protobuf`])).
 //!
 //! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2; the router (same floor) imports it.
 //!
@@ -22,6 +23,7 @@
 
 pub mod avro;
 pub mod json_schema;
+pub mod protobuf;
 pub mod registry;
 
 use std::collections::HashMap;
@@ -34,6 +36,7 @@ use crate::outbox::{OutboxRow, SchemaVersion};
 
 use avro::{AvroCodec, Mismatch};
 use json_schema::JsonSchemaCodec;
+use protobuf::ProtobufCodec;
 use registry::{Lookup, Registered, Registry};
 
 /// How long a "no such subject or version" answer stands before the registry is asked again.
@@ -80,6 +83,7 @@ pub struct Resolved {
 enum Codec {
     Avro(AvroCodec),
     JsonSchema(JsonSchemaCodec),
+    Protobuf(ProtobufCodec),
 }
 
 impl Resolved {
@@ -98,6 +102,7 @@ impl Resolved {
         match &self.codec {
             Codec::Avro(codec) => codec.encode(payload, out),
             Codec::JsonSchema(codec) => codec.encode(payload, text, out),
+            Codec::Protobuf(codec) => codec.encode(text, out),
         }
     }
 
@@ -105,7 +110,7 @@ impl Resolved {
     fn is_string(&self) -> bool {
         match &self.codec {
             Codec::Avro(codec) => codec.is_string(),
-            Codec::JsonSchema(_) => false,
+            Codec::JsonSchema(_) | Codec::Protobuf(_) => false,
         }
     }
 }
@@ -291,11 +296,19 @@ impl Schemas {
                     JsonSchemaCodec::parse(&registered.schema, &named).map_err(|e| unusable("a JSON Schema", e))?,
                 )
             }
-            (format, found) => return Err(Lookup::Unusable(format!(
+            (ValueFormat::Protobuf, "PROTOBUF") => {
+                let named: Vec<(String, String)> = references.into_iter().map(|(name, r)| (name, r.schema)).collect();
+                Codec::Protobuf(
+                    ProtobufCodec::parse(&registered.schema, &named).map_err(|e| unusable("a Protobuf schema", e))?,
+                )
+            }
+            (format, found) => {
+                return Err(Lookup::Unusable(format!(
                 "subject {subject:?} version {} (id {}) holds a {found} schema, and the connector writes {format:?} \
                      there",
                 registered.version, registered.id
-            ))),
+            )))
+            }
         };
         Ok(Resolved { id: registered.id, subject: registered.subject, version: registered.version, codec })
     }

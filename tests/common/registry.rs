@@ -117,6 +117,28 @@ impl SchemaRegistry {
         answer["id"].as_u64().expect("an id") as u32
     }
 
+    /// Registers a Protobuf schema (`.proto` text) with `serialized`, its base64 FileDescriptorProto, for
+    /// the deserializer's `?format=serialized` (see schema_registry.py).
+    pub fn register_protobuf(
+        &self,
+        subject: &str,
+        proto: &str,
+        serialized: &str,
+        references: &[(&str, &str, i64)],
+    ) -> u32 {
+        let references: Vec<serde_json::Value> = references
+            .iter()
+            .map(|(name, subject, version)| serde_json::json!({"name": name, "subject": subject, "version": version}))
+            .collect();
+        let body = serde_json::json!({"schema": proto, "schemaType": "PROTOBUF", "references": references,
+            "serialized": serialized});
+        let mut response = ureq::post(format!("{}/subjects/{subject}/versions", self.url()))
+            .send_json(&body)
+            .unwrap_or_else(|e| panic!("register {subject}: {e}"));
+        let answer: serde_json::Value = response.body_mut().read_json().expect("registry answer");
+        answer["id"].as_u64().expect("an id") as u32
+    }
+
     /// Each record decoded by confluent-kafka's deserializer with its own registry client: `{"id", "value"}`
     /// (the schema id from the frame, the decoded value as JSON) or `{"error"}`.
     pub fn decode(&self, records: &[Framed<'_>]) -> Vec<serde_json::Value> {

@@ -22,6 +22,9 @@ Confluent documents them:
     GET  /schemas/ids/{id}[?subject=…]          GET  /schemas/ids/{id}/versions
     POST /subjects/{s}   (look a schema up)     GET  /config, /config/{s}
 Errors are Confluent's: 40401 subject not found, 40402 version not found, 40403 schema not found.
+`?format=serialized` (what confluent-kafka's Protobuf deserializer asks for) answers a Protobuf schema as
+its base64 FileDescriptorProto, which this registry cannot compute from .proto text (that takes protoc): a
+test registering a Protobuf schema also sends it, in the body's `serialized` field (an extension of ours).
 """
 
 import base64
@@ -94,11 +97,21 @@ class Store:
 
 
 def normalize(body):
-    return {
+    out = {
         "schema": body["schema"],
         "schemaType": body.get("schemaType") or "AVRO",
         "references": body.get("references") or [],
     }
+    if body.get("serialized"):
+        out["serialized"] = body["serialized"]
+    return out
+
+
+def formatted(body, schema, query):
+    """`body` with the schema text as `?format=` asks for it."""
+    if "format=serialized" in query and schema.get("serialized"):
+        body["schema"] = schema["serialized"]
+    return body
 
 
 def serve(port, state_file, credentials):
@@ -151,7 +164,8 @@ def serve(port, state_file, credentials):
                 body, err = store.version(p[1], p[3])
                 if err:
                     return self.error(404, *err)
-                return self.reply(200, body)
+                schema = store.schemas[body["id"] - 1]
+                return self.reply(200, formatted(body, schema, urlparse(self.path).query))
             if len(p) >= 3 and p[:2] == ["schemas", "ids"] and p[2].isdigit():
                 sid = int(p[2])
                 if not 1 <= sid <= len(store.schemas):
@@ -170,7 +184,7 @@ def serve(port, state_file, credentials):
                     out["schemaType"] = schema["schemaType"]
                 if schema.get("references"):
                     out["references"] = schema["references"]
-                return self.reply(200, out)
+                return self.reply(200, formatted(out, schema, urlparse(self.path).query))
             return self.error(404, 404, f"no route {self.path}")
 
         def do_POST(self):
@@ -184,7 +198,8 @@ def serve(port, state_file, credentials):
             if len(p) == 2 and p[0] == "subjects":
                 wanted = normalize(body)
                 for v in store.subjects.get(p[1], []):
-                    if store.schemas[v["id"] - 1] == wanted:
+                    known = store.schemas[v["id"] - 1]
+                    if {k: known[k] for k in wanted} == wanted:
                         return self.reply(200, store.body(p[1], v))
                 return self.error(404, 40403, "Schema not found")
             return self.error(404, 404, f"no route {self.path}")
@@ -216,6 +231,36 @@ def plain(value):
     return value
 
 
+def protobuf(client, data, ctx):
+    """ProtobufDeserializer wants the message class up front: it is built from the writer schema the
+    frame's id names (with its references), as the first message; the deserializer then reads the frame
+    (magic byte, id, message indexes) and the message. Returned as Protobuf's canonical JSON."""
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+    from google.protobuf import descriptor_pb2, json_format
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from google.protobuf.message_factory import GetMessageClass
+
+    pool = DescriptorPool()
+
+    def add(schema_str, references):
+        for ref in references or []:
+            registered = client.get_version(ref.subject, ref.version, fmt="serialized")
+            add(registered.schema.schema_str, registered.schema.references)
+        fd = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(schema_str))
+        try:
+            pool.Add(fd)
+        except TypeError:
+            pass  # added already, by another reference
+        return fd
+
+    writer = client.get_schema(int.from_bytes(data[1:5], "big"), fmt="serialized")
+    fd = add(writer.schema_str, writer.references)
+    first = ".".join(filter(None, [fd.package, fd.message_type[0].name]))
+    message_class = GetMessageClass(pool.FindMessageTypeByName(first))
+    message = ProtobufDeserializer(message_class, {}, client)(data, ctx)
+    return json_format.MessageToDict(message)
+
+
 def decode(url, credentials):
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
@@ -229,6 +274,7 @@ def decode(url, credentials):
     deserializers = {
         "avro": AvroDeserializer(client),
         "json": JSONDeserializer(None, schema_registry_client=client),
+        "protobuf": lambda data, ctx: protobuf(client, data, ctx),
     }
     for line in sys.stdin:
         if not line.strip():
