@@ -432,3 +432,35 @@ async fn protobuf_with_nested_messages_and_a_referenced_proto() {
     assert!(reason.contains("at $.lines[0]") && reason.contains("weight"), "{reason}");
     connector.terminate();
 }
+
+/// `check` reaches the registry, authenticates, and says for each subject it can name (the routed topics'
+/// value and key subjects) whether it resolves; a missing one fails with the fix.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_reaches_the_registry_and_names_each_subject() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let registry = SchemaRegistry::start_with(Some("connector:s3cret"));
+    let id = registry.register(SUBJECT, "AVRO", &order_v1().to_string(), &[]);
+    let mut conn = db.conn().await;
+    insert_event(&mut conn, &OutboxRow::new("A-1").payload(payload(1))).await.unwrap();
+    let connector = Connector::new();
+    let auth = "username = \"connector\"\npassword = \"s3cret\"";
+    let path = config(&connector, &db, &broker, "key_format = \"avro\"", &registry_toml(&registry, auth));
+    let (status, out, err) = connector.command(&["check"], CLI_TIMEOUT).unwrap();
+    assert_eq!(status.code(), Some(2), "{out}{err}");
+    assert!(out.contains("[ok  ] schema registry: expected reachable, credentials accepted"), "{out}");
+    assert!(out.contains(&format!("[ok  ] subject {SUBJECT}: expected registered")), "{out}");
+    assert!(out.contains(&format!("latest version 1 (id {id})")), "{out}");
+    assert!(out.contains(&format!("[FAIL] subject {TOPIC}-key")), "{out}");
+    assert!(out.contains("register the schema \"string\" under it"), "{out}");
+
+    registry.register(&format!("{TOPIC}-key"), "AVRO", "\"string\"", &[]);
+    let (status, out, err) = connector.command(&["check"], CLI_TIMEOUT).unwrap();
+    assert!(status.success(), "{out}{err}");
+
+    let text = std::fs::read_to_string(&path).unwrap().replace("s3cret", "nope");
+    std::fs::write(&path, text).unwrap();
+    let (status, out, err) = connector.command(&["check"], CLI_TIMEOUT).unwrap();
+    assert_eq!(status.code(), Some(2), "{out}{err}");
+    assert!(out.contains("[FAIL] schema registry") && out.contains("refused the connector's credentials"), "{out}");
+}

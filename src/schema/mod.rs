@@ -22,6 +22,7 @@
 //!   starts again from its checkpoint), never poison; refused credentials are definite.
 
 pub mod avro;
+pub mod check;
 pub mod json_schema;
 pub mod protobuf;
 pub mod registry;
