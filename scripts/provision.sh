@@ -165,6 +165,11 @@ if ! command -v cargo >/dev/null; then
     fi
 fi
 CARGO_BIN="${CARGO_HOME:-$HOME/.cargo}/bin"
+# scripts/test gates on rustfmt and clippy: a toolchain installed without them gets them from rustup.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    command -v rustup >/dev/null || die "cargo fmt and cargo clippy are needed: install the rustfmt and clippy components"
+    rustup component add rustfmt clippy
+fi
 
 # --- Tansu broker ------------------------------------------------------------------------------
 tansu_version() { # prints the version of the tansu binary given as $1, or nothing

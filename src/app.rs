@@ -86,49 +86,58 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
     let mut lease: Option<Lease> = None;
     let outcome = loop {
         let started = Instant::now();
-        let result = match config.state.backend {
-            StateBackend::Local => pipeline.run(&shutdown).await,
-            StateBackend::Kafka => {
-                if let Some(lost) = lease.take_if(|l| !l.is_held()) {
-                    lost.release().await;
-                }
-                if lease.is_none() {
-                    let failover = Duration::from_millis(config.delivery.failover_timeout_ms);
-                    let name = &config.state.name;
-                    let fingerprint = Some(config.fingerprint());
-                    match Lease::acquire_as(&pipeline.source, name, fingerprint, failover, shutdown.requested()).await {
-                        Ok(Some(acquired)) => {
-                            pipeline.lease_server = Some(acquired.server().clone());
-                            pipeline.lease = Some(acquired.holding());
-                            lease = Some(acquired);
-                        }
-                        Ok(None) => break Ok(()),
-                        Err(error) => break Err(error),
-                    }
-                }
-                let lost = lease.as_ref().expect("acquired above").lost();
-                // Read again before each run, after fencing older writers: what is committed in Kafka is
-                // the truth, whatever the last run held in memory.
-                match Store::open_for(&config).await {
-                    Ok(store) => {
-                        let store = Arc::new(store);
-                        pipeline.store = Some(store.clone());
-                        *current_store.write().unwrap_or_else(|p| p.into_inner()) = Some(store);
-                        tokio::select! {
-                            result = pipeline.run(&shutdown) => result,
-                            // Dropping the run drops its producer, which purges what it has not sent.
-                            reason = lost => {
-                                let error = Error::transient(format!(
-                                    "lease lost ({reason}): stopped publishing; waiting as a standby"
-                                ));
-                                // Not ready until it holds the lease and runs again.
-                                crate::health::health().pipeline_failed(&error);
-                                Err(error)
-                            }
+        // Only the holder of the lease runs (see `crate::lease`): the Kafka backend's active/standby, and
+        // the polling relay's (one relay of a connector publishes; the others stand by).
+        let leased = config.state.backend == StateBackend::Kafka || config.source.kind == SourceKind::Poll;
+        let result = if !leased {
+            pipeline.run(&shutdown).await
+        } else {
+            if let Some(lost) = lease.take_if(|l| !l.is_held()) {
+                lost.release().await;
+            }
+            if lease.is_none() {
+                let failover = Duration::from_millis(config.delivery.failover_timeout_ms);
+                let name = &config.state.name;
+                let fingerprint = Some(config.fingerprint());
+                match Lease::acquire_as(&pipeline.source, name, fingerprint, failover, shutdown.requested()).await {
+                    Ok(Some(acquired)) => {
+                        pipeline.lease_server = Some(acquired.server().clone());
+                        pipeline.lease = Some(acquired.holding());
+                        lease = Some(acquired);
+                        if config.source.kind == SourceKind::Poll {
+                            // The previous holder's last records land or are given up meanwhile.
+                            tokio::time::sleep(crate::pipeline::poll::TAKEOVER_WAIT).await;
                         }
                     }
-                    Err(error) => Err(error.context("opening the state in Kafka")),
+                    Ok(None) => break Ok(()),
+                    Err(error) => break Err(error),
                 }
+            }
+            let lost = lease.as_ref().expect("acquired above").lost();
+            // The Kafka backend reads its state again before each run, after fencing older writers: what
+            // is committed in Kafka is the truth, whatever the last run held in memory.
+            let store = match config.state.backend {
+                StateBackend::Local => Ok(pipeline.store.clone().expect("the local store is opened once")),
+                StateBackend::Kafka => Store::open_for(&config).await.map(Arc::new),
+            };
+            match store {
+                Ok(store) => {
+                    pipeline.store = Some(store.clone());
+                    *current_store.write().unwrap_or_else(|p| p.into_inner()) = Some(store);
+                    tokio::select! {
+                        result = pipeline.run(&shutdown) => result,
+                        // Dropping the run drops its producer, which purges what it has not sent.
+                        reason = lost => {
+                            let error = Error::transient(format!(
+                                "lease lost ({reason}): stopped publishing; waiting as a standby"
+                            ));
+                            // Not ready until it holds the lease and runs again.
+                            crate::health::health().pipeline_failed(&error);
+                            Err(error)
+                        }
+                    }
+                }
+                Err(error) => Err(error.context("opening the state in Kafka")),
             }
         };
         match result {

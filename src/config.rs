@@ -188,50 +188,68 @@ impl Default for PruneConfig {
 
 /// `[poll]`: the polling relay (`source.kind = "poll"`), for servers whose binlog the connector may not read.
 ///
-/// Each relay claims small batches of due, unpublished rows (`published_at IS NULL AND next_attempt_at <=
-/// NOW(6)`) with a lease (`locked_at`, `locked_by`), publishes them, waits for Kafka's acknowledgements,
-/// then sets `published_at`. Several relays may poll one table; an aggregate's events are published in
-/// order whichever relay holds them (see `source::poll`).
+/// One relay of a connector (`[state] name`) is active at a time, holding the lease on the source server
+/// that the binlog source's standby uses ([`crate::lease`]); the others wait and take over within
+/// `[delivery] failover_timeout_ms`. The active relay reads unpublished rows (`published_at IS NULL`) in the
+/// order of the table's sequence column, publishes them, and once Kafka acknowledged them sets
+/// `published_at`, one statement per batch (see `source::poll`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(from = "PollConfigToml")]
 pub struct PollConfig {
-    /// How long a claim is valid, in milliseconds, unless its relay renews it (it does every third of it
-    /// while it waits for Kafka). Another relay takes over the rows of a lease that expired: a relay that
-    /// died leaves its rows for this long. Keep it well above the time Kafka takes to acknowledge a batch,
-    /// since a relay that cannot renew its lease in time may publish rows another relay publishes too.
-    /// Between 1000 and 86400000; default 30000.
-    pub lease_ms: u64,
-    /// Pause between claim queries while the table has nothing due, in milliseconds: the relay's load on
-    /// an idle database is one claim query per interval per table, and its added latency is up to one
-    /// interval. While rows are due, batches follow each other without pause. Between 1 and 3600000;
-    /// default 200.
+    /// How an aggregate's events are ordered: "sequence" (default: the table's `AUTO_INCREMENT` column,
+    /// insertion order; a table without one is refused with the `ALTER TABLE` that adds it) or
+    /// "occurred_at" (`occurred_at`, then `id`: events that share a timestamp come out in id order, and
+    /// writers with skewed clocks reorder an aggregate's events; every read also looks again at all
+    /// unpublished rows, which costs more with many parked rows).
+    pub order: PollOrder,
+    /// The longest pause between reads while the table has nothing unpublished, in milliseconds: after an
+    /// empty read the relay waits a sixteenth of it, doubling up to it, so an idle relay costs the
+    /// database one statement per interval, and the first event after a quiet spell waits at most one
+    /// interval. While rows keep coming, reads follow each other without pause. Between 16 and 3600000;
+    /// default 1000.
     pub poll_interval_ms: u64,
-    /// Rows claimed per batch (one claim transaction, one `UPDATE` marking them published). Between 1 and
-    /// 10000; default 500.
+    /// Rows read per statement, and the most marked published by one statement. Between 1 and 10000;
+    /// default 1000.
     pub batch_rows: usize,
-    /// Failed deliveries after which a row is poison: it goes to the dead-letter topic and its aggregate is
-    /// held, as with the binlog source. After each failure the row waits `min(300 s, 2^attempts s)` (drawn
-    /// from the upper half of that, so relays do not retry in lockstep). Between 1 and 1000; default 10.
-    pub max_attempts: u32,
-    /// This relay's name in `locked_by`. Default: the host name and the process id (`host:pid`), unique
-    /// among relays running at the same time. Up to 128 characters.
+    /// No longer used: the relay takes over from a dead one after `[delivery] failover_timeout_ms`, and
+    /// leases no rows. Accepted so that older files still load.
+    pub lease_ms: Option<u64>,
+    /// No longer used: a record the broker refuses for good is dead-lettered at once, as with the binlog
+    /// source (its row's `attempts` counts the refusal), and an unreachable or slow broker is waited out,
+    /// never counted. Accepted so that older files still load.
+    pub max_attempts: Option<u32>,
+    /// This relay's name in logs and in the lease (who holds it). Default: the host name and the process id
+    /// (`host:pid`). Up to 128 characters.
     pub relay_id: Option<String>,
     /// Whether the file has a `[poll]` table (only meaningful with `source.kind = "poll"`).
     set: bool,
+}
+
+/// `[poll] order`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PollOrder {
+    /// The table's `AUTO_INCREMENT` column: insertion order.
+    #[default]
+    Sequence,
+    /// `occurred_at`, then the event id.
+    OccurredAt,
 }
 
 /// `[poll]` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PollConfigToml {
-    #[serde(default = "default_lease_ms")]
-    lease_ms: u64,
+    #[serde(default)]
+    order: PollOrder,
     #[serde(default = "default_poll_interval_ms")]
     poll_interval_ms: u64,
     #[serde(default = "default_poll_batch_rows")]
     batch_rows: usize,
-    #[serde(default = "default_max_attempts")]
-    max_attempts: u32,
+    #[serde(default)]
+    lease_ms: Option<u64>,
+    #[serde(default)]
+    max_attempts: Option<u32>,
     #[serde(default)]
     relay_id: Option<String>,
 }
@@ -239,9 +257,10 @@ struct PollConfigToml {
 impl From<PollConfigToml> for PollConfig {
     fn from(t: PollConfigToml) -> Self {
         PollConfig {
-            lease_ms: t.lease_ms,
+            order: t.order,
             poll_interval_ms: t.poll_interval_ms,
             batch_rows: t.batch_rows,
+            lease_ms: t.lease_ms,
             max_attempts: t.max_attempts,
             relay_id: t.relay_id,
             set: true,
@@ -252,10 +271,11 @@ impl From<PollConfigToml> for PollConfig {
 impl Default for PollConfig {
     fn default() -> Self {
         PollConfig {
-            lease_ms: default_lease_ms(),
+            order: PollOrder::default(),
             poll_interval_ms: default_poll_interval_ms(),
             batch_rows: default_poll_batch_rows(),
-            max_attempts: default_max_attempts(),
+            lease_ms: None,
+            max_attempts: None,
             relay_id: None,
             set: false,
         }
@@ -275,23 +295,24 @@ impl PollConfig {
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "localhost".into());
         let pid = std::process::id().to_string();
-        // Cut the host name so that the id fits `locked_by VARCHAR(128)` with the pid.
         let host: String = host.chars().take(127 - pid.len()).collect();
         format!("{host}:{pid}")
     }
+
+    /// The keys this file sets that no longer do anything, for a warning at start.
+    pub fn ignored_keys(&self) -> Vec<&'static str> {
+        [("lease_ms", self.lease_ms.is_some()), ("max_attempts", self.max_attempts.is_some())]
+            .into_iter()
+            .filter_map(|(key, set)| set.then_some(key))
+            .collect()
+    }
 }
 
-fn default_lease_ms() -> u64 {
-    30_000
-}
 fn default_poll_interval_ms() -> u64 {
-    200
+    1_000
 }
 fn default_poll_batch_rows() -> usize {
-    500
-}
-fn default_max_attempts() -> u32 {
-    10
+    1_000
 }
 
 /// `[snapshot]`: rows that exist before the connector's first start.
@@ -306,7 +327,8 @@ pub struct SnapshotConfig {
     /// Optional SQL condition restricting the snapshot, e.g. `published_at IS NULL`.
     #[serde(default)]
     pub r#where: Option<String>,
-    /// Rows per keyset chunk (one chunk is read ahead while the previous one is produced).
+    /// Rows per chunk of the snapshot's streamed scan, and so per snapshot checkpoint (one chunk is read
+    /// ahead while the previous one is produced: at most three are in memory).
     #[serde(default = "default_chunk_rows")]
     pub chunk_rows: usize,
     /// MySQL only: the brief lock that makes the snapshot's GTID read exact. "tables" (default,
@@ -1822,7 +1844,8 @@ impl ConfigFile {
         if state.backend == StateBackend::Kafka && self.source.kind == SourceKind::Poll {
             return Err(Error::definite(
                 "state.backend = \"kafka\" does not apply to the polling relay: its state is the outbox table \
-                 itself (published_at, locks), and several relays may run at once; remove it",
+                 itself (published_at, parked rows), and its standbys share it through the source server's \
+                 lease; remove it",
             ));
         }
         if state.backend == StateBackend::Kafka && self.source.kind == SourceKind::Files {
@@ -1873,18 +1896,12 @@ impl ConfigFile {
         if !(1..=10_000).contains(&poll.batch_rows) {
             return Err(Error::definite("poll.batch_rows must be between 1 and 10000"));
         }
-        if !(1..=3_600_000).contains(&poll.poll_interval_ms) {
-            return Err(Error::definite("poll.poll_interval_ms must be between 1 and 3600000"));
-        }
-        if !(1_000..=86_400_000).contains(&poll.lease_ms) {
-            return Err(Error::definite("poll.lease_ms must be between 1000 and 86400000"));
-        }
-        if !(1..=1_000).contains(&poll.max_attempts) {
-            return Err(Error::definite("poll.max_attempts must be between 1 and 1000"));
+        if !(16..=3_600_000).contains(&poll.poll_interval_ms) {
+            return Err(Error::definite("poll.poll_interval_ms must be between 16 and 3600000"));
         }
         match &poll.relay_id {
             Some(id) if id.is_empty() || id.len() > 128 => {
-                Err(Error::definite("poll.relay_id must be 1 to 128 characters (it is stored in locked_by)"))
+                Err(Error::definite("poll.relay_id must be 1 to 128 characters"))
             }
             _ => Ok(()),
         }
@@ -1930,10 +1947,13 @@ impl ConfigFile {
                          reads no binlog: remove it",
                     ));
                 }
-                if self.snapshot.mode != SnapshotMode::Never {
+                // The relay publishes every unpublished row (published_at IS NULL) whatever the mode:
+                // "initial" (the default) and "never" both fit it; the modes that promise more do not.
+                if matches!(self.snapshot.mode, SnapshotMode::InitialOnly | SnapshotMode::WhenNeeded) {
                     return Err(Error::definite(
                         "source.kind = \"poll\" publishes every unpublished row of the table (published_at IS \
-                         NULL), so there is nothing to snapshot. Set [snapshot] mode = \"never\"",
+                         NULL) and reads no binlog, so [snapshot] mode = \"initial_only\" or \"when_needed\" \
+                         has nothing to do: remove [snapshot] mode",
                     ));
                 }
             }
@@ -2415,32 +2435,39 @@ mod tests {
         let c = Config::parse(POLL).unwrap();
         assert_eq!(c.source.kind, SourceKind::Poll);
         let p = &c.poll;
-        assert_eq!((p.lease_ms, p.poll_interval_ms, p.batch_rows, p.max_attempts), (30_000, 200, 500, 10));
+        assert_eq!((p.order, p.poll_interval_ms, p.batch_rows), (PollOrder::Sequence, 1_000, 1_000));
+        assert!(p.ignored_keys().is_empty());
         let id = p.relay_id();
         assert!(id.ends_with(&format!(":{}", std::process::id())) && id.len() <= 128, "{id}");
         let with = |extra: &str| Config::parse(&format!("{POLL}\n[poll]\n{extra}\n"));
-        let c = with("lease_ms = 5000\npoll_interval_ms = 50\nbatch_rows = 20\nmax_attempts = 3\nrelay_id = \"r1\"")
-            .unwrap();
+        let c = with(
+            "order = \"occurred_at\"\npoll_interval_ms = 50\nbatch_rows = 20\nrelay_id = \"r1\"\nlease_ms = 5000\nmax_attempts = 3",
+        )
+        .unwrap();
         assert_eq!(
-            (c.poll.lease_ms, c.poll.poll_interval_ms, c.poll.batch_rows, c.poll.max_attempts, c.poll.relay_id()),
-            (5000, 50, 20, 3, "r1".to_string())
+            (c.poll.order, c.poll.poll_interval_ms, c.poll.batch_rows, c.poll.relay_id()),
+            (PollOrder::OccurredAt, 50, 20, "r1".to_string())
         );
+        assert_eq!(c.poll.ignored_keys(), ["lease_ms", "max_attempts"], "older files load, with a warning");
         let cases: &[(&str, &str)] = &[
-            ("lease_ms = 10", "poll.lease_ms"),
-            ("poll_interval_ms = 0", "poll.poll_interval_ms"),
+            ("poll_interval_ms = 10", "poll.poll_interval_ms"),
             ("batch_rows = 0", "poll.batch_rows"),
-            ("max_attempts = 0", "poll.max_attempts"),
             ("relay_id = \"\"", "poll.relay_id"),
+            ("order = \"random\"", "unknown variant `random`"),
             ("lease = 5", "unknown field `lease`"),
         ];
         for (extra, expected) in cases {
             let e = with(extra).unwrap_err().to_string();
             assert!(e.contains(expected), "{extra}: {e}");
         }
+        // The default snapshot mode fits the relay (it publishes every unpublished row); the modes that
+        // promise more are refused.
+        assert!(Config::parse(&POLL.replace("mode = \"never\"", "mode = \"initial\"")).is_ok());
+        assert!(Config::parse(&POLL.replace("[snapshot]\n        mode = \"never\"", "")).is_ok());
         let refusals: &[(String, &str)] = &[
             (POLL.replace("user = \"relay\"", "user = \"relay\"\nserver_id = 7"), "remove it"),
             (POLL.replace("host = \"127.0.0.1\"", ""), "source.host and source.user are required"),
-            (POLL.replace("mode = \"never\"", "mode = \"initial\""), "nothing to snapshot"),
+            (POLL.replace("mode = \"never\"", "mode = \"when_needed\""), "has nothing to do"),
             (POLL.replace("kind = \"poll\"", "kind = \"poll\"\nbinlog_dir = \"/b\""), "only with"),
             (format!("{MINIMAL}\n[poll]\nbatch_rows = 5\n"), "[poll] applies only with source.kind = \"poll\""),
         ];

@@ -8,8 +8,9 @@
 //! See [`pipeline`] for the data flow. The same path also reads binlog files from disk instead of a server
 //! (`[source] kind = "files"`, [`source::files`]) for forensics and disaster recovery.
 //! For servers whose binlog the connector may not read, a polling relay (`[source] kind = "poll"`,
-//! [`source::poll`]) claims unpublished rows of the table, publishes them through the same router and sink,
-//! and marks them `published_at`.
+//! [`source::poll`]) reads unpublished rows of the table in the order of its sequence column, publishes them
+//! through the same router and sink, and marks them `published_at`; one relay of a connector publishes at a
+//! time, under the same lease as the binlog source's standby.
 //!
 //! # Delivery guarantee
 //! - **No loss**: the checkpoint ([`checkpoint`]) is the end of the newest source transaction that Kafka

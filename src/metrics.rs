@@ -106,29 +106,31 @@ pub mod names {
 
     // The polling relay (`source.kind = "poll"`); 0 (or absent labels) under the binlog source.
     /// Counter by `kind` (claim, mark, fail, park, renew, backlog): SQL statements the relay sent to the
-    /// source database. A claim that finds nothing due is one statement; one that leases rows is six
-    /// (heads, rows, START TRANSACTION, locking read, lease, COMMIT); a renewal is two.
+    /// source database. `claim`: reads of unpublished rows (in order, of the sequence gaps, sweeps); `mark`:
+    /// the `published_at` updates; `fail`: refused records counted in their rows; `park`; `backlog`: the
+    /// backlog count and the read of parked rows. `renew` stays 0 (earlier relays leased rows).
     pub const POLL_QUERIES: &str = "outbox_cdc_poll_queries";
-    /// Counter: rows the relay claimed (leased to itself).
+    /// Counter: rows the relay read and handed to the producer.
     pub const POLL_ROWS_CLAIMED: &str = "outbox_cdc_poll_rows_claimed";
     /// Counter: rows the relay marked `published_at` after Kafka acknowledged them.
     pub const POLL_ROWS_PUBLISHED: &str = "outbox_cdc_poll_rows_published";
-    /// Counter: rows whose delivery failed (`attempts + 1`, retried later).
+    /// Counter: rows whose record the broker refused for good (`attempts + 1`; dead-lettered next).
     pub const POLL_ROWS_FAILED: &str = "outbox_cdc_poll_rows_failed";
     /// Counter: rows parked after going to the dead-letter topic (they hold their aggregate).
     pub const POLL_ROWS_PARKED: &str = "outbox_cdc_poll_rows_parked";
-    /// Counter: rows claimed from another relay whose lease had expired.
+    /// Counter: stays 0 (earlier relays leased rows; the relay now holds the connector's lease).
     pub const POLL_LEASE_TAKEOVERS: &str = "outbox_cdc_poll_lease_takeovers";
-    /// Counter: batches this relay stopped publishing because its lease was taken over or could not be
-    /// renewed, or whose rows it could not all mark (another relay publishes them again).
+    /// Counter: stays 0 (earlier relays leased rows; a lost lease now shows in [`LEASE_HELD`]).
     pub const POLL_LEASES_LOST: &str = "outbox_cdc_poll_leases_lost";
-    /// Counter: polls that found nothing to claim in any table (each followed by `poll.poll_interval_ms`).
+    /// Counter: reads that found nothing in any table (each followed by a pause of up to
+    /// `poll.poll_interval_ms`).
     pub const POLL_IDLE_POLLS: &str = "outbox_cdc_poll_idle_polls";
-    /// Gauge: unpublished rows that are due (parked and backing-off rows excluded), counted at most every
-    /// 5 s and capped at [`crate::metrics::POLL_BACKLOG_CAP`] (a count reads every row it counts).
+    /// Gauge: unpublished rows that are not parked (held ones included), counted every 10 s while the relay
+    /// is busy or holds an aggregate (0 when idle), capped at [`crate::metrics::POLL_BACKLOG_CAP`] (a count
+    /// reads every row it counts).
     pub const POLL_BACKLOG_ROWS: &str = "outbox_cdc_poll_backlog_rows";
-    /// Gauge: seconds since the oldest due unpublished row became due (its `next_attempt_at`): the relay's
-    /// lag; 0 when nothing is due. Read with the backlog.
+    /// Gauge: the age of the first unpublished, not parked row in the table's order, by its `occurred_at`
+    /// (UTC): the relay's lag; 0 when there is none. Read with the backlog.
     pub const POLL_OLDEST_DUE_SECONDS: &str = "outbox_cdc_poll_oldest_due_seconds";
 
     /// Deprecated names, each with its replacement: exposed with the replacement's value for one release
@@ -623,17 +625,17 @@ pub const POLL_BACKLOG_CAP: u64 = 100_000;
 /// What a polling relay's statement was for ([`names::POLL_QUERIES`]' `kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PollQuery {
-    /// Finding, locking and leasing rows (including the claim transaction's START and COMMIT).
+    /// Reading unpublished rows: in order, the sequence gaps, the sweeps.
     Claim,
     /// Marking a batch published.
     Mark,
-    /// Recording a failed delivery.
+    /// Recording a record the broker refused.
     Fail,
     /// Parking a dead-lettered row.
     Park,
-    /// Renewing a lease (and checking it is still held).
+    /// Renewing a row lease: no longer sent (earlier relays leased rows); kept so the series stays.
     Renew,
-    /// Counting the backlog.
+    /// Counting the backlog, reading the parked rows.
     Backlog,
 }
 

@@ -44,7 +44,7 @@ use crate::source::overlap::Overlap;
 use crate::source::{preflight, SourceConn, SourceReader};
 
 mod plan;
-mod poll;
+pub mod poll;
 mod read_ahead;
 mod run;
 mod shutdown;
@@ -108,7 +108,15 @@ impl Pipeline {
             return self.run_files(shutdown).await;
         }
         if config.source.kind == SourceKind::Poll {
-            return poll::run(config, &self.source, self.router.clone(), self.store().clone(), shutdown).await;
+            return poll::run(
+                config,
+                &self.source,
+                self.router.clone(),
+                self.store().clone(),
+                self.lease.clone(),
+                shutdown,
+            )
+            .await;
         }
         let ServerPlan { info, plan } =
             plan::server(&self.source, config, self.store(), self.accept_new_server).await?;

@@ -117,7 +117,7 @@ async fn check_refuses_unreadable_column_types() {
 
     db.sql(
         "ALTER TABLE shop.outbox_events MODIFY id BINARY(8) NOT NULL, MODIFY schema_version DOUBLE NOT NULL, \
-         MODIFY aggregate_id VARCHAR(128) CHARACTER SET latin1 NOT NULL, MODIFY occurred_at DATE NOT NULL, \
+         MODIFY aggregate_id VARCHAR(128) CHARACTER SET swe7 NOT NULL, MODIFY occurred_at DATE NOT NULL, \
          MODIFY event_type VARBINARY(128) NOT NULL, MODIFY payload BLOB NOT NULL, \
          MODIFY aggregate_type SET('payment','order') NOT NULL",
     );
@@ -131,7 +131,7 @@ async fn check_refuses_unreadable_column_types() {
         // Issue 18: a text schema_version is read (an envelope string); a floating-point one is not.
         "column `schema_version` (schema_version) of shop.outbox_events is double",
         "an integer type (SMALLINT UNSIGNED) or CHAR/VARCHAR in utf8mb4",
-        "column `aggregate_id` (aggregate_id) of shop.outbox_events is varchar(128) (character set latin1",
+        "column `aggregate_id` (aggregate_id) of shop.outbox_events is varchar(128) (character set swe7: the connector has no decoder for it",
         "column `occurred_at` (occurred_at) of shop.outbox_events is date",
         "DATETIME(6) or TIMESTAMP(6)",
     ] {
@@ -197,6 +197,211 @@ async fn type_altered_while_streaming_is_undecodable_with_the_fix() {
     );
     let published = broker.read_all("outbox.event.order", 1, Duration::from_secs(3));
     assert_eq!(published.len(), 1, "only the row before the ALTER is published: {published:?}");
+    assert!(connector.is_running(), "{}", connector.logs());
+    connector.terminate();
+}
+
+/// Rows whose text columns are in legacy character sets: an id in big5, an aggregate id in latin1
+/// (`€` is 0x80: MySQL's latin1 is Windows-1252), the event type and the payload in gbk. The snapshot reads
+/// them through its utf8mb4 session (the server converts), the stream from the binlog (the columns' own
+/// bytes, decoded by their TABLE_MAP character set): the same events, in UTF-8, on the same topic and key.
+/// Before, `check` and `run` refused every character set but UTF-8 and ascii.
+#[tokio::test(flavor = "multi_thread")]
+async fn legacy_charsets_snapshot_and_stream_alike() {
+    use mysql_async::prelude::Queryable;
+    const TOPIC: &str = "outbox.event.order";
+    /// (id suffix, aggregate id, event type, payload).
+    const ROWS: &[(&str, &str, &str, &str)] = &[
+        ("訂單-1", "Zürich-€", "订单已创建", r#"{"城市": "北京", "n": 1}"#),
+        ("訂單-2", "Ærøskøbing", "订单已支付", r#"{"城市": "上海"}"#),
+    ];
+    let db = MariaDb::start();
+    db.sql(
+        "ALTER TABLE shop.outbox_events MODIFY id VARCHAR(64) CHARACTER SET big5 NOT NULL, \
+         MODIFY aggregate_id VARCHAR(128) CHARACTER SET latin1 NOT NULL, \
+         MODIFY event_type VARCHAR(128) CHARACTER SET gbk NOT NULL, \
+         MODIFY payload LONGTEXT CHARACTER SET gbk NOT NULL",
+    );
+    let mut conn = db.conn().await;
+    let insert = async |conn: &mut mysql_async::Conn, prefix: &str| {
+        for (id, aggregate_id, event_type, payload) in ROWS {
+            conn.exec_drop(
+                "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
+                 payload, occurred_at, next_attempt_at) VALUES (?, 'order', ?, ?, 1, ?, '2026-03-01', NOW(6))",
+                (format!("{prefix}-{id}"), aggregate_id, event_type, payload),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    insert(&mut conn, "snap").await;
+    let broker = Broker::start(Engine::Memory);
+    let mut connector = Connector::start(&db, &broker, "[snapshot]\nmode = \"initial\"\n");
+    wait_streaming(&connector);
+    insert(&mut conn, "stream").await;
+
+    let records = broker.read_all(TOPIC, 2 * ROWS.len(), READ_TIMEOUT);
+    assert_eq!(records.len(), 2 * ROWS.len(), "{records:?}\n{}", connector.logs());
+    for (id, aggregate_id, event_type, payload) in ROWS {
+        let mut seen = Vec::new();
+        for source in ["snap", "stream"] {
+            let id = format!("{source}-{id}");
+            let record = records
+                .iter()
+                .find(|r| r.header_str("id") == Some(&id))
+                .unwrap_or_else(|| panic!("{id} was not published\n{records:?}\n{}", connector.logs()));
+            assert_eq!(record.header_str("source") == Some("snapshot"), source == "snap", "{id}");
+            assert_eq!(record.key.as_deref(), Some(aggregate_id.as_bytes()), "{id}");
+            let mut value = envelope(record);
+            let data: serde_json::Value = serde_json::from_str(payload).unwrap();
+            assert_eq!(
+                (&value["aggregate_id"], &value["type"], &value["data"]),
+                (&(*aggregate_id).into(), &(*event_type).into(), &data),
+                "{id}: {value}"
+            );
+            value["event_id"] = serde_json::Value::Null;
+            seen.push(value);
+        }
+        assert_eq!(seen[0], seen[1], "{id}: the snapshot's and the stream's events differ");
+    }
+    assert!(broker.read_all(DEAD_LETTER, 1, Duration::from_secs(3)).is_empty(), "{}", connector.logs());
+    let (status, out, err) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("[ok  ] table shop.outbox_events column types"), "{out}");
+    connector.terminate();
+}
+
+/// The stream's decoders against the server's own conversion (`CONVERT(bytes USING cs)`, returned in the
+/// utf8mb4 session as the snapshot reads text): every character set the server has is decoded to the same
+/// text or refused with the fix; every byte of each single-byte one, and text the server writes in each
+/// multi-byte one. What the decoder gives must be what the server gives; where it would differ (or the
+/// server has no character, `?`) the decoder refuses: the row is undecodable, never published as other
+/// text than the snapshot's. Every collation id the server lists names its character set.
+#[tokio::test(flavor = "multi_thread")]
+async fn charsets_decode_as_the_server_converts() {
+    use mysql_async::prelude::Queryable;
+    use outbox_cdc::source::charset::{collation_charset, Charset};
+    let db = MariaDb::start();
+    let mut conn = db.conn().await;
+    let ids: Vec<(u64, String)> = conn
+        .query("SELECT ID, CHARACTER_SET_NAME FROM information_schema.COLLATION_CHARACTER_SET_APPLICABILITY")
+        .await
+        .unwrap();
+    assert!(ids.len() > 200, "{} collations", ids.len());
+    let wrong: Vec<_> = ids
+        .iter()
+        .filter(|(id, charset)| collation_charset(u16::try_from(*id).unwrap()).as_deref() != Some(charset.as_str()))
+        .collect();
+    assert!(wrong.is_empty(), "collation ids naming another character set: {wrong:?}");
+
+    let charsets: Vec<(String, u32)> =
+        conn.query("SELECT CHARACTER_SET_NAME, MAXLEN FROM information_schema.CHARACTER_SETS").await.unwrap();
+    let (mut decoded, mut refused, mut mismatches) = (Vec::new(), Vec::new(), Vec::new());
+    // Characters the server has that the decoder reads alike, by character set; and those it refuses.
+    let (mut read, mut refused_characters) = (std::collections::BTreeMap::<String, usize>::new(), Vec::new());
+    // `binary` is no text: a binary string's bytes are published as they are, and must be UTF-8.
+    for (name, max_len) in charsets.into_iter().filter(|(name, _)| name != "binary") {
+        let charset = match Charset::by_name(&name) {
+            Ok(charset) => charset,
+            Err(why) => {
+                assert!(why.contains("utf8mb4"), "{why}");
+                refused.push(name);
+                continue;
+            }
+        };
+        for row in characters(&mut conn, &name, max_len).await {
+            // One query per row of characters, each converted on its own.
+            let columns = vec![format!("CONVERT(UNHEX(?) USING {name})"); row.len()].join(", ");
+            let hexes: Vec<String> = row.iter().map(|c| c.iter().map(|b| format!("{b:02X}")).collect()).collect();
+            let server: mysql_async::Row =
+                conn.exec_first(format!("SELECT {columns}"), hexes.clone()).await.unwrap().unwrap();
+            for (i, bytes) in row.iter().enumerate() {
+                let server: Option<String> = server.get(i).unwrap();
+                let server = server.unwrap_or_default();
+                let has_character = !server.contains('?') && !server.contains('\u{fffd}');
+                match charset.decode(bytes) {
+                    Ok(text) if text == server => *read.entry(name.clone()).or_default() += 1,
+                    Ok(text) => mismatches.push(format!("{name} {}: server {server:?}, ours {text:?}", hexes[i])),
+                    Err(_) if has_character => refused_characters.push(format!("{name} {}", hexes[i])),
+                    Err(_) => {}
+                }
+            }
+        }
+        decoded.push(name);
+    }
+    assert!(mismatches.is_empty(), "{} mismatches:\n{}", mismatches.len(), mismatches.join("\n"));
+    // The refused characters are the server's own extensions (big5's ETEN rows, EUC-JP's user-defined
+    // rows, the single-byte sets' odd bytes): the common text of each set decodes.
+    for (name, at_least) in [("latin1", 256), ("gbk", 21_000), ("big5", 13_000), ("sjis", 7_000), ("ujis", 12_000)] {
+        let got = read.get(name).copied().unwrap_or(0);
+        assert!(got >= at_least, "{name}: {got} characters read alike, expected {at_least}+");
+    }
+    for name in ["latin1", "gbk", "big5", "sjis", "cp932", "ujis", "euckr", "koi8r", "cp1250", "utf16", "utf32"] {
+        assert!(decoded.iter().any(|d| d == name), "{name} not decoded; decoded {decoded:?}, refused {refused:?}");
+    }
+    eprintln!("decoded: {decoded:?}\nrefused: {refused:?}\nread alike: {read:?}");
+    eprintln!("characters the server has that the decoder refuses: {}", refused_characters.len());
+}
+
+/// The characters of a character set to compare, in rows: every byte of a single-byte one; every lead and
+/// trail byte pair of a double-byte one (and EUC-JP's three-byte JIS X 0212 rows); text the server writes
+/// in a Unicode one.
+async fn characters(conn: &mut mysql_async::Conn, name: &str, max_len: u32) -> Vec<Vec<Vec<u8>>> {
+    use mysql_async::prelude::Queryable;
+    const SAMPLE: &str = "Zürich Ærø € 中文訂單 日本語テキスト 한국어 Привет Ελλάδα שלום 🚀 ~\\";
+    let pairs = |lead: &[u8]| -> Vec<Vec<u8>> {
+        (0x40..=0xfeu8).filter(|t| *t != 0x7f).map(|t| [lead, &[t]].concat()).collect()
+    };
+    match (max_len, name) {
+        (1, _) => vec![(0..=255u8).map(|b| vec![b]).collect()],
+        (_, "big5" | "gbk" | "gb2312" | "sjis" | "cp932" | "euckr" | "ujis" | "eucjpms") => {
+            let mut rows: Vec<Vec<Vec<u8>>> = (0x81..=0xfeu8).map(|lead| pairs(&[lead])).collect();
+            if name == "ujis" || name == "eucjpms" {
+                rows.extend((0xa1..=0xfeu8).map(|lead| pairs(&[0x8f, lead])));
+            }
+            rows
+        }
+        _ => {
+            let hex: String =
+                conn.exec_first(format!("SELECT HEX(CONVERT(? USING {name}))"), (SAMPLE,)).await.unwrap().unwrap();
+            let bytes = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+            vec![vec![bytes]]
+        }
+    }
+}
+
+/// An ENUM in latin1 with labels outside ASCII: the TABLE_MAP carries the labels in the column's
+/// character set (`ENUM_AND_SET_*_CHARSET`), and the stream publishes them as the snapshot does. Before,
+/// a label that was not UTF-8 made the table map unreadable and stopped the connector.
+#[tokio::test(flavor = "multi_thread")]
+async fn latin1_enum_labels_snapshot_and_stream_alike() {
+    const TOPIC: &str = "outbox.event.order";
+    let db = MariaDb::start();
+    db.sql(
+        "ALTER TABLE shop.outbox_events MODIFY event_type ENUM('Créé','Payé','Expédié') CHARACTER SET latin1 NOT NULL",
+    );
+    let insert = |id: &str, event_type: &str| {
+        db.sql(&format!(
+            "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
+             payload, occurred_at, next_attempt_at) VALUES ('{id}', 'order', 'o-1', '{event_type}', 1, '{{}}', \
+             '2026-03-01', NOW(6))"
+        ))
+    };
+    insert("snap-1", "Payé");
+    let broker = Broker::start(Engine::Memory);
+    let mut connector = Connector::start(&db, &broker, "[snapshot]\nmode = \"initial\"\n");
+    wait_streaming(&connector);
+    insert("stream-1", "Payé");
+    insert("stream-2", "Expédié");
+    let records = broker.read_all(TOPIC, 3, READ_TIMEOUT);
+    let types: Vec<(Option<&str>, serde_json::Value)> =
+        records.iter().map(|r| (r.header_str("id"), envelope(r)["type"].clone())).collect();
+    assert_eq!(
+        types,
+        [(Some("snap-1"), "Payé".into()), (Some("stream-1"), "Payé".into()), (Some("stream-2"), "Expédié".into())],
+        "{}",
+        connector.logs()
+    );
     assert!(connector.is_running(), "{}", connector.logs());
     connector.terminate();
 }

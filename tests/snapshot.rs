@@ -395,7 +395,7 @@ async fn key_comparisons_agree_with_the_scan_order() {
     let db = MariaDb::start();
     let mut conn = db.conn().await;
     #[rustfmt::skip]
-    let cases: [(&str, &[&str]); 9] = [
+    let cases: [(&str, &[&str]); 10] = [
         ("INT", &["2", "10", "1", "-3"]),
         ("BIGINT", &["20", "100", "3", "-5", "9007199254740993", "9007199254740992"]),
         ("BIGINT UNSIGNED", &["18446744073709551615", "18446744073709551614", "20", "100"]),
@@ -403,6 +403,7 @@ async fn key_comparisons_agree_with_the_scan_order() {
         ("VARCHAR(16) CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci", &["a", "B", "A", "b", "ä", "10", "9"]),
         ("VARCHAR(16) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin", &["a", "B", "A", "b", "ä", "10", "9"]),
         ("VARCHAR(16) CHARACTER SET latin1 COLLATE latin1_swedish_ci", &["ä", "z", "a", "Z", "o"]),
+        ("VARCHAR(16) CHARACTER SET gbk COLLATE gbk_chinese_ci", &["中", "文", "a", "订单", "B"]),
         ("ENUM('payment','order','refund')", &["refund", "order", "payment"]),
         ("DATETIME(6)", &["2026-01-02 00:00:00.000000", "2025-12-31 23:59:59.999999", "2026-01-01 00:00:00.000001"]),
     ];
@@ -570,5 +571,37 @@ async fn snapshot_scans_an_enum_key_in_declaration_order() {
         Duration::from_secs(60),
         &connector,
     );
+    connector.terminate();
+}
+
+/// A table without the `(aggregate_type, aggregate_id, occurred_at)` index (shaped like Debezium's),
+/// snapshotted in chunks of 100 rows: the server reads the table about once, whatever the chunk size, and
+/// per-aggregate order holds. Guards against the keyset query per chunk, which scanned and sorted the
+/// rest of the table for every chunk: time in the rows squared (1M rows: 465 s against 13.9 s with the
+/// index). Counted in rows the server read, not in seconds: the old scan read 255,190 rows here.
+#[tokio::test(flavor = "multi_thread")]
+async fn unindexed_snapshot_reads_the_table_once() {
+    const ROWS: usize = 5_000;
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let seeded = seed(&db, ROWS, 50).await;
+    let mut conn = db.conn().await;
+    conn.query_drop("ALTER TABLE shop.outbox_events DROP INDEX idx_aggregate").await.unwrap();
+    // Rows read by table scans and along indexes, by every statement on the server.
+    let rows_read = async |conn: &mut mysql_async::Conn| -> u64 {
+        let rows: Vec<(String, String)> = conn
+            .query("SHOW GLOBAL STATUS WHERE Variable_name IN ('Handler_read_rnd_next', 'Handler_read_next')")
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        rows.iter().map(|(_, n)| n.parse::<u64>().unwrap()).sum()
+    };
+    let before = rows_read(&mut conn).await;
+    let mut connector = Connector::start(&db, &broker, &snapshot_config("chunk_rows = 100"));
+    wait_streaming(&connector);
+    let read = rows_read(&mut conn).await - before;
+    let (_, report) = common::read_and_audit(&broker, TOPIC, &seeded, READ_TIMEOUT, &connector);
+    assert_eq!(report.duplicates, 0, "{}", report.summary());
+    assert!(read < 2 * ROWS as u64, "the snapshot read {read} rows for a table of {ROWS}");
     connector.terminate();
 }

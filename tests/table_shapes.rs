@@ -226,7 +226,7 @@ async fn integer_ids_order_a_table_without_occurred_at() {
     };
     insert();
     let broker = Broker::start(Engine::Memory);
-    // No index serves the snapshot's keyset: check says so with the ALTER TABLE, and shows how each column
+    // No index serves the snapshot's order: check says so with the ALTER TABLE, and shows how each column
     // is published; the snapshot still runs, in order.
     let snapshot = "[snapshot]\nmode = \"initial\"\nchunk_rows = 2\n";
     let checker = Connector::new();

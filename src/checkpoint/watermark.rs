@@ -182,6 +182,11 @@ impl Watermark {
         self.failed.load(Ordering::Acquire)
     }
 
+    /// The first transaction not yet passed: every one before it is settled and closed or abandoned.
+    pub fn settled_before(&self) -> TxId {
+        TxId(self.lock().first)
+    }
+
     /// Records handed to the producer and not yet settled.
     pub fn unsettled(&self) -> u64 {
         self.lock().unsettled

@@ -252,8 +252,11 @@ struct RowEntry {
 }
 
 /// What orders one aggregate's events in a table's rows (the same rule as the snapshot's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum RowOrder {
+    /// The polling relay's sequence column (`source.kind = "poll"`, `[poll] order = "sequence"`): the order
+    /// the relay promises, insertion order.
+    Sequence(String),
     /// `occurred_at`.
     OccurredAt,
     /// No `occurred_at`, an integer id: the id.
@@ -483,13 +486,24 @@ async fn scan_table(
         let roles = crate::source::snapshot::role_columns(conn, t, c).await?;
         let has_occurred_at = roles[7].is_some();
         let id_column = IdColumn::require(conn, t, &c.id).await?;
-        let order = match (has_occurred_at, id_column.family) {
-            (true, _) => RowOrder::OccurredAt,
-            (false, Some(TypeFamily::Integer)) => {
+        let sequence = match (config.source.kind, config.poll.order) {
+            (crate::config::SourceKind::Poll, crate::config::PollOrder::Sequence) => {
+                let found = crate::source::poll::columns_of(conn, t).await?;
+                match crate::source::poll::order_key(&found, c, config.poll.order) {
+                    Some(crate::source::poll::OrderKey::Sequence(column)) => Some(column),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let order = match (sequence, has_occurred_at, id_column.family) {
+            (Some(column), _, _) => RowOrder::Sequence(column),
+            (None, true, _) => RowOrder::OccurredAt,
+            (None, false, Some(TypeFamily::Integer)) => {
                 report.order_by_id.push(t.to_string());
                 RowOrder::Id
             }
-            (false, _) => {
+            (None, false, _) => {
                 report.order_not_checked.push(format!(
                     "{t}: it has no `{}` column and its id `{}` is {}, not an integer, so nothing in a row says \
                      in which order its aggregate's events were written",
@@ -510,9 +524,11 @@ async fn scan_table(
                 c.occurred_at
             )));
         }
-        let at_text = match has_occurred_at {
-            true => format!("DATE_FORMAT({at}, '%Y-%m-%d %H:%i:%s.%f')"),
-            false => "NULL".to_string(),
+        // The order key as text that sorts like it: a sequence number zero-padded to 20 digits.
+        let at_text = match (&order, has_occurred_at) {
+            (RowOrder::Sequence(column), _) => format!("LPAD(CAST({} AS CHAR), 20, '0')", quote_ident(column)),
+            (_, true) => format!("DATE_FORMAT({at}, '%Y-%m-%d %H:%i:%s.%f')"),
+            (_, false) => "NULL".to_string(),
         };
         let mut after: Option<String> = None;
         loop {
@@ -544,8 +560,8 @@ async fn scan_table(
             {
                 let mut table = tx.open_table(ROWS).map_err(spill_error)?;
                 for (id, aggregate_type, aggregate_id, occurred_at) in &rows {
-                    let t = match order {
-                        RowOrder::OccurredAt => occurred_at.clone().unwrap_or_default(),
+                    let t = match &order {
+                        RowOrder::Sequence(_) | RowOrder::OccurredAt => occurred_at.clone().unwrap_or_default(),
                         RowOrder::Id => id_order_key(id).unwrap_or_default(),
                         RowOrder::None => String::new(),
                     };

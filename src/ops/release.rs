@@ -116,17 +116,22 @@ async fn release_from(
     skip_poison: bool,
     accept_missing: bool,
 ) -> Result<ReleaseReport> {
-    let hold = store
-        .holds()?
-        .into_iter()
-        .find(|h| h.aggregate_type == aggregate_type && h.aggregate_id == aggregate_id)
-        .ok_or_else(|| {
-            Error::definite(format!(
-                "no hold on aggregate {aggregate_type}/{aggregate_id}; `outbox-cdc quarantine list` shows the holds"
-            ))
-        })?;
     let cc = hold_reader_config(&config.kafka)?;
     let stall = crate::kafka::read::transaction_max_timeout(&cc).await + READ_TIMEOUT;
+    let stored =
+        store.holds()?.into_iter().find(|h| h.aggregate_type == aggregate_type && h.aggregate_id == aggregate_id);
+    let hold = match stored {
+        Some(hold) => Some(hold),
+        None if config.source.kind == crate::config::SourceKind::Poll => {
+            hold_of_parked_row(config, &cc, stall, aggregate_type, aggregate_id).await?
+        }
+        None => None,
+    }
+    .ok_or_else(|| {
+        Error::definite(format!(
+            "no hold on aggregate {aggregate_type}/{aggregate_id}; `outbox-cdc quarantine list` shows the holds"
+        ))
+    })?;
     let topic = config.kafka.dead_letter_topic.clone();
     let hold_id = hold.hold_id.clone();
     let read = tokio::task::spawn_blocking(move || read_hold(&cc, &topic, &hold_id, stall))
@@ -237,6 +242,106 @@ async fn unpark(config: &Config, letters: &[DeadLetter], ids: &[String]) -> Resu
     }
     let _ = conn.disconnect().await;
     Ok(())
+}
+
+/// The polling relay's hold on an aggregate, from the table and the dead-letter topic, for a release run
+/// on a relay other than the one that dead-lettered the row (whose state store has the hold): the parked
+/// row (the first of the aggregate, in the table's order) names the event, and that event's dead letter
+/// names the hold. `None` when the aggregate has no parked row.
+async fn hold_of_parked_row(
+    config: &Config,
+    cc: &ClientConfig,
+    stall: Duration,
+    aggregate_type: &str,
+    aggregate_id: &str,
+) -> Result<Option<Hold>> {
+    let mut conn = SourceConn::from_config(config)?.connect().await?;
+    let c = &config.outbox.columns;
+    let mut parked: Option<String> = None;
+    for table in config.tables() {
+        let roles = crate::source::snapshot::role_columns(&mut conn, table, c).await?;
+        let id_text = match roles[0].flatten() {
+            Some(family) => crate::source::column_types::text_sql(family, &quote_ident(&c.id)),
+            None => quote_ident(&c.id),
+        };
+        let found = crate::source::poll::columns_of(&mut conn, table).await?;
+        let order = match crate::source::poll::order_key(&found, c, config.poll.order) {
+            Some(crate::source::poll::OrderKey::Sequence(column)) => quote_ident(&column),
+            _ => format!("{}, {}", quote_ident(&c.occurred_at), quote_ident(&c.id)),
+        };
+        parked = conn
+            .exec_first(
+                format!(
+                    "SELECT {id_text} FROM {} WHERE published_at IS NULL AND next_attempt_at = '{}' AND {} = ? \
+                     AND {} = ? ORDER BY {order} LIMIT 1",
+                    table.quoted(),
+                    crate::source::poll::PARKED_UNTIL,
+                    quote_ident(&c.aggregate_type),
+                    quote_ident(&c.aggregate_id)
+                ),
+                (aggregate_type, aggregate_id),
+            )
+            .await
+            .map_err(|e| {
+                crate::error::classify_mysql(&e).context(format_args!("reading the parked rows of {table}"))
+            })?;
+        if parked.is_some() {
+            break;
+        }
+    }
+    let _ = conn.disconnect().await;
+    let Some(event) = parked else { return Ok(None) };
+    let topic = config.kafka.dead_letter_topic.clone();
+    let (cc, wanted) = (cc.clone(), event.clone());
+    let letter = tokio::task::spawn_blocking(move || find_dead_letter(&cc, &topic, &wanted, stall))
+        .await
+        .map_err(|e| Error::transient(format!("reading the dead-letter topic: {e}")))??;
+    let Some(letter) = letter else {
+        return Err(Error::definite(format!(
+            "aggregate {aggregate_type}/{aggregate_id} is held by its parked row {event}, whose dead letter is not in \
+             {}: nothing to republish it from. Mark the row published by hand once its event is dealt with \
+             (UPDATE … SET published_at = UTC_TIMESTAMP(6) WHERE id = …); the active relay then publishes the \
+             rows it held",
+            config.kafka.dead_letter_topic
+        )));
+    };
+    let Some(hold_id) = letter.hold_id.clone() else { return Ok(None) };
+    tracing::info!(%hold_id, event, "the hold is not in this state store: found through the parked row");
+    Ok(Some(Hold {
+        aggregate_type: aggregate_type.to_string(),
+        aggregate_id: aggregate_id.to_string(),
+        hold_id,
+        kind: letter.kind,
+        reason: letter.reason,
+        origin: letter.origin.to_string(),
+        held_at_ms: 0,
+        first_event: Some(event),
+        start: None,
+    }))
+}
+
+/// The first dead letter of event `id` in the dead-letter topic, read to its high watermark.
+fn find_dead_letter(cc: &ClientConfig, topic: &str, id: &str, stall: Duration) -> Result<Option<DeadLetter>> {
+    let until = Until { quiet: QUIET, stall };
+    let topics = [topic.to_string()];
+    let what = format!("the dead-letter topic {topic}");
+    let mut reader = ToEnd::start(cc, DefaultConsumerContext, &topics, &Starts::new(), until, what)?;
+    while let Some(message) = reader.next_record()? {
+        let named = message
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == headers::ID).and_then(|h| h.value.map(<[u8]>::to_vec)));
+        if named.as_deref() == Some(id.as_bytes()) {
+            let letter = serde_json::from_slice(message.payload().unwrap_or_default()).map_err(|e| {
+                Error::definite(format!(
+                    "dead-letter record at {topic}/{}@{} is unreadable: {e}",
+                    message.partition(),
+                    message.offset()
+                ))
+            })?;
+            return Ok(Some(letter));
+        }
+    }
+    Ok(None)
 }
 
 /// Produces `records` in order and waits for all acknowledgements.

@@ -194,6 +194,7 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
         let mut sink = if options.dry_run { None } else { Some(KafkaSink::new(&config.kafka, watermark.clone())?) };
         let tx = watermark.open();
         let progress = Progress::labelled("replay", "rows", total, 0);
+        let mut scanner = scanner.prefetch();
         let mut pacer = Pacer::new(options.rate_per_sec);
         let mut report = ReplayReport::default();
         loop {
@@ -255,7 +256,6 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
         Ok::<_, Error>(report)
     }
     .await;
-    scanner.close().await;
     let report = result?;
     tracing::info!(
         rows = report.rows,

@@ -1,67 +1,146 @@
-//! One run of the polling relay (`source.kind = "poll"`): claim a batch, publish it, wait for Kafka's
-//! acknowledgements, mark it published; again, or wait `poll.poll_interval_ms` when nothing is due.
+//! One run of the polling relay (`source.kind = "poll"`): read unpublished rows in order, publish them,
+//! and mark each batch published once Kafka acknowledged all of it, while the next batches are read and
+//! produced.
 //!
 //! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4.
 //!
-//! The claim, the lease and the order rule are in [`crate::source::poll`]; rows become records through the
-//! same [`Publisher`] (router, dead letters, holds) and [`KafkaSink`] as the binlog source's. There is no
-//! checkpoint: `published_at` is the relay's progress, written only after every record of the batch was
-//! acknowledged.
+//! The reads, the order and the gaps are in [`crate::source::poll`]; rows become records through the same
+//! [`Publisher`] (router, dead letters) and [`KafkaSink`] as the binlog source's. There is no checkpoint:
+//! `published_at` is the relay's progress, written only after every record of the batch (and of every
+//! batch before it) was acknowledged. A run starts reading from the first unpublished row, so a crash
+//! republishes at most what was acknowledged and not yet marked: the batches in flight.
 //!
-//! # Error handling
-//! - A failed delivery (or a record the sink refuses) fails the whole batch ([`Relay::fail`]: `attempts +
-//!   1`, a later `next_attempt_at`) and ends the run: the sink stops at its first failure (gap-less
-//!   idempotence), and [`crate::app`] restarts with a new one. A row that failed `poll.max_attempts` times
-//!   is dead-lettered on its next claim.
-//! - A lost connection ends the run; the batch stays leased until the lease expires, then any relay
-//!   publishes it again (at-least-once, same `id` header).
-//! - The lease is renewed every third of `poll.lease_ms` from the claim until the mark: while the sink waits
-//!   for in-flight budget (a slow or absent broker) as well as while the acknowledgements are awaited. A
-//!   lease that cannot be renewed, or that another relay took over, ends the run: the in-flight records are
-//!   purged and the new holder publishes the rows again.
+//! # Who publishes
+//! Only the holder of the lease ([`crate::lease`], taken in [`crate::app`]): the sink refuses every record
+//! once the lease is not provably held, and the app stops the run when it is lost. The relay's producer
+//! gives up on a record [`message_timeout`] (half the failover timeout) after it was handed over, and a
+//! relay that takes the lease over waits [`TAKEOVER_WAIT`] before its first read: a paused or cut-off
+//! relay stops handing records over at least half the failover timeout before the server frees its lock,
+//! so none of its records can land after the new holder's.
+//!
+//! # Errors
+//! - A delivery failure ends the run; nothing is written for it (an outage, a timeout, a restart never
+//!   counts against a row). The next run reads again from the first unpublished row.
+//! - A record the broker refused for good (`Error::refused_record`) also ends the run: its row's `attempts`
+//!   and `last_error` record the refusal, and the pipeline remembers the event as poison, so the next run
+//!   dead-letters it, parks its row and holds its aggregate.
 //!
 //! # Load on the database
-//! Idle: one statement per table per `poll.poll_interval_ms` (the heads read, which finds nothing due).
-//! Busy: per batch of up to `poll.batch_rows` rows, six claim statements, one mark, and two per lease
-//! renewal. Every [`BACKLOG_EVERY`], one bounded count per table. `outbox_cdc_poll_queries_total` counts
-//! them by kind.
-//!
-//! # Graceful shutdown
-//! The batch in flight is finished (up to [`SHUTDOWN_GRACE`]) and marked, then the run returns.
+//! Per batch: the read, the read of the sequence gaps when there are any, and one `UPDATE` marking every
+//! batch acknowledged since the last one, as ranges of sequence numbers. The marks go through a second
+//! connection ([`marker`]), so reading and producing never wait for them; a row stays in flight (and no
+//! read takes it for a new one) until its mark returned. Idle: one read per `poll.poll_interval_ms`; every
+//! [`FULL_SWEEP_EVERY`] a sweep of the unpublished rows' keys; with parked rows, one read of them every
+//! [`BACKLOG_EVERY`]. `outbox_cdc_poll_queries_total` counts them by kind.
 
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mysql_async::{Conn, Value};
 
 use super::shutdown::{Shutdown, SHUTDOWN_GRACE};
-use crate::checkpoint::{Store, Watermark};
+use crate::checkpoint::{Store, TxId, Watermark};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::health::health;
+use crate::lease::Holding;
 use crate::metrics::metrics;
-use crate::poison::KnownPoison;
 use crate::publish::{Publisher, SourceRow};
 use crate::quarantine::headers;
 use crate::router::Router;
 use crate::sink::KafkaSink;
-use crate::source::poll::{Claimed, Relay};
+use crate::source::poll::{
+    key_bytes, sequence_value, Aggregate, OrderKey, Polled, Position, Relay, FULL_SWEEP_EVERY, GAP_GRACE,
+};
 use crate::source::SourceConn;
 
-/// How often the relay counts its backlog (`outbox_cdc_poll_backlog_rows`): one bounded count per table.
-const BACKLOG_EVERY: Duration = Duration::from_secs(5);
+/// How often the relay counts its backlog (`outbox_cdc_poll_backlog_rows`) while it is busy, and reads
+/// which aggregates are parked while some are (a `quarantine release` lifts a hold that way).
+pub const BACKLOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Batches produced and not yet marked, at most; past it the relay waits for acknowledgements.
+const MAX_PENDING_BATCHES: usize = 32;
+
+/// The most gap ranges one read names; more are read as the one range that spans them.
+const MAX_GAP_RANGES: usize = 64;
+
+/// How long a relay that took the lease over waits before its first read: the previous holder's last
+/// records have been delivered or given up by then (module doc).
+pub const TAKEOVER_WAIT: Duration = Duration::from_millis(1_500);
+
+/// How long the relay's producer keeps trying to deliver a record: half the failover timeout. A holder
+/// stops handing records over half the failover timeout before a standby can hold the lock, so with
+/// [`TAKEOVER_WAIT`] (which covers the lease's rounding to whole seconds) every record of the old holder
+/// has landed or been given up before the new holder's first.
+pub fn message_timeout(failover: Duration) -> Duration {
+    failover / 2
+}
+
+/// A row handed to the producer.
+struct Sent {
+    key: Value,
+    key_bytes: Vec<u8>,
+    seq: Option<u64>,
+    event_id: Option<String>,
+    aggregate: Aggregate,
+    /// Why it was dead-lettered, when it was: parked once acknowledged.
+    dead: Option<String>,
+}
+
+/// The rows of one table produced together.
+struct Batch {
+    tx: TxId,
+    t: usize,
+    rows: Vec<Sent>,
+}
+
+/// What a run knows of one table.
+#[derive(Default)]
+struct TableState {
+    /// The position of the last row read in order; `None` before the first.
+    cursor: Option<Position>,
+    /// Sequence ranges (inclusive) a read skipped, by first number: their last number and when they were
+    /// seen first (sequence order only).
+    gaps: BTreeMap<u64, (u64, Instant)>,
+    /// Aggregates a parked row holds, or a dead letter in flight.
+    held: HashSet<Aggregate>,
+    /// Of those, the ones whose dead letter is not yet acknowledged (and so not yet parked).
+    parking: HashSet<Aggregate>,
+    /// Keys of the rows produced and not yet marked.
+    in_flight: HashSet<Vec<u8>>,
+    /// When all unpublished rows below the cursor were last looked at.
+    swept_at: Option<Instant>,
+}
+
+/// Rows of one table acknowledged by Kafka, for the marker task ([`marker`]) to mark published.
+struct MarkRequest {
+    t: usize,
+    keys: Vec<Value>,
+    seqs: Vec<u64>,
+    /// Their keys as bytes, sent back once marked (the run keeps them in flight until then, so that no
+    /// read takes an acknowledged row that is not marked yet for a new one).
+    done: Vec<Vec<u8>>,
+}
 
 /// The parts of a relay run.
 struct PollRun<'a> {
     config: &'a Config,
     router: Router,
     store: Arc<Store>,
-    relay: Relay,
+    relay: Arc<Relay>,
     conn: Conn,
+    /// To the marker task; `None` once the run closed it.
+    marks: Option<tokio::sync::mpsc::Sender<MarkRequest>>,
+    /// From the marker task: the rows it marked.
+    marked: tokio::sync::mpsc::UnboundedReceiver<(usize, Vec<Vec<u8>>)>,
+    marker: tokio::task::JoinHandle<Result<()>>,
     sink: KafkaSink,
     publisher: Publisher,
     watermark: Arc<Watermark>,
     shutdown: &'a Shutdown,
+    tables: Vec<TableState>,
+    pending: VecDeque<Batch>,
 }
 
 /// Runs the relay until shutdown (Ok) or the first error.
@@ -73,53 +152,401 @@ pub(super) async fn run(
     source: &SourceConn,
     router: Router,
     store: Arc<Store>,
+    lease: Option<Holding>,
     shutdown: &Shutdown,
 ) -> Result<()> {
+    let ignored = config.poll.ignored_keys();
+    if !ignored.is_empty() {
+        tracing::warn!(keys = ?ignored, "[poll] keys that no longer do anything (see README, the polling relay): remove them");
+    }
     let mut conn = source.connect().await?;
-    let relay = Relay::load(&mut conn, config).await?;
+    let relay = Arc::new(Relay::load(&mut conn, config).await?);
+    // The marks go through a connection of their own, so that reading and producing never wait for them.
+    let (marks, requests) = tokio::sync::mpsc::channel(MAX_PENDING_BATCHES);
+    let (done, marked) = tokio::sync::mpsc::unbounded_channel();
+    // It ends when the run drops `marks`; marking rows Kafka acknowledged is right whenever it happens.
+    let marker = tokio::spawn(marker(relay.clone(), source.connect().await?, requests, done));
     let watermark = Arc::new(Watermark::new(None));
-    let sink = KafkaSink::new(&config.kafka, watermark.clone())?;
+    let timeout = message_timeout(Duration::from_millis(config.delivery.failover_timeout_ms));
+    let mut sink = KafkaSink::with_message_timeout(&config.kafka, watermark.clone(), timeout)?;
+    if let Some(lease) = lease {
+        sink.publish_while(lease);
+    }
+    let mut tables: Vec<TableState> = Vec::new();
+    for t in 0..relay.tables().len() {
+        let held = relay.parked_aggregates(&mut conn, t).await?.into_iter().collect();
+        tables.push(TableState { held, ..TableState::default() });
+    }
+    forget_lifted_holds(&store, &tables)?;
     let publisher = Publisher::new(config, router.clone(), store.clone())?;
     health().set_source_connected(true);
     tracing::info!(relay = relay.id(), tables = relay.tables().len(), "polling the outbox table");
-    let mut run = PollRun { config, router, store, relay, conn, sink, publisher, watermark, shutdown };
-    let idle = Duration::from_millis(config.poll.poll_interval_ms);
+    let mut run = PollRun {
+        config,
+        router,
+        store,
+        relay,
+        conn,
+        marks: Some(marks),
+        marked,
+        marker,
+        sink,
+        publisher,
+        watermark,
+        shutdown,
+        tables,
+        pending: VecDeque::new(),
+    };
+    let interval = Duration::from_millis(config.poll.poll_interval_ms);
+    let mut idle_wait = interval / 16;
+    let mut backlog_due = Instant::now();
     let requested = shutdown.requested();
     tokio::pin!(requested);
-    let mut backlog_due = tokio::time::Instant::now();
     loop {
         if shutdown.is_requested() {
-            return Ok(());
+            return run.finish().await;
         }
-        if tokio::time::Instant::now() >= backlog_due {
-            run.count_backlog().await?;
-            backlog_due = tokio::time::Instant::now() + BACKLOG_EVERY;
-        }
+        run.settle().await?;
         let mut busy = false;
-        for t in 0..run.relay.tables().len() {
-            let claimed = run.relay.claim(&mut run.conn, t).await?;
-            if claimed.is_empty() {
-                continue;
-            }
-            busy = true;
-            run.publish(t, claimed).await?;
+        for t in 0..run.tables.len() {
+            busy |= run.poll_table(t).await?;
         }
-        if !busy {
-            metrics().poll_idle();
-            tokio::select! {
-                _ = tokio::time::sleep(idle) => {}
-                _ = &mut requested => return Ok(()),
+        if Instant::now() >= backlog_due {
+            run.lift_released_holds().await?;
+            // Idle with nothing held, nothing is unpublished: no statement needed to say so.
+            if busy || run.tables.iter().any(|s| !s.held.is_empty()) {
+                run.count_backlog().await?;
+            } else {
+                metrics().poll_backlog(0, 0.0);
             }
+            backlog_due = Instant::now() + BACKLOG_EVERY;
         }
+        if busy {
+            idle_wait = interval / 16;
+            if run.pending.len() >= MAX_PENDING_BATCHES {
+                run.sink.drain(Duration::from_millis(100)).await;
+            }
+            continue;
+        }
+        metrics().poll_idle();
+        if !run.pending.is_empty() {
+            // Nothing new: wait for what is in flight, then mark it.
+            run.sink.drain(idle_wait).await;
+            continue;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(idle_wait) => {}
+            _ = &mut requested => return run.finish().await,
+        }
+        idle_wait = (idle_wait * 2).min(interval);
     }
 }
 
+/// Holds in the store whose aggregate no table parks any more were released by another relay (or its
+/// rows were marked published by hand): removed, so that the publisher does not divert their rows.
+fn forget_lifted_holds(store: &Store, tables: &[TableState]) -> Result<bool> {
+    let mut forgot = false;
+    for hold in store.holds()? {
+        let aggregate = (hold.aggregate_type.as_bytes().to_vec(), hold.aggregate_id.as_bytes().to_vec());
+        if !tables.iter().any(|s| s.held.contains(&aggregate)) {
+            store.remove_hold(&hold, &[])?;
+            forgot = true;
+        }
+    }
+    Ok(forgot)
+}
+
 impl PollRun<'_> {
-    /// Counts the due unpublished rows of every table and the wait of the oldest
+    /// One read of table `t` (and of its gaps, and a sweep when due), and the rows it found produced.
+    /// Returns whether it found any.
+    async fn poll_table(&mut self, t: usize) -> Result<bool> {
+        let fast = self.relay.read_after(&mut self.conn, t, self.tables[t].cursor.as_ref()).await?;
+        let sequence = matches!(self.relay.tables()[t].order, OrderKey::Sequence(_));
+        if sequence {
+            self.note_gaps(t, &fast);
+        }
+        // After the read in order, not before: a row whose transaction committed before that read's
+        // snapshot is seen by these later statements (module doc of `source::poll`).
+        let mut late = if sequence { self.read_gaps(t).await? } else { Vec::new() };
+        let sweep_due = !sequence || self.tables[t].swept_at.is_none_or(|at| at.elapsed() >= FULL_SWEEP_EVERY);
+        if sweep_due && self.tables[t].cursor.is_some() {
+            late.extend(self.sweep(t).await?);
+            self.tables[t].swept_at = Some(Instant::now());
+        }
+        if let Some(last) = fast.last() {
+            self.tables[t].cursor = Some(last.position.clone());
+        }
+        if late.is_empty() && fast.is_empty() {
+            return Ok(false);
+        }
+        self.produce(t, late.into_iter().chain(fast)).await?;
+        Ok(true)
+    }
+
+    /// Records the sequence numbers a read in order passed without a row: taken by a transaction not yet
+    /// committed, or rolled back.
+    fn note_gaps(&mut self, t: usize, rows: &[Polled]) {
+        let state = &mut self.tables[t];
+        let now = Instant::now();
+        let mut previous = state.cursor.as_ref().and_then(|p| p.first()).and_then(sequence_value).unwrap_or(0);
+        for seq in rows.iter().filter_map(Polled::seq) {
+            if seq > previous + 1 {
+                state.gaps.insert(previous + 1, (seq - 1, now));
+            }
+            previous = previous.max(seq);
+        }
+        while state.gaps.len() > MAX_GAPS_KEPT {
+            state.gaps.pop_first();
+        }
+    }
+
+    /// The rows that filled gaps since they were seen (committed late), in order; gaps older than
+    /// [`GAP_GRACE`] are given up (the full sweep still finds a row committed later still).
+    async fn read_gaps(&mut self, t: usize) -> Result<Vec<Polled>> {
+        let state = &mut self.tables[t];
+        state.gaps.retain(|_, (_, seen)| seen.elapsed() < GAP_GRACE);
+        if state.gaps.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ranges: Vec<(u64, u64)> = if state.gaps.len() <= MAX_GAP_RANGES {
+            state.gaps.iter().map(|(lo, (hi, _))| (*lo, *hi)).collect()
+        } else {
+            let lo = *state.gaps.keys().next().expect("not empty");
+            let hi = state.gaps.values().map(|(hi, _)| *hi).max().expect("not empty");
+            vec![(lo, hi)]
+        };
+        let rows = self.relay.read_gaps(&mut self.conn, t, &ranges).await?;
+        let state = &mut self.tables[t];
+        for seq in rows.iter().filter_map(Polled::seq) {
+            fill_gap(&mut state.gaps, seq);
+        }
+        Ok(rows.into_iter().filter(|r| !state.in_flight.contains(&key_bytes(&r.key))).collect())
+    }
+
+    /// All unpublished rows below the cursor that are neither in flight nor held: rows committed long
+    /// after their place in the order was read (light columns first; the few new ones in full).
+    async fn sweep(&mut self, t: usize) -> Result<Vec<Polled>> {
+        let Some(upto) = self.tables[t].cursor.clone() else { return Ok(Vec::new()) };
+        let mut after: Option<Position> = None;
+        let mut new = Vec::new();
+        loop {
+            let page = self.relay.sweep(&mut self.conn, t, after.as_ref(), &upto).await?;
+            let state = &self.tables[t];
+            new.extend(
+                page.iter()
+                    .filter(|g| !state.in_flight.contains(&key_bytes(&g.key)) && !state.held.contains(&g.aggregate))
+                    .map(|g| g.key.clone()),
+            );
+            match page.last() {
+                Some(last) if page.len() >= 10_000 => after = Some(last.position.clone()),
+                _ => break,
+            }
+        }
+        let mut rows = Vec::new();
+        for keys in new.chunks(self.config.poll.batch_rows) {
+            rows.extend(self.relay.read_keys(&mut self.conn, t, keys).await?);
+        }
+        Ok(rows)
+    }
+
+    /// Produces `rows` of table `t` in order as one batch: rows of held aggregates and parked rows are left
+    /// in the table; a row that becomes a dead letter holds its aggregate from there on.
+    async fn produce(&mut self, t: usize, rows: impl Iterator<Item = Polled>) -> Result<()> {
+        let tx = self.watermark.open();
+        let mut batch = Batch { tx, t, rows: Vec::new() };
+        let result = self.produce_rows(t, tx, rows, &mut batch).await;
+        self.watermark.abandon(tx);
+        metrics().poll_claimed(batch.rows.len() as u64, 0);
+        self.pending.push_back(batch);
+        result
+    }
+
+    async fn produce_rows(
+        &mut self,
+        t: usize,
+        tx: TxId,
+        rows: impl Iterator<Item = Polled>,
+        batch: &mut Batch,
+    ) -> Result<()> {
+        for polled in rows {
+            let state = &mut self.tables[t];
+            if polled.parked {
+                state.held.insert(polled.aggregate.clone());
+                continue;
+            }
+            let key_bytes = key_bytes(&polled.key);
+            if state.held.contains(&polled.aggregate) || state.in_flight.contains(&key_bytes) {
+                continue;
+            }
+            let row = match &polled.row {
+                Ok(row) => SourceRow::Decoded(row),
+                Err(bad) => SourceRow::Undecodable(bad),
+            };
+            let relay = &self.relay;
+            let sink = &mut self.sink;
+            let prepared = self.publisher.prepare(row, || relay.origin(t), |r| sink.fits(r))?;
+            let dead = (prepared.record.topic == self.config.kafka.dead_letter_topic).then(|| {
+                let header = |name: &str| {
+                    prepared.record.headers.iter().find(|(k, _)| k == name).map(|(_, v)| String::from_utf8_lossy(v))
+                };
+                format!(
+                    "{}: {}",
+                    header(headers::KIND).unwrap_or_default(),
+                    header(headers::REASON).unwrap_or_default()
+                )
+            });
+            let send = sink.send(tx, prepared.record, prepared.occurred_at_ms);
+            // The sink waits for in-flight budget while the broker is slow or away: a shutdown ends the wait.
+            tokio::select! {
+                sent = send => sent?,
+                _ = self.shutdown.requested() => return Ok(()),
+            }
+            crate::failpoint!("poll_row_produced");
+            let state = &mut self.tables[t];
+            if dead.is_some() {
+                state.held.insert(polled.aggregate.clone());
+                state.parking.insert(polled.aggregate.clone());
+            }
+            state.in_flight.insert(key_bytes.clone());
+            let (event_id, seq) = (polled.id().map(String::from), polled.seq());
+            batch.rows.push(Sent { key: polled.key, key_bytes, seq, event_id, aggregate: polled.aggregate, dead });
+        }
+        Ok(())
+    }
+
+    /// Hands every batch Kafka acknowledged (with all before it) to the marker task, parks its
+    /// dead-lettered rows, and takes back the rows the marker task marked; ends the run on a delivery
+    /// failure or when the marker task failed.
+    async fn settle(&mut self) -> Result<()> {
+        if let Some(error) = self.watermark.take_failure() {
+            return Err(self.failed(error).await);
+        }
+        while let Ok((t, keys)) = self.marked.try_recv() {
+            for key in keys {
+                self.tables[t].in_flight.remove(&key);
+            }
+        }
+        if self.marker.is_finished() {
+            return Err(self.marker_ended().await);
+        }
+        let settled = self.watermark.settled_before();
+        let mut done: Vec<Batch> = Vec::new();
+        while self.pending.front().is_some_and(|b| b.tx < settled) {
+            done.extend(self.pending.pop_front());
+        }
+        if done.is_empty() {
+            return Ok(());
+        }
+        crate::failpoint!("poll_batch_acked");
+        let mut requests: BTreeMap<usize, MarkRequest> = BTreeMap::new();
+        for batch in &done {
+            let request = requests.entry(batch.t).or_insert_with(|| MarkRequest {
+                t: batch.t,
+                keys: Vec::new(),
+                seqs: Vec::new(),
+                done: Vec::new(),
+            });
+            for row in &batch.rows {
+                match &row.dead {
+                    None => {
+                        request.keys.push(row.key.clone());
+                        request.seqs.extend(row.seq);
+                        request.done.push(row.key_bytes.clone());
+                    }
+                    Some(reason) => {
+                        self.relay.park(&mut self.conn, batch.t, &row.key, reason).await?;
+                        self.tables[batch.t].parking.remove(&row.aggregate);
+                        self.tables[batch.t].in_flight.remove(&row.key_bytes);
+                    }
+                }
+            }
+        }
+        let Some(marks) = &self.marks else { return Ok(()) };
+        for request in requests.into_values().filter(|r| !r.keys.is_empty()) {
+            if marks.send(request).await.is_err() {
+                return Err(self.marker_ended().await);
+            }
+        }
+        Ok(())
+    }
+
+    /// The marker task's end, as the run's error.
+    async fn marker_ended(&mut self) -> Error {
+        self.marks = None;
+        match (&mut self.marker).await {
+            Ok(Err(error)) => error,
+            Ok(Ok(())) => Error::transient("poll: the marker task ended"),
+            Err(e) => Error::transient(format!("poll: the marker task failed: {e}")),
+        }
+    }
+
+    /// A delivery failed: nothing is counted against the rows, except a record the broker refused for good
+    /// (its row's `attempts` and `last_error`). What is in flight is purged; the run ends with the failure.
+    async fn failed(&mut self, error: Error) -> Error {
+        self.sink.abort();
+        if let Some(refused) = error.refused() {
+            let row = self.pending.iter().find_map(|b| {
+                b.rows.iter().find(|r| r.event_id.as_deref() == Some(refused.id.as_str())).map(|r| (b.t, r.key.clone()))
+            });
+            if let Some((t, key)) = row {
+                if let Err(e) = self.relay.refused(&mut self.conn, t, &key, &refused.message).await {
+                    tracing::warn!(error = %e, "cannot record the refused record in its row");
+                }
+            }
+        }
+        error
+    }
+
+    /// Reads which aggregates are parked; a held aggregate that is not any more (a `quarantine release`
+    /// marked its parked row published) has the rows it held read again and produced in order.
+    async fn lift_released_holds(&mut self) -> Result<()> {
+        let mut forgot = false;
+        for t in 0..self.tables.len() {
+            if self.tables[t].held.is_empty() {
+                continue;
+            }
+            let parked: HashSet<Aggregate> =
+                self.relay.parked_aggregates(&mut self.conn, t).await?.into_iter().collect();
+            let state = &mut self.tables[t];
+            let lifted: Vec<Aggregate> =
+                state.held.iter().filter(|a| !parked.contains(*a) && !state.parking.contains(*a)).cloned().collect();
+            if lifted.is_empty() {
+                continue;
+            }
+            for aggregate in &lifted {
+                state.held.remove(aggregate);
+            }
+            forgot |= forget_lifted_holds(&self.store, &self.tables)?;
+            if forgot {
+                self.publisher = Publisher::new(self.config, self.router.clone(), self.store.clone())?;
+            }
+            let Some(upto) = self.tables[t].cursor.clone() else { continue };
+            for aggregate in lifted {
+                tracing::info!(
+                    aggregate_type = %String::from_utf8_lossy(&aggregate.0),
+                    aggregate_id = %String::from_utf8_lossy(&aggregate.1),
+                    "hold lifted: publishing the aggregate's rows it held, in order"
+                );
+                let mut after: Option<Position> = None;
+                loop {
+                    let rows = self.relay.read_aggregate(&mut self.conn, t, &aggregate, after.as_ref(), &upto).await?;
+                    let full = rows.len() >= self.config.poll.batch_rows;
+                    after = rows.last().map(|r| r.position.clone());
+                    self.produce(t, rows.into_iter()).await?;
+                    if !full || self.tables[t].held.contains(&aggregate) {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts the unpublished rows of every table that are not parked, and the age of the first
     /// (`outbox_cdc_poll_backlog_rows`, `outbox_cdc_poll_oldest_due_seconds`).
     async fn count_backlog(&mut self) -> Result<()> {
         let (mut due, mut waited_s) = (0, 0.0f64);
-        for t in 0..self.relay.tables().len() {
+        for t in 0..self.tables.len() {
             let (rows, seconds) = self.relay.backlog(&mut self.conn, t).await?;
             due += rows;
             waited_s = waited_s.max(seconds);
@@ -128,152 +555,99 @@ impl PollRun<'_> {
         Ok(())
     }
 
-    /// Publishes one claimed batch in order, waits for every acknowledgement (renewing the lease), then
-    /// marks the rows published, or parks the dead-lettered ones.
-    async fn publish(&mut self, t: usize, claimed: Vec<Claimed>) -> Result<()> {
-        self.dead_letter_exhausted(&claimed)?;
-        let keys: Vec<Value> = claimed.iter().map(|c| c.key.clone()).collect();
-        let tx = self.watermark.open();
-        // The lease is renewed every third of it while the batch is produced (the sink waits for in-flight
-        // budget while the broker is slow or away) and while its acknowledgements are awaited.
-        let renew_every = Duration::from_millis(self.config.poll.lease_ms / 3);
-        let mut renewal = tokio::time::interval_at(tokio::time::Instant::now() + renew_every, renew_every);
-        // The rows that went to the dead-letter topic, with why: parked once acknowledged.
-        let mut dead: Vec<(usize, String)> = Vec::new();
-        let mut sent = Ok(());
-        let mut lost: Option<Error> = None;
-        for (i, c) in claimed.iter().enumerate() {
-            let row = match &c.row {
-                Ok(row) => SourceRow::Decoded(row),
-                Err(bad) => SourceRow::Undecodable(bad),
-            };
-            let relay = &self.relay;
-            let sink = &mut self.sink;
-            let prepared = self.publisher.prepare(row, || relay.origin(t), |r| sink.fits(r))?;
-            if prepared.record.topic == self.config.kafka.dead_letter_topic {
-                let header = |name: &str| {
-                    prepared.record.headers.iter().find(|(k, _)| k == name).map(|(_, v)| String::from_utf8_lossy(v))
-                };
-                let kind = header(headers::KIND).unwrap_or_default();
-                dead.push((i, format!("{kind}: {}", header(headers::REASON).unwrap_or_default())));
-            }
-            let send = sink.send(tx, prepared.record, prepared.occurred_at_ms);
-            tokio::pin!(send);
-            let result = loop {
-                tokio::select! {
-                    result = &mut send => break result,
-                    _ = renewal.tick() => {
-                        if let Err(e) = keep_lease(relay, &mut self.conn, t, &keys).await {
-                            lost = Some(e);
-                            break Ok(());
-                        }
-                    }
-                }
-            };
-            if lost.is_some() {
-                break;
-            }
-            if let Err(e) = result {
-                sent = Err(e);
-                break;
-            }
-            crate::failpoint!("poll_row_produced");
-        }
-        if let Some(error) = lost {
+    /// Graceful shutdown: waits up to [`SHUTDOWN_GRACE`] for what is in flight, marks it, and returns.
+    async fn finish(&mut self) -> Result<()> {
+        if !self.sink.drain(SHUTDOWN_GRACE).await {
             self.sink.abort();
-            return Err(error);
+            tracing::warn!("Kafka did not acknowledge everything within the shutdown grace period; the rows not marked are published again by the next run");
         }
-        if let Err(error) = sent {
-            return self.failed(t, tx, &keys, error).await;
+        if let Some(error) = self.watermark.take_failure() {
+            return Err(self.failed(error).await);
         }
-        // Wait for the acknowledgements, renewing the lease.
-        let mut waited = Duration::ZERO;
-        loop {
-            if self.sink.drain(renew_every).await && !self.watermark.failed() {
-                break;
-            }
-            if let Some(error) = self.watermark.take_failure() {
-                return self.failed(t, tx, &keys, error).await;
-            }
-            waited += renew_every;
-            if self.shutdown.is_requested() && waited >= SHUTDOWN_GRACE {
-                self.sink.abort();
-                tracing::warn!("Kafka did not acknowledge the batch within the shutdown grace period; it stays leased and is published again once the lease expires");
-                return Ok(());
-            }
-            if let Err(error) = keep_lease(&self.relay, &mut self.conn, t, &keys).await {
-                self.sink.abort();
-                return Err(error);
-            }
+        self.settle().await?;
+        // Closing the channel ends the marker task once it marked what it was given.
+        self.marks = None;
+        match (&mut self.marker).await {
+            Ok(result) => result,
+            Err(e) => Err(Error::transient(format!("poll: the marker task failed: {e}"))),
         }
-        crate::failpoint!("poll_batch_acked");
-        self.watermark.abandon(tx);
-        let published: Vec<Value> = keys
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !dead.iter().any(|(d, _)| d == i))
-            .map(|(_, k)| k.clone())
-            .collect();
-        let marked = self.relay.mark_published(&mut self.conn, t, &published).await?;
-        if marked < published.len() as u64 {
-            metrics().poll_lease_lost();
-            tracing::warn!(
-                marked,
-                batch = published.len(),
-                "rows of this batch were taken over by another relay before they were marked: they are published again"
-            );
-        }
-        for (i, reason) in &dead {
-            self.relay.park(&mut self.conn, t, &keys[*i], reason).await?;
-        }
-        Ok(())
-    }
-
-    /// A row that failed `poll.max_attempts` deliveries is poison: remembered in the store like a broker
-    /// refusal, so that the publisher sends it to the dead-letter topic and holds its aggregate.
-    fn dead_letter_exhausted(&mut self, claimed: &[Claimed]) -> Result<()> {
-        let max = self.config.poll.max_attempts;
-        let mut added = false;
-        for c in claimed.iter().filter(|c| c.attempts >= max) {
-            let Some(id) = c.id() else { continue };
-            let message = format!(
-                "delivery failed {} times (poll.max_attempts = {max}); last error: {}",
-                c.attempts,
-                c.last_error.as_deref().unwrap_or("unknown")
-            );
-            self.store.add_known_poison(&KnownPoison { id: id.to_string(), message })?;
-            added = true;
-        }
-        if added {
-            self.publisher = Publisher::new(self.config, self.router.clone(), self.store.clone())?;
-        }
-        Ok(())
-    }
-
-    /// A delivery of the batch failed: purge what is in flight, count the attempt on every row of the batch
-    /// and end the run with the failure.
-    async fn failed(&mut self, t: usize, tx: crate::checkpoint::TxId, keys: &[Value], error: Error) -> Result<()> {
-        self.sink.abort();
-        self.watermark.abandon(tx);
-        if let Err(e) = self.relay.fail(&mut self.conn, t, keys, &error.to_string()).await {
-            tracing::warn!(error = %e, "cannot record the failed delivery; the batch is retried once its lease expires");
-        }
-        Err(error)
     }
 }
 
-/// Renews the lease on a batch; an error when it cannot (the caller stops publishing the batch).
-async fn keep_lease(relay: &Relay, conn: &mut Conn, t: usize, keys: &[Value]) -> Result<()> {
-    let renewed = relay.renew(conn, t, keys).await;
-    if !matches!(renewed, Ok(true)) {
-        metrics().poll_lease_lost();
+/// The marker task: marks the rows it is given published, on its own connection, one statement per table
+/// for all the requests waiting, and sends their keys back.
+///
+/// # Errors
+/// Classified query errors (the rows stay unpublished: the next run publishes them again).
+async fn marker(
+    relay: Arc<Relay>,
+    mut conn: Conn,
+    mut requests: tokio::sync::mpsc::Receiver<MarkRequest>,
+    done: tokio::sync::mpsc::UnboundedSender<(usize, Vec<Vec<u8>>)>,
+) -> Result<()> {
+    while let Some(first) = requests.recv().await {
+        let mut waiting = vec![first];
+        while let Ok(more) = requests.try_recv() {
+            waiting.push(more);
+        }
+        let mut by_table: BTreeMap<usize, (Vec<Value>, Vec<u64>)> = BTreeMap::new();
+        for request in &waiting {
+            let (keys, seqs) = by_table.entry(request.t).or_default();
+            keys.extend(request.keys.iter().cloned());
+            seqs.extend(&request.seqs);
+        }
+        for (t, (keys, seqs)) in by_table {
+            relay.mark_published(&mut conn, t, &keys, &seqs).await?;
+        }
+        for request in waiting {
+            // The run may have ended meanwhile: nothing to tell then.
+            let _ = done.send((request.t, request.done));
+        }
     }
-    match renewed {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(Error::transient(
-            "another relay took over this relay's lease (it expired while Kafka did not acknowledge); the rows \
-             are published again by that relay. Raise poll.lease_ms if Kafka is often this slow",
-        )),
-        Err(e) => Err(e.context("cannot renew the lease; the batch is published again once it expires")),
+    let _ = conn.disconnect().await;
+    Ok(())
+}
+
+/// The most gap ranges remembered per table; past it the lowest are dropped (the full sweep still finds
+/// their rows).
+const MAX_GAPS_KEPT: usize = 10_000;
+
+/// Removes `seq` from the gap range that contains it, splitting the range.
+fn fill_gap(gaps: &mut BTreeMap<u64, (u64, Instant)>, seq: u64) {
+    let Some((&lo, &(hi, seen))) = gaps.range(..=seq).next_back() else { return };
+    if seq > hi {
+        return;
+    }
+    gaps.remove(&lo);
+    if lo < seq {
+        gaps.insert(lo, (seq - 1, seen));
+    }
+    if seq < hi {
+        gaps.insert(seq + 1, (hi, seen));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A filled number splits its gap range; numbers outside every range change nothing.
+    #[test]
+    fn a_filled_number_splits_its_gap() {
+        let seen = Instant::now();
+        let mut gaps = BTreeMap::from([(3, (3, seen)), (10, (20, seen))]);
+        fill_gap(&mut gaps, 3);
+        fill_gap(&mut gaps, 15);
+        fill_gap(&mut gaps, 10);
+        fill_gap(&mut gaps, 25);
+        fill_gap(&mut gaps, 1);
+        let ranges: Vec<(u64, u64)> = gaps.iter().map(|(lo, (hi, _))| (*lo, *hi)).collect();
+        assert_eq!(ranges, [(11, 14), (16, 20)]);
+    }
+
+    /// The producer gives up on a record within half the failover timeout.
+    #[test]
+    fn records_are_given_up_within_half_the_failover() {
+        assert_eq!(message_timeout(Duration::from_secs(30)), Duration::from_secs(15));
     }
 }

@@ -601,6 +601,17 @@ impl KafkaSink {
         KafkaSink::with(config, watermark, |_| {})
     }
 
+    /// [`KafkaSink::new`] whose producer gives up on a record `timeout` after it was handed over (the
+    /// polling relay's: see `pipeline::poll`). A record given up fails its delivery like any other failure.
+    ///
+    /// # Errors
+    /// A definite error for an invalid librdkafka configuration.
+    pub fn with_message_timeout(config: &KafkaConfig, watermark: Arc<Watermark>, timeout: Duration) -> Result<Self> {
+        KafkaSink::with(config, watermark, |cc| {
+            cc.set("message.timeout.ms", timeout.as_millis().to_string());
+        })
+    }
+
     /// [`KafkaSink::new`] with `adjust` applied to the producer's configuration.
     fn with(config: &KafkaConfig, watermark: Arc<Watermark>, adjust: impl FnOnce(&mut ClientConfig)) -> Result<Self> {
         let budget = Arc::new(Semaphore::new(config.max_in_flight_bytes));

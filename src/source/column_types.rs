@@ -9,6 +9,7 @@
 
 use mysql_common::constants::ColumnType;
 
+use super::charset::Charset;
 use crate::outbox::{TableName, SLOT_NAMES};
 
 /// The SQL types an outbox column can have that the stream and the snapshot read alike. Preflight
@@ -16,8 +17,9 @@ use crate::outbox::{TableName, SLOT_NAMES};
 /// these, each for the columns [`accepted_families`] names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TypeFamily {
-    /// CHAR, VARCHAR and the TEXT types in a UTF-8 character set (MariaDB's JSON is a LONGTEXT), and
-    /// VARBINARY and the BLOB types: text, whose bytes must be UTF-8 (a row whose are not is undecodable).
+    /// CHAR, VARCHAR and the TEXT types in any character set the connector decodes ([`Charset`]; MariaDB's
+    /// JSON is a LONGTEXT), and VARBINARY and the BLOB types, whose bytes must be UTF-8: text (a row whose
+    /// value is not well-formed in its character set is undecodable).
     Text,
     /// TINYINT … BIGINT, signed or not: decimal digits.
     Integer,
@@ -48,13 +50,8 @@ impl TypeFamily {
     pub fn of_sql(data_type: &str, column_type: &str, charset: Option<&str>) -> std::result::Result<Self, String> {
         let family = match data_type.to_ascii_lowercase().as_str() {
             "char" | "varchar" | "tinytext" | "text" | "mediumtext" | "longtext" => {
-                let charset = charset.unwrap_or("binary");
-                let utf8 = ["utf8mb4", "utf8mb3", "utf8", "ascii"].iter().any(|c| charset.eq_ignore_ascii_case(c));
-                if !utf8 {
-                    return Err(format!(
-                        "character set {charset}: the binlog carries its bytes, which the connector reads as UTF-8"
-                    ));
-                }
+                // The binlog carries the column's own bytes, which the stream decodes (`charset`).
+                Charset::by_name(charset.unwrap_or("binary"))?;
                 TypeFamily::Text
             }
             "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob" => TypeFamily::Text,
@@ -80,6 +77,9 @@ impl TypeFamily {
             T::MYSQL_TYPE_STRING if collation == Some(BINARY_COLLATION) && meta == [0xfe, 16] => TypeFamily::Uuid,
             T::MYSQL_TYPE_STRING if collation == Some(BINARY_COLLATION) => return Err(FIXED_BINARY.into()),
             T::MYSQL_TYPE_STRING | T::MYSQL_TYPE_VARCHAR | T::MYSQL_TYPE_VAR_STRING | T::MYSQL_TYPE_BLOB => {
+                if let Some(collation) = collation {
+                    Charset::by_collation(collation)?;
+                }
                 TypeFamily::Text
             }
             T::MYSQL_TYPE_TINY
@@ -285,6 +285,11 @@ mod tests {
             ("varchar", Some("utf8mb3"), T::MYSQL_TYPE_VARCHAR, Some(33), Some(Text)),
             ("text", Some("utf8mb4"), T::MYSQL_TYPE_BLOB, UTF8MB4, Some(Text)),
             ("longtext", Some("utf8mb4"), T::MYSQL_TYPE_BLOB, None, Some(Text)),
+            // Legacy character sets are decoded (`charset`); one without a decoder is refused by both.
+            ("varchar", Some("latin1"), T::MYSQL_TYPE_VARCHAR, Some(8), Some(Text)),
+            ("char", Some("gbk"), T::MYSQL_TYPE_STRING, Some(28), Some(Text)),
+            ("text", Some("big5"), T::MYSQL_TYPE_BLOB, Some(1), Some(Text)),
+            ("varchar", Some("swe7"), T::MYSQL_TYPE_VARCHAR, Some(10), None),
             ("binary", None, T::MYSQL_TYPE_STRING, Some(63), None),
             ("varbinary", None, T::MYSQL_TYPE_VARCHAR, Some(63), Some(Text)),
             ("blob", None, T::MYSQL_TYPE_BLOB, Some(63), Some(Text)),
@@ -316,9 +321,11 @@ mod tests {
         assert_eq!(TypeFamily::of_sql("binary", "binary(16)", None), Ok(Uuid));
         assert_eq!(TypeFamily::of_binlog(T::MYSQL_TYPE_STRING, &[0xfe, 16], Some(63)), Ok(Uuid));
         assert!(TypeFamily::of_binlog(T::MYSQL_TYPE_STRING, &[0xfe, 16], UTF8MB4).is_ok_and(|f| f == Text));
-        // A character set other than UTF-8 arrives as its own bytes in the binlog, converted in a SELECT.
-        let latin1 = TypeFamily::of_sql("varchar", "varchar(8)", Some("latin1")).unwrap_err();
-        assert!(latin1.contains("character set latin1"));
+        // A character set without a decoder says so, in both.
+        let swe7 = TypeFamily::of_sql("varchar", "varchar(8)", Some("swe7")).unwrap_err();
+        assert!(swe7.contains("character set swe7"), "{swe7}");
+        let swe7 = TypeFamily::of_binlog(T::MYSQL_TYPE_VARCHAR, &[], Some(10)).unwrap_err();
+        assert!(swe7.contains("character set swe7"), "{swe7}");
     }
 
     /// One rule per outbox column: the types it may have, and the fix naming the column when it has

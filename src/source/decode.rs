@@ -7,13 +7,18 @@
 //! position would silently break the day someone adds or reorders a column: we refuse instead, with the fix
 //! (the preflight check reports the same before streaming starts).
 //!
-//! Values are decoded exactly: strings must be valid UTF-8 (utf8mb4 columns), `DATETIME(n)` keeps its
+//! Values are decoded exactly: text in a legacy character set becomes UTF-8 ([`super::charset`]; binary
+//! strings and UTF-8 columns must be valid UTF-8), `DATETIME(n)` keeps its
 //! `n` fractional digits and is never shifted by a time zone, MySQL's binary JSON is converted to JSON text
 //! and MariaDB's JSON (a LONGTEXT) is taken verbatim and validated by the router.
 //!
 //! # Types the binlog gives differently than SQL
 //! The snapshot reads the same rows with `SELECT`, and an event must not depend on which of the two read
-//! it. Three types arrive in the binlog as something other than what a `SELECT` prints:
+//! it. Four kinds of value arrive in the binlog as something other than what a `SELECT` prints:
+//! - Text in a character set other than UTF-8 (latin1, gbk, big5, …) arrives as the column's own bytes;
+//!   it is decoded with the character set of the TABLE_MAP's optional metadata (`COLUMN_CHARSET` /
+//!   `DEFAULT_CHARSET`) to the UTF-8 the snapshot's utf8mb4 session receives. ENUM and SET labels
+//!   likewise, with `ENUM_AND_SET_*_CHARSET`.
 //! - `TIMESTAMP(n)` arrives as seconds since the epoch; it is written as UTC, with `n` digits. The
 //!   snapshot's session runs with `time_zone = '+00:00'`, so it prints the same text.
 //! - `ENUM` arrives as the 1-based index of its label, `SET` as a bitmask; both are written as their
@@ -43,6 +48,7 @@ use mysql_common::binlog::value::BinlogValue;
 use mysql_common::constants::ColumnType;
 use mysql_common::value::Value;
 
+use super::charset::Charset;
 use super::column_types::{bytes_payload_problem, column_type_problem, uuid_text, TypeFamily};
 use super::rows::{AfterImages, RowLayout, Slots};
 use crate::config::{ColumnNames, PayloadEncoding};
@@ -84,6 +90,8 @@ enum ColumnKind {
     Timestamp,
     /// BINARY(16): a UUID, written as its canonical text ([`uuid_text`]).
     Uuid,
+    /// Text in a character set other than UTF-8: its bytes, decoded to the text a `SELECT` returns.
+    Decoded(Charset),
     /// A type the decoder does not read: every row of the table is undecodable, with this reason and fix.
     Refused(String),
 }
@@ -218,6 +226,15 @@ impl OutboxTable {
             _ => None,
         }) {
             return Err(fail(v, Error::definite(problem.clone())));
+        }
+        // Text in a legacy character set becomes the UTF-8 a `SELECT` returns, in place, before anything
+        // reads it: every column, the payload and headers too (a text column's bytes are its text).
+        for slot in 0..self.kinds.len() {
+            let ColumnKind::Decoded(charset) = &self.kinds[slot] else { continue };
+            let (name, value) = &mut v[slot];
+            if let Err(e) = decode_text(value, charset, name) {
+                return Err(if slot == 0 { e } else { fail(v, e) });
+            }
         }
         // ENUM and SET values become their labels, BINARY(16) UUIDs their text, in place, so that a failed
         // row shows them so too: the short roles, then the additional columns.
@@ -355,9 +372,20 @@ impl ColumnFacts {
                 collations[i] = charsets.next().transpose()?;
             }
         }
-        let label_text = |raw: &[u8]| {
-            String::from_utf8(raw.to_vec())
-                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "ENUM/SET label is not UTF-8"))
+        // Labels are in their column's character set, listed per ENUM or SET column, in column order.
+        let mut label_charsets = vec![None; count];
+        let mut enum_and_set = meta.iter_enum_and_set_charset();
+        for (i, ty) in types.iter().enumerate() {
+            if ty.is_some_and(|t| t.is_enum_or_set_type()) {
+                label_charsets[i] = enum_and_set.next().transpose()?;
+            }
+        }
+        let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+        let label_text = |i: usize, raw: &[u8]| {
+            let charset = label_charsets[i].map(Charset::by_collation).transpose().map_err(invalid)?;
+            (charset.unwrap_or(Charset::Utf8).decode(raw))
+                .map(std::borrow::Cow::into_owned)
+                .map_err(|why| invalid(format!("an ENUM/SET label of column {i}: {why}")))
         };
         let (mut enum_labels, mut set_labels) = (vec![None; count], vec![None; count]);
         for field in tme.iter_optional_meta() {
@@ -366,7 +394,7 @@ impl ColumnFacts {
                     let columns = types.iter().enumerate().filter(|(_, t)| **t == Some(ColumnType::MYSQL_TYPE_ENUM));
                     for ((i, _), labels) in columns.zip(values.iter_values()) {
                         let labels = labels?;
-                        let labels = labels.values().iter().map(|l| label_text(l.value_raw()));
+                        let labels = labels.values().iter().map(|l| label_text(i, l.value_raw()));
                         enum_labels[i] = Some(labels.collect::<std::io::Result<_>>()?);
                     }
                 }
@@ -374,7 +402,7 @@ impl ColumnFacts {
                     let columns = types.iter().enumerate().filter(|(_, t)| **t == Some(ColumnType::MYSQL_TYPE_SET));
                     for ((i, _), labels) in columns.zip(values.iter_values()) {
                         let labels = labels?;
-                        let labels = labels.values().iter().map(|l| label_text(l.value_raw()));
+                        let labels = labels.values().iter().map(|l| label_text(i, l.value_raw()));
                         set_labels[i] = Some(labels.collect::<std::io::Result<_>>()?);
                     }
                 }
@@ -411,6 +439,10 @@ impl ColumnFacts {
             TypeFamily::Set => ColumnKind::Set(self.set_labels[i].clone().ok_or_else(|| no_labels("SET"))?),
             TypeFamily::Timestamp => ColumnKind::Timestamp,
             TypeFamily::Uuid => ColumnKind::Uuid,
+            TypeFamily::Text => match self.collations[i].map(Charset::by_collation).transpose()? {
+                Some(charset) if !charset.is_utf8() => ColumnKind::Decoded(charset),
+                _ => ColumnKind::Plain,
+            },
             _ => ColumnKind::Plain,
         })
     }
@@ -448,6 +480,20 @@ fn check_text(slot: &Slot, column: &str) -> Result<()> {
         BinlogValue::Value(Value::NULL) => Err(Error::definite(format!("column {column} is NULL"))),
         other => Err(unexpected(column, other)),
     }
+}
+
+/// A text column's bytes in a legacy character set, replaced by their UTF-8 in place. The slot keeps the
+/// original bytes when they are not well-formed, for the dead letter.
+fn decode_text(slot: &mut Slot, charset: &Charset, column: &str) -> Result<()> {
+    if let Some(BinlogValue::Value(Value::Bytes(bytes))) = slot {
+        let text = charset.decode(bytes).map_err(|why| {
+            Error::definite(format!("column {column} is in character set {}, and {why}", charset.name()))
+        })?;
+        if let std::borrow::Cow::Owned(text) = text {
+            *bytes = text.into_bytes();
+        }
+    }
+    Ok(())
 }
 
 /// Moves a column that [`check_text`] accepted out of its slot.

@@ -215,6 +215,51 @@ pub fn order_without_occurred_at(table: &TableName, id: &(String, KeyType)) -> R
     }
 }
 
+/// The columns an index must start with for reading it to walk the snapshot's key order: the first three
+/// key columns, or the first two when the third is the id itself (a table without `occurred_at`). InnoDB
+/// appends the primary key to every secondary index, which orders the ties by id.
+pub fn index_prefix(key: [&str; 4]) -> Vec<&str> {
+    match key[2] == key[3] {
+        true => key[..2].to_vec(),
+        false => key[..3].to_vec(),
+    }
+}
+
+/// The name of an index of `table` whose columns start with `prefix` (see [`index_prefix`]), if any.
+///
+/// # Errors
+/// Classified query errors.
+pub async fn index_in_key_order(conn: &mut Conn, table: &TableName, prefix: &[&str]) -> Result<Option<String>> {
+    let indexes = index_columns(conn, table).await?;
+    Ok(indexes.into_iter().find_map(|(name, cols)| {
+        let starts = cols.len() >= prefix.len() && cols.iter().zip(prefix).all(|(c, w)| c.eq_ignore_ascii_case(w));
+        starts.then_some(name)
+    }))
+}
+
+/// The indexes of `table` as (name, columns in index order).
+///
+/// # Errors
+/// Classified query errors.
+pub async fn index_columns(conn: &mut Conn, table: &TableName) -> Result<Vec<(String, Vec<String>)>> {
+    let columns: Vec<(String, String)> = conn
+        .exec(
+            "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS \
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY INDEX_NAME, SEQ_IN_INDEX",
+            (&table.database, &table.table),
+        )
+        .await
+        .map_err(|e| classify_mysql(&e))?;
+    let mut indexes: Vec<(String, Vec<String>)> = Vec::new();
+    for (index, column) in columns {
+        match indexes.last_mut() {
+            Some((name, cols)) if *name == index => cols.push(column),
+            _ => indexes.push((index, vec![column])),
+        }
+    }
+    Ok(indexes)
+}
+
 /// The four key columns of one table, in scan order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyColumns {

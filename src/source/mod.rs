@@ -5,6 +5,7 @@
 
 pub mod binlog;
 pub mod change;
+pub mod charset;
 pub mod column_types;
 pub mod decode;
 pub mod files;
@@ -68,7 +69,10 @@ impl SourceConn {
             // TIMESTAMP columns read as UTC, as the binlog gives them (seconds since the epoch): the snapshot
             // and the stream then write the same `occurred_at`, and comparisons with UTC text (prune's
             // cutoff, the snapshot's keyset) mean what they say.
-            .init(vec!["SET time_zone = '+00:00'"])
+            // Text in every character set arrives as UTF-8 (`charset`: the stream decodes the binlog's bytes
+            // to the same text), also on a server that ignores the handshake's character set
+            // (`skip-character-set-client-handshake`).
+            .init(vec!["SET time_zone = '+00:00'", "SET NAMES utf8mb4"])
             .max_allowed_packet(Some(1024 * 1024 * 1024));
         builder = match source.tls {
             TlsMode::Disabled => builder,

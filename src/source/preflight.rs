@@ -8,9 +8,9 @@ use mysql_async::Conn;
 
 use super::column_types;
 use super::history::{self, Comparison};
-use super::key_order::{order_without_occurred_at, KeyType};
+use super::key_order::{index_columns, index_in_key_order, index_prefix, order_without_occurred_at, KeyType};
 use super::{NameCase, ServerInfo};
-use crate::config::{ColumnNames, Config, PayloadEncoding, ResumeBy};
+use crate::config::{ColumnNames, Config, PayloadEncoding, PollOrder, ResumeBy};
 use crate::error::{classify_mysql, Error, Result};
 use crate::findings::{Finding, Report};
 use crate::outbox::{quote_ident, TableName};
@@ -721,7 +721,7 @@ async fn check_column_types(
     }
     report.push(
         &format!("table {table} column types"),
-        "types the connector reads (text in utf8mb4, integers, BINARY(16) ids, ENUM/SET, JSON, DATETIME/TIMESTAMP, \
+        "types the connector reads (text in a character set it decodes, integers, BINARY(16) ids, ENUM/SET, JSON, DATETIME/TIMESTAMP, \
          by column)",
         &if problems.is_empty() { "as expected".to_string() } else { format!("{} unreadable", problems.len()) },
         problems.is_empty(),
@@ -783,36 +783,30 @@ async fn check_column_types(
     Ok(())
 }
 
-/// The snapshot's keyset query reads along `(aggregate_type, aggregate_id, occurred_at)`, the id last: with
-/// an index that starts with those columns each chunk is an index range; without one the server sorts the
-/// rows after the last key for every chunk (correct, and memory-bounded on our side, but each chunk
-/// costs a scan of the rest of the table). A warning with the `ALTER TABLE` that adds it.
+/// The snapshot reads each table in one query ordered by `(aggregate_type, aggregate_id, occurred_at)`, the
+/// id last: with an index that starts with those columns the server walks it, without one it sorts the
+/// whole table first (correct, and memory-bounded on our side, but a sort of every row on the server, and
+/// no row arrives before it ends). A warning with the `ALTER TABLE` that adds it.
 async fn check_snapshot_index(
     conn: &mut Conn,
     table: &TableName,
     key: [&String; 4],
     report: &mut Report,
 ) -> Result<()> {
-    // The third column may be the id itself (a table without occurred_at): then the first two suffice,
-    // InnoDB appends the primary key to every secondary index.
-    let wanted: Vec<&String> = if key[2] == key[3] { key[..2].to_vec() } else { key[..3].to_vec() };
-    let indexes = index_columns(conn, table).await?;
-    let covered = indexes.iter().any(|(_, cols)| {
-        cols.len() >= wanted.len() && cols.iter().zip(&wanted).all(|(c, w)| c.eq_ignore_ascii_case(w))
-    });
+    let wanted = index_prefix(key.map(String::as_str));
     let setting = format!("table {table} snapshot index");
-    let expected = format!("an index on ({})", wanted.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", "));
-    if covered {
+    let listed = wanted.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
+    let expected = format!("an index on ({listed})");
+    if index_in_key_order(conn, table, &wanted).await?.is_some() {
         report.push(&setting, &expected, "present", true, "");
     } else {
         report.warn(
             &setting,
             &expected,
-            "none: the snapshot still runs in order, but every chunk sorts the rest of the table",
+            "none: the snapshot still runs in order, but the server sorts the whole table before the first row",
             &format!(
-                "ALTER TABLE {} ADD INDEX idx_outbox_cdc_snapshot ({}), ALGORITHM=INPLACE, LOCK=NONE",
-                table.quoted(),
-                wanted.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ")
+                "ALTER TABLE {} ADD INDEX idx_outbox_cdc_snapshot ({listed}), ALGORITHM=INPLACE, LOCK=NONE",
+                table.quoted()
             ),
         );
     }
@@ -848,23 +842,24 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
             problems.is_empty(),
             &super::poll::poll_columns_ddl(table, &found).unwrap_or_default(),
         );
-        let order = super::poll::order_key(&found, &config.outbox.columns);
+        let order = super::poll::order_key(&found, &config.outbox.columns, config.poll.order);
         report.push(
             &format!("table {table} event order"),
-            "an AUTO_INCREMENT column, or occurred_at (then id)",
+            match config.poll.order {
+                PollOrder::Sequence => "an AUTO_INCREMENT column (insertion order)",
+                PollOrder::OccurredAt => "occurred_at, then id ([poll] order = \"occurred_at\")",
+            },
             &match &order {
-                Some(super::poll::OrderKey::AutoIncrement(c)) => format!("by {}", quote_ident(c)),
-                Some(super::poll::OrderKey::OccurredAtThenId) => {
-                    format!(
-                        "by {}, then {}",
-                        quote_ident(&config.outbox.columns.occurred_at),
-                        quote_ident(&config.outbox.columns.id)
-                    )
-                }
-                None => "neither".to_string(),
+                Some(super::poll::OrderKey::Sequence(c)) => format!("by {}", quote_ident(c)),
+                Some(super::poll::OrderKey::OccurredAtThenId) => format!(
+                    "by {}, then {}",
+                    quote_ident(&config.outbox.columns.occurred_at),
+                    quote_ident(&config.outbox.columns.id)
+                ),
+                None => "none".to_string(),
             },
             order.is_some(),
-            "map the column that says when each event was written as occurred_at in [outbox.columns]",
+            &super::poll::no_order_key(table, &config.outbox.columns, config.poll.order),
         );
         let indexes = index_columns(conn, table).await?;
         let starts_with = |wanted: &[&str]| {
@@ -872,47 +867,57 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
                 cols.len() >= wanted.len() && cols.iter().zip(wanted).all(|(c, w)| c.eq_ignore_ascii_case(w))
             })
         };
-        let ready = starts_with(&["published_at", "next_attempt_at"]);
-        report.push(
-            &format!("table {table} claim index"),
-            "an index on (`published_at`, `next_attempt_at`, ...) such as idx_ready",
-            if ready { "present" } else { "none: every claim query would scan the table" },
-            ready,
-            &format!(
-                "ALTER TABLE {} ADD INDEX idx_ready (`published_at`, `next_attempt_at`, {}), ALGORITHM=INPLACE, LOCK=NONE",
-                table.quoted(),
-                quote_ident(&config.outbox.columns.occurred_at)
+        let (wanted, ddl) = match &order {
+            Some(super::poll::OrderKey::Sequence(c)) => (
+                vec!["published_at".to_string(), c.clone()],
+                format!(
+                    "ALTER TABLE {} ADD INDEX idx_unpublished (`published_at`, {}), ALGORITHM=INPLACE, LOCK=NONE",
+                    table.quoted(),
+                    quote_ident(c)
+                ),
             ),
+            _ => (
+                vec!["published_at".to_string(), config.outbox.columns.occurred_at.clone()],
+                format!(
+                    "ALTER TABLE {} ADD INDEX idx_unpublished (`published_at`, {}, {}), ALGORITHM=INPLACE, LOCK=NONE",
+                    table.quoted(),
+                    quote_ident(&config.outbox.columns.occurred_at),
+                    quote_ident(&config.outbox.columns.id)
+                ),
+            ),
+        };
+        let wanted: Vec<&str> = wanted.iter().map(String::as_str).collect();
+        let ready = starts_with(&wanted);
+        report.push(
+            &format!("table {table} read index"),
+            &format!("an index on ({}, ...) such as idx_unpublished", wanted.join(", ")),
+            if ready { "present" } else { "none: every read would scan the table" },
+            ready,
+            &ddl,
         );
         let (at, ai) = (&config.outbox.columns.aggregate_type, &config.outbox.columns.aggregate_id);
-        // The order rule's head test and the claim's read of the heads' rows look for an aggregate's
-        // unpublished rows: with `published_at` right after the aggregate in the index they read only those;
-        // with (aggregate_type, aggregate_id, ...) alone they read every published row kept as well.
-        let wanted = format!("an index on ({at}, {ai}, published_at, ...)");
-        if starts_with(&[at.as_str(), ai.as_str(), "published_at"]) {
-            report.push(&format!("table {table} aggregate index"), &wanted, "present", true, "");
+        // Lifting a hold reads the held aggregate's unpublished rows: along an index that starts with the
+        // aggregate, else a scan of the table for every hold released.
+        let wanted = format!("an index on ({at}, {ai}, ...)");
+        let found = starts_with(&[at.as_str(), ai.as_str()]);
+        let finding = format!("table {table} aggregate index");
+        if found {
+            report.push(&finding, &wanted, "present", true, "");
         } else {
-            let found = if starts_with(&[at.as_str(), ai.as_str()]) {
-                "one on the aggregate without published_at next: every claim also reads the published rows kept \
-                 of each aggregate it looks at (prune keeps that short; docs/PERFORMANCE.md)"
-            } else {
-                "none: the order rule's look-up of earlier unpublished rows scans the table for every claimed row"
-            };
             report.warn(
-                &format!("table {table} aggregate index"),
+                &finding,
                 &wanted,
-                found,
+                "none: releasing a held aggregate scans the table to find the rows it held",
                 &format!(
-                    "ALTER TABLE {} ADD INDEX idx_unpublished ({}, {}, `published_at`, {}), ALGORITHM=INPLACE, LOCK=NONE",
+                    "ALTER TABLE {} ADD INDEX idx_aggregate ({}, {}), ALGORITHM=INPLACE, LOCK=NONE",
                     table.quoted(),
                     quote_ident(at),
-                    quote_ident(ai),
-                    quote_ident(&config.outbox.columns.occurred_at)
+                    quote_ident(ai)
                 ),
             );
         }
         // Privileges are checked at prepare time: an UPDATE that matches nothing tells without changing a row.
-        let probe = format!("UPDATE {} SET `locked_by` = `locked_by` WHERE 1 = 0", table.quoted());
+        let probe = format!("UPDATE {} SET `attempts` = `attempts` WHERE 1 = 0", table.quoted());
         let update = match conn.query_drop(probe).await {
             Ok(()) => true,
             Err(e) => {
@@ -925,33 +930,13 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
         };
         report.push(
             &format!("privilege UPDATE on {table}"),
-            "granted (the relay marks rows claimed, published, failed)",
+            "granted (the relay marks rows published, refused, parked)",
             if update { "granted" } else { "missing" },
             update,
             &format!("GRANT SELECT, UPDATE ON {table} TO the connector's user (no REPLICATION privilege is needed)"),
         );
     }
     Ok(report)
-}
-
-/// The indexes of `table` as (name, columns in index order).
-async fn index_columns(conn: &mut Conn, table: &TableName) -> Result<Vec<(String, Vec<String>)>> {
-    let columns: Vec<(String, String)> = conn
-        .exec(
-            "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS \
-             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY INDEX_NAME, SEQ_IN_INDEX",
-            (&table.database, &table.table),
-        )
-        .await
-        .map_err(|e| classify_mysql(&e))?;
-    let mut indexes: Vec<(String, Vec<String>)> = Vec::new();
-    for (index, column) in columns {
-        match indexes.last_mut() {
-            Some((name, cols)) if *name == index => cols.push(column),
-            _ => indexes.push((index, vec![column])),
-        }
-    }
-    Ok(indexes)
 }
 
 #[cfg(test)]
