@@ -479,18 +479,36 @@ impl Relay {
         Ok(())
     }
 
-    /// The aggregates of table `t` that a parked row holds.
+    /// The aggregates of table `t` that a parked row holds: all of them (`among` = `None`: a scan of the
+    /// unpublished rows, at a run's start), or which of `among` still are (along the `(aggregate_type,
+    /// aggregate_id, ...)` index: the cheap re-check while holds are in force).
     ///
     /// # Errors
     /// Classified query errors.
-    pub async fn parked_aggregates(&self, conn: &mut Conn, t: usize) -> Result<Vec<Aggregate>> {
+    pub async fn parked_aggregates(
+        &self,
+        conn: &mut Conn,
+        t: usize,
+        among: Option<&[Aggregate]>,
+    ) -> Result<Vec<Aggregate>> {
         let table = self.tables[t].table.quoted();
+        let (at, ai) = (quote_ident(&self.columns.aggregate_type), quote_ident(&self.columns.aggregate_id));
+        let (which, params) = match among {
+            None => (String::new(), Vec::new()),
+            Some([]) => return Ok(Vec::new()),
+            Some(among) => (
+                format!(" AND ({})", vec![format!("({at} = ? AND {ai} = ?)"); among.len()].join(" OR ")),
+                among.iter().flat_map(|(a, b)| [Value::Bytes(a.clone()), Value::Bytes(b.clone())]).collect(),
+            ),
+        };
         let rows: Vec<(Value, Value)> = conn
-            .query(format!(
-                "SELECT DISTINCT {}, {} FROM {table} WHERE published_at IS NULL AND next_attempt_at = '{PARKED_UNTIL}'",
-                quote_ident(&self.columns.aggregate_type),
-                quote_ident(&self.columns.aggregate_id)
-            ))
+            .exec(
+                format!(
+                    "SELECT DISTINCT {at}, {ai} FROM {table} WHERE published_at IS NULL \
+                     AND next_attempt_at = '{PARKED_UNTIL}'{which}"
+                ),
+                params,
+            )
             .await
             .map_err(|e| classify_mysql(&e).context(format_args!("poll: reading the parked rows of {table}")))?;
         metrics().poll_queries(PollQuery::Backlog, 1);
