@@ -20,6 +20,9 @@
 #   - kubernetes-validate (pip, pinned): the Kubernetes schemas deploy/kubernetes/ is checked against.
 #   - tansu 0.6.0 with the dynostore (memory) and libsql (SQLite) storage engines: the Kafka-protocol
 #     broker of the integration tests.
+#   - confluent-kafka 2.16.1 with its Avro, Protobuf, JSON Schema and schema-registry extras (pip, each
+#     package pinned): tests/schema_registry.rs decodes every record the connector framed with its
+#     deserializers and their own registry client, an implementation independent of the connector's.
 #   - noida-db 0.2.3 (pip, pinned; a prebuilt binary in a Python package): its Kafka service is the
 #     broker of the exactly-once tests, the only one here with working transactions. Not durable across
 #     its own restart, so never used where the broker restarts. tests/noida_smoke.rs pins its behaviour.
@@ -28,6 +31,11 @@ set -euo pipefail
 TANSU_VERSION=0.6.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
 NOIDA_DB_VERSION=0.2.3
+CONFLUENT_KAFKA_VERSION=2.16.1
+# The extras' packages, pinned so that a provisioned machine decodes with the code the tests were run with.
+CONFLUENT_KAFKA_EXTRAS=(fastavro==1.13.1 avro==1.12.2 protobuf==7.36.2 googleapis-common-protos==1.76.0
+    jsonschema==4.26.0 referencing==0.37.0 requests==2.34.2 attrs==26.1.0 cachetools==8.0.2 authlib==1.9.10
+    httpx2==2.16.2 httpcore2==2.16.2 certifi==2026.10.19.post1)
 PACKAGES=(mariadb-server mariadb-client pkg-config libssl-dev libcurl4-openssl-dev libsasl2-dev openssl make gcc g++
     docker-compose systemd python3-pip)
 
@@ -105,6 +113,19 @@ if python3 -c 'import kubernetes_validate.version as v, sys; sys.exit(v.__versio
 else
     log "pip install kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
     pip_install "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+fi
+
+# --- confluent-kafka (Python) with its schema-registry deserializers -----------------------------
+if python3 -c 'import importlib.metadata as m, sys
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
+from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+sys.exit(m.version("confluent-kafka") != sys.argv[1])' "$CONFLUENT_KAFKA_VERSION" 2>/dev/null; then
+    log "confluent-kafka $CONFLUENT_KAFKA_VERSION (with its deserializers) already installed"
+else
+    log "pip install confluent-kafka[avro,protobuf,json,schemaregistry]==$CONFLUENT_KAFKA_VERSION"
+    pip_install "confluent-kafka[avro,protobuf,json,schemaregistry]==$CONFLUENT_KAFKA_VERSION" \
+        "${CONFLUENT_KAFKA_EXTRAS[@]}"
 fi
 
 # --- noida-db (Python package with a prebuilt broker binary) ------------------------------------

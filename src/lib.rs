@@ -68,6 +68,7 @@ pub mod publish;
 pub mod quarantine;
 pub mod router;
 pub mod scheduling;
+pub mod schema;
 pub mod secret;
 pub mod sink;
 pub mod source;

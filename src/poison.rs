@@ -57,13 +57,18 @@ pub enum PoisonKind {
     TooLarge,
     /// The broker refused the record for a non-retryable reason.
     RejectedByBroker,
+    /// The payload does not fit its registered schema (the reason names the field path).
+    SchemaMismatch,
+    /// The registry has no such subject or version (or no `schema_version` names one): never published
+    /// without its schema; released once the schema is registered.
+    SchemaMissing,
     /// Not poison itself: a later event of an aggregate on hold.
     Quarantined,
 }
 
 impl PoisonKind {
     /// Every kind.
-    pub const ALL: [PoisonKind; 8] = [
+    pub const ALL: [PoisonKind; 10] = [
         PoisonKind::Undecodable,
         PoisonKind::EmptyAggregateId,
         PoisonKind::IllegalTopic,
@@ -71,6 +76,8 @@ impl PoisonKind {
         PoisonKind::InvalidHeaders,
         PoisonKind::TooLarge,
         PoisonKind::RejectedByBroker,
+        PoisonKind::SchemaMismatch,
+        PoisonKind::SchemaMissing,
         PoisonKind::Quarantined,
     ];
 
@@ -84,6 +91,8 @@ impl PoisonKind {
             PoisonKind::InvalidHeaders => "invalid_headers",
             PoisonKind::TooLarge => "too_large",
             PoisonKind::RejectedByBroker => "rejected_by_broker",
+            PoisonKind::SchemaMismatch => "schema_mismatch",
+            PoisonKind::SchemaMissing => "schema_missing",
             PoisonKind::Quarantined => "quarantined",
         }
     }

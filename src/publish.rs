@@ -106,6 +106,9 @@ impl Publisher {
             let poison = Poison::new(PoisonKind::RejectedByBroker, refused.message.clone());
             return self.dead_letter_row(row, poison, origin.get());
         }
+        // The registry is asked here, outside routing, so that its absence is a transient error (waited
+        // out), never a poison verdict.
+        self.router.resolve(row)?;
         match self.router.route_into(row, &mut self.record) {
             Ok(()) if fits(&self.record) => {
                 metrics().event_read(&self.record.topic);
@@ -269,7 +272,7 @@ mod tests {
         let refused = p.prepare(SourceRow::Decoded(&row("e-1", "A")), Origin::default, fits).unwrap();
         assert_eq!(refused.record.topic, "dlq");
         assert_eq!(kind(&refused), Some("rejected_by_broker"));
-        assert_eq!(refused.record.key, "A");
+        assert_eq!(refused.record.key, b"A");
         let other = p.prepare(SourceRow::Decoded(&row("e-2", "B")), Origin::default, fits).unwrap();
         assert_eq!((other.record.topic.as_str(), kind(&other)), ("outbox.event.order", None));
         drop(p);

@@ -282,7 +282,13 @@ pub fn dead_letter_record(
         hdrs.push((headers::HOLD.into(), hold.as_bytes().to_vec()));
     }
     hdrs.push((headers::ORIGIN.into(), letter.origin.to_string().into_bytes()));
-    KafkaRecord { topic: topic.to_string(), key: key.to_string(), value, headers: hdrs, ..KafkaRecord::default() }
+    KafkaRecord {
+        topic: topic.to_string(),
+        key: key.as_bytes().to_vec(),
+        value,
+        headers: hdrs,
+        ..KafkaRecord::default()
+    }
 }
 
 /// The holds and known-poison ids of a running pipeline, mirrored from the store.

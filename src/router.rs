@@ -12,6 +12,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -19,6 +20,7 @@ use serde_json::value::RawValue;
 use crate::config::{Config, KeyFormat, Placement, PlacementTarget, RecordTimestamp, ValueFormat};
 use crate::outbox::{ColumnValue, OutboxRow, Payload, SchemaVersion};
 use crate::poison::{Poison, PoisonKind};
+use crate::schema::{key_subject, Cached, Schemas};
 use crate::time::parse_occurred_at_ms;
 use crate::topic::{is_legal_topic, TopicTemplate};
 
@@ -34,8 +36,8 @@ pub type HeaderName = Cow<'static, str>;
 pub struct KafkaRecord {
     /// Destination topic.
     pub topic: String,
-    /// Partitioning key: the aggregate id (`kafka.key_format`).
-    pub key: String,
+    /// Partitioning key: the aggregate id (`kafka.key_format`): its text, or Confluent-framed Avro bytes.
+    pub key: Vec<u8>,
     /// Serialized value; empty and unused for a tombstone.
     pub value: Vec<u8>,
     /// A tombstone: the value is null (`outbox.tombstone_on_empty_payload`).
@@ -67,6 +69,8 @@ pub struct Router {
     tombstones: bool,
     /// `outbox.additional_placement`, each with where its value is in the row.
     placements: Vec<(Placement, Placed)>,
+    /// The registry's schemas, for `value_format = "avro"` and the like, and `key_format = "avro"`.
+    schemas: Option<Arc<Schemas>>,
 }
 
 /// Where a placed column's value is in an [`OutboxRow`].
@@ -129,6 +133,7 @@ impl Router {
             record_timestamp: RecordTimestamp::Produced,
             tombstones: false,
             placements: Vec::new(),
+            schemas: None,
         }
     }
 
@@ -153,7 +158,33 @@ impl Router {
                     (p.clone(), placed)
                 })
                 .collect(),
+            schemas: Schemas::for_config(config),
         }
+    }
+
+    /// Makes sure the schemas `row` is encoded with are known (a registry lookup the first time a subject
+    /// and version is needed, none after). Call before [`Router::route_into`] with a registry format; a row
+    /// that names no schema, or one the registry does not have, is left for routing to call poison.
+    ///
+    /// # Errors
+    /// Transient when the registry cannot be reached, definite when it refuses the credentials.
+    pub fn resolve(&self, row: &OutboxRow) -> crate::error::Result<()> {
+        let Some(schemas) = &self.schemas else { return Ok(()) };
+        let event_type = row.event_type.as_deref().unwrap_or_default();
+        let mut topic = String::new();
+        self.template.render_into(&mut topic, &row.table, &row.aggregate_type, event_type);
+        if !is_legal_topic(&topic) {
+            return Ok(());
+        }
+        if schemas.encodes_values() {
+            if let Ok(version) = schemas.version_of(row) {
+                schemas.resolve(&schemas.value_subject(&topic, &row.aggregate_type, event_type), version)?;
+            }
+        }
+        if schemas.encodes_keys() {
+            schemas.resolve_key(&topic)?;
+        }
+        Ok(())
     }
 
     /// Routes one row.
@@ -197,6 +228,8 @@ impl Router {
         record.tombstone = self.tombstones && row.payload.is_empty();
         let payload: Option<&RawValue> = match &row.payload {
             _ if record.tombstone => None,
+            // Parsed once, as a tree, by the schema encoder below.
+            Payload::Json(_) if self.value_format.uses_registry() => None,
             Payload::Json(text) => Some(
                 serde_json::from_str(text)
                     .map_err(|e| poison(PoisonKind::InvalidPayload, format!("payload is not valid JSON: {e}")))?,
@@ -230,11 +263,14 @@ impl Router {
         }
         record.key.clear();
         match self.key_format {
-            KeyFormat::String => record.key.push_str(&row.aggregate_id),
+            KeyFormat::String => record.key.extend_from_slice(row.aggregate_id.as_bytes()),
             KeyFormat::Json => {
-                let mut key = std::mem::take(&mut record.key).into_bytes();
-                serde_json::to_writer(&mut key, &row.aggregate_id).expect("serializing a string cannot fail");
-                record.key = String::from_utf8(key).expect("JSON text is UTF-8");
+                serde_json::to_writer(&mut record.key, &row.aggregate_id).expect("serializing a string cannot fail")
+            }
+            KeyFormat::Avro => {
+                let schema = self.schema(key_subject(&record.topic), None, row, &poison)?;
+                let id = serde_json::Value::String(row.aggregate_id.clone());
+                schema.encode(&id, "", &mut record.key).expect("a string fits the string schema");
             }
         }
         record.timestamp_ms = match self.record_timestamp {
@@ -285,6 +321,30 @@ impl Router {
                 )
                 .expect("serializing strings and raw JSON cannot fail");
             }
+            (ValueFormat::Avro | ValueFormat::JsonSchema | ValueFormat::Protobuf, _) => {
+                let schemas = self.schemas.as_ref().expect("validation requires [schema_registry]");
+                let version = schemas.version_of(row).map_err(|why| poison(PoisonKind::SchemaMissing, why))?;
+                let subject = schemas.value_subject(&record.topic, &row.aggregate_type, event_type);
+                let schema = self.schema(subject, version, row, &poison)?;
+                let Payload::Json(text) = &row.payload else {
+                    unreachable!("validation refuses bytes payloads, NULL ones are refused above")
+                };
+                let payload: serde_json::Value = serde_json::from_str(text)
+                    .map_err(|e| poison(PoisonKind::InvalidPayload, format!("payload is not valid JSON: {e}")))?;
+                schema.encode(&payload, text, &mut record.value).map_err(|mismatch| {
+                    poison(
+                        PoisonKind::SchemaMismatch,
+                        format!(
+                            "the payload does not fit subject {:?} version {} (schema id {}) at {}: {}",
+                            schema.subject,
+                            schema.version,
+                            schema.id,
+                            mismatch.path(),
+                            mismatch.reason()
+                        ),
+                    )
+                })?;
+            }
             (ValueFormat::Envelope | ValueFormat::CloudEvents, None) => {
                 unreachable!("bytes payloads are refused above")
             }
@@ -320,6 +380,29 @@ impl Router {
         }
         headers.finish();
         Ok(())
+    }
+
+    /// The cached schema of `subject` at `version` (`None`: latest), or the poison verdict of a row whose
+    /// schema is missing.
+    fn schema(
+        &self,
+        subject: String,
+        version: Option<i64>,
+        row: &OutboxRow,
+        poison: &impl Fn(PoisonKind, String) -> Poison,
+    ) -> Result<Arc<crate::schema::Resolved>, Poison> {
+        let schemas = self.schemas.as_ref().expect("validation requires [schema_registry]");
+        match schemas.cached(&subject, version) {
+            Cached::Known(schema) => Ok(schema),
+            Cached::Missing(why) => Err(poison(PoisonKind::SchemaMissing, why)),
+            Cached::Unknown => Err(poison(
+                PoisonKind::SchemaMissing,
+                format!(
+                    "subject {subject:?} was not looked up before routing event {} (a bug: Router::resolve first)",
+                    row.id
+                ),
+            )),
+        }
     }
 
     /// Appends the `envelope` placements' fields to a serialized envelope (`{…}`), after `data`.
@@ -567,10 +650,10 @@ mod tests {
     fn json_keys_are_json_strings() {
         let router = configured("", "key_format = \"json\"");
         let mut r = row();
-        assert_eq!(router.route(&r).unwrap().key, r#""A-1""#);
+        assert_eq!(router.route(&r).unwrap().key, br#""A-1""#);
         r.aggregate_id = "say \"hi\" \u{1F680}".into();
-        assert_eq!(router.route(&r).unwrap().key, r#""say \"hi\" 🚀""#);
-        assert_eq!(configured("", "").route(&r).unwrap().key, r.aggregate_id);
+        assert_eq!(router.route(&r).unwrap().key, r#""say \"hi\" 🚀""#.as_bytes());
+        assert_eq!(configured("", "").route(&r).unwrap().key, r.aggregate_id.as_bytes());
     }
 
     /// `record_timestamp = "occurred_at"`: the record carries occurred_at in ms (UTC); without the column,
@@ -598,7 +681,7 @@ mod tests {
             r.payload = payload.clone();
             let rec = tombstones.route(&r).unwrap();
             assert!(rec.tombstone && rec.value.is_empty(), "{payload:?}");
-            assert_eq!((rec.key.as_str(), header(&rec, "id")), ("A-1", Some(r.id.as_bytes())));
+            assert_eq!((rec.key.as_slice(), header(&rec, "id")), (&b"A-1"[..], Some(r.id.as_bytes())));
             let err = configured("", "").route(&r).unwrap_err();
             assert_eq!(err.kind, PoisonKind::InvalidPayload, "{payload:?}");
         }
@@ -733,7 +816,7 @@ mod tests {
     fn envelope_embeds_payload_as_json() {
         let rec = router("outbox.event.${aggregate_type}", ValueFormat::Envelope).route(&row()).unwrap();
         assert_eq!(rec.topic, "outbox.event.order");
-        assert_eq!(rec.key, "A-1");
+        assert_eq!(rec.key, b"A-1");
         let v: serde_json::Value = serde_json::from_slice(&rec.value).unwrap();
         assert_eq!(
             v,

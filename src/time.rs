@@ -48,7 +48,7 @@ pub fn utc_text(unix_ms: u64) -> String {
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (`month` 1-12).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     // Years start in March, so the leap day is the last day of its year.
     let y = if month <= 2 { year - 1 } else { year };
     let era = y.div_euclid(400);

@@ -41,6 +41,7 @@ pub async fn run(config: &Config) -> Result<()> {
     }
     print!("{report}");
     let routed = super::audit::routed_topics(config, config.tables(), &mut conn).await;
+    let registry = check_registry(config, &routed).await;
     let kafka = match crate::sink::check::check(&config.kafka, routed).await {
         Ok(kafka) => kafka,
         Err(e) if report.failures().count() == 0 => return Err(e),
@@ -50,7 +51,7 @@ pub async fn run(config: &Config) -> Result<()> {
             std::process::exit(EXIT_DEFINITE);
         }
     };
-    summarize(&report, &kafka)
+    summarize(&report, &kafka, registry.as_ref())
 }
 
 /// The Kafka backend's lease is a `GET_LOCK` on the source server: one lock for every instance, which a
@@ -85,8 +86,9 @@ async fn check_poll(config: &Config) -> Result<()> {
     let report = preflight::check_poll(&mut conn, config).await?;
     print!("{report}");
     let routed = super::audit::routed_topics(config, config.tables(), &mut conn).await;
+    let registry = check_registry(config, &routed).await;
     let kafka = crate::sink::check::check(&config.kafka, routed).await?;
-    summarize(&report, &kafka)
+    summarize(&report, &kafka, registry.as_ref())
 }
 
 /// `check` for `source.kind = "files"`: every file is a complete binlog (the last may end in an incomplete
@@ -144,9 +146,21 @@ async fn check_files(config: &Config) -> Result<()> {
 }
 
 /// Prints the Kafka findings and the verdict over both reports; exits 2 when any check failed.
-fn summarize(report: &Report, kafka: &crate::sink::check::KafkaCheck) -> Result<()> {
+/// The Schema Registry's findings (`crate::schema::check`), for the routed topics found.
+async fn check_registry(config: &Config, routed: &Result<Vec<String>>) -> Option<Report> {
+    config.schema_registry.as_ref()?;
+    let topics = routed.as_ref().ok().cloned().unwrap_or_default();
+    let config = config.clone();
+    tokio::task::spawn_blocking(move || crate::schema::check::check(&config, &topics)).await.ok().flatten()
+}
+
+fn summarize(report: &Report, kafka: &crate::sink::check::KafkaCheck, registry: Option<&Report>) -> Result<()> {
     print!("{kafka}");
-    let failed = report.failures().count() + kafka.report.failures().count();
+    if let Some(registry) = registry {
+        print!("{registry}");
+    }
+    let registry_failed = registry.map_or(0, |r| r.failures().count());
+    let failed = report.failures().count() + kafka.report.failures().count() + registry_failed;
     if failed > 0 {
         println!("{failed} check(s) failed");
         std::process::exit(EXIT_DEFINITE);

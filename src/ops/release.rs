@@ -179,6 +179,9 @@ async fn release_from(
                 })
             }
         };
+        if let Ok(row) = &row {
+            router.resolve(row)?;
+        }
         let routed = row.and_then(|row| router.route(&row)).and_then(|record| match sink.fits(&record) {
             true => Ok(record),
             false => Err(crate::poison::Poison::new(

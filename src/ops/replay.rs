@@ -203,6 +203,7 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
             };
             for mut row in chunk.rows {
                 row.from_snapshot = false;
+                router.resolve(&row)?;
                 let mut record = router.route(&row)?;
                 let live = std::mem::take(&mut record.topic);
                 record.topic = match &options.topic {

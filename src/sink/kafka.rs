@@ -992,8 +992,11 @@ impl KafkaSink {
                     if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
                         return Err(self.fatal_failure().await);
                     }
-                    let error = classify_kafka(&error)
-                        .context(format_args!("producing to {} (key {})", record.topic, record.key));
+                    let error = classify_kafka(&error).context(format_args!(
+                        "producing to {} (key {})",
+                        record.topic,
+                        String::from_utf8_lossy(&record.key)
+                    ));
                     self.watermark.fail(Error::transient(error.to_string()));
                     return Err(error);
                 }

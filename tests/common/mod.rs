@@ -32,6 +32,7 @@ pub mod connector;
 pub mod mariadb;
 pub mod process;
 pub mod proxy;
+pub mod registry;
 pub mod reliability;
 pub mod workload;
 

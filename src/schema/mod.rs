@@ -1,0 +1,389 @@
+//! Schema Registry formats: which schema a row is encoded with, fetched once and cached, and the
+//! Confluent wire format (`0x00`, the schema id as 4 bytes big-endian, then the datum: Avro binary
+//! ([`avro`]), the validated JSON ([`json_schema`]), or the message-index array and the Protobuf message
+//! ([`protobuf`])).
+//!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2; the router (same floor) imports it.
+//!
+//! # Which schema
+//! A row's subject is `[schema_registry] subject` rendered with the row's topic, aggregate type and event
+//! type; its version is the row's `schema_version` (`version = "schema_version"`, the outbox's contract
+//! version and the registry's agree) or the subject's latest. The key's subject is `<topic>-key`, latest.
+//!
+//! # Invariants
+//! - The hot path never waits on the registry for a known (subject, version): [`Schemas::resolve`] looks
+//!   a pair up once and caches it for the run (a numbered version never changes in a registry; `latest`
+//!   is looked up again after `latest_refresh_ms`, keeping the cached one while the registry is away).
+//! - A record is never published without its schema: a subject or version the registry does not have is
+//!   poison ([`crate::poison::PoisonKind::SchemaMissing`]), which holds that aggregate only; the
+//!   answer is remembered for [`MISSING_RETRY`], then asked again, so a schema registered meanwhile is
+//!   found by the next row that needs it, and `quarantine release` republishes the held ones.
+//! - A registry that cannot be reached is a transient error from [`Schemas::resolve`] (the run waits and
+//!   starts again from its checkpoint), never poison; refused credentials are definite.
+
+pub mod avro;
+pub mod check;
+pub mod json_schema;
+pub mod protobuf;
+pub mod registry;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::config::{Config, KeyFormat, RegistryVersion, SchemaRegistryConfig, ValueFormat};
+use crate::error::{Error, Result};
+use crate::outbox::{OutboxRow, SchemaVersion};
+
+use avro::{AvroCodec, Mismatch};
+use json_schema::JsonSchemaCodec;
+use protobuf::ProtobufCodec;
+use registry::{Lookup, Registered, Registry};
+
+/// How long a "no such subject or version" answer stands before the registry is asked again.
+pub const MISSING_RETRY: Duration = Duration::from_secs(5);
+
+/// The Confluent wire format's first byte.
+pub const MAGIC: u8 = 0;
+
+/// The schemas of one run: the registry client, what it answered, and how rows name their schema.
+pub struct Schemas {
+    config: SchemaRegistryConfig,
+    format: ValueFormat,
+    key_avro: bool,
+    /// Built on first use: credentials are read when the connector first talks to the registry.
+    client: OnceLock<Registry>,
+    cache: Mutex<HashMap<(String, Option<i64>), Entry>>,
+}
+
+impl std::fmt::Debug for Schemas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Schemas").field("url", &self.config.url).field("format", &self.format).finish()
+    }
+}
+
+#[derive(Clone)]
+enum Entry {
+    Known { schema: Arc<Resolved>, at: Instant },
+    Missing { reason: String, at: Instant },
+}
+
+/// A registered schema, ready to encode with.
+#[derive(Debug)]
+pub struct Resolved {
+    /// Its global id: what the wire format carries.
+    pub id: u32,
+    /// Its subject.
+    pub subject: String,
+    /// Its version in the subject.
+    pub version: i64,
+    codec: Codec,
+}
+
+#[derive(Debug)]
+enum Codec {
+    Avro(AvroCodec),
+    JsonSchema(JsonSchemaCodec),
+    Protobuf(ProtobufCodec),
+}
+
+impl Resolved {
+    /// Appends the framed datum of `payload` (whose JSON text is `text`) to `out`.
+    ///
+    /// # Errors
+    /// Where the payload does not fit the schema; `out` then holds a partial value.
+    pub fn encode(
+        &self,
+        payload: &serde_json::Value,
+        text: &str,
+        out: &mut Vec<u8>,
+    ) -> std::result::Result<(), Mismatch> {
+        out.push(MAGIC);
+        out.extend_from_slice(&self.id.to_be_bytes());
+        match &self.codec {
+            Codec::Avro(codec) => codec.encode(payload, out),
+            Codec::JsonSchema(codec) => codec.encode(payload, text, out),
+            Codec::Protobuf(codec) => codec.encode(text, out),
+        }
+    }
+
+    /// Whether this is the Avro `string` schema (what a key subject must hold).
+    fn is_string(&self) -> bool {
+        match &self.codec {
+            Codec::Avro(codec) => codec.is_string(),
+            Codec::JsonSchema(_) | Codec::Protobuf(_) => false,
+        }
+    }
+}
+
+/// A cached answer for a (subject, version).
+pub enum Cached {
+    /// The schema.
+    Known(Arc<Resolved>),
+    /// The registry has no such subject or version: why.
+    Missing(String),
+    /// Not looked up (a caller skipped [`Schemas::resolve`]).
+    Unknown,
+}
+
+impl Schemas {
+    /// The schemas `config` needs, if any.
+    pub fn for_config(config: &Config) -> Option<Arc<Schemas>> {
+        let registry = config.schema_registry.as_ref()?;
+        Some(Arc::new(Schemas {
+            config: registry.clone(),
+            format: config.kafka.value_format,
+            key_avro: config.kafka.key_format == KeyFormat::Avro,
+            client: OnceLock::new(),
+            cache: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Whether values are encoded with the registry's schemas.
+    pub fn encodes_values(&self) -> bool {
+        self.format.uses_registry()
+    }
+
+    /// Whether keys are Avro strings.
+    pub fn encodes_keys(&self) -> bool {
+        self.key_avro
+    }
+
+    /// The subject of a row routed to `topic`.
+    pub fn value_subject(&self, topic: &str, aggregate_type: &str, event_type: &str) -> String {
+        render_subject(self.config.subject_template(), topic, aggregate_type, event_type)
+    }
+
+    /// The version a row names: `Some(n)`, or `None` for the latest.
+    ///
+    /// # Errors
+    /// Why the row names no version of a registry (no `schema_version`, or not a positive integer).
+    pub fn version_of(&self, row: &OutboxRow) -> std::result::Result<Option<i64>, String> {
+        if self.config.version == RegistryVersion::Latest {
+            return Ok(None);
+        }
+        let number = match &row.schema_version {
+            Some(SchemaVersion::Integer(n)) => i64::try_from(*n).ok(),
+            Some(SchemaVersion::Text(text)) => text.trim().parse::<i64>().ok(),
+            None => return Err("the row has no schema_version, which names its schema's version".into()),
+        };
+        match number {
+            Some(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(format!(
+                "schema_version {:?} is not a registry version (a positive integer)",
+                row.schema_version.as_ref().map(|v| format!("{v:?}")).unwrap_or_default()
+            )),
+        }
+    }
+
+    /// What is cached for `subject` at `version` (`None`: latest).
+    pub fn cached(&self, subject: &str, version: Option<i64>) -> Cached {
+        let cache = self.cache.lock().expect("cache lock");
+        match cache.get(&(subject.to_string(), version)) {
+            Some(Entry::Known { schema, .. }) => Cached::Known(schema.clone()),
+            Some(Entry::Missing { reason, .. }) => Cached::Missing(reason.clone()),
+            None => Cached::Unknown,
+        }
+    }
+
+    /// Makes sure the cache answers for `subject` at `version` (`None`: latest), asking the registry when
+    /// it does not yet (or no longer: a stale `latest`, an old "missing").
+    ///
+    /// # Errors
+    /// Transient when the registry cannot be reached, definite when it refuses the credentials or answers
+    /// something else than a schema or "not found".
+    pub fn resolve(&self, subject: &str, version: Option<i64>) -> Result<()> {
+        self.resolve_as(subject, version, self.format)
+    }
+
+    fn resolve_as(&self, subject: &str, version: Option<i64>, format: ValueFormat) -> Result<()> {
+        let key = (subject.to_string(), version);
+        let stale = match self.cache.lock().expect("cache lock").get(&key) {
+            Some(Entry::Known { at, .. }) => {
+                version.is_none() && at.elapsed() >= Duration::from_millis(self.config.latest_refresh_ms)
+            }
+            Some(Entry::Missing { at, .. }) => at.elapsed() >= MISSING_RETRY,
+            None => true,
+        };
+        if !stale {
+            return Ok(());
+        }
+        let answer = blocking(|| self.fetch(subject, version, format));
+        let entry = match answer {
+            Ok(schema) => Entry::Known { schema: Arc::new(schema), at: Instant::now() },
+            Err(Lookup::Unusable(reason)) => Entry::Missing { reason, at: Instant::now() },
+            Err(Lookup::NotFound(reason)) => {
+                let version = version.map_or("latest".to_string(), |v| format!("version {v}"));
+                Entry::Missing {
+                    reason: format!("the schema registry has no subject {subject:?} {version}: {reason}"),
+                    at: Instant::now(),
+                }
+            }
+            Err(Lookup::Failed(error)) => {
+                let mut cache = self.cache.lock().expect("cache lock");
+                if let (false, Some(Entry::Known { at, .. })) = (error.is_definite(), cache.get_mut(&key)) {
+                    // A stale `latest` while the registry is away: keep using it, ask again later.
+                    tracing::warn!(subject, %error, "keeping the cached latest schema while the registry is away");
+                    *at = Instant::now();
+                    return Ok(());
+                }
+                return Err(error);
+            }
+        };
+        self.cache.lock().expect("cache lock").insert(key, entry);
+        Ok(())
+    }
+
+    /// Makes sure the key schema of `topic` is cached (`<topic>-key`, latest; registered as `"string"`
+    /// with `auto_register`).
+    ///
+    /// # Errors
+    /// As [`Schemas::resolve`], and definite when the key subject holds another schema than `"string"`.
+    pub fn resolve_key(&self, topic: &str) -> Result<()> {
+        let subject = key_subject(topic);
+        if matches!(self.cached(&subject, None), Cached::Known(_)) {
+            return Ok(());
+        }
+        self.resolve_as(&subject, None, ValueFormat::Avro)?;
+        if let (Cached::Missing(_), true) = (self.cached(&subject, None), self.config.auto_register) {
+            let id = blocking(|| self.client()?.register(&subject, "\"string\""))?;
+            tracing::info!(subject, id, "registered the key schema \"string\" (schema_registry.auto_register)");
+            self.cache.lock().expect("cache lock").remove(&(subject.clone(), None));
+            self.resolve_as(&subject, None, ValueFormat::Avro)?;
+        }
+        match self.cached(&subject, None) {
+            Cached::Known(schema) if !schema.is_string() => Err(Error::definite(format!(
+                "kafka.key_format = \"avro\" writes keys as the Avro schema \"string\", but subject {subject:?} \
+                 version {} (id {}) holds another schema: register \"string\" as its new version",
+                schema.version, schema.id
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// The registry client, built on first use.
+    ///
+    /// # Errors
+    /// Definite when a credential or the CA file cannot be read.
+    pub fn client(&self) -> Result<&Registry> {
+        if let Some(client) = self.client.get() {
+            return Ok(client);
+        }
+        let client = Registry::new(&self.config)?;
+        Ok(self.client.get_or_init(|| client))
+    }
+
+    fn fetch(&self, subject: &str, version: Option<i64>, format: ValueFormat) -> std::result::Result<Resolved, Lookup> {
+        let client = self.client()?;
+        let version_text = version.map_or_else(|| "latest".to_string(), |v| v.to_string());
+        let registered = client.version(subject, &version_text)?;
+        let schema_type = registered.schema_type.as_deref().unwrap_or("AVRO");
+        let mut references = Vec::new();
+        collect_references(client, &registered, &mut references, 0)?;
+        let unusable = |what: &str, e: String| {
+            Lookup::Unusable(format!(
+                "subject {subject:?} version {} (id {}) is not {what} the connector can read: {e}",
+                registered.version, registered.id
+            ))
+        };
+        let codec = match (format, schema_type) {
+            (ValueFormat::Avro, "AVRO") => {
+                let texts: Vec<String> = references.into_iter().map(|(_, r)| r.schema).collect();
+                Codec::Avro(AvroCodec::parse(&registered.schema, &texts).map_err(|e| unusable("an Avro schema", e))?)
+            }
+            (ValueFormat::JsonSchema, "JSON") => {
+                let named: Vec<(String, String)> = references.into_iter().map(|(name, r)| (name, r.schema)).collect();
+                Codec::JsonSchema(
+                    JsonSchemaCodec::parse(&registered.schema, &named).map_err(|e| unusable("a JSON Schema", e))?,
+                )
+            }
+            (ValueFormat::Protobuf, "PROTOBUF") => {
+                let named: Vec<(String, String)> = references.into_iter().map(|(name, r)| (name, r.schema)).collect();
+                Codec::Protobuf(
+                    ProtobufCodec::parse(&registered.schema, &named).map_err(|e| unusable("a Protobuf schema", e))?,
+                )
+            }
+            (format, found) => {
+                return Err(Lookup::Unusable(format!(
+                "subject {subject:?} version {} (id {}) holds a {found} schema, and the connector writes {format:?} \
+                     there",
+                registered.version, registered.id
+            )))
+            }
+        };
+        Ok(Resolved { id: registered.id, subject: registered.subject, version: registered.version, codec })
+    }
+}
+
+/// The subject of a topic's keys.
+pub fn key_subject(topic: &str) -> String {
+    format!("{topic}-key")
+}
+
+/// `template` with its placeholders filled in.
+pub fn render_subject(template: &str, topic: &str, aggregate_type: &str, event_type: &str) -> String {
+    template
+        .replace("${topic}", topic)
+        .replace("${aggregate_type}", aggregate_type)
+        .replace("${event_type}", event_type)
+}
+
+/// The schemas `registered` references, each with the name it is referenced by, each after its own
+/// references (depth-first), each once.
+fn collect_references(
+    client: &Registry,
+    registered: &Registered,
+    into: &mut Vec<(String, Registered)>,
+    depth: usize,
+) -> std::result::Result<(), Lookup> {
+    if depth > 32 {
+        return Err(Lookup::Failed(Error::definite(format!(
+            "subject {:?}: schema references nest deeper than 32 (a loop?)",
+            registered.subject
+        ))));
+    }
+    for reference in &registered.references {
+        if into.iter().any(|(_, r)| r.subject == reference.subject && r.version == reference.version) {
+            continue;
+        }
+        let found = client.version(&reference.subject, &reference.version.to_string()).map_err(|e| match e {
+            Lookup::NotFound(m) => Lookup::NotFound(format!(
+                "its reference {:?} (subject {:?} version {}): {m}",
+                reference.name, reference.subject, reference.version
+            )),
+            failed => failed,
+        })?;
+        collect_references(client, &found, into, depth + 1)?;
+        into.push((reference.name.clone(), found));
+    }
+    Ok(())
+}
+
+/// Runs a registry call from async code: off the runtime's worker where the runtime allows it (a lookup
+/// happens once per subject and version, and the run's one task must wait for it anyway).
+fn blocking<T>(call: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(call)
+        }
+        _ => call(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_render_from_presets_and_templates() {
+        assert_eq!(
+            render_subject("${topic}-value", "outbox.event.order", "order", "Created"),
+            "outbox.event.order-value"
+        );
+        assert_eq!(
+            render_subject("${aggregate_type}.${event_type}", "t", "order", "com.acme.Created"),
+            "order.com.acme.Created"
+        );
+        assert_eq!(key_subject("t"), "t-key");
+    }
+}

@@ -1,0 +1,466 @@
+//! `value_format = "avro"` and `key_format = "avro"` end to end: MariaDB, the broker, a Schema Registry
+//! (tests/common/schema_registry.py), and every record decoded by confluent-kafka's own deserializers with
+//! their own registry client, not by anything of ours.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::registry::{Framed, SchemaRegistry};
+use common::{insert_event, Broker, Connector, Engine, MariaDb, OutboxRow, Received};
+use serde_json::{json, Value};
+
+const TOPIC: &str = "outbox.event.order";
+const SUBJECT: &str = "outbox.event.order-value";
+const DLQ: &str = "outbox-cdc.dead-letter";
+const READ_TIMEOUT: Duration = Duration::from_secs(120);
+const CLI_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Version 1 of the order event: every Avro type the connector reads from JSON.
+fn order_v1() -> Value {
+    json!({
+        "type": "record", "name": "OrderCreated", "namespace": "com.acme.orders",
+        "fields": [
+            {"name": "order_id", "type": {"type": "string", "logicalType": "uuid"}},
+            {"name": "total", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2}},
+            {"name": "status", "type": {"type": "enum", "name": "Status", "symbols": ["NEW", "PAID", "SHIPPED"]}},
+            {"name": "lines", "type": {"type": "array", "items": {"type": "record", "name": "Line", "fields": [
+                {"name": "sku", "type": "string"},
+                {"name": "qty", "type": "int"},
+                {"name": "weight", "type": "double"}]}}},
+            {"name": "attributes", "type": {"type": "map", "values": "string"}},
+            {"name": "coupon", "type": ["null", "string"], "default": null},
+            {"name": "gift", "type": ["null", "Line"], "default": null},
+            {"name": "placed_on", "type": {"type": "int", "logicalType": "date"}},
+            {"name": "cutoff", "type": {"type": "int", "logicalType": "time-millis"}},
+            {"name": "placed_at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+            {"name": "checksum", "type": {"type": "fixed", "name": "Checksum", "size": 4}},
+            {"name": "raw", "type": "bytes", "default": ""},
+            {"name": "priority", "type": "boolean", "default": false},
+            {"name": "count", "type": "long"},
+            {"name": "ratio", "type": "float"}
+        ]
+    })
+}
+
+/// Version 2: one more field, with a default (a backward-compatible evolution).
+fn order_v2() -> Value {
+    let mut v2 = order_v1();
+    v2["fields"].as_array_mut().unwrap().push(json!({"name": "channel", "type": "string", "default": "web"}));
+    v2
+}
+
+fn payload(n: i64) -> Value {
+    json!({
+        "order_id": "0b0e1c9e-8d2f-4f7e-9c1a-2a2b3c4d5e6f",
+        "total": format!("{n}99.05"),
+        "status": "PAID",
+        "lines": [{"sku": "A-1", "qty": 2, "weight": 0.25}, {"sku": "Ü-2", "qty": 1, "weight": 3}],
+        "attributes": {"tenant": "acme"},
+        "coupon": {"string": "XMAS"},
+        "gift": {"sku": "G", "qty": 1, "weight": 0.5},
+        "placed_on": "2026-12-03",
+        "cutoff": "17:30:00.250",
+        "placed_at": "2026-12-03T12:34:56.123456+01:00",
+        "checksum": "\u{00}\u{ff}AB",
+        "count": n,
+        "ratio": 0.5
+    })
+}
+
+/// What confluent-kafka's AvroDeserializer returns for [`payload`] (decimals, dates and times as Python
+/// prints them).
+fn decoded(n: i64) -> Value {
+    json!({
+        "order_id": "0b0e1c9e-8d2f-4f7e-9c1a-2a2b3c4d5e6f",
+        "total": format!("{n}99.05"),
+        "status": "PAID",
+        "lines": [{"sku": "A-1", "qty": 2, "weight": 0.25}, {"sku": "Ü-2", "qty": 1, "weight": 3.0}],
+        "attributes": {"tenant": "acme"},
+        "coupon": "XMAS",
+        "gift": {"sku": "G", "qty": 1, "weight": 0.5},
+        "placed_on": "2026-12-03",
+        "cutoff": "17:30:00.250000",
+        "placed_at": "2026-12-03T11:34:56.123456+00:00",
+        "checksum": "\u{00}\u{ff}AB",
+        "raw": "",
+        "priority": false,
+        "count": n,
+        "ratio": 0.5
+    })
+}
+
+fn registry_toml(registry: &SchemaRegistry, extra: &str) -> String {
+    format!("\n[schema_registry]\nurl = \"{}\"\n{extra}\n", registry.url())
+}
+
+/// The connector's config with `kafka_extra` in `[kafka]` (`value_format = "avro"` unless it says
+/// another) and `tail` appended.
+fn config(connector: &Connector, db: &MariaDb, broker: &Broker, kafka_extra: &str, tail: &str) -> PathBuf {
+    let path = connector.write_config(db, broker, tail);
+    let format = if kafka_extra.contains("value_format") { "" } else { "value_format = \"avro\"\n" };
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "topic = \"outbox.event.${aggregate_type}\"",
+        &format!("topic = \"outbox.event.${{aggregate_type}}\"\n{format}{kafka_extra}"),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn decode(registry: &SchemaRegistry, records: &[Received]) -> Vec<Value> {
+    decode_as(registry, "avro", records)
+}
+
+fn decode_as(registry: &SchemaRegistry, format: &str, records: &[Received]) -> Vec<Value> {
+    let framed: Vec<Framed<'_>> = records
+        .iter()
+        .map(|r| Framed { topic: &r.topic, format, key: false, bytes: r.value.as_deref().unwrap() })
+        .collect();
+    registry.decode(&framed)
+}
+
+fn by_id<'a>(records: &'a [Received], id: &str) -> &'a Received {
+    records.iter().find(|r| r.header_str("id") == Some(id)).unwrap_or_else(|| panic!("no record {id}"))
+}
+
+/// Snapshot and stream, every Avro type, keys as Avro strings, and two versions of one event type in one
+/// topic, each record with its own version's id; headers as with `value_format = "payload"`.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_and_stream_publish_avro_that_confluent_decodes() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let registry = SchemaRegistry::start();
+    let v1 = registry.register(SUBJECT, "AVRO", &order_v1().to_string(), &[]);
+    let v2 = registry.register(SUBJECT, "AVRO", &order_v2().to_string(), &[]);
+    assert_ne!(v1, v2);
+    let key_id = registry.register(&format!("{TOPIC}-key"), "AVRO", "\"string\"", &[]);
+    let mut conn = db.conn().await;
+    let snapshot = OutboxRow::new("客户-1").schema_version(1).payload(payload(1));
+    insert_event(&mut conn, &snapshot).await.unwrap();
+
+    let mut connector = Connector::new();
+    let path = config(
+        &connector,
+        &db,
+        &broker,
+        "key_format = \"avro\"",
+        &format!("[snapshot]\nmode = \"initial\"\n{}", registry_toml(&registry, "")),
+    );
+    connector.run(&path);
+    let mut v2_payload = payload(2);
+    v2_payload["channel"] = json!("app");
+    let streamed_v1 = OutboxRow::new("A-2").schema_version(1).payload(payload(3));
+    let streamed_v2 = OutboxRow::new("A-2").schema_version(2).payload(v2_payload);
+    for row in [&streamed_v1, &streamed_v2] {
+        insert_event(&mut conn, row).await.unwrap();
+    }
+    let records = broker.read_all(TOPIC, 3, READ_TIMEOUT);
+    assert_eq!(records.len(), 3, "{}", connector.logs());
+    let ordered: Vec<&Received> =
+        [&snapshot.id, &streamed_v1.id, &streamed_v2.id].iter().map(|id| by_id(&records, id)).collect();
+    let owned: Vec<Received> = ordered.iter().map(|r| (*r).clone()).collect();
+    let values = decode(&registry, &owned);
+    let mut want_v2 = decoded(2);
+    want_v2["channel"] = json!("app");
+    assert_eq!(values[0], json!({"id": v1, "value": decoded(1)}));
+    assert_eq!(values[1], json!({"id": v1, "value": decoded(3)}));
+    assert_eq!(values[2], json!({"id": v2, "value": want_v2}));
+    assert_eq!(ordered[0].header_str("source"), Some("snapshot"));
+    assert_eq!(ordered[2].header_str("schema_version"), Some("2"));
+    assert_eq!(ordered[2].header_str("event_type"), Some("OrderCreated"));
+
+    let keys: Vec<Framed<'_>> = owned
+        .iter()
+        .map(|r| Framed { topic: TOPIC, format: "avro", key: true, bytes: r.key.as_deref().unwrap() })
+        .collect();
+    let keys = registry.decode(&keys);
+    assert_eq!(keys[0], json!({"id": key_id, "value": "客户-1"}));
+    assert_eq!(keys[2], json!({"id": key_id, "value": "A-2"}));
+    connector.terminate();
+}
+
+fn dead_letter(broker: &Broker, id: &str, at_least: usize) -> Value {
+    let dead = broker.read_all(DLQ, at_least, READ_TIMEOUT);
+    let letter = by_id(&dead, id);
+    serde_json::from_slice(letter.value.as_deref().unwrap()).unwrap()
+}
+
+/// A payload that does not fit is dead-lettered with the field path and the reason, its aggregate held,
+/// others flow on; a row naming a version the registry does not have is dead-lettered too (never published
+/// without its schema). Once the schema is registered, `quarantine release` publishes both with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn mismatch_and_missing_version_are_dead_lettered_and_released_after_the_fix() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let registry = SchemaRegistry::start();
+    let v1 = registry.register(SUBJECT, "AVRO", &order_v1().to_string(), &[]);
+    let mut conn = db.conn().await;
+    let mut bad = payload(1);
+    bad["lines"][1]["qty"] = json!("one");
+    let mismatch = OutboxRow::new("P-1").schema_version(1).payload(bad.clone());
+    let held = OutboxRow::new("P-1").schema_version(1).payload(payload(2));
+    let missing = OutboxRow::new("M-1").schema_version(2).payload(payload(3));
+    let healthy = OutboxRow::new("H-1").schema_version(1).payload(payload(4));
+    for row in [&mismatch, &held, &missing, &healthy] {
+        insert_event(&mut conn, row).await.unwrap();
+    }
+    let mut connector = Connector::new();
+    let path = config(&connector, &db, &broker, "", &registry_toml(&registry, ""));
+    connector.run(&path);
+
+    let healthy_record = broker.read_all(TOPIC, 1, READ_TIMEOUT);
+    assert_eq!(healthy_record.len(), 1, "{}", connector.logs());
+    assert_eq!(healthy_record[0].header_str("id"), Some(healthy.id.as_str()));
+    let letter = dead_letter(&broker, &mismatch.id, 3);
+    assert_eq!(letter["kind"], "schema_mismatch", "{letter}");
+    let reason = letter["reason"].as_str().unwrap();
+    assert!(reason.contains("$.lines[1].qty") && reason.contains("expected an integer (int)"), "{reason}");
+    assert!(reason.contains(&format!("schema id {v1}")), "{reason}");
+    assert_eq!(dead_letter(&broker, &held.id, 3)["kind"], "quarantined");
+    let letter = dead_letter(&broker, &missing.id, 3);
+    assert_eq!(letter["kind"], "schema_missing", "{letter}");
+    assert!(letter["reason"].as_str().unwrap().contains("version 2"), "{letter}");
+    assert!(connector.terminate().success());
+
+    // The fixes: version 2 registered (the missing row's), and the mismatched event's schema changed so
+    // that `qty` may be a string, released with `version = "latest"`.
+    let v2 = registry.register(SUBJECT, "AVRO", &order_v2().to_string(), &[]);
+    let (status, out, err) = connector.command(&["quarantine", "release", "order", "M-1"], CLI_TIMEOUT).unwrap();
+    assert!(status.success(), "{out}{err}");
+    let mut v3 = order_v2();
+    v3["fields"][3]["type"]["items"]["fields"][1]["type"] = json!(["int", "string"]);
+    let v3 = registry.register(SUBJECT, "AVRO", &v3.to_string(), &[]);
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("\n[schema_registry]\n", "\n[schema_registry]\nversion = \"latest\"\n");
+    std::fs::write(&path, text).unwrap();
+    let (status, out, err) = connector.command(&["quarantine", "release", "order", "P-1"], CLI_TIMEOUT).unwrap();
+    assert!(status.success(), "{out}{err}");
+
+    let normal = broker.read_all(TOPIC, 4, READ_TIMEOUT);
+    let released: Vec<Received> =
+        [&missing.id, &mismatch.id, &held.id].iter().map(|id| by_id(&normal, id).clone()).collect();
+    let values = decode(&registry, &released);
+    let mut want_missing = decoded(3);
+    want_missing["channel"] = json!("web");
+    assert_eq!(values[0], json!({"id": v2, "value": want_missing}));
+    let mut want_mismatch = decoded(1);
+    want_mismatch["channel"] = json!("web");
+    want_mismatch["lines"][1]["qty"] = json!("one");
+    assert_eq!(values[1], json!({"id": v3, "value": want_mismatch}));
+    assert_eq!(values[2]["id"], json!(v3));
+}
+
+/// A registry that cannot be reached is waited out: nothing published, nothing dead-lettered, the rows
+/// published once it answers; a known schema keeps publishing while the registry is away.
+#[tokio::test(flavor = "multi_thread")]
+async fn registry_down_is_waited_out() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut registry = SchemaRegistry::start();
+    let v1 = registry.register(SUBJECT, "AVRO", &order_v1().to_string(), &[]);
+    let mut conn = db.conn().await;
+    let first = OutboxRow::new("A-1").schema_version(1).payload(payload(1));
+    insert_event(&mut conn, &first).await.unwrap();
+    let mut connector = Connector::new();
+    let path = config(&connector, &db, &broker, "", &registry_toml(&registry, "timeout_ms = 2000"));
+    connector.run(&path);
+    assert_eq!(broker.read_all(TOPIC, 1, READ_TIMEOUT).len(), 1, "{}", connector.logs());
+
+    // Known (subject, version): no registry needed.
+    registry.kill();
+    let second = OutboxRow::new("A-1").schema_version(1).payload(payload(2));
+    insert_event(&mut conn, &second).await.unwrap();
+    assert_eq!(broker.read_all(TOPIC, 2, READ_TIMEOUT).len(), 2, "{}", connector.logs());
+
+    // A version not yet known while the registry is away: waited for.
+    registry.start_again();
+    let v2 = registry.register(SUBJECT, "AVRO", &order_v2().to_string(), &[]);
+    registry.kill();
+    let third = OutboxRow::new("A-1").schema_version(2).payload(payload(3));
+    insert_event(&mut conn, &third).await.unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(broker.read_all(TOPIC, 2, Duration::from_secs(2)).len(), 2, "published without its schema");
+    assert!(connector.is_running(), "{}", connector.logs());
+    assert!(connector.logs().contains("schema registry cannot be reached"), "{}", connector.logs());
+    registry.start_again();
+    // A restart after the transient error may publish the first two again (at least once): one of each.
+    let mut records = broker.read_all(TOPIC, 3, READ_TIMEOUT);
+    let mut seen = std::collections::HashSet::new();
+    records.retain(|r| seen.insert(r.header_str("id").unwrap().to_string()));
+    assert_eq!(records.len(), 3, "{}", connector.logs());
+    let ids: Vec<Value> = decode(&registry, &records).into_iter().map(|d| d["id"].clone()).collect();
+    assert_eq!(ids, [json!(v1), json!(v1), json!(v2)]);
+    assert!(broker.read_all(DLQ, 0, Duration::from_secs(2)).is_empty(), "nothing is dead-lettered");
+    connector.terminate();
+}
+
+/// Refused credentials stop the connector with a definite error saying what to set; with the right
+/// password (from the environment) it publishes.
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_credentials_are_definite_until_fixed() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let registry = SchemaRegistry::start_with(Some("connector:s3cret"));
+    let id = registry.register(SUBJECT, "AVRO", &order_v1().to_string(), &[]);
+    let mut conn = db.conn().await;
+    let row = OutboxRow::new("A-1").schema_version(1).payload(payload(1));
+    insert_event(&mut conn, &row).await.unwrap();
+    let mut connector = Connector::new();
+    let auth = "username = \"connector\"\npassword_env = \"REGISTRY_PASSWORD\"";
+    let path = config(&connector, &db, &broker, "", &registry_toml(&registry, auth));
+    connector.env("REGISTRY_PASSWORD", "wr0ng-pw");
+    connector.run(&path);
+    let status = connector.wait_exit(Duration::from_secs(60)).unwrap_or_else(|| panic!("{}", connector.logs()));
+    assert_eq!(status.code(), Some(2), "{}", connector.logs());
+    let logs = connector.logs();
+    assert!(logs.contains("refused the connector's credentials (HTTP 401"), "{logs}");
+    assert!(logs.contains("schema_registry.username"), "{logs}");
+    assert!(!logs.contains("wr0ng-pw"), "the password is never logged: {logs}");
+    assert!(broker.read_all(DLQ, 0, Duration::from_secs(2)).is_empty());
+
+    connector.env("REGISTRY_PASSWORD", "s3cret");
+    connector.restart();
+    let records = broker.read_all(TOPIC, 1, READ_TIMEOUT);
+    assert_eq!(records.len(), 1, "{}", connector.logs());
+    assert_eq!(decode(&registry, &records)[0], json!({"id": id, "value": decoded(1)}));
+    connector.terminate();
+}
+
+/// `value_format = "json_schema"`: the payload validated against its registered schema (which references
+/// another subject's), framed as written and decoded by confluent-kafka's JSONDeserializer; a payload that
+/// breaks the schema is dead-lettered with its path.
+#[tokio::test(flavor = "multi_thread")]
+async fn json_schema_validates_and_frames() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let registry = SchemaRegistry::start();
+    let money = json!({"$schema": "http://json-schema.org/draft-07/schema#", "$id": "https://acme.example/money.json",
+        "type": "object", "properties": {"amount": {"type": "string", "pattern": "^[0-9]+\\.[0-9]{2}$"},
+        "currency": {"type": "string"}}, "required": ["amount", "currency"]});
+    registry.register("money", "JSON", &money.to_string(), &[]);
+    let order = json!({"$schema": "http://json-schema.org/draft-07/schema#", "title": "OrderCreated", "type": "object",
+        "properties": {"lines": {"type": "array", "items": {"type": "object",
+            "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}}, "required": ["sku", "qty"]}},
+            "total": {"$ref": "https://acme.example/money.json"}},
+        "required": ["lines", "total"]});
+    let id = registry.register(SUBJECT, "JSON", &order.to_string(), &[("https://acme.example/money.json", "money", 1)]);
+    let mut conn = db.conn().await;
+    let good_payload = json!({"lines": [{"sku": "A", "qty": 2}], "total": {"amount": "19.90", "currency": "CHF"}});
+    let good = OutboxRow::new("A-1").schema_version(1).payload(good_payload.clone());
+    let bad = OutboxRow::new("B-1").schema_version(1).payload(
+        json!({"lines": [{"sku": "A", "qty": 2}, {"sku": "B", "qty": 0}], "total": {"amount": "1", "currency": "CHF"}}),
+    );
+    for row in [&bad, &good] {
+        insert_event(&mut conn, row).await.unwrap();
+    }
+    let mut connector = Connector::new();
+    let path = config(&connector, &db, &broker, "value_format = \"json_schema\"", &registry_toml(&registry, ""));
+    connector.run(&path);
+    let records = broker.read_all(TOPIC, 1, READ_TIMEOUT);
+    assert_eq!(records.len(), 1, "{}", connector.logs());
+    let value = records[0].value.as_deref().unwrap();
+    assert_eq!((value[0], &value[1..5]), (0, &id.to_be_bytes()[..]), "magic byte and schema id");
+    assert_eq!(&value[5..], good.payload.to_string().as_bytes(), "the JSON as the row holds it");
+    assert_eq!(decode_as(&registry, "json", &records)[0], json!({"id": id, "value": good_payload}));
+    let letter = dead_letter(&broker, &bad.id, 1);
+    assert_eq!(letter["kind"], "schema_mismatch", "{letter}");
+    let reason = letter["reason"].as_str().unwrap();
+    assert!(reason.contains("at $.lines[1].qty") && reason.contains("minimum"), "{reason}");
+    connector.terminate();
+}
+
+const MONEY_PROTO: &str =
+    "syntax = \"proto3\";\npackage acme;\nmessage Money { string currency = 1; int64 units = 2; int32 nanos = 3; }\n";
+const ORDER_PROTO: &str = "syntax = \"proto3\";\npackage acme.orders;\nimport \"acme/money.proto\";\n\
+    message OrderCreated {\n  message Line { string sku = 1; int32 qty = 2; acme.Money price = 3; }\n\
+    enum Status { NEW = 0; PAID = 1; }\n  string order_id = 1;\n  repeated Line lines = 2;\n  acme.Money total = 3;\n\
+    Status status = 4;\n  map<string, string> attributes = 5;\n}\n";
+
+/// The files' FileDescriptorProtos, base64, by name: what confluent-kafka's deserializer asks the registry
+/// for (compiled here with protox; the bytes are decoded by Python's protobuf runtime).
+fn descriptors(dir: &std::path::Path) -> std::collections::HashMap<String, String> {
+    use base64::Engine as _;
+    use prost::Message as _;
+    std::fs::create_dir_all(dir.join("acme")).unwrap();
+    std::fs::write(dir.join("acme/money.proto"), MONEY_PROTO).unwrap();
+    std::fs::write(dir.join("order.proto"), ORDER_PROTO).unwrap();
+    let set = protox::compile(["order.proto"], [dir]).unwrap();
+    set.file
+        .iter()
+        .map(|f| (f.name().to_string(), base64::engine::general_purpose::STANDARD.encode(f.encode_to_vec())))
+        .collect()
+}
+
+/// `value_format = "protobuf"`: the payload as canonical JSON becomes the schema's first message (nested
+/// messages, an enum, a map, a message from a referenced `.proto`), framed with the message-index array,
+/// decoded by confluent-kafka's ProtobufDeserializer; a field the message lacks is dead-lettered.
+#[tokio::test(flavor = "multi_thread")]
+async fn protobuf_with_nested_messages_and_a_referenced_proto() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let registry = SchemaRegistry::start();
+    let scratch = tempfile::tempdir().unwrap();
+    let serialized = descriptors(scratch.path());
+    registry.register_protobuf("acme.money", MONEY_PROTO, &serialized["acme/money.proto"], &[]);
+    let id = registry.register_protobuf(
+        SUBJECT,
+        ORDER_PROTO,
+        &serialized["order.proto"],
+        &[("acme/money.proto", "acme.money", 1)],
+    );
+    let mut conn = db.conn().await;
+    let order = json!({"orderId": "o-1", "lines": [{"sku": "A", "qty": 2, "price": {"currency": "CHF", "units": "9", "nanos": 950000000}}],
+        "total": {"currency": "CHF", "units": "19", "nanos": 900000000}, "status": "PAID", "attributes": {"tenant": "acme"}});
+    let good = OutboxRow::new("A-1").schema_version(1).payload(order.clone());
+    let bad = OutboxRow::new("B-1").schema_version(1).payload(json!({"lines": [{"sku": "A", "weight": 1}]}));
+    for row in [&bad, &good] {
+        insert_event(&mut conn, row).await.unwrap();
+    }
+    let mut connector = Connector::new();
+    let path = config(&connector, &db, &broker, "value_format = \"protobuf\"", &registry_toml(&registry, ""));
+    connector.run(&path);
+    let records = broker.read_all(TOPIC, 1, READ_TIMEOUT);
+    assert_eq!(records.len(), 1, "{}", connector.logs());
+    let value = records[0].value.as_deref().unwrap();
+    assert_eq!((value[0], &value[1..5], value[5]), (0, &id.to_be_bytes()[..], 0), "magic, id, message index [0]");
+    assert_eq!(decode_as(&registry, "protobuf", &records)[0], json!({"id": id, "value": order}));
+    let letter = dead_letter(&broker, &bad.id, 1);
+    assert_eq!(letter["kind"], "schema_mismatch", "{letter}");
+    let reason = letter["reason"].as_str().unwrap();
+    assert!(reason.contains("at $.lines[0]") && reason.contains("weight"), "{reason}");
+    connector.terminate();
+}
+
+/// `check` reaches the registry, authenticates, and says for each subject it can name (the routed topics'
+/// value and key subjects) whether it resolves; a missing one fails with the fix.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_reaches_the_registry_and_names_each_subject() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let registry = SchemaRegistry::start_with(Some("connector:s3cret"));
+    let id = registry.register(SUBJECT, "AVRO", &order_v1().to_string(), &[]);
+    let mut conn = db.conn().await;
+    insert_event(&mut conn, &OutboxRow::new("A-1").payload(payload(1))).await.unwrap();
+    let connector = Connector::new();
+    let auth = "username = \"connector\"\npassword = \"s3cret\"";
+    let path = config(&connector, &db, &broker, "key_format = \"avro\"", &registry_toml(&registry, auth));
+    let (status, out, err) = connector.command(&["check"], CLI_TIMEOUT).unwrap();
+    assert_eq!(status.code(), Some(2), "{out}{err}");
+    assert!(out.contains("[ok  ] schema registry: expected reachable, credentials accepted"), "{out}");
+    assert!(out.contains(&format!("[ok  ] subject {SUBJECT}: expected registered")), "{out}");
+    assert!(out.contains(&format!("latest version 1 (id {id})")), "{out}");
+    assert!(out.contains(&format!("[FAIL] subject {TOPIC}-key")), "{out}");
+    assert!(out.contains("register the schema \"string\" under it"), "{out}");
+
+    registry.register(&format!("{TOPIC}-key"), "AVRO", "\"string\"", &[]);
+    let (status, out, err) = connector.command(&["check"], CLI_TIMEOUT).unwrap();
+    assert!(status.success(), "{out}{err}");
+
+    let text = std::fs::read_to_string(&path).unwrap().replace("s3cret", "nope");
+    std::fs::write(&path, text).unwrap();
+    let (status, out, err) = connector.command(&["check"], CLI_TIMEOUT).unwrap();
+    assert_eq!(status.code(), Some(2), "{out}{err}");
+    assert!(out.contains("[FAIL] schema registry") && out.contains("refused the connector's credentials"), "{out}");
+}
