@@ -52,7 +52,7 @@ use crate::quarantine::headers;
 use crate::router::Router;
 use crate::sink::KafkaSink;
 use crate::source::poll::{
-    key_bytes, sequence_value, Aggregate, OrderKey, Polled, Position, Relay, FULL_SWEEP_EVERY, GAP_GRACE,
+    key_bytes, sequence_value, Aggregate, OrderKey, Polled, Position, Relay, FULL_SWEEP_EVERY, GAP_GRACE, SWEEP_PAGE,
 };
 use crate::source::SourceConn;
 
@@ -326,7 +326,7 @@ impl PollRun<'_> {
                     .map(|g| g.key.clone()),
             );
             match page.last() {
-                Some(last) if page.len() >= 10_000 => after = Some(last.position.clone()),
+                Some(last) if page.len() >= SWEEP_PAGE => after = Some(last.position.clone()),
                 _ => break,
             }
         }
@@ -488,7 +488,6 @@ impl PollRun<'_> {
     /// Reads which aggregates are parked; a held aggregate that is not any more (a `quarantine release`
     /// marked its parked row published) has the rows it held read again and produced in order.
     async fn lift_released_holds(&mut self) -> Result<()> {
-        let mut forgot = false;
         for t in 0..self.tables.len() {
             if self.tables[t].held.is_empty() {
                 continue;
@@ -509,8 +508,7 @@ impl PollRun<'_> {
             for aggregate in &lifted {
                 state.held.remove(aggregate);
             }
-            forgot |= forget_lifted_holds(&self.store, &self.tables)?;
-            if forgot {
+            if forget_lifted_holds(&self.store, &self.tables)? {
                 self.publisher = Publisher::new(self.config, self.router.clone(), self.store.clone())?;
             }
             let Some(upto) = self.tables[t].cursor.clone() else { continue };

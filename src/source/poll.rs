@@ -80,7 +80,7 @@ pub const GAP_GRACE: Duration = Duration::from_secs(10);
 pub const FULL_SWEEP_EVERY: Duration = Duration::from_secs(30);
 
 /// The most rows one sweep statement returns; a sweep continues in pages.
-const SWEEP_PAGE: usize = 10_000;
+pub const SWEEP_PAGE: usize = 10_000;
 
 /// How an aggregate's events are ordered.
 #[derive(Debug, Clone, PartialEq, Eq)]
