@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Provision a fresh Debian 12 machine (as root) for .ci/run and the demo.
+# Provision a fresh Debian 12 machine (as root) for the tests: scripts/test and .ci/run. (scripts/demo installs
+# only what the demo needs, through the same scripts/apt-install.sh.)
 #
 # Idempotent: installs only what is missing, runs `apt-get update` only when a package to install
 # has no candidate, builds the Tansu broker only when `tansu` 0.6.0 is not already installed, and
@@ -45,46 +46,7 @@ die() { printf 'provision: ERROR: %s\n' "$*" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || die "run as root (apt-get install needs it)"
 
 # --- Debian packages ---------------------------------------------------------------------------
-is_installed() {
-    [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true) == "install ok installed" ]]
-}
-has_candidate() {
-    local candidate
-    candidate=$(apt-cache policy "$1" 2>/dev/null | awk '/Candidate:/ { print $2 }')
-    [[ -n $candidate && $candidate != "(none)" ]]
-}
-
-missing=()
-for pkg in "${PACKAGES[@]}"; do
-    is_installed "$pkg" || missing+=("$pkg")
-done
-
-if ((${#missing[@]} == 0)); then
-    log "Debian packages already installed: ${PACKAGES[*]}"
-else
-    log "missing Debian packages: ${missing[*]}"
-    need_update=0
-    for pkg in "${missing[@]}"; do
-        has_candidate "$pkg" || need_update=1
-    done
-    export DEBIAN_FRONTEND=noninteractive
-    # Wait for another apt/dpkg run instead of failing on its lock.
-    apt_opts=(-o DPkg::Lock::Timeout=900)
-    if ((need_update)); then
-        log "package lists lack some of them: apt-get update"
-        apt-get "${apt_opts[@]}" update
-    fi
-    # --no-install-recommends: docker-compose would otherwise pull in the docker.io engine.
-    log "apt-get install ${missing[*]}"
-    # A machine image's package lists can be older than its installed packages (seen: libcurl4 installed
-    # at a newer point release than the lists' libcurl4-openssl-dev depends on): refresh them and retry once.
-    if ! apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}"; then
-        ((need_update)) && die "apt-get install ${missing[*]} failed after apt-get update"
-        log "apt-get install failed on these package lists: apt-get update, then once more"
-        apt-get "${apt_opts[@]}" update
-        apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}"
-    fi
-fi
+bash "$(dirname "$0")/apt-install.sh" provision "${PACKAGES[@]}"
 
 # mariadbd lives in /usr/sbin, which may not be on a non-login PATH; the test harness looks there too.
 for bin in mariadb-install-db mariadb mariadb-binlog; do

@@ -173,3 +173,27 @@ async fn start_after_beyond_the_server_is_refused() {
     assert_eq!(status.code(), Some(2), "{}", connector.logs());
     assert!(connector.stderr().contains("have not reached GTID 0-1-999999"), "{}", connector.logs());
 }
+
+/// A MySQL GTID set given to a MariaDB server (a MySQL user's Debezium offset, or a document's example of
+/// the other kind) is refused with the form this server takes and an example of it, not only a parse error.
+#[tokio::test(flavor = "multi_thread")]
+async fn start_after_of_the_other_server_kind_says_which_form_this_server_takes() {
+    let db = MariaDb::start();
+    db.sql(&doc_block("## The example", "sql").replacen("CREATE TABLE outbox", "CREATE TABLE shop.outbox", 1));
+    let broker = Broker::start(Engine::Memory);
+    let mut connector = Connector::new();
+    let config = example_config(&connector, &db, &broker, "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-1000");
+    connector.run(&config);
+    let status = connector.wait_exit(Duration::from_secs(60)).expect("the connector stops");
+    assert_eq!(status.code(), Some(2), "{}", connector.logs());
+    let err = connector.stderr();
+    for part in [
+        "not a MariaDB GTID position",
+        "This server is MariaDB",
+        "@@gtid_binlog_pos",
+        "0-1-1000",
+        "is a MySQL GTID set",
+    ] {
+        assert!(err.contains(part), "{part:?} not in\n{}", connector.logs());
+    }
+}

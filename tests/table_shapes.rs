@@ -68,6 +68,10 @@ fn audit_passes(connector: &Connector) {
 /// the missing columns. It streams; its records leave out `version` and `occurred_at` (never `null`) and
 /// the `schema_version` header. Its snapshot is refused with the reason and the fix: nothing in the table
 /// says in which order one aggregate's events were written.
+///
+/// Guards against a refusal that only the docs explain: under the default `snapshot.mode`, `check` itself
+/// names both settings that make the table work (a time column mapped as `occurred_at`, or `[snapshot]
+/// mode = "never"` with `start_after` in MySQL and MariaDB form), and each of them passes `check`.
 #[tokio::test(flavor = "multi_thread")]
 async fn debezium_reference_table_streams_and_its_snapshot_is_refused() {
     let db = MariaDb::start();
@@ -78,13 +82,26 @@ async fn debezium_reference_table_streams_and_its_snapshot_is_refused() {
     );
     let broker = Broker::start(Engine::Memory);
     let connector = Connector::new();
-    connector.write_config(&db, &broker, &format!("{DEBEZIUM_COLUMNS}[snapshot]\nmode = \"initial\"\n"));
+    // An empty [snapshot] table: the default mode, not the harness's "never".
+    connector.write_config(&db, &broker, &format!("{DEBEZIUM_COLUMNS}[snapshot]\n"));
     let (status, out, err) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
     assert_eq!(status.code(), Some(2), "{out}{err}");
     assert!(out.contains("[ok  ] table shop.outbox_events columns"), "{out}");
     assert!(out.contains("[FAIL] table shop.outbox_events snapshot key order"), "{out}");
     assert!(out.contains("has no occurred_at column and its id column id is not an integer"), "{out}");
+    for fix in [
+        "snapshot.mode \"initial\", the default",
+        "`[outbox.columns] occurred_at = \"created_at\"`",
+        "`[snapshot] mode = \"never\"`",
+        "`[source] start_after = \"3e11fa47-71ca-11e1-9e33-c80aa9429562:1-1000\"` on MySQL",
+        "`\"0-1-1000\"` on MariaDB",
+    ] {
+        assert!(out.contains(fix), "check does not say {fix:?}:\n{out}");
+    }
     assert!(out.contains("absent: records carry no envelope `version`"), "{out}");
+    connector.write_config(&db, &broker, &format!("{DEBEZIUM_COLUMNS}[snapshot]\nmode = \"never\"\n"));
+    let (status, out, err) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert_eq!(status.code(), Some(0), "snapshot.mode = \"never\" passes check\n{out}{err}");
 
     let mut connector = Connector::start(&db, &broker, DEBEZIUM_COLUMNS);
     wait_streaming(&connector);
@@ -108,6 +125,13 @@ async fn debezium_reference_table_streams_and_its_snapshot_is_refused() {
     assert!(broker.read_all(DEAD_LETTER, 1, Duration::from_secs(2)).is_empty(), "{}", connector.logs());
     connector.terminate();
     audit_passes(&connector);
+
+    // The other fix: a time column mapped as occurred_at orders the snapshot under the default mode.
+    db.sql("ALTER TABLE shop.outbox_events ADD created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)");
+    connector.write_config(&db, &broker, &format!("{DEBEZIUM_COLUMNS}occurred_at = \"created_at\"\n[snapshot]\n"));
+    let (status, out, err) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert!(out.contains("[ok  ] table shop.outbox_events snapshot key order"), "{out}{err}");
+    assert_eq!(status.code(), Some(0), "occurred_at = \"created_at\" passes check\n{out}{err}");
 }
 
 /// A name set in `[outbox.columns]` must exist: a typo is a definite error naming it, never a silently

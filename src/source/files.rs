@@ -361,7 +361,13 @@ pub fn identity(header: &FileHeader) -> ServerIdentity {
 pub fn start_position(first: &Path, header: &FileHeader, start_after: Option<&str>) -> Result<Position> {
     let coord = BinlogCoord { file: file_name(first), pos: 4 };
     let bad = |e: &dyn std::fmt::Display| {
-        Error::definite(format!("source.start_after = {start_after:?} is not a {:?} GTID position: {e}", header.flavor))
+        let (kind, example) = match header.flavor {
+            Flavor::MySql => ("MySQL GTID set", super::MYSQL_GTID_EXAMPLE),
+            Flavor::MariaDb => ("MariaDB GTID position", super::MARIADB_GTID_EXAMPLE),
+        };
+        Error::definite(format!(
+            "source.start_after = {start_after:?} is not a {kind}, as these files need (e.g. \"{example}\"): {e}"
+        ))
     };
     let gtids = match (header.flavor, &header.previous, start_after) {
         (Flavor::MariaDb, previous, after) => {

@@ -28,6 +28,7 @@ use std::cmp::Ordering;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
+use super::{MARIADB_GTID_EXAMPLE, MYSQL_GTID_EXAMPLE};
 use crate::config::ColumnNames;
 use crate::error::{classify_mysql, Error, Result};
 use crate::outbox::TableName;
@@ -204,12 +205,16 @@ pub fn order_without_occurred_at(table: &TableName, id: &(String, KeyType)) -> R
     match id.1 {
         KeyType::Signed | KeyType::Unsigned => Ok(id.clone()),
         _ => Err(Error::definite(format!(
-            "outbox table {table} has no occurred_at column and its id column {} is not an integer: the \
-             snapshot orders one aggregate's events by occurred_at (or by an integer, insertion-ordered id) \
-             and cannot order them by this id. Map a DATETIME/TIMESTAMP column that records when each event \
-             was written as occurred_at in [outbox.columns], or skip the snapshot with snapshot.mode = \
-             \"never\" when the table holds no events still to publish (a column added now would give the \
-             rows already there one shared time, and their order would be the id's again)",
+            "outbox table {table} has no occurred_at column and its id column {} is not an integer, so nothing \
+             in a row says in which order one aggregate's events were written: the snapshot (taken by \
+             snapshot.mode \"initial\", the default, and by \"initial_only\" and \"when_needed\") cannot publish \
+             them in order. Either setting makes it work: map a DATETIME/TIMESTAMP column that records when \
+             each event was written, `[outbox.columns] occurred_at = \"created_at\"`; or `[snapshot] mode = \
+             \"never\"`, no snapshot: the stream starts now (`[source] start_from = \"current\"`, the default) \
+             or, taking over from Debezium, right after the GTIDs of its last committed offset, `[source] \
+             start_after = \"{MYSQL_GTID_EXAMPLE}\"` on MySQL, `\"{MARIADB_GTID_EXAMPLE}\"` on MariaDB \
+             (docs/MIGRATING-FROM-DEBEZIUM.md). A time column added now does not order the rows already there: \
+             they would share one time, and their order would be the id's again",
             id.0
         ))),
     }

@@ -33,6 +33,11 @@ use crate::error::{classify_mysql, Error, Result};
 use crate::outbox::TableName;
 use crate::position::{mariadb::GtidPos, mysql::GtidSet, BinlogCoord, Flavor, Gtids, Position, ServerIdentity};
 
+/// A MySQL GTID set as messages show one (`@@gtid_executed`, a Debezium MySQL offset's `gtids`).
+pub const MYSQL_GTID_EXAMPLE: &str = "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-1000";
+/// A MariaDB GTID position as messages show one (`@@gtid_binlog_pos`, a Debezium MariaDB offset's `gtids`).
+pub const MARIADB_GTID_EXAMPLE: &str = "0-1-1000";
+
 /// How to reach the server, built once from the config.
 #[derive(Clone)]
 pub struct SourceConn {
@@ -393,7 +398,12 @@ async fn start_after_position(conn: &mut Conn, info: &ServerInfo, after: &str) -
     let refuse = |what: String| Error::definite(format!("source.start_after = {after:?}: {what}"));
     let gtids = match info.identity.flavor {
         Flavor::MySql => {
-            let set = GtidSet::from_str(after).map_err(|e| refuse(format!("not a MySQL GTID set ({e})")))?;
+            let set = GtidSet::from_str(after).map_err(|e| {
+                refuse(format!(
+                    "not a MySQL GTID set ({e}). This server is MySQL: give a GTID set as its @@gtid_executed \
+                     reads, e.g. \"{MYSQL_GTID_EXAMPLE}\" (\"{MARIADB_GTID_EXAMPLE}\" is a MariaDB GTID position)"
+                ))
+            })?;
             let executed = parse_gtid_set(&global_text(conn, "gtid_executed").await?)?;
             if !set.is_subset(&executed) {
                 return Err(refuse(format!(
@@ -404,7 +414,13 @@ async fn start_after_position(conn: &mut Conn, info: &ServerInfo, after: &str) -
             Gtids::MySql(set)
         }
         Flavor::MariaDb => {
-            let pos = GtidPos::from_str(after).map_err(|e| refuse(format!("not a MariaDB GTID position ({e})")))?;
+            let pos = GtidPos::from_str(after).map_err(|e| {
+                refuse(format!(
+                    "not a MariaDB GTID position ({e}). This server is MariaDB: give a GTID position as its \
+                     @@gtid_binlog_pos reads, e.g. \"{MARIADB_GTID_EXAMPLE}\" (domain-server-sequence, one per \
+                     domain; \"{MYSQL_GTID_EXAMPLE}\" is a MySQL GTID set)"
+                ))
+            })?;
             let binlog = global_text(conn, "gtid_binlog_pos").await?;
             let binlog = GtidPos::from_str(&binlog)
                 .map_err(|e| Error::definite(format!("server returned GTID position {binlog:?}: {e}")))?;
