@@ -9,7 +9,7 @@
 //! topic):
 //! - it exists with at least `kafka.topic_partitions` partitions, or, with `kafka.create_topics = true`, a
 //!   validate-only CreateTopics with the settings `run` creates it with is accepted;
-//! - its `max.message.bytes` takes the producer's batches ([`super::kafka::check_topic_limit`], the rule `run`
+//! - its `max.message.bytes` takes the producer's batches ([`super::limits::check_topic_limit`], the rule `run`
 //!   applies at a topic's first record), and the dead-letter topic takes records of `kafka.max_record_bytes`.
 //!
 //! And once for the cluster: the idempotent producer gets a producer id (InitProducerId), which needs the
@@ -39,7 +39,9 @@ use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext}
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Statistics};
 
-use super::kafka::{self, TopicSettings};
+use super::kafka;
+use super::limits;
+use super::topics::TopicSettings;
 use crate::config::{Config, KafkaConfig};
 use crate::error::{classify_kafka, Error, Result};
 use crate::findings::{Finding, Report, Status};
@@ -499,7 +501,7 @@ async fn read_topic_limit(
 }
 
 /// The finding for a topic's `max.message.bytes`: the rule `run` applies at the topic's first record
-/// ([`kafka::check_topic_limit`]), and for the dead-letter topic room for a record of `max_record_bytes`.
+/// ([`limits::check_topic_limit`]), and for the dead-letter topic room for a record of `max_record_bytes`.
 /// A smaller routed topic only dead-letters its larger records; an unknown limit cannot be checked.
 fn limit_finding(
     topic: &str,
@@ -509,7 +511,7 @@ fn limit_finding(
     dead_letter: bool,
 ) -> Finding {
     let setting = format!("kafka topic {topic} max.message.bytes");
-    let batches = kafka::required_topic_limit(batch_limit_bytes);
+    let batches = limits::required_topic_limit(batch_limit_bytes);
     let records =
         if dead_letter { format!(", and >= kafka.max_record_bytes ({max_record_bytes})") } else { String::new() };
     let expected = format!(">= {batches} (the producer's batches){records}");
@@ -530,7 +532,7 @@ fn limit_finding(
             )
         }
     };
-    if let Err(e) = kafka::check_topic_limit(topic, limit, batch_limit_bytes) {
+    if let Err(e) = limits::check_topic_limit(topic, limit, batch_limit_bytes) {
         return fail(&setting, &expected, &limit.to_string(), &e.to_string());
     }
     if dead_letter && limit < max_record_bytes {
@@ -723,7 +725,7 @@ mod tests {
     fn limit_findings() {
         let batch = 1_000_000;
         let max_record = 16 * 1024 * 1024;
-        let batches = kafka::required_topic_limit(batch);
+        let batches = limits::required_topic_limit(batch);
         let cases: &[(std::result::Result<usize, String>, bool, Status, &str)] = &[
             (Ok(max_record), false, Status::Ok, ""),
             (Ok(max_record), true, Status::Ok, ""),
