@@ -1,4 +1,5 @@
-//! The Kafka producer: idempotent, `acks=all`, murmur2 partitioning, bounded in bytes.
+//! The Kafka producer: idempotent, `acks=all`, murmur2 partitioning, bounded in bytes; with `exactly_once`,
+//! transactional ([`super::transaction`]).
 //!
 //! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
 //!
@@ -25,7 +26,7 @@
 //! - A fatal producer error is transient for the pipeline ([`Error::producer_fatal`]): the run restarts
 //!   from the checkpoint with a new producer; [`crate::app`] bounds how often in a row.
 //! - Size refusals blame a record only when that record alone is over the topic's `max.message.bytes`
-//!   ([`super::limits`]); a batch over it is a configuration error, which [`KafkaSink::send`] also checks
+//!   ([`super::topics`]); a batch over it is a configuration error, which [`KafkaSink::send`] also checks
 //!   before a topic's first record.
 
 use std::collections::HashMap;
@@ -43,6 +44,7 @@ use tokio::sync::{Notify, Semaphore};
 use super::delivery::{is_fenced_code, InFlight, SinkContext, SinkProducer};
 use super::limits::{describe_limit, RECORD_OVERHEAD_BYTES};
 use super::topics::Topics;
+use super::transaction::{OnCommit, Transaction, Transactional};
 use crate::checkpoint::{TxId, Watermark};
 use crate::config::KafkaConfig;
 use crate::error::{classify_kafka, Error, Result};
@@ -60,83 +62,21 @@ pub struct KafkaSink {
     /// The topics it writes to, checked before each one's first record.
     topics: Topics,
     /// With `exactly_once`: the Kafka transaction records are produced in.
-    txn: Option<Txn>,
+    txn: Option<Transactions>,
     /// With the Kafka state backend: the lease this instance publishes under ([`KafkaSink::publish_while`]).
     lease: Option<Holding>,
 }
 
-/// Where a transactional sink writes the checkpoint that commits with its records (`exactly_once`).
-
-#[derive(Debug, Clone)]
-pub struct Transactional {
-    /// The producer's `transactional.id`.
-    pub id: String,
-    /// The state topic and the key of this connector's checkpoint in it.
-    pub state_topic: String,
-    /// The key of the checkpoint record.
-    pub checkpoint_key: String,
-    /// A transaction is due once it holds this many bytes of records.
-    pub max_bytes: usize,
-}
-
-/// Commits whose durations set how early the next one starts ([`Txn::lead`]).
-const RECENT_COMMITS: usize = 16;
-
-impl Txn {
-    /// How much earlier than `interval` after the last commit's start the next one starts: the longest of
-    /// the recent commits, at most half the interval.
-    fn lead(&self, interval: Duration) -> Duration {
-        self.recent.iter().max().copied().unwrap_or_default().min(interval / 2)
-    }
-
-    /// When the next commit is due by time: `interval` less [`Txn::lead`] after the last one started; at
-    /// once until this producer committed once. A connector that dies within an interval of every start
-    /// (OOM-killed, a liveness probe too tight) would otherwise never move its checkpoint, and every restart
-    /// would publish everything since the last one again.
-    fn due_at(&self, interval: Duration) -> Instant {
-        match self.committed_once {
-            true => self.cycle_start + interval - self.lead(interval),
-            false => self.cycle_start,
-        }
-    }
-}
-
-/// The Kafka transaction state of a transactional sink.
-struct Txn {
-    settings: Transactional,
-    /// Whether a transaction is open (begun, not yet committed or aborted; also while it commits).
-    open: bool,
-    /// Record bytes produced in it.
-    bytes: usize,
-    /// When the last commit started (or the sink started); while a commit runs, when it started.
-    cycle_start: Instant,
-    /// Whether a commit of this producer succeeded: the first is due as soon as there is something to
-    /// commit ([`Txn::due_at`]).
-    committed_once: bool,
-    /// How long the last [`RECENT_COMMITS`] commits took. Commits start `interval` less the longest of them
-    /// apart: a record read just after a commit started is held until that one returns, goes into the
-    /// next, and is readable when the next returns, about `checkpoint_interval_ms` after it was read, not
-    /// that plus a commit.
-    recent: std::collections::VecDeque<Duration>,
+/// The transactions of a transactional sink.
+struct Transactions {
+    /// Where the checkpoint that commits with the records goes.
+    target: Transactional,
     /// How long `abort_transaction` may take (`transaction.timeout.ms`).
     timeout: Duration,
-    /// How long one `commit_transaction` call may take before it is called again ([`crate::kafka::commit::until_known`]):
-    /// `transaction.timeout.ms`.
+    /// How long one `commit_transaction` call may take before it is called again
+    /// ([`crate::kafka::commit::until_known`]): `transaction.timeout.ms`.
     commit_attempt: Duration,
-    /// The commit running on a blocking thread, if any ([`KafkaSink::start_commit`]).
-    committing: Option<Committing>,
-    /// Records sent while a commit runs, in order, each holding its in-flight budget: they go into the
-    /// next transaction as soon as the commit returns ([`KafkaSink::finish_commit`]).
-    held: std::collections::VecDeque<(KafkaRecord, Box<InFlight>)>,
-}
-
-/// A Kafka commit in progress: librdkafka allows no record into the producer until it returns.
-struct Committing {
-    task: tokio::task::JoinHandle<rdkafka::error::KafkaResult<()>>,
-    /// The task's outcome once [`KafkaSink::commit_returned`] saw it (kept, so waiting is cancel-safe).
-    outcome: Option<std::result::Result<rdkafka::error::KafkaResult<()>, tokio::task::JoinError>>,
-    /// Called once the transaction is committed (the run records its checkpoint as saved).
-    on_commit: Box<dyn FnOnce() + Send + Sync>,
+    state: Transaction,
 }
 
 /// How long a transactional sink dropped with its transaction open (the run dropped when the lease is lost)
@@ -151,8 +91,10 @@ impl Drop for KafkaSink {
     /// started has bumped the producer epoch, and then this abort fails harmlessly. A commit still running
     /// cannot be aborted; librdkafka finishes it.
     fn drop(&mut self) {
-        let Some(txn) = self.txn.as_ref().filter(|t| t.open && t.committing.is_none()) else { return };
-        let _ = txn;
+        let Some(txn) = &mut self.txn else { return };
+        if !txn.state.step(Transaction::abort) {
+            return;
+        }
         self.producer.purge(PurgeConfig::default().queue().inflight());
         let started = Instant::now();
         match self.producer.abort_transaction(ABORT_ON_DROP) {
@@ -298,33 +240,14 @@ impl KafkaSink {
             .await
             .map_err(|e| Error::transient(format!("the producer's start failed: {e}")))?
             .map_err(|e| classify_kafka(&e).context("starting the transactional producer (init_transactions)"))?;
-        sink.txn = Some(Txn {
-            settings,
-            open: false,
-            bytes: 0,
-            cycle_start: Instant::now(),
-            committed_once: false,
-            timeout,
-            commit_attempt: timeout,
-            recent: std::collections::VecDeque::with_capacity(RECENT_COMMITS),
-            committing: None,
-            held: std::collections::VecDeque::new(),
-        });
+        sink.txn = Some(Transactions { target: settings, timeout, commit_attempt: timeout, state: Transaction::Idle });
         Ok(sink)
     }
 
     /// Begins a Kafka transaction before the first record of one (transactional sinks only).
-    fn begin_if_needed(&mut self) -> Result<()> {
+    fn begin(&mut self) -> Result<()> {
         let Some(txn) = &mut self.txn else { return Ok(()) };
-        debug_assert!(txn.committing.is_none(), "no transaction begins while one commits");
-        if !txn.open {
-            self.producer
-                .begin_transaction()
-                .map_err(|e| classify_kafka(&e).context("beginning a Kafka transaction"))?;
-            txn.open = true;
-            txn.bytes = 0;
-        }
-        Ok(())
+        txn.state.step(|state| state.begin(&self.producer))
     }
 
     /// Makes [`KafkaSink::send`] refuse every record once `lease` is no longer provably held (the Kafka
@@ -333,44 +256,27 @@ impl KafkaSink {
         self.lease = Some(lease);
     }
 
-    /// Whether records go out in Kafka transactions.
-    pub fn is_transactional(&self) -> bool {
-        self.txn.is_some()
-    }
-
-    /// Whether the transaction should commit now: it holds `transaction_max_bytes`, or `interval` passed
-    /// since the last commit started (also with no records: the checkpoint still moves), less the time a
-    /// commit has recently taken (at most half the interval; see `Txn::recent`). Never while a commit runs.
-    pub fn commit_due(&self, interval: Duration) -> bool {
-        self.txn
-            .as_ref()
-            .filter(|t| t.committing.is_none())
-            .is_some_and(|t| (t.open && t.bytes >= t.settings.max_bytes) || Instant::now() >= t.due_at(interval))
-    }
-
-    /// When the current transaction is due by time, if records are waiting in it (none while a commit runs:
-    /// [`KafkaSink::commit_returned`] wakes the run then).
-    pub fn open_transaction_due_at(&self, interval: Duration) -> Option<Instant> {
-        self.txn.as_ref().filter(|t| t.open && t.committing.is_none()).map(|t| t.due_at(interval))
+    /// Record bytes in the open Kafka transaction, while one is open and not committing (`None` without
+    /// one, and for a sink that is not transactional).
+    pub fn transaction_bytes(&self) -> Option<usize> {
+        self.txn.as_ref().and_then(|t| t.state.open_bytes())
     }
 
     /// Whether a commit is running ([`KafkaSink::start_commit`]).
     pub fn is_committing(&self) -> bool {
-        self.txn.as_ref().is_some_and(|t| t.committing.is_some())
+        self.txn.as_ref().is_some_and(|t| t.state.is_committing())
     }
 
     /// Whether a commit was started and has returned: [`KafkaSink::finish_commit`] would not wait.
     pub fn commit_has_returned(&self) -> bool {
-        let committing = self.txn.as_ref().and_then(|t| t.committing.as_ref());
-        committing.is_some_and(|c| c.outcome.is_some() || c.task.is_finished())
+        self.txn.as_ref().is_some_and(|t| t.state.has_returned())
     }
 
     /// Returns once the running commit returned (at once without one); cancel-safe. The run then calls
     /// [`KafkaSink::finish_commit`].
     pub async fn commit_returned(&mut self) {
-        let Some(c) = self.txn.as_mut().and_then(|t| t.committing.as_mut()) else { return };
-        if c.outcome.is_none() {
-            c.outcome = Some((&mut c.task).await);
+        if let Some(txn) = &mut self.txn {
+            txn.state.returned().await;
         }
     }
 
@@ -380,7 +286,7 @@ impl KafkaSink {
     ///
     /// # Errors
     /// As [`KafkaSink::finish_commit`].
-    pub async fn commit(&mut self, checkpoint: Vec<u8>, on_commit: Box<dyn FnOnce() + Send + Sync>) -> Result<()> {
+    pub async fn commit(&mut self, checkpoint: Vec<u8>, on_commit: OnCommit) -> Result<()> {
         self.start_commit(checkpoint, on_commit).await?;
         self.finish_commit().await
     }
@@ -393,105 +299,48 @@ impl KafkaSink {
     /// # Errors
     /// As [`KafkaSink::finish_commit`], for the commit before; transient when the checkpoint record is
     /// refused (the transaction is aborted).
-    pub async fn start_commit(
-        &mut self,
-        checkpoint: Vec<u8>,
-        on_commit: Box<dyn FnOnce() + Send + Sync>,
-    ) -> Result<()> {
+    pub async fn start_commit(&mut self, checkpoint: Vec<u8>, on_commit: OnCommit) -> Result<()> {
         self.finish_commit().await?;
-        self.begin_if_needed()?;
-        let txn = self.txn.as_ref().expect("begun above");
-        let record = BaseRecord::with_opaque_to(
-            &txn.settings.state_topic,
-            Box::new(InFlight { tx: None, permits: 0, record_bytes: checkpoint.len() as u32, occurred_at_ms: None }),
-        )
-        .key(&txn.settings.checkpoint_key)
-        .payload(&checkpoint);
-        if let Err((e, _)) = self.producer.send(record) {
-            let error = classify_kafka(&e).context("writing the checkpoint into the Kafka transaction");
+        let Some(txn) = &mut self.txn else {
+            return Err(Error::definite(
+                "a commit needs a transactional producer (delivery.guarantee = \"exactly_once\")",
+            ));
+        };
+        let (producer, attempt) = (&self.producer, txn.commit_attempt);
+        let target = &txn.target;
+        let started = txn.state.step(|state| state.commit(producer, target, attempt, &checkpoint, on_commit));
+        if let Err(error) = started {
             self.abort_transaction().await;
             return Err(error);
         }
-        crate::failpoint!("before_kafka_commit");
-        let (producer, attempt) = (self.producer.clone(), txn.commit_attempt);
-        let task = tokio::task::spawn_blocking(move || crate::kafka::commit::until_known(&producer, attempt));
-        let txn = self.txn.as_mut().expect("transactional");
-        txn.cycle_start = Instant::now();
-        txn.committing = Some(Committing { task, outcome: None, on_commit });
         Ok(())
     }
 
-    /// Waits for the running commit, if any, to return. Committed: calls its `on_commit`, then begins the
-    /// next transaction with the records held meanwhile, in the order they were sent.
+    /// Waits for the running commit, if any, to return. Committed: its `on_commit` is called, then the
+    /// records held meanwhile go into the next transaction, in the order they were sent.
     ///
     /// # Errors
     /// Transient for a failed commit (the transaction is aborted and the held records dropped; the run
     /// restarts from the last committed checkpoint); transient too when a newer producer fenced this one
     /// (another instance took over).
     pub async fn finish_commit(&mut self) -> Result<()> {
-        let Some(mut c) = self.txn.as_mut().and_then(|t| t.committing.take()) else { return Ok(()) };
-        let outcome = match c.outcome.take() {
-            Some(outcome) => outcome,
-            None => (&mut c.task).await,
-        };
-        let committed = match outcome {
-            Ok(committed) => committed,
-            Err(e) => {
-                // The commit's outcome is unknown: nothing more goes into this producer.
-                self.drop_held();
-                return Err(Error::transient(format!("the commit task failed: {e}")));
-            }
-        };
-        let txn = self.txn.as_mut().expect("transactional");
-        match committed {
-            Ok(()) => {
-                let took = txn.cycle_start.elapsed();
-                txn.open = false;
-                txn.committed_once = true;
-                if txn.recent.len() == RECENT_COMMITS {
-                    txn.recent.pop_front();
-                }
-                txn.recent.push_back(took);
-                metrics().transaction_committed(took);
-                crate::failpoint!("after_kafka_commit");
-                (c.on_commit)();
-                let held = std::mem::take(&mut txn.held);
-                if !held.is_empty() {
-                    self.begin_if_needed()?;
-                }
-                for (record, in_flight) in held {
-                    self.enqueue(&record, in_flight).await?;
-                }
-                Ok(())
-            }
-            Err(e) => {
-                let fenced = crate::error::is_fenced(&e);
-                self.drop_held();
+        let Some(txn) = &mut self.txn else { return Ok(()) };
+        txn.state.returned().await;
+        let budget = &self.budget;
+        let held = match txn.state.step(|state| state.finish(budget)) {
+            Ok(held) => held,
+            Err(error) => {
                 self.abort_open().await;
-                Err(match fenced {
-                    true => Error::transient(format!(
-                        "the Kafka transaction could not commit: {e}. A newer producer with this transactional.id \
-                         started (another instance took over); nothing of this transaction is visible"
-                    )),
-                    // `commit_until_known` returns only definite outcomes: the commit failed for good, and
-                    // the transaction was (or, the producer being fatal, will be) aborted.
-                    false => classify_kafka(&e).context(
-                        "committing the Kafka transaction (it failed and is aborted: nothing of it is visible; the \
-                         run restarts from the last committed checkpoint)",
-                    ),
-                })
+                return Err(error);
             }
+        };
+        if !held.is_empty() {
+            self.begin()?;
         }
-    }
-
-    /// Drops the records held during a commit that failed: they were never produced, so none is counted
-    /// as delivered, and they are read again after the restart. Their budget is returned.
-    fn drop_held(&mut self) {
-        let Some(txn) = self.txn.as_mut() else { return };
-        for (_, in_flight) in txn.held.drain(..) {
-            metrics().record_settled(in_flight.permits as usize);
-            self.budget.add_permits(in_flight.permits as usize);
+        for held in held {
+            self.enqueue(&held.record, held.in_flight).await?;
         }
+        Ok(())
     }
 
     /// Aborts the open transaction, if any: none of its records becomes visible to `read_committed`
@@ -499,10 +348,9 @@ impl KafkaSink {
     pub async fn abort_transaction(&mut self) {
         if self.is_committing() {
             // librdkafka cannot abort while it commits: let the commit end. If it committed, its records
-            // are visible and its checkpoint is recorded; if not, it aborted already.
-            let finished = self.finish_commit().await;
-            self.drop_held();
-            if let Err(error) = finished {
+            // are visible and its checkpoint is recorded, and the records held meanwhile are in the next
+            // transaction, aborted below; if not, it aborted already.
+            if let Err(error) = self.finish_commit().await {
                 tracing::debug!(%error, "the commit running when the transaction was aborted");
             }
         }
@@ -511,8 +359,10 @@ impl KafkaSink {
 
     /// Aborts the open transaction, if any (none is committing).
     async fn abort_open(&mut self) {
-        let Some(txn) = self.txn.as_mut().filter(|t| t.open) else { return };
-        txn.open = false;
+        let Some(txn) = &mut self.txn else { return };
+        if !txn.state.step(Transaction::abort) {
+            return;
+        }
         self.producer.purge(PurgeConfig::default().queue().inflight());
         let (producer, timeout) = (self.producer.clone(), txn.timeout);
         let aborted = tokio::task::spawn_blocking(move || producer.abort_transaction(timeout)).await;
@@ -587,11 +437,14 @@ impl KafkaSink {
         metrics().event_produced(&record.topic, permits as usize);
         let in_flight =
             Box::new(InFlight { tx: Some(tx), permits, record_bytes: record.size_bytes() as u32, occurred_at_ms });
-        if let Some(txn) = self.txn.as_mut().filter(|t| t.committing.is_some()) {
-            txn.held.push_back((record.clone(), in_flight));
-            return Ok(());
-        }
-        self.begin_if_needed()?;
+        let in_flight = match &mut self.txn {
+            Some(txn) => match txn.state.hold(record, in_flight) {
+                Some(in_flight) => in_flight,
+                None => return Ok(()),
+            },
+            None => in_flight,
+        };
+        self.begin()?;
         self.enqueue(record, in_flight).await
     }
 
@@ -634,7 +487,7 @@ impl KafkaSink {
             }
         }
         if let Some(txn) = &mut self.txn {
-            txn.bytes += record.size_bytes();
+            txn.state.add(record.size_bytes());
         }
         // A delivery that failed while this record was being enqueued purged the queue before it was in:
         // purge again, so that it cannot follow the failed one.
@@ -748,35 +601,6 @@ mod tests {
     use super::*;
 
     const TOPIC: &str = "outbox.event.order";
-
-    /// A commit starts early by the longest recent commit, never by more than half the interval: the
-    /// record that waits longest is readable about one interval after it was read.
-    #[test]
-    fn a_commit_starts_early_by_the_longest_recent_commit() {
-        let settings =
-            Transactional { id: "t".into(), state_topic: "s".into(), checkpoint_key: "k".into(), max_bytes: 1 << 20 };
-        let mut txn = Txn {
-            settings,
-            open: false,
-            bytes: 0,
-            cycle_start: Instant::now(),
-            committed_once: false,
-            timeout: Duration::from_secs(60),
-            commit_attempt: Duration::from_secs(60),
-            recent: std::collections::VecDeque::new(),
-            committing: None,
-            held: std::collections::VecDeque::new(),
-        };
-        let interval = Duration::from_millis(1000);
-        // Guards against a crash loop that never moves the checkpoint: the first commit is due at once.
-        assert!(txn.due_at(interval) <= Instant::now(), "the first commit after a start comes at once");
-        txn.committed_once = true;
-        assert_eq!(txn.lead(interval), Duration::ZERO, "no commit yet");
-        txn.recent.extend([80, 120, 95].map(Duration::from_millis));
-        assert_eq!(txn.lead(interval), Duration::from_millis(120));
-        txn.recent.push_back(Duration::from_millis(900));
-        assert_eq!(txn.lead(interval), Duration::from_millis(500), "at most half the interval");
-    }
 
     /// Regression guard for the build: the SASL mechanisms and codecs the README promises are in the
     /// librdkafka this binary links. A change of the rdkafka features (or of the system libraries its
@@ -1005,12 +829,8 @@ mod tests {
     ) -> (KafkaSink, Arc<Watermark>) {
         cluster.create_topic("state", 1, 1).unwrap();
         let config = kafka_config(&cluster.bootstrap_servers(), "");
-        let settings = Transactional {
-            id: "t".into(),
-            state_topic: "state".into(),
-            checkpoint_key: "c/checkpoint".into(),
-            max_bytes: 1 << 20,
-        };
+        let settings =
+            Transactional { id: "t".into(), state_topic: "state".into(), checkpoint_key: "c/checkpoint".into() };
         let watermark = Arc::new(Watermark::new(None));
         let sink = KafkaSink::transactional(&config, watermark.clone(), settings).await.unwrap();
         cluster.broker_round_trip_time(1, round_trip).unwrap();
@@ -1018,7 +838,10 @@ mod tests {
     }
 
     fn held(sink: &KafkaSink) -> usize {
-        sink.txn.as_ref().unwrap().held.len()
+        match &sink.txn.as_ref().unwrap().state {
+            Transaction::Committing(committing) => committing.held(),
+            _ => 0,
+        }
     }
 
     /// Keeping the pipeline busy while Kafka commits must not cost order or completeness: records sent
@@ -1035,7 +858,7 @@ mod tests {
         }
         let committed = Arc::new(AtomicBool::new(false));
         let on_commit = committed.clone();
-        sink.start_commit(b"{}".to_vec(), Box::new(move || on_commit.store(true, Ordering::Release))).await.unwrap();
+        sink.start_commit(b"{}".to_vec(), Box::new(move |_| on_commit.store(true, Ordering::Release))).await.unwrap();
         for id in &ids[5..] {
             sink.send(tx, &record(id, 100), None).await.unwrap();
         }
@@ -1046,8 +869,8 @@ mod tests {
         sink.finish_commit().await.unwrap();
         assert!(committed.load(Ordering::Acquire), "committed: its checkpoint counts as saved");
         assert_eq!(held(&sink), 0);
-        assert!(sink.txn.as_ref().unwrap().open, "the held records are in the next transaction");
-        sink.commit(b"{}".to_vec(), Box::new(|| {})).await.unwrap();
+        assert!(sink.transaction_bytes().is_some(), "the held records are in the next transaction");
+        sink.commit(b"{}".to_vec(), Box::new(|_| {})).await.unwrap();
         settled(&sink).await;
         assert!(watermark.take_failure().is_none());
         assert_eq!(read_ids(&cluster.bootstrap_servers()), ids);
@@ -1065,7 +888,7 @@ mod tests {
         sink.send(tx, &record("A1", 100), None).await.unwrap();
         let committed = Arc::new(AtomicBool::new(false));
         let on_commit = committed.clone();
-        sink.start_commit(b"{}".to_vec(), Box::new(move || on_commit.store(true, Ordering::Release))).await.unwrap();
+        sink.start_commit(b"{}".to_vec(), Box::new(move |_| on_commit.store(true, Ordering::Release))).await.unwrap();
         sink.send(tx, &record("A2", 100), None).await.unwrap();
         assert_eq!(held(&sink), 1);
 
@@ -1088,12 +911,8 @@ mod tests {
             &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TRANSACTION_TIMEOUT],
         );
         let config = kafka_config(&cluster.bootstrap_servers(), "");
-        let settings = Transactional {
-            id: "t".into(),
-            state_topic: "state".into(),
-            checkpoint_key: "c/checkpoint".into(),
-            max_bytes: 1 << 20,
-        };
+        let settings =
+            Transactional { id: "t".into(), state_topic: "state".into(), checkpoint_key: "c/checkpoint".into() };
         let Err(error) = KafkaSink::transactional(&config, Arc::new(Watermark::new(None)), settings).await else {
             panic!("the producer started")
         };
@@ -1129,7 +948,7 @@ mod tests {
         sink.send(tx, &record("A1", 100), None).await.unwrap();
         let committed = Arc::new(AtomicBool::new(false));
         let on_commit = committed.clone();
-        sink.commit(b"{}".to_vec(), Box::new(move || on_commit.store(true, Ordering::Release))).await.unwrap();
+        sink.commit(b"{}".to_vec(), Box::new(move |_| on_commit.store(true, Ordering::Release))).await.unwrap();
         assert!(committed.load(Ordering::Acquire), "committed after the retries: its checkpoint counts as saved");
         settled(&sink).await;
         assert!(watermark.take_failure().is_none());
