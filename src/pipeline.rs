@@ -43,6 +43,7 @@ use crate::source::files::FilesReader;
 use crate::source::overlap::Overlap;
 use crate::source::{preflight, SourceConn, SourceReader};
 
+mod commit;
 mod plan;
 mod poll;
 mod read_ahead;

@@ -4,11 +4,12 @@
 //!
 //! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4.
 
+use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
+use super::commit::Commit;
 use super::read_ahead::ReadAhead;
-use super::shutdown::{Shutdown, FAILURE_DRAIN, SHUTDOWN_GRACE};
+use super::shutdown::Shutdown;
 use crate::checkpoint::checkpointer::{Checkpointer, Periodic};
 use crate::checkpoint::{Mark, TxId, Watermark};
 use crate::config::Config;
@@ -16,11 +17,11 @@ use crate::error::{Error, Result};
 use crate::health::health;
 use crate::metrics::metrics;
 use crate::poison::{Origin, ResumePoint};
+use crate::position::server::EndEvent;
 use crate::position::snapshot::{Segment, SnapshotState};
-use crate::position::TxStart;
+use crate::position::{Position, TxStart};
 use crate::publish::{Publisher, SourceRow};
 use crate::router::Router;
-use crate::sink::kafka::Transactional;
 use crate::sink::KafkaSink;
 use crate::source::binlog::Change;
 use crate::source::overlap::Overlap;
@@ -42,18 +43,14 @@ pub(super) struct Run<'a> {
     /// Writes it every `checkpoint_interval_ms`, off the run's task.
     periodic: Periodic,
     shutdown: &'a Shutdown,
-    /// `exactly_once`: the mark of the last source transaction (or snapshot chunk) whose records are all
-    /// produced; the next Kafka commit carries it.
-    closed: Option<Mark>,
-    /// `exactly_once`: records of a transaction or chunk that did not close are in the Kafka transaction;
-    /// it must be aborted, not committed.
-    partial: bool,
+    /// The delivery guarantee: how checkpoints become durable, and when.
+    commit: Commit,
 }
 
 impl<'a> Run<'a> {
     /// Builds the run's producer, publisher and watermark, and starts the periodic checkpoint writer.
     /// With `exactly_once` the producer is transactional (its start fences any older one) and checkpoints
-    /// are written into its transactions instead ([`commit`]).
+    /// are written into its transactions instead ([`Commit`]).
     ///
     /// # Errors
     /// A definite error when the producer cannot be configured or the store cannot be read; transient when
@@ -66,39 +63,10 @@ impl<'a> Run<'a> {
         shutdown: &'a Shutdown,
     ) -> Result<Run<'a>> {
         let watermark = Arc::new(Watermark::new(None));
-        let sink = match (config.exactly_once(), checkpointer.store().kafka()) {
-            (false, _) => KafkaSink::new(&config.kafka, watermark.clone())?,
-            (true, Some(state)) => {
-                let settings = Transactional {
-                    id: config.transactional_id().to_string(),
-                    state_topic: state.topic().to_string(),
-                    checkpoint_key: state.checkpoint_key(),
-                    max_bytes: config.delivery.transaction_max_bytes,
-                };
-                checkpointer.write_in_transactions();
-                let sink = KafkaSink::transactional(&config.kafka, watermark.clone(), settings).await?;
-                // The producer that commits has fenced now: what was read before it did may be stale.
-                state.catch_up(config).await?;
-                sink
-            }
-            (true, None) => {
-                return Err(Error::definite("delivery.guarantee = \"exactly_once\" needs [state] backend = \"kafka\""))
-            }
-        };
+        let (commit, sink) = Commit::start(config, &checkpointer, watermark.clone()).await?;
         let publisher = Publisher::new(config, router, checkpointer.store().clone())?;
-        let periodic = checkpointer.every(watermark.clone(), checkpoint_interval(config));
-        Ok(Run {
-            config,
-            source,
-            sink,
-            publisher,
-            watermark,
-            checkpointer,
-            periodic,
-            shutdown,
-            closed: None,
-            partial: false,
-        })
+        let periodic = checkpointer.every(watermark.clone(), commit.interval());
+        Ok(Run { config, source, sink, publisher, watermark, checkpointer, periodic, shutdown, commit })
     }
 
     /// Hands no record to the producer once `lease` is no longer provably held.
@@ -126,7 +94,7 @@ impl<'a> Run<'a> {
         drop(reader);
         if let Some(tx) = stream.current.take() {
             self.watermark.abandon(tx);
-            self.partial = true;
+            self.commit.cut_off();
         }
         self.settle(result).await.map(|_| ())
     }
@@ -136,84 +104,16 @@ impl<'a> Run<'a> {
         self.watermark.unsettled()
     }
 
-    /// After a phase: waits for acknowledgements (briefly after a failure), writes the final checkpoint,
-    /// and returns the watermark's mark.
+    /// After a phase: waits for acknowledgements (briefly after a failure), makes the last checkpoint
+    /// durable, and returns its mark ([`Commit::settle`]).
     pub(super) async fn settle(&mut self, result: Result<()>) -> Result<Option<Mark>> {
-        if self.sink.is_transactional() {
-            return self.settle_transaction(result).await;
-        }
-        let (sink, watermark, checkpointer) = (&self.sink, &self.watermark, &self.checkpointer);
-        let limit = if result.is_ok() { SHUTDOWN_GRACE } else { FAILURE_DRAIN };
-        let deadline = Instant::now() + limit;
-        let step = checkpoint_interval(self.config);
-        // Keep checkpointing while acknowledgements arrive: a crash during a long drain keeps its progress.
-        let drained = loop {
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if sink.drain(step.min(remaining)).await {
-                break true;
-            }
-            checkpointer.flush(watermark)?;
-            if remaining.is_zero() || watermark.failed() {
-                break false;
-            }
-        };
-        if !drained {
-            tracing::warn!(
-                unsettled = watermark.unsettled(),
-                "records not acknowledged in time; they will be produced again after restart"
-            );
-            sink.abort();
-        }
-        crate::failpoint!("shutdown_drained");
-        let flushed = checkpointer.flush(watermark);
-        let mark = watermark.mark();
-        if let Some(mark) = &mark {
-            tracing::info!(position = %mark.position, "checkpoint");
-        }
-        result.and(flushed)?;
-        if let Some(error) = watermark.take_failure() {
-            return Err(error);
-        }
-        // A snapshot stopped early (shutdown) is not done: report it as not finished.
-        Ok(mark.filter(|m| m.snapshot.as_ref().is_none_or(|s| s.done)))
-    }
-
-    /// [`Run::settle`] with `exactly_once`: commits the open Kafka transaction with the last closed mark
-    /// after a phase that ended well, aborts it after a failure or when it holds records of a transaction
-    /// that did not close (none of them becomes visible; they are read again after the restart). Returns
-    /// the committed mark.
-    async fn settle_transaction(&mut self, result: Result<()>) -> Result<Option<Mark>> {
-        let commit_now = result.is_ok() && !self.watermark.failed() && !self.partial;
-        let mut committed = Ok(());
-        match (commit_now, self.closed.take()) {
-            (true, Some(mark)) => committed = commit(&mut self.sink, &self.checkpointer, &mark).await,
-            (true, None) => committed = self.sink.finish_commit().await,
-            (false, _) => {
-                if self.partial && result.is_ok() {
-                    tracing::info!("aborting the Kafka transaction: it holds part of a source transaction; both are read again after restart");
-                }
-                self.sink.abort_transaction().await;
-            }
-        }
-        self.partial = false;
-        crate::failpoint!("shutdown_drained");
-        // A failed commit aborted its transaction already (`KafkaSink::commit`).
-        let mark = self.checkpointer.saved();
-        if let Some(mark) = &mark {
-            tracing::info!(position = %mark.position, "checkpoint (committed with its events)");
-        }
-        result.and(committed)?;
-        if let Some(error) = self.watermark.take_failure() {
-            return Err(error);
-        }
-        Ok(mark.filter(|m| m.snapshot.as_ref().is_none_or(|s| s.done)))
+        self.commit.settle(&mut self.sink, &self.watermark, &self.checkpointer, result).await
     }
 
     /// Scans the outbox tables in one consistent view and produces every row; ends with the watermark's
     /// last mark saying `done` once everything is acknowledged (see [`crate::source::snapshot`]).
     pub(super) async fn snapshot(&mut self, info: &ServerInfo, progress: Option<SnapshotState>) -> Result<()> {
-        let Run { config, source, sink, publisher, watermark, checkpointer, periodic, shutdown, closed, partial } =
-            self;
+        let Run { config, source, sink, publisher, watermark, checkpointer, periodic, shutdown, commit } = self;
         let tables = config.tables().to_vec();
         if let Some(progress) = &progress {
             progress.check_tables(&tables).map_err(Error::definite)?;
@@ -280,7 +180,7 @@ impl<'a> Run<'a> {
                     biased;
                     sent = sink.send(tx, prepared.record, prepared.occurred_at_ms) => sent?,
                     _ = &mut grace => {
-                        *partial = true;
+                        commit.cut_off();
                         return Ok(());
                     }
                 }
@@ -291,31 +191,21 @@ impl<'a> Run<'a> {
             progress_bar.set(state.rows_done);
             metrics().snapshot_progress(state.rows_done, state.rows_estimate);
             let mark = Mark::boundary(cut.clone(), Some(Arc::new(state.clone())));
-            watermark.close(tx, mark.clone());
-            if sink.is_transactional() {
-                if sink.commit_due(checkpoint_interval(config)) {
-                    start_commit(sink, checkpointer, &mark).await?;
-                    *closed = None;
-                } else {
-                    *closed = Some(mark);
-                }
-            }
+            commit.closed(sink, watermark, tx, mark).await?;
         }
         state.done = true;
         let tx = watermark.open();
-        let mark = Mark::boundary(cut, Some(Arc::new(state.clone())));
-        watermark.close(tx, mark.clone());
-        if sink.is_transactional() {
-            *closed = Some(mark);
-        }
+        commit.closed(sink, watermark, tx, Mark::boundary(cut, Some(Arc::new(state.clone())))).await?;
         progress_bar.finish(state.rows_done);
         tracing::info!(rows = state.rows_done, "snapshot read; waiting for the last acknowledgements");
         Ok(())
     }
 
+    /// Reads changes and produces their rows until shutdown (between source transactions), the end of
+    /// binlog files or the first error; what a closed transaction, a due commit or a returned one means is
+    /// [`Commit`]'s.
     async fn read_and_produce(&mut self, reader: &mut ReadAhead, stream: &mut StreamState) -> Result<()> {
-        let Run { config, sink, publisher, watermark, checkpointer, periodic, shutdown, closed, .. } = self;
-        let interval = checkpoint_interval(config);
+        let Run { sink, publisher, watermark, periodic, shutdown, commit, .. } = self;
         // Made once and polled by reference: a fresh shutdown future per change was measurable at 100k/s.
         let mut requested = std::pin::pin!(shutdown.requested());
         let mut grace = std::pin::pin!(shutdown.grace_expired());
@@ -331,18 +221,9 @@ impl<'a> Run<'a> {
                 // snapshot): nothing to finish.
                 return Ok(());
             }
-            // exactly_once: records wait in an open Kafka transaction; commit it once due, also while the
-            // source is idle (between source transactions only).
-            let commit_at = match stream.current {
-                None => sink.open_transaction_due_at(interval),
-                Some(_) => None,
-            };
-            // A commit that returned is finished here too: while changes flow, the biased select below
-            // may not poll its branch (a stream of transactions without outbox rows sends nothing).
-            if sink.commit_has_returned() {
-                sink.finish_commit().await?;
-            }
-            let committing = sink.is_committing();
+            // A commit is due by time only between source transactions, also while the source is idle.
+            let commit_at = stream.current.is_none().then(|| commit.due_at(sink)).flatten();
+            Commit::finish_returned(sink).await?;
             tokio::select! {
                 // Changes before the shutdown notice: while changes flow, the check above sees a shutdown
                 // on the next turn; the notice only wakes a loop that waits for the source.
@@ -357,82 +238,29 @@ impl<'a> Run<'a> {
                         return Ok(());
                     }
                     Some(Change::Begin(start)) => {
-                        if sink.is_transactional() && stream.current.is_some() {
-                            // Its records are in the open Kafka transaction: abort it, restart from the commit.
-                            return Err(Error::transient(
-                                "a source transaction was cut off and begins again: the Kafka transaction holding \
-                                 its first records is aborted and the run restarts from the last commit",
-                            ));
+                        if let Some(tx) = stream.current {
+                            commit.restarted(watermark, tx)?;
                         }
-                        if let Some(tx) = stream.current.replace(watermark.open()) {
-                            watermark.abandon(tx);
-                        }
+                        stream.current = Some(watermark.open());
                         stream.start = Some(start);
                         stream.row_index = 0;
                     }
                     Some(change @ (Change::Row(_) | Change::Undecodable(_))) => {
-                        if let (Change::Row(row), Some(overlap), Some(start)) =
-                            (&change, stream.overlap.as_mut(), stream.start.as_ref())
-                        {
-                            if overlap.emitted_by_snapshot(row, start).await? {
-                                tracing::debug!(id = %row.id, "already emitted by the snapshot");
-                                continue;
-                            }
+                        match stream.produce(&change, sink, publisher, watermark, &mut grace).await? {
+                            Produced::Sent => reader.recycle(change),
+                            Produced::Skipped => {}
+                            Produced::Stopped => return Ok(()),
                         }
-                        crate::failpoint!("before_produce");
-                        let tx = *stream.current.get_or_insert_with(|| watermark.open());
-                        let origin = || stream.origin();
-                        let row = match &change {
-                            Change::Row(row) => SourceRow::Decoded(row),
-                            Change::Undecodable(bad) => SourceRow::Undecodable(bad),
-                            _ => unreachable!("matched above"),
-                        };
-                        let prepared = publisher.prepare(row, origin, |r| sink.fits(r))?;
-                        stream.row_index += 1;
-                        tokio::select! {
-                            sent = sink.send(tx, prepared.record, prepared.occurred_at_ms) => sent?,
-                            _ = &mut grace => {
-                                tracing::warn!("Kafka did not accept records within the shutdown grace period");
-                                return Ok(());
-                            }
-                        }
-                        crate::failpoint!("row_produced");
-                        reader.recycle(change);
                     }
                     Some(Change::Commit { position, timestamp, end_event }) => {
-                        metrics().transaction_read(timestamp);
-                        let tx = stream.current.take().unwrap_or_else(|| watermark.open());
-                        if stream.overlap.as_ref().is_some_and(|o| o.expired(&position)) {
-                            tracing::info!("stream is past every snapshot view: overlap rule retired");
-                            stream.overlap = None;
-                        }
-                        let snapshot = stream.overlap.as_ref().map(|o| o.state().clone());
-                        let timestamp = (timestamp != 0).then_some(timestamp);
-                        let mark = Mark { position, timestamp, end_event, snapshot };
-                        if sink.is_transactional() {
-                            watermark.close(tx, mark.clone());
-                            if sink.commit_due(interval) {
-                                start_commit(sink, checkpointer, &mark).await?;
-                                *closed = None;
-                            } else {
-                                *closed = Some(mark);
-                            }
-                        } else {
-                            watermark.close(tx, mark);
-                        }
+                        let (tx, mark) = stream.close(watermark, position, timestamp, end_event);
+                        commit.closed(sink, watermark, tx, mark).await?;
                         if stopping {
                             return Ok(());
                         }
                     }
                 },
-                _ = sleep_until(commit_at), if commit_at.is_some() => {
-                    if let Some(mark) = closed.take() {
-                        start_commit(sink, checkpointer, &mark).await?;
-                    }
-                }
-                // The commit started above returned: its checkpoint is saved, and records held meanwhile
-                // go into the next transaction.
-                _ = sink.commit_returned(), if committing => sink.finish_commit().await?,
+                wake = Commit::wait(sink, commit_at) => commit.woke(sink, wake).await?,
                 _ = &mut requested, if !stopping => if stream.current.is_some() {
                     tracing::info!("stopping after the current source transaction");
                 },
@@ -440,42 +268,6 @@ impl<'a> Run<'a> {
             }
         }
     }
-}
-
-/// `exactly_once`: writes the checkpoint at `mark` into the open Kafka transaction and commits it, so that
-/// the events before `mark` and the checkpoint that passes them become visible together; returns once it
-/// committed.
-///
-/// # Errors
-/// A definite error for a mark behind the last checkpoint; transient for a failed commit (aborted).
-async fn commit(sink: &mut KafkaSink, checkpointer: &Arc<Checkpointer>, mark: &Mark) -> Result<()> {
-    start_commit(sink, checkpointer, mark).await?;
-    sink.finish_commit().await
-}
-
-/// [`commit`] without waiting for the broker: the run reads on while Kafka commits; the checkpoint counts
-/// as saved once the commit returns ([`KafkaSink::finish_commit`]).
-///
-/// # Errors
-/// As [`commit`], for the commit still running before this one.
-async fn start_commit(sink: &mut KafkaSink, checkpointer: &Arc<Checkpointer>, mark: &Mark) -> Result<()> {
-    let checkpoint = checkpointer.record(mark)?;
-    let record = serde_json::to_vec(&checkpoint).expect("checkpoint serializes");
-    let (checkpointer, mark) = (checkpointer.clone(), mark.clone());
-    sink.start_commit(record, Box::new(move || checkpointer.committed(mark, &checkpoint))).await
-}
-
-/// Sleeps until `at`; never returns for `None` (a disabled `select!` branch still builds its future).
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// How often the acknowledged mark is written.
-fn checkpoint_interval(config: &Config) -> Duration {
-    Duration::from_millis(config.state.checkpoint_interval_ms)
 }
 
 /// Per-run state of the stream phase.
@@ -499,4 +291,73 @@ impl StreamState {
         };
         Origin { snapshot: false, gtid, file, position, row_index: self.row_index }
     }
+
+    /// Produces the row of `change` (a row or an undecodable one) in the current transaction, unless the
+    /// snapshot emitted it already; gives up when the shutdown grace period (`grace`) expires first.
+    ///
+    /// # Errors
+    /// As [`Publisher::prepare`] and [`KafkaSink::send`], and a failed overlap check.
+    async fn produce(
+        &mut self,
+        change: &Change,
+        sink: &mut KafkaSink,
+        publisher: &mut Publisher,
+        watermark: &Watermark,
+        grace: &mut (impl Future<Output = ()> + Unpin),
+    ) -> Result<Produced> {
+        if let (Change::Row(row), Some(overlap), Some(start)) = (change, self.overlap.as_mut(), self.start.as_ref()) {
+            if overlap.emitted_by_snapshot(row, start).await? {
+                tracing::debug!(id = %row.id, "already emitted by the snapshot");
+                return Ok(Produced::Skipped);
+            }
+        }
+        crate::failpoint!("before_produce");
+        let tx = *self.current.get_or_insert_with(|| watermark.open());
+        let row = match change {
+            Change::Row(row) => SourceRow::Decoded(row),
+            Change::Undecodable(bad) => SourceRow::Undecodable(bad),
+            _ => unreachable!("only rows are produced"),
+        };
+        let prepared = publisher.prepare(row, || self.origin(), |r| sink.fits(r))?;
+        self.row_index += 1;
+        tokio::select! {
+            sent = sink.send(tx, prepared.record, prepared.occurred_at_ms) => sent?,
+            _ = grace => {
+                tracing::warn!("Kafka did not accept records within the shutdown grace period");
+                return Ok(Produced::Stopped);
+            }
+        }
+        crate::failpoint!("row_produced");
+        Ok(Produced::Sent)
+    }
+
+    /// Ends the current transaction at its commit: its id (registered now if it produced nothing) and the
+    /// mark after it.
+    fn close(
+        &mut self,
+        watermark: &Watermark,
+        position: Position,
+        timestamp: u32,
+        end_event: Option<EndEvent>,
+    ) -> (TxId, Mark) {
+        metrics().transaction_read(timestamp);
+        let tx = self.current.take().unwrap_or_else(|| watermark.open());
+        if self.overlap.as_ref().is_some_and(|o| o.expired(&position)) {
+            tracing::info!("stream is past every snapshot view: overlap rule retired");
+            self.overlap = None;
+        }
+        let snapshot = self.overlap.as_ref().map(|o| o.state().clone());
+        let timestamp = (timestamp != 0).then_some(timestamp);
+        (tx, Mark { position, timestamp, end_event, snapshot })
+    }
+}
+
+/// What became of a row handed to [`StreamState::produce`].
+enum Produced {
+    /// Handed to the producer.
+    Sent,
+    /// The snapshot emitted it already.
+    Skipped,
+    /// The shutdown grace period expired first.
+    Stopped,
 }

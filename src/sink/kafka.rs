@@ -1,4 +1,5 @@
-//! The Kafka producer: idempotent, `acks=all`, murmur2 partitioning, bounded in bytes.
+//! The Kafka producer: idempotent, `acks=all`, murmur2 partitioning, bounded in bytes; with `exactly_once`,
+//! transactional ([`super::transaction`]).
 //!
 //! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
 //!
@@ -25,475 +26,57 @@
 //! - A fatal producer error is transient for the pipeline ([`Error::producer_fatal`]): the run restarts
 //!   from the checkpoint with a new producer; [`crate::app`] bounds how often in a row.
 //! - Size refusals blame a record only when that record alone is over the topic's `max.message.bytes`
-//!   ([`blame_size_refusal`]); a batch over it is a configuration error, which [`KafkaSink::send`] also
-//!   checks before a topic's first record ([`check_topic_limit`]).
+//!   ([`super::topics`]); a batch over it is a configuration error, which [`KafkaSink::send`] also checks
+//!   before a topic's first record.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig, ThreadedProducer};
-use rdkafka::types::{RDKafka, RDKafkaErrorCode};
-use rdkafka::ClientContext;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, PurgeConfig};
+use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::{Notify, Semaphore};
 
-use super::Delivered;
+use super::delivery::{is_fenced_code, InFlight, SinkContext, SinkProducer};
+use super::limits::{describe_limit, RECORD_OVERHEAD_BYTES};
+use super::topics::Topics;
+use super::transaction::{OnCommit, Transaction, Transactional};
 use crate::checkpoint::{TxId, Watermark};
 use crate::config::KafkaConfig;
-use crate::error::{classify_kafka, is_record_refusal, is_size_refusal, Error, Result};
-use crate::health::health;
+use crate::error::{classify_kafka, Error, Result};
 use crate::lease::Holding;
 use crate::metrics::metrics;
 use crate::router::KafkaRecord;
 
-/// What travels with each record through librdkafka and back to the delivery callback.
-struct InFlight {
-    /// The source transaction of an event; `None` for the checkpoint record of a Kafka transaction.
-    tx: Option<TxId>,
-    permits: u32,
-    /// The record's bytes as [`KafkaRecord::size_bytes`] counts them, to judge a size refusal.
-    record_bytes: u32,
-    /// The row's `occurred_at` (Unix ms, read as UTC) for the end-to-end latency histogram.
-    occurred_at_ms: Option<i64>,
-}
-
-/// Delivery callbacks: the only place where [`Delivered`] proofs are made.
-struct SinkContext {
-    watermark: Arc<Watermark>,
-    budget: Arc<Semaphore>,
-    /// Set by the first failed delivery and never cleared: from then on nothing more is enqueued.
-    failed: AtomicBool,
-    /// Wakes the pipeline at the first failed delivery, also while its source is idle.
-    failure_notice: Arc<Notify>,
-    /// The producer's librdkafka handle, set once right after it is created; only for
-    /// [`SinkContext::purge_queue`].
-    native: AtomicPtr<RDKafka>,
-    /// `max.message.bytes` of each topic in use (`None`: the broker did not say), to judge size refusals.
-    topic_limits: RwLock<HashMap<String, Option<usize>>>,
-    /// The largest batch of several records the producer builds (`min(batch.size, message.max.bytes)`).
-    batch_limit_bytes: usize,
-    /// Whether the producer is transactional: a fenced epoch is then a takeover or a transaction the broker
-    /// timed out ([`crate::error::fenced_transaction`]), not a producer fault.
-    transactional: bool,
-}
-
-impl SinkContext {
-    /// Drops every record still queued (not yet in a request), without waiting: their delivery reports
-    /// come back as purged. Records already in flight keep their outcome: the broker's sequence check
-    /// refuses any of them that would follow a failed one of its partition.
-    fn purge_queue(&self) {
-        let native = self.native.load(Ordering::Acquire);
-        if native.is_null() {
-            return;
-        }
-        let flags = rdkafka::bindings::RD_KAFKA_PURGE_F_QUEUE | rdkafka::bindings::RD_KAFKA_PURGE_F_NON_BLOCKING;
-        // SAFETY: `native` is the handle of the producer whose callbacks call this and which outlives them
-        // (librdkafka calls back only from its own polling thread, which the producer joins before it is
-        // destroyed). rd_kafka_purge may be called from any thread, holds no lock our caller holds, and
-        // with NON_BLOCKING does not wait for the broker threads.
-        unsafe {
-            rdkafka::bindings::rd_kafka_purge(native, flags);
-        }
-    }
-
-    /// The code of the producer's fatal error, once it has one (its deliveries then fail with `_FATAL`).
-    fn fatal_cause(&self) -> Option<RDKafkaErrorCode> {
-        let native = self.native.load(Ordering::Acquire);
-        if native.is_null() {
-            return None;
-        }
-        // SAFETY: as in `purge_queue`; rd_kafka_fatal_error may be called from any thread, and a null
-        // buffer of size 0 asks for the code only.
-        let code = unsafe { rdkafka::bindings::rd_kafka_fatal_error(native, std::ptr::null_mut(), 0) };
-        (code != rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR).then(|| code.into())
-    }
-
-    /// Records a failed delivery: the first one freezes the watermark, stops the sink and purges the queue,
-    /// so that no later record of the failed one's partition is sent in this run.
-    fn fail(&self, error: Error) {
-        self.watermark.fail(error);
-        if !self.failed.swap(true, Ordering::AcqRel) {
-            self.purge_queue();
-            self.failure_notice.notify_one();
-        }
-    }
-}
-
-impl ClientContext for SinkContext {
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
-        use rdkafka::config::RDKafkaLogLevel as L;
-        match level {
-            L::Emerg | L::Alert | L::Critical | L::Error => {
-                tracing::error!(target: "librdkafka", fac, "{log_message}")
-            }
-            L::Warning => tracing::warn!(target: "librdkafka", fac, "{log_message}"),
-            L::Notice | L::Info => tracing::info!(target: "librdkafka", fac, "{log_message}"),
-            L::Debug => tracing::debug!(target: "librdkafka", fac, "{log_message}"),
-        }
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        // Broker-down and similar conditions arrive here while librdkafka keeps retrying: informational
-        // unless fatal, which the delivery callbacks and `send` report as failures.
-        match error.rdkafka_error_code() {
-            Some(RDKafkaErrorCode::AllBrokersDown) => health().set_broker_connected(false),
-            // The producer's fatal error comes with its cause's code (e.g. GaplessGuarantee).
-            Some(code) if code == RDKafkaErrorCode::GaplessGuarantee || crate::error::is_producer_fatal(code) => {
-                tracing::error!(target: "librdkafka", %error, "{reason}: the producer stopped; the run restarts from the checkpoint with a new one");
-                return;
-            }
-            _ => {}
-        }
-        tracing::warn!(target: "librdkafka", %error, "{reason}");
-    }
-
-    fn stats(&self, statistics: rdkafka::Statistics) {
-        // Bootstrap entries (nodeid -1) are not cluster members.
-        let brokers = statistics.brokers.values().filter(|b| b.nodeid >= 0);
-        metrics().produce_retries_total(brokers.map(|b| b.txretries).sum());
-    }
-}
-
-impl ProducerContext for SinkContext {
-    type DeliveryOpaque = Box<InFlight>;
-
-    fn delivery(&self, result: &DeliveryResult<'_>, in_flight: Box<InFlight>) {
-        let m = metrics();
-        m.record_settled(in_flight.permits as usize);
-        match result {
-            Ok(message) => {
-                let Some(tx) = in_flight.tx else {
-                    self.budget.add_permits(in_flight.permits as usize);
-                    return;
-                };
-                self.watermark.settle(Delivered::new(tx));
-                // Only the latency histogram needs it (by aggregate type), and only streamed rows have one.
-                let aggregate_type = match in_flight.occurred_at_ms {
-                    Some(_) => aggregate_type(message).unwrap_or(""),
-                    None => "",
-                };
-                m.event_acknowledged(message.topic(), message.partition(), aggregate_type, in_flight.occurred_at_ms);
-            }
-            Err((error, message)) => {
-                let code = error.rdkafka_error_code();
-                m.produce_error(&code.map_or_else(|| "Unknown".to_string(), |c| format!("{c:?}")));
-                let topic = message.topic();
-                let error = match code {
-                    Some(c)
-                        if self.transactional
-                            && (is_fenced_code(c) || self.fatal_cause().is_some_and(is_fenced_code)) =>
-                    {
-                        crate::error::fenced_transaction(format_args!("delivery to topic {topic} failed ({error})"))
-                    }
-                    Some(c) if is_size_refusal(c) => self.size_refusal(error, message, in_flight.record_bytes),
-                    Some(c) if is_record_refusal(c) => match header(message, "id") {
-                        Some(id) => Error::refused_record(id.to_string(), format!("{error} (topic {topic})")),
-                        None => classify_kafka(error),
-                    },
-                    _ => classify_kafka(error).context(format_args!(
-                        "delivery to topic {topic} failed (the watermark stops before this record)"
-                    )),
-                };
-                self.fail(error);
-            }
-        }
-        self.budget.add_permits(in_flight.permits as usize);
-    }
-}
-
-impl SinkContext {
-    /// The broker refused the batch that held `message` as too large: the record's fault only if it alone
-    /// is over the limit, a configuration error otherwise.
-    fn size_refusal(&self, error: &KafkaError, message: &rdkafka::message::BorrowedMessage<'_>, bytes: u32) -> Error {
-        let topic = message.topic();
-        let limit = self.topic_limits.read().unwrap_or_else(|p| p.into_inner()).get(topic).copied().flatten();
-        match (blame_size_refusal(bytes as usize, limit, self.batch_limit_bytes), header(message, "id")) {
-            (SizeBlame::Record, Some(id)) => Error::refused_record(
-                id.to_string(),
-                format!(
-                    "{error}: the record alone ({bytes} bytes) is over topic {topic}'s max.message.bytes ({})",
-                    describe_limit(limit)
-                ),
-            ),
-            _ => Error::definite(format!(
-                "Kafka refused a batch of records for topic {topic} as too large ({error}); no single record is \
-                 at fault. The topic's max.message.bytes ({}) is below the producer's batches of up to {} bytes \
-                 (min of kafka.properties.\"batch.size\" and kafka.max_record_bytes). Raise the topic's \
-                 max.message.bytes to at least {}, or set kafka.properties.\"batch.size\" below it; nothing \
-                 was quarantined and the checkpoint is before this batch",
-                describe_limit(limit),
-                self.batch_limit_bytes,
-                required_topic_limit(self.batch_limit_bytes),
-            )),
-        }
-    }
-}
-
-/// Who a size refusal is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SizeBlame {
-    /// The record alone is over the limit: it is poison.
-    Record,
-    /// The record fits; the batch it was in did not: a configuration error.
-    Batch,
-}
-
-/// Decides a size refusal of the batch that held a record of `record_bytes`. The record alone is at fault
-/// when it is over the topic's limit (`topic_limit`, if the broker told us), or, with the limit unknown,
-/// when it is over `batch_limit`: librdkafka never adds a record to a batch it would push past the batch
-/// limit, so such a record was alone in its batch. Otherwise the batch may have held innocent records.
-fn blame_size_refusal(record_bytes: usize, topic_limit: Option<usize>, batch_limit: usize) -> SizeBlame {
-    let alone = record_bytes + RECORD_OVERHEAD_BYTES;
-    match topic_limit {
-        Some(limit) if alone > limit => SizeBlame::Record,
-        Some(_) => SizeBlame::Batch,
-        None if alone > batch_limit => SizeBlame::Record,
-        None => SizeBlame::Batch,
-    }
-}
-
-/// The smallest topic `max.message.bytes` that takes every batch of up to `batch_limit` bytes:
-/// compression may grow incompressible data (lz4 by 1/255 at worst), and the batch has its own header.
-pub(super) fn required_topic_limit(batch_limit: usize) -> usize {
-    batch_limit + batch_limit / 255 + RECORD_OVERHEAD_BYTES
-}
-
-/// Checks a topic's `max.message.bytes` against the producer's batches before its first record.
-///
-/// # Errors
-/// A definite error naming both limits and what to change when a batch of small records could be refused.
-pub(super) fn check_topic_limit(topic: &str, limit: usize, batch_limit: usize) -> Result<()> {
-    let required = required_topic_limit(batch_limit);
-    if limit >= required {
-        return Ok(());
-    }
-    Err(Error::definite(format!(
-        "Kafka topic {topic:?} has max.message.bytes = {limit}, but the producer sends batches of up to \
-         {batch_limit} bytes (min of kafka.properties.\"batch.size\", default 1000000, and kafka.max_record_bytes): \
-         the broker would refuse a batch of valid records. Raise the topic's max.message.bytes to at least \
-         {required} (kafka-configs --alter --entity-type topics --entity-name {topic} --add-config \
-         max.message.bytes={required}), or set kafka.properties.\"batch.size\" to at most {}",
-        limit.saturating_sub(RECORD_OVERHEAD_BYTES) / 256 * 255
-    )))
-}
-
-fn describe_limit(limit: Option<usize>) -> String {
-    limit.map_or_else(|| "unknown: the broker did not say".to_string(), |l| l.to_string())
-}
-
-/// Keeps the readiness metric honest while the producer is idle (librdkafka only connects when it has
-/// something to send): a metadata request every few seconds, for as long as the producer lives.
-///
-/// The request names one topic of ours that exists ([`probe_topic`]): any answer proves a broker is there,
-/// and a request without a topic (`fetch_metadata(None)`, the probe's only request before) lists every
-/// topic of the cluster, every 5 s from every connector. Only until the connector has a topic of its own
-/// known to exist is the whole listing asked for, and it tells whether the dead-letter topic exists.
-async fn probe_brokers(producer: std::sync::Weak<ThreadedProducer<SinkContext>>, dead_letter_topic: String) {
-    const EVERY: Duration = Duration::from_secs(5);
-    let mut dead_letter_topic_exists = false;
-    loop {
-        let Some(p) = producer.upgrade() else { return };
-        let topic = {
-            let checked = p.context().topic_limits.read().unwrap_or_else(|e| e.into_inner());
-            probe_topic(checked.keys().map(String::as_str), &dead_letter_topic, dead_letter_topic_exists)
-                .map(str::to_string)
-        };
-        let dlq = dead_letter_topic.clone();
-        let answer = tokio::task::spawn_blocking(move || {
-            let metadata = p.client().fetch_metadata(topic.as_deref(), EVERY).ok()?;
-            Some(topic.is_none() && metadata.topics().iter().any(|t| t.name() == dlq && t.error().is_none()))
-        })
-        .await
-        .ok()
-        .flatten();
-        dead_letter_topic_exists |= answer == Some(true);
-        health().set_broker_connected(answer.is_some());
-        tokio::time::sleep(EVERY).await;
-    }
-}
-
-/// The topic the broker probe asks about; `None` asks for all of them.
-///
-/// Only a topic known to exist: a routed topic the sink has checked (it made sure the topic exists; the
-/// first by name, so the probe keeps to one), else the dead-letter topic once a listing showed it. Never
-/// a topic that may be missing: librdkafka keeps a handle for every topic named to a producer and asks
-/// about a missing one's metadata every second for good (measured with `debug = "metadata"`: two one-topic
-/// requests a second), which would cost more than the listing it replaces.
-fn probe_topic<'a>(
-    checked: impl Iterator<Item = &'a str>,
-    dead_letter_topic: &'a str,
-    dead_letter_topic_exists: bool,
-) -> Option<&'a str> {
-    let (mut routed, mut dead_letter_checked) = (None, false);
-    for topic in checked {
-        match topic == dead_letter_topic {
-            true => dead_letter_checked = true,
-            false => routed = Some(routed.map_or(topic, |first: &str| first.min(topic))),
-        }
-    }
-    routed.or((dead_letter_checked || dead_letter_topic_exists).then_some(dead_letter_topic))
-}
-
-/// The `aggregate_type` header's value: looked up where the router puts it first (a linear search by name
-/// costs a fifth of the delivery callbacks' time at 100k records/s).
-fn aggregate_type<'a>(message: &'a rdkafka::message::BorrowedMessage<'_>) -> Option<&'a str> {
-    use rdkafka::message::Headers;
-    match message.headers()?.try_get(crate::router::AGGREGATE_TYPE_HEADER_INDEX) {
-        Some(h) if h.key == "aggregate_type" => h.value.and_then(|v| std::str::from_utf8(v).ok()),
-        _ => header(message, "aggregate_type"),
-    }
-}
-
-/// A header's value as text.
-fn header<'a>(message: &'a rdkafka::message::BorrowedMessage<'_>, name: &str) -> Option<&'a str> {
-    use rdkafka::message::Headers;
-    message.headers()?.iter().find(|h| h.key == name).and_then(|h| std::str::from_utf8(h.value?).ok())
-}
-
-/// Settings for topics the sink creates.
-#[derive(Debug, Clone)]
-pub(super) struct TopicSettings {
-    pub(super) create: bool,
-    pub(super) partitions: i32,
-    pub(super) replication_factor: i32,
-    config: BTreeMap<String, String>,
-    /// `kafka.dead_letter_topic`: created to keep its records for good (see [`TopicSettings::config_of`]).
-    dead_letter_topic: String,
-}
-
-impl TopicSettings {
-    /// The settings of topics created for `config`: its own, with room for the largest record and for the
-    /// largest batch of several (`batch_limit_bytes`).
-    pub(super) fn of(config: &KafkaConfig, batch_limit_bytes: usize) -> Self {
-        TopicSettings {
-            create: config.create_topics,
-            partitions: config.topic_partitions,
-            replication_factor: config.topic_replication_factor,
-            config: {
-                let mut topic_config = config.topic_config.clone();
-                // Room for the largest record and for the largest batch of several.
-                let max_message_bytes = config.max_record_bytes.max(required_topic_limit(batch_limit_bytes));
-                topic_config.entry("max.message.bytes".to_string()).or_insert_with(|| max_message_bytes.to_string());
-                topic_config
-            },
-            dead_letter_topic: config.dead_letter_topic.clone(),
-        }
-    }
-
-    /// The configuration a topic is created with. The dead-letter topic keeps every record until an
-    /// operator removes it (`retention.ms = -1`, no compaction): `quarantine release` must find a hold's
-    /// first record to prove it republishes the whole hold ([`crate::ops::release`]).
-    pub(super) fn config_of(&self, topic: &str) -> BTreeMap<String, String> {
-        let mut config = self.config.clone();
-        if topic == self.dead_letter_topic {
-            config.insert("retention.ms".into(), "-1".into());
-            config.insert("retention.bytes".into(), "-1".into());
-            config.insert("cleanup.policy".into(), "delete".into());
-        }
-        config
-    }
-}
-
 /// The Kafka side of the pipeline.
 pub struct KafkaSink {
-    producer: Arc<ThreadedProducer<SinkContext>>,
-    admin: AdminClient<DefaultClientContext>,
+    producer: Arc<SinkProducer>,
     watermark: Arc<Watermark>,
     budget: Arc<Semaphore>,
     max_in_flight_bytes: usize,
     max_record_bytes: usize,
-    known_topics: HashSet<String>,
-    topics: TopicSettings,
-    /// Dead letters are cut to `max_record_bytes`: this topic must take records that large.
-    dead_letter_topic: String,
+    /// The topics it writes to, checked before each one's first record.
+    topics: Topics,
     /// With `exactly_once`: the Kafka transaction records are produced in.
-    txn: Option<Txn>,
+    txn: Option<Transactions>,
     /// With the Kafka state backend: the lease this instance publishes under ([`KafkaSink::publish_while`]).
     lease: Option<Holding>,
 }
 
-/// Where a transactional sink writes the checkpoint that commits with its records (`exactly_once`).
-#[derive(Debug, Clone)]
-pub struct Transactional {
-    /// The producer's `transactional.id`.
-    pub id: String,
-    /// The state topic and the key of this connector's checkpoint in it.
-    pub state_topic: String,
-    /// The key of the checkpoint record.
-    pub checkpoint_key: String,
-    /// A transaction is due once it holds this many bytes of records.
-    pub max_bytes: usize,
-}
-
-/// Commits whose durations set how early the next one starts ([`Txn::lead`]).
-const RECENT_COMMITS: usize = 16;
-
-impl Txn {
-    /// How much earlier than `interval` after the last commit's start the next one starts: the longest of
-    /// the recent commits, at most half the interval.
-    fn lead(&self, interval: Duration) -> Duration {
-        self.recent.iter().max().copied().unwrap_or_default().min(interval / 2)
-    }
-
-    /// When the next commit is due by time: `interval` less [`Txn::lead`] after the last one started; at
-    /// once until this producer committed once. A connector that dies within an interval of every start
-    /// (OOM-killed, a liveness probe too tight) would otherwise never move its checkpoint, and every restart
-    /// would publish everything since the last one again.
-    fn due_at(&self, interval: Duration) -> Instant {
-        match self.committed_once {
-            true => self.cycle_start + interval - self.lead(interval),
-            false => self.cycle_start,
-        }
-    }
-}
-
-/// The Kafka transaction state of a transactional sink.
-struct Txn {
-    settings: Transactional,
-    /// Whether a transaction is open (begun, not yet committed or aborted; also while it commits).
-    open: bool,
-    /// Record bytes produced in it.
-    bytes: usize,
-    /// When the last commit started (or the sink started); while a commit runs, when it started.
-    cycle_start: Instant,
-    /// Whether a commit of this producer succeeded: the first is due as soon as there is something to
-    /// commit ([`Txn::due_at`]).
-    committed_once: bool,
-    /// How long the last [`RECENT_COMMITS`] commits took. Commits start `interval` less the longest of them
-    /// apart: a record read just after a commit started is held until that one returns, goes into the
-    /// next, and is readable when the next returns, about `checkpoint_interval_ms` after it was read, not
-    /// that plus a commit.
-    recent: std::collections::VecDeque<Duration>,
+/// The transactions of a transactional sink.
+struct Transactions {
+    /// Where the checkpoint that commits with the records goes.
+    target: Transactional,
     /// How long `abort_transaction` may take (`transaction.timeout.ms`).
     timeout: Duration,
-    /// How long one `commit_transaction` call may take before it is called again ([`crate::kafka::commit::until_known`]):
-    /// `transaction.timeout.ms`.
+    /// How long one `commit_transaction` call may take before it is called again
+    /// ([`crate::kafka::commit::until_known`]): `transaction.timeout.ms`.
     commit_attempt: Duration,
-    /// The commit running on a blocking thread, if any ([`KafkaSink::start_commit`]).
-    committing: Option<Committing>,
-    /// Records sent while a commit runs, in order, each holding its in-flight budget: they go into the
-    /// next transaction as soon as the commit returns ([`KafkaSink::finish_commit`]).
-    held: std::collections::VecDeque<(KafkaRecord, Box<InFlight>)>,
-}
-
-/// A Kafka commit in progress: librdkafka allows no record into the producer until it returns.
-struct Committing {
-    task: tokio::task::JoinHandle<rdkafka::error::KafkaResult<()>>,
-    /// The task's outcome once [`KafkaSink::commit_returned`] saw it (kept, so waiting is cancel-safe).
-    outcome: Option<std::result::Result<rdkafka::error::KafkaResult<()>, tokio::task::JoinError>>,
-    /// Called once the transaction is committed (the run records its checkpoint as saved).
-    on_commit: Box<dyn FnOnce() + Send + Sync>,
-}
-
-/// The codes of a fenced transactional producer (its own epoch ended by a newer one or by the coordinator).
-fn is_fenced_code(code: RDKafkaErrorCode) -> bool {
-    matches!(code, RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
+    state: Transaction,
 }
 
 /// How long a transactional sink dropped with its transaction open (the run dropped when the lease is lost)
@@ -508,8 +91,10 @@ impl Drop for KafkaSink {
     /// started has bumped the producer epoch, and then this abort fails harmlessly. A commit still running
     /// cannot be aborted; librdkafka finishes it.
     fn drop(&mut self) {
-        let Some(txn) = self.txn.as_ref().filter(|t| t.open && t.committing.is_none()) else { return };
-        let _ = txn;
+        let Some(txn) = &mut self.txn else { return };
+        if !txn.state.step(Transaction::abort) {
+            return;
+        }
         self.producer.purge(PurgeConfig::default().queue().inflight());
         let started = Instant::now();
         match self.producer.abort_transaction(ABORT_ON_DROP) {
@@ -570,12 +155,6 @@ pub(super) fn producer_config(config: &KafkaConfig) -> Result<(ClientConfig, usi
     Ok((cc, batch_size.min(config.max_record_bytes)))
 }
 
-const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Headroom for librdkafka's per-record framing when checking a record against `message.max.bytes`, and
-/// for a record batch's header against a topic's `max.message.bytes`.
-const RECORD_OVERHEAD_BYTES: usize = 512;
-
 /// librdkafka's default `batch.size`.
 const DEFAULT_BATCH_SIZE: usize = 1_000_000;
 
@@ -617,23 +196,18 @@ impl KafkaSink {
             batch_limit_bytes,
             transactional,
         };
-        let producer: ThreadedProducer<SinkContext> =
-            cc.create_with_context(context).map_err(|e| classify_kafka(&e))?;
+        let producer: SinkProducer = cc.create_with_context(context).map_err(|e| classify_kafka(&e))?;
         producer.context().native.store(producer.client().native_ptr(), Ordering::Release);
-        let admin: AdminClient<DefaultClientContext> =
-            client_config(config)?.create().map_err(|e| classify_kafka(&e))?;
+        let topics = Topics::new(config, batch_limit_bytes)?;
         let producer = Arc::new(producer);
-        tokio::spawn(probe_brokers(Arc::downgrade(&producer), config.dead_letter_topic.clone()));
+        tokio::spawn(super::probe::probe_brokers(Arc::downgrade(&producer), config.dead_letter_topic.clone()));
         Ok(KafkaSink {
             producer,
-            admin,
             watermark,
             budget,
             max_in_flight_bytes: config.max_in_flight_bytes,
             max_record_bytes: config.max_record_bytes,
-            known_topics: HashSet::new(),
-            dead_letter_topic: config.dead_letter_topic.clone(),
-            topics: TopicSettings::of(config, batch_limit_bytes),
+            topics,
             txn: None,
             lease: None,
         })
@@ -666,33 +240,14 @@ impl KafkaSink {
             .await
             .map_err(|e| Error::transient(format!("the producer's start failed: {e}")))?
             .map_err(|e| classify_kafka(&e).context("starting the transactional producer (init_transactions)"))?;
-        sink.txn = Some(Txn {
-            settings,
-            open: false,
-            bytes: 0,
-            cycle_start: Instant::now(),
-            committed_once: false,
-            timeout,
-            commit_attempt: timeout,
-            recent: std::collections::VecDeque::with_capacity(RECENT_COMMITS),
-            committing: None,
-            held: std::collections::VecDeque::new(),
-        });
+        sink.txn = Some(Transactions { target: settings, timeout, commit_attempt: timeout, state: Transaction::Idle });
         Ok(sink)
     }
 
     /// Begins a Kafka transaction before the first record of one (transactional sinks only).
-    fn begin_if_needed(&mut self) -> Result<()> {
+    fn begin(&mut self) -> Result<()> {
         let Some(txn) = &mut self.txn else { return Ok(()) };
-        debug_assert!(txn.committing.is_none(), "no transaction begins while one commits");
-        if !txn.open {
-            self.producer
-                .begin_transaction()
-                .map_err(|e| classify_kafka(&e).context("beginning a Kafka transaction"))?;
-            txn.open = true;
-            txn.bytes = 0;
-        }
-        Ok(())
+        txn.state.step(|state| state.begin(&self.producer))
     }
 
     /// Makes [`KafkaSink::send`] refuse every record once `lease` is no longer provably held (the Kafka
@@ -701,44 +256,27 @@ impl KafkaSink {
         self.lease = Some(lease);
     }
 
-    /// Whether records go out in Kafka transactions.
-    pub fn is_transactional(&self) -> bool {
-        self.txn.is_some()
-    }
-
-    /// Whether the transaction should commit now: it holds `transaction_max_bytes`, or `interval` passed
-    /// since the last commit started (also with no records: the checkpoint still moves), less the time a
-    /// commit has recently taken (at most half the interval; see `Txn::recent`). Never while a commit runs.
-    pub fn commit_due(&self, interval: Duration) -> bool {
-        self.txn
-            .as_ref()
-            .filter(|t| t.committing.is_none())
-            .is_some_and(|t| (t.open && t.bytes >= t.settings.max_bytes) || Instant::now() >= t.due_at(interval))
-    }
-
-    /// When the current transaction is due by time, if records are waiting in it (none while a commit runs:
-    /// [`KafkaSink::commit_returned`] wakes the run then).
-    pub fn open_transaction_due_at(&self, interval: Duration) -> Option<Instant> {
-        self.txn.as_ref().filter(|t| t.open && t.committing.is_none()).map(|t| t.due_at(interval))
+    /// Record bytes in the open Kafka transaction, while one is open and not committing (`None` without
+    /// one, and for a sink that is not transactional).
+    pub fn transaction_bytes(&self) -> Option<usize> {
+        self.txn.as_ref().and_then(|t| t.state.open_bytes())
     }
 
     /// Whether a commit is running ([`KafkaSink::start_commit`]).
     pub fn is_committing(&self) -> bool {
-        self.txn.as_ref().is_some_and(|t| t.committing.is_some())
+        self.txn.as_ref().is_some_and(|t| t.state.is_committing())
     }
 
     /// Whether a commit was started and has returned: [`KafkaSink::finish_commit`] would not wait.
     pub fn commit_has_returned(&self) -> bool {
-        let committing = self.txn.as_ref().and_then(|t| t.committing.as_ref());
-        committing.is_some_and(|c| c.outcome.is_some() || c.task.is_finished())
+        self.txn.as_ref().is_some_and(|t| t.state.has_returned())
     }
 
     /// Returns once the running commit returned (at once without one); cancel-safe. The run then calls
     /// [`KafkaSink::finish_commit`].
     pub async fn commit_returned(&mut self) {
-        let Some(c) = self.txn.as_mut().and_then(|t| t.committing.as_mut()) else { return };
-        if c.outcome.is_none() {
-            c.outcome = Some((&mut c.task).await);
+        if let Some(txn) = &mut self.txn {
+            txn.state.returned().await;
         }
     }
 
@@ -748,7 +286,7 @@ impl KafkaSink {
     ///
     /// # Errors
     /// As [`KafkaSink::finish_commit`].
-    pub async fn commit(&mut self, checkpoint: Vec<u8>, on_commit: Box<dyn FnOnce() + Send + Sync>) -> Result<()> {
+    pub async fn commit(&mut self, checkpoint: Vec<u8>, on_commit: OnCommit) -> Result<()> {
         self.start_commit(checkpoint, on_commit).await?;
         self.finish_commit().await
     }
@@ -761,105 +299,48 @@ impl KafkaSink {
     /// # Errors
     /// As [`KafkaSink::finish_commit`], for the commit before; transient when the checkpoint record is
     /// refused (the transaction is aborted).
-    pub async fn start_commit(
-        &mut self,
-        checkpoint: Vec<u8>,
-        on_commit: Box<dyn FnOnce() + Send + Sync>,
-    ) -> Result<()> {
+    pub async fn start_commit(&mut self, checkpoint: Vec<u8>, on_commit: OnCommit) -> Result<()> {
         self.finish_commit().await?;
-        self.begin_if_needed()?;
-        let txn = self.txn.as_ref().expect("begun above");
-        let record = BaseRecord::with_opaque_to(
-            &txn.settings.state_topic,
-            Box::new(InFlight { tx: None, permits: 0, record_bytes: checkpoint.len() as u32, occurred_at_ms: None }),
-        )
-        .key(&txn.settings.checkpoint_key)
-        .payload(&checkpoint);
-        if let Err((e, _)) = self.producer.send(record) {
-            let error = classify_kafka(&e).context("writing the checkpoint into the Kafka transaction");
+        let Some(txn) = &mut self.txn else {
+            return Err(Error::definite(
+                "a commit needs a transactional producer (delivery.guarantee = \"exactly_once\")",
+            ));
+        };
+        let (producer, attempt) = (&self.producer, txn.commit_attempt);
+        let target = &txn.target;
+        let started = txn.state.step(|state| state.commit(producer, target, attempt, &checkpoint, on_commit));
+        if let Err(error) = started {
             self.abort_transaction().await;
             return Err(error);
         }
-        crate::failpoint!("before_kafka_commit");
-        let (producer, attempt) = (self.producer.clone(), txn.commit_attempt);
-        let task = tokio::task::spawn_blocking(move || crate::kafka::commit::until_known(&producer, attempt));
-        let txn = self.txn.as_mut().expect("transactional");
-        txn.cycle_start = Instant::now();
-        txn.committing = Some(Committing { task, outcome: None, on_commit });
         Ok(())
     }
 
-    /// Waits for the running commit, if any, to return. Committed: calls its `on_commit`, then begins the
-    /// next transaction with the records held meanwhile, in the order they were sent.
+    /// Waits for the running commit, if any, to return. Committed: its `on_commit` is called, then the
+    /// records held meanwhile go into the next transaction, in the order they were sent.
     ///
     /// # Errors
     /// Transient for a failed commit (the transaction is aborted and the held records dropped; the run
     /// restarts from the last committed checkpoint); transient too when a newer producer fenced this one
     /// (another instance took over).
     pub async fn finish_commit(&mut self) -> Result<()> {
-        let Some(mut c) = self.txn.as_mut().and_then(|t| t.committing.take()) else { return Ok(()) };
-        let outcome = match c.outcome.take() {
-            Some(outcome) => outcome,
-            None => (&mut c.task).await,
-        };
-        let committed = match outcome {
-            Ok(committed) => committed,
-            Err(e) => {
-                // The commit's outcome is unknown: nothing more goes into this producer.
-                self.drop_held();
-                return Err(Error::transient(format!("the commit task failed: {e}")));
-            }
-        };
-        let txn = self.txn.as_mut().expect("transactional");
-        match committed {
-            Ok(()) => {
-                let took = txn.cycle_start.elapsed();
-                txn.open = false;
-                txn.committed_once = true;
-                if txn.recent.len() == RECENT_COMMITS {
-                    txn.recent.pop_front();
-                }
-                txn.recent.push_back(took);
-                metrics().transaction_committed(took);
-                crate::failpoint!("after_kafka_commit");
-                (c.on_commit)();
-                let held = std::mem::take(&mut txn.held);
-                if !held.is_empty() {
-                    self.begin_if_needed()?;
-                }
-                for (record, in_flight) in held {
-                    self.enqueue(&record, in_flight).await?;
-                }
-                Ok(())
-            }
-            Err(e) => {
-                let fenced = crate::error::is_fenced(&e);
-                self.drop_held();
+        let Some(txn) = &mut self.txn else { return Ok(()) };
+        txn.state.returned().await;
+        let budget = &self.budget;
+        let held = match txn.state.step(|state| state.finish(budget)) {
+            Ok(held) => held,
+            Err(error) => {
                 self.abort_open().await;
-                Err(match fenced {
-                    true => Error::transient(format!(
-                        "the Kafka transaction could not commit: {e}. A newer producer with this transactional.id \
-                         started (another instance took over); nothing of this transaction is visible"
-                    )),
-                    // `commit_until_known` returns only definite outcomes: the commit failed for good, and
-                    // the transaction was (or, the producer being fatal, will be) aborted.
-                    false => classify_kafka(&e).context(
-                        "committing the Kafka transaction (it failed and is aborted: nothing of it is visible; the \
-                         run restarts from the last committed checkpoint)",
-                    ),
-                })
+                return Err(error);
             }
+        };
+        if !held.is_empty() {
+            self.begin()?;
         }
-    }
-
-    /// Drops the records held during a commit that failed: they were never produced, so none is counted
-    /// as delivered, and they are read again after the restart. Their budget is returned.
-    fn drop_held(&mut self) {
-        let Some(txn) = self.txn.as_mut() else { return };
-        for (_, in_flight) in txn.held.drain(..) {
-            metrics().record_settled(in_flight.permits as usize);
-            self.budget.add_permits(in_flight.permits as usize);
+        for held in held {
+            self.enqueue(&held.record, held.in_flight).await?;
         }
+        Ok(())
     }
 
     /// Aborts the open transaction, if any: none of its records becomes visible to `read_committed`
@@ -867,10 +348,9 @@ impl KafkaSink {
     pub async fn abort_transaction(&mut self) {
         if self.is_committing() {
             // librdkafka cannot abort while it commits: let the commit end. If it committed, its records
-            // are visible and its checkpoint is recorded; if not, it aborted already.
-            let finished = self.finish_commit().await;
-            self.drop_held();
-            if let Err(error) = finished {
+            // are visible and its checkpoint is recorded, and the records held meanwhile are in the next
+            // transaction, aborted below; if not, it aborted already.
+            if let Err(error) = self.finish_commit().await {
                 tracing::debug!(%error, "the commit running when the transaction was aborted");
             }
         }
@@ -879,8 +359,10 @@ impl KafkaSink {
 
     /// Aborts the open transaction, if any (none is committing).
     async fn abort_open(&mut self) {
-        let Some(txn) = self.txn.as_mut().filter(|t| t.open) else { return };
-        txn.open = false;
+        let Some(txn) = &mut self.txn else { return };
+        if !txn.state.step(Transaction::abort) {
+            return;
+        }
         self.producer.purge(PurgeConfig::default().queue().inflight());
         let (producer, timeout) = (self.producer.clone(), txn.timeout);
         let aborted = tokio::task::spawn_blocking(move || producer.abort_transaction(timeout)).await;
@@ -920,10 +402,7 @@ impl KafkaSink {
                  producer; waiting as a standby",
             ));
         }
-        if !self.known_topics.contains(&record.topic) {
-            self.ensure_topic(&record.topic).await?;
-            self.known_topics.insert(record.topic.clone());
-        }
+        self.topics.ensure(&self.producer, &record.topic).await?;
         if !self.fits(record) {
             // Only the first record of a topic gets here: later ones met the topic's limit in `fits`. It is
             // refused before it is produced; the restart dead-letters it.
@@ -935,7 +414,9 @@ impl KafkaSink {
                 describe_limit(self.topic_limit(&record.topic))
             );
             return Err(match id {
-                Some(id) if record.topic != self.dead_letter_topic => Error::refused_record(id.into_owned(), message),
+                Some(id) if record.topic != self.topics.dead_letter_topic() => {
+                    Error::refused_record(id.into_owned(), message)
+                }
                 _ => Error::definite(message),
             });
         }
@@ -956,11 +437,14 @@ impl KafkaSink {
         metrics().event_produced(&record.topic, permits as usize);
         let in_flight =
             Box::new(InFlight { tx: Some(tx), permits, record_bytes: record.size_bytes() as u32, occurred_at_ms });
-        if let Some(txn) = self.txn.as_mut().filter(|t| t.committing.is_some()) {
-            txn.held.push_back((record.clone(), in_flight));
-            return Ok(());
-        }
-        self.begin_if_needed()?;
+        let in_flight = match &mut self.txn {
+            Some(txn) => match txn.state.hold(record, in_flight) {
+                Some(in_flight) => in_flight,
+                None => return Ok(()),
+            },
+            None => in_flight,
+        };
+        self.begin()?;
         self.enqueue(record, in_flight).await
     }
 
@@ -1003,7 +487,7 @@ impl KafkaSink {
             }
         }
         if let Some(txn) = &mut self.txn {
-            txn.bytes += record.size_bytes();
+            txn.state.add(record.size_bytes());
         }
         // A delivery that failed while this record was being enqueued purged the queue before it was in:
         // purge again, so that it cannot follow the failed one.
@@ -1025,7 +509,7 @@ impl KafkaSink {
 
     /// `max.message.bytes` of `topic`, when the broker told us.
     fn topic_limit(&self, topic: &str) -> Option<usize> {
-        self.context().topic_limits.read().unwrap_or_else(|p| p.into_inner()).get(topic).copied().flatten()
+        self.context().topic_limit(topic)
     }
 
     /// Waits for `permits` of in-flight budget, saying every [`STALL_REPORT_EVERY`] that it still waits:
@@ -1104,126 +588,12 @@ impl KafkaSink {
     pub fn abort(&self) {
         self.producer.purge(PurgeConfig::default().queue().inflight());
     }
-
-    /// Makes sure `topic` exists (creates it through the Admin API when allowed) and takes the producer's
-    /// batches: its `max.message.bytes`, read with DescribeConfigs, is checked against them and kept for
-    /// [`KafkaSink::fits`] and the delivery callbacks. A broker that does not say is logged, not an error.
-    async fn ensure_topic(&self, topic: &str) -> Result<()> {
-        self.ensure_exists(topic).await?;
-        let limit = self.read_topic_limit(topic).await;
-        if let Some(limit) = limit {
-            check_topic_limit(topic, limit, self.context().batch_limit_bytes)?;
-            if topic == self.dead_letter_topic && limit < self.max_record_bytes {
-                return Err(Error::definite(format!(
-                    "the dead-letter topic {topic:?} has max.message.bytes = {limit}, below kafka.max_record_bytes = \
-                     {}: a dead letter (up to that size) could be refused. Raise the topic's max.message.bytes to \
-                     at least {}, or lower kafka.max_record_bytes",
-                    self.max_record_bytes, self.max_record_bytes
-                )));
-            }
-            if limit < self.max_record_bytes {
-                tracing::info!(
-                    topic,
-                    max_message_bytes = limit,
-                    "the topic's max.message.bytes is below kafka.max_record_bytes: larger records of this topic \
-                     are dead-lettered as too large"
-                );
-            }
-        }
-        self.context().topic_limits.write().unwrap_or_else(|p| p.into_inner()).insert(topic.to_string(), limit);
-        Ok(())
-    }
-
-    /// `max.message.bytes` of `topic` as the broker reports it, or `None` (logged) when it does not.
-    async fn read_topic_limit(&self, topic: &str) -> Option<usize> {
-        let resource = ResourceSpecifier::Topic(topic);
-        let options = AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT));
-        let why = match self.admin.describe_configs([&resource], &options).await {
-            Ok(results) => match results.into_iter().next() {
-                Some(Ok(config)) => match config.get("max.message.bytes").and_then(|e| e.value.as_deref()) {
-                    Some(value) => match value.trim().parse() {
-                        Ok(limit) => return Some(limit),
-                        Err(_) => format!("it answered max.message.bytes = {value:?}"),
-                    },
-                    None => "its answer has no max.message.bytes".to_string(),
-                },
-                Some(Err(code)) => format!("it answered {code:?}"),
-                None => "it answered nothing".to_string(),
-            },
-            Err(e) => e.to_string(),
-        };
-        tracing::info!(
-            topic,
-            reason = %why,
-            "cannot read the topic's max.message.bytes (DescribeConfigs): its records are checked against \
-             kafka.max_record_bytes only; keep that, and kafka.properties.\"batch.size\", at or below the topic's \
-             max.message.bytes"
-        );
-        None
-    }
-
-    /// Makes sure `topic` exists: creates it through the Admin API when allowed.
-    async fn ensure_exists(&self, topic: &str) -> Result<()> {
-        if self.topic_partitions(topic).await? > 0 {
-            return Ok(());
-        }
-        if !self.topics.create {
-            return Err(Error::definite(format!(
-                "Kafka topic {topic:?} does not exist and kafka.create_topics = false: create it, or allow \
-                 the connector to create it"
-            )));
-        }
-        let replication = TopicReplication::Fixed(self.topics.replication_factor);
-        let mut new_topic = NewTopic::new(topic, self.topics.partitions, replication);
-        let config = self.topics.config_of(topic);
-        for (k, v) in &config {
-            new_topic = new_topic.set(k, v);
-        }
-        let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
-        let results = self.admin.create_topics([&new_topic], &options).await.map_err(|e| classify_kafka(&e))?;
-        for result in results {
-            match result {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((name, code)) => {
-                    let err = classify_kafka(&KafkaError::AdminOp(code));
-                    return Err(err.context(format_args!("creating Kafka topic {name:?}")));
-                }
-            }
-        }
-        tracing::info!(topic, partitions = self.topics.partitions, "created Kafka topic");
-        let deadline = Instant::now() + METADATA_TIMEOUT;
-        while self.topic_partitions(topic).await? == 0 {
-            if Instant::now() >= deadline {
-                return Err(Error::transient(format!("Kafka topic {topic:?} was created but has no partitions yet")));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
-    }
-
-    /// Partition count of `topic`, 0 when it does not exist.
-    async fn topic_partitions(&self, topic: &str) -> Result<usize> {
-        let producer = self.producer.clone();
-        let name = topic.to_string();
-        let metadata =
-            tokio::task::spawn_blocking(move || producer.client().fetch_metadata(Some(&name), METADATA_TIMEOUT))
-                .await
-                .map_err(|e| Error::transient(format!("metadata task failed: {e}")))?
-                .map_err(|e| classify_kafka(&e).context(format_args!("fetching metadata of topic {topic:?}")))?;
-        let partitions = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic)
-            .filter(|t| t.error().is_none())
-            .map(|t| t.partitions().len())
-            .unwrap_or(0);
-        Ok(partitions)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
     use rdkafka::mocking::MockCluster;
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
     use rdkafka::{Offset, TopicPartitionList};
@@ -1231,69 +601,6 @@ mod tests {
     use super::*;
 
     const TOPIC: &str = "outbox.event.order";
-
-    /// A commit starts early by the longest recent commit, never by more than half the interval: the
-    /// record that waits longest is readable about one interval after it was read.
-    #[test]
-    fn a_commit_starts_early_by_the_longest_recent_commit() {
-        let settings =
-            Transactional { id: "t".into(), state_topic: "s".into(), checkpoint_key: "k".into(), max_bytes: 1 << 20 };
-        let mut txn = Txn {
-            settings,
-            open: false,
-            bytes: 0,
-            cycle_start: Instant::now(),
-            committed_once: false,
-            timeout: Duration::from_secs(60),
-            commit_attempt: Duration::from_secs(60),
-            recent: std::collections::VecDeque::new(),
-            committing: None,
-            held: std::collections::VecDeque::new(),
-        };
-        let interval = Duration::from_millis(1000);
-        // Guards against a crash loop that never moves the checkpoint: the first commit is due at once.
-        assert!(txn.due_at(interval) <= Instant::now(), "the first commit after a start comes at once");
-        txn.committed_once = true;
-        assert_eq!(txn.lead(interval), Duration::ZERO, "no commit yet");
-        txn.recent.extend([80, 120, 95].map(Duration::from_millis));
-        assert_eq!(txn.lead(interval), Duration::from_millis(120));
-        txn.recent.push_back(Duration::from_millis(900));
-        assert_eq!(txn.lead(interval), Duration::from_millis(500), "at most half the interval");
-    }
-
-    /// The size rule: a record is blamed for a size refusal only when it alone is over the limit.
-    #[test]
-    fn a_size_refusal_blames_a_record_only_when_it_alone_is_over_the_limit() {
-        let batch = 1_000_000;
-        let cases: &[(usize, Option<usize>, SizeBlame)] = &[
-            (2_000_000, Some(1_048_588), SizeBlame::Record),
-            (1_048_588, Some(1_048_588), SizeBlame::Record),
-            (1_000, Some(1_048_588), SizeBlame::Batch),
-            (1_000, Some(100_000), SizeBlame::Batch),
-            (200_000, Some(100_000), SizeBlame::Record),
-            (2_000_000, None, SizeBlame::Record),
-            (999_000, None, SizeBlame::Batch),
-            (1_000, None, SizeBlame::Batch),
-        ];
-        for &(record, topic, blame) in cases {
-            assert_eq!(blame_size_refusal(record, topic, batch), blame, "record {record}, topic limit {topic:?}");
-        }
-    }
-
-    /// The start check: a topic must take the producer's largest batch of several records, and the error
-    /// says what to set.
-    #[test]
-    fn a_topic_limit_below_the_producers_batches_is_a_definite_error() {
-        assert!(check_topic_limit("t", 1_048_588, 1_000_000).is_ok(), "Kafka's default topic limit");
-        assert!(check_topic_limit("t", 16 * 1024 * 1024, 1_000_000).is_ok());
-        let err = check_topic_limit("t", 100_000, 1_000_000).unwrap_err();
-        let text = err.to_string();
-        assert!(err.is_definite(), "{text}");
-        assert!(text.contains("max.message.bytes = 100000") && text.contains("batch.size"), "{text}");
-        // The batch.size it proposes passes the check.
-        let proposed: usize = text.rsplit(' ').next().unwrap().parse().unwrap();
-        assert!(check_topic_limit("t", 100_000, proposed).is_ok(), "{proposed}");
-    }
 
     /// Regression guard for the build: the SASL mechanisms and codecs the README promises are in the
     /// librdkafka this binary links. A change of the rdkafka features (or of the system libraries its
@@ -1522,12 +829,8 @@ mod tests {
     ) -> (KafkaSink, Arc<Watermark>) {
         cluster.create_topic("state", 1, 1).unwrap();
         let config = kafka_config(&cluster.bootstrap_servers(), "");
-        let settings = Transactional {
-            id: "t".into(),
-            state_topic: "state".into(),
-            checkpoint_key: "c/checkpoint".into(),
-            max_bytes: 1 << 20,
-        };
+        let settings =
+            Transactional { id: "t".into(), state_topic: "state".into(), checkpoint_key: "c/checkpoint".into() };
         let watermark = Arc::new(Watermark::new(None));
         let sink = KafkaSink::transactional(&config, watermark.clone(), settings).await.unwrap();
         cluster.broker_round_trip_time(1, round_trip).unwrap();
@@ -1535,7 +838,10 @@ mod tests {
     }
 
     fn held(sink: &KafkaSink) -> usize {
-        sink.txn.as_ref().unwrap().held.len()
+        match &sink.txn.as_ref().unwrap().state {
+            Transaction::Committing(committing) => committing.held(),
+            _ => 0,
+        }
     }
 
     /// Keeping the pipeline busy while Kafka commits must not cost order or completeness: records sent
@@ -1552,7 +858,7 @@ mod tests {
         }
         let committed = Arc::new(AtomicBool::new(false));
         let on_commit = committed.clone();
-        sink.start_commit(b"{}".to_vec(), Box::new(move || on_commit.store(true, Ordering::Release))).await.unwrap();
+        sink.start_commit(b"{}".to_vec(), Box::new(move |_| on_commit.store(true, Ordering::Release))).await.unwrap();
         for id in &ids[5..] {
             sink.send(tx, &record(id, 100), None).await.unwrap();
         }
@@ -1563,8 +869,8 @@ mod tests {
         sink.finish_commit().await.unwrap();
         assert!(committed.load(Ordering::Acquire), "committed: its checkpoint counts as saved");
         assert_eq!(held(&sink), 0);
-        assert!(sink.txn.as_ref().unwrap().open, "the held records are in the next transaction");
-        sink.commit(b"{}".to_vec(), Box::new(|| {})).await.unwrap();
+        assert!(sink.transaction_bytes().is_some(), "the held records are in the next transaction");
+        sink.commit(b"{}".to_vec(), Box::new(|_| {})).await.unwrap();
         settled(&sink).await;
         assert!(watermark.take_failure().is_none());
         assert_eq!(read_ids(&cluster.bootstrap_servers()), ids);
@@ -1582,7 +888,7 @@ mod tests {
         sink.send(tx, &record("A1", 100), None).await.unwrap();
         let committed = Arc::new(AtomicBool::new(false));
         let on_commit = committed.clone();
-        sink.start_commit(b"{}".to_vec(), Box::new(move || on_commit.store(true, Ordering::Release))).await.unwrap();
+        sink.start_commit(b"{}".to_vec(), Box::new(move |_| on_commit.store(true, Ordering::Release))).await.unwrap();
         sink.send(tx, &record("A2", 100), None).await.unwrap();
         assert_eq!(held(&sink), 1);
 
@@ -1605,12 +911,8 @@ mod tests {
             &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TRANSACTION_TIMEOUT],
         );
         let config = kafka_config(&cluster.bootstrap_servers(), "");
-        let settings = Transactional {
-            id: "t".into(),
-            state_topic: "state".into(),
-            checkpoint_key: "c/checkpoint".into(),
-            max_bytes: 1 << 20,
-        };
+        let settings =
+            Transactional { id: "t".into(), state_topic: "state".into(), checkpoint_key: "c/checkpoint".into() };
         let Err(error) = KafkaSink::transactional(&config, Arc::new(Watermark::new(None)), settings).await else {
             panic!("the producer started")
         };
@@ -1646,46 +948,10 @@ mod tests {
         sink.send(tx, &record("A1", 100), None).await.unwrap();
         let committed = Arc::new(AtomicBool::new(false));
         let on_commit = committed.clone();
-        sink.commit(b"{}".to_vec(), Box::new(move || on_commit.store(true, Ordering::Release))).await.unwrap();
+        sink.commit(b"{}".to_vec(), Box::new(move |_| on_commit.store(true, Ordering::Release))).await.unwrap();
         assert!(committed.load(Ordering::Acquire), "committed after the retries: its checkpoint counts as saved");
         settled(&sink).await;
         assert!(watermark.take_failure().is_none());
         assert_eq!(read_ids(&cluster.bootstrap_servers()), ["A1"]);
-    }
-
-    /// Regression guard for `/readyz`'s broker probe listing every topic of the cluster every 5 s: it names
-    /// one topic of ours known to exist, and lists all only while it has none.
-    #[test]
-    fn the_broker_probe_names_one_topic_known_to_exist() {
-        let order = "outbox.event.order";
-        let cases: &[(&[&str], bool, Option<&str>, &str)] = &[
-            (&[], false, None, "nothing known to exist yet: the listing"),
-            (&[], true, Some("dlq"), "a listing showed the dead-letter topic"),
-            (&["dlq"], false, Some("dlq"), "the sink checked the dead-letter topic"),
-            (&[order], false, Some(order), "a checked routed topic"),
-            (&["dlq", order], true, Some(order), "a routed topic before the dead-letter topic"),
-            (&["outbox.event.user", order], false, Some(order), "the first by name, in any order"),
-        ];
-        for &(checked, dlq_exists, expected, why) in cases {
-            assert_eq!(probe_topic(checked.iter().copied(), "dlq", dlq_exists), expected, "{why}");
-        }
-    }
-
-    /// Guards against a dead-letter topic created with the cluster's default retention (7 days): a hold
-    /// released later would have lost its first records ([`crate::ops::release`] then refuses).
-    #[test]
-    fn the_dead_letter_topic_keeps_its_records() {
-        let settings = TopicSettings {
-            create: true,
-            partitions: 1,
-            replication_factor: 1,
-            config: BTreeMap::from([("retention.ms".to_string(), "604800000".to_string())]),
-            dead_letter_topic: "dlq".into(),
-        };
-        let dlq = settings.config_of("dlq");
-        assert_eq!(dlq.get("retention.ms").map(String::as_str), Some("-1"));
-        assert_eq!(dlq.get("retention.bytes").map(String::as_str), Some("-1"));
-        assert_eq!(dlq.get("cleanup.policy").map(String::as_str), Some("delete"));
-        assert_eq!(settings.config_of("orders").get("retention.ms").map(String::as_str), Some("604800000"));
     }
 }
