@@ -823,7 +823,8 @@ pub struct KafkaConfig {
     /// "envelope" (default: event metadata + `data`), "payload" (the payload only), "cloudevents"
     /// (structured JSON CloudEvents 1.0), or the payload with its schema from `[schema_registry]` in the
     /// Confluent wire format: "avro" (an Avro datum), "json_schema" (the JSON, validated) or "protobuf"
-    /// (the payload as Protobuf's canonical JSON, written as the schema's first message).
+    /// (the payload as Protobuf's canonical JSON, written as the schema's top-level message named like the
+    /// row's `event_type`, else its first).
     #[serde(default)]
     pub value_format: ValueFormat,
     /// "string" (default: the aggregate id's bytes), "json" (the aggregate id as a JSON string, what
@@ -915,8 +916,8 @@ pub enum ValueFormat {
     Avro,
     /// The payload, validated against its registered JSON Schema, Confluent framed.
     JsonSchema,
-    /// The payload (Protobuf's canonical JSON) as the registered schema's first message, Confluent framed
-    /// with the message-index array.
+    /// The payload (Protobuf's canonical JSON) as the registered schema's top-level message named like the
+    /// row's `event_type` (else its first), Confluent framed with the message-index array.
     Protobuf,
 }
 

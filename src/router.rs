@@ -270,7 +270,7 @@ impl Router {
             KeyFormat::Avro => {
                 let schema = self.schema(key_subject(&record.topic), None, row, &poison)?;
                 let id = serde_json::Value::String(row.aggregate_id.clone());
-                schema.encode(&id, "", &mut record.key).expect("a string fits the string schema");
+                schema.encode(&id, "", "", &mut record.key).expect("a string fits the string schema");
             }
         }
         record.timestamp_ms = match self.record_timestamp {
@@ -331,7 +331,7 @@ impl Router {
                 };
                 let payload: serde_json::Value = serde_json::from_str(text)
                     .map_err(|e| poison(PoisonKind::InvalidPayload, format!("payload is not valid JSON: {e}")))?;
-                schema.encode(&payload, text, &mut record.value).map_err(|mismatch| {
+                schema.encode(&payload, text, event_type, &mut record.value).map_err(|mismatch| {
                     poison(
                         PoisonKind::SchemaMismatch,
                         format!(

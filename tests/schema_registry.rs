@@ -376,7 +376,8 @@ const MONEY_PROTO: &str =
 const ORDER_PROTO: &str = "syntax = \"proto3\";\npackage acme.orders;\nimport \"acme/money.proto\";\n\
     message OrderCreated {\n  message Line { string sku = 1; int32 qty = 2; acme.Money price = 3; }\n\
     enum Status { NEW = 0; PAID = 1; }\n  string order_id = 1;\n  repeated Line lines = 2;\n  acme.Money total = 3;\n\
-    Status status = 4;\n  map<string, string> attributes = 5;\n}\n";
+    Status status = 4;\n  map<string, string> attributes = 5;\n}\n\
+    message OrderCancelled {\n  string order_id = 1;\n  string reason = 2;\n}\n";
 
 /// The files' FileDescriptorProtos, base64, by name: what confluent-kafka's deserializer asks the registry
 /// for (compiled here with protox; the bytes are decoded by Python's protobuf runtime).
@@ -393,9 +394,10 @@ fn descriptors(dir: &std::path::Path) -> std::collections::HashMap<String, Strin
         .collect()
 }
 
-/// `value_format = "protobuf"`: the payload as canonical JSON becomes the schema's first message (nested
-/// messages, an enum, a map, a message from a referenced `.proto`), framed with the message-index array,
-/// decoded by confluent-kafka's ProtobufDeserializer; a field the message lacks is dead-lettered.
+/// `value_format = "protobuf"`: the payload as canonical JSON becomes the schema's message named like the
+/// row's event type, else its first (nested messages, an enum, a map, a message from a referenced
+/// `.proto`), framed with the message-index array, decoded by confluent-kafka's ProtobufDeserializer
+/// (which finds the writer's message by that array); a field the message lacks is dead-lettered.
 #[tokio::test(flavor = "multi_thread")]
 async fn protobuf_with_nested_messages_and_a_referenced_proto() {
     let db = MariaDb::start();
@@ -415,17 +417,25 @@ async fn protobuf_with_nested_messages_and_a_referenced_proto() {
         "total": {"currency": "CHF", "units": "19", "nanos": 900000000}, "status": "PAID", "attributes": {"tenant": "acme"}});
     let good = OutboxRow::new("A-1").schema_version(1).payload(order.clone());
     let bad = OutboxRow::new("B-1").schema_version(1).payload(json!({"lines": [{"sku": "A", "weight": 1}]}));
-    for row in [&bad, &good] {
+    let cancelled_payload = json!({"orderId": "o-2", "reason": "out of stock"});
+    let cancelled =
+        OutboxRow::new("C-1").event_type("OrderCancelled").schema_version(1).payload(cancelled_payload.clone());
+    for row in [&bad, &good, &cancelled] {
         insert_event(&mut conn, row).await.unwrap();
     }
     let mut connector = Connector::new();
     let path = config(&connector, &db, &broker, "value_format = \"protobuf\"", &registry_toml(&registry, ""));
     connector.run(&path);
-    let records = broker.read_all(TOPIC, 1, READ_TIMEOUT);
-    assert_eq!(records.len(), 1, "{}", connector.logs());
+    let records = broker.read_all(TOPIC, 2, READ_TIMEOUT);
+    assert_eq!(records.len(), 2, "{}", connector.logs());
+    // Two aggregates, perhaps two partitions: taken by event id, not by arrival.
+    let records = [by_id(&records, &good.id).clone(), by_id(&records, &cancelled.id).clone()];
     let value = records[0].value.as_deref().unwrap();
     assert_eq!((value[0], &value[1..5], value[5]), (0, &id.to_be_bytes()[..], 0), "magic, id, message index [0]");
-    assert_eq!(decode_as(&registry, "protobuf", &records)[0], json!({"id": id, "value": order}));
+    assert_eq!(&records[1].value.as_deref().unwrap()[5..7], &[2, 2], "message index [1]: OrderCancelled");
+    let decoded = decode_as(&registry, "protobuf", &records);
+    assert_eq!(decoded[0], json!({"id": id, "value": order}));
+    assert_eq!(decoded[1], json!({"id": id, "value": cancelled_payload}));
     let letter = dead_letter(&broker, &bad.id, 1);
     assert_eq!(letter["kind"], "schema_mismatch", "{letter}");
     let reason = letter["reason"].as_str().unwrap();

@@ -88,7 +88,8 @@ enum Codec {
 }
 
 impl Resolved {
-    /// Appends the framed datum of `payload` (whose JSON text is `text`) to `out`.
+    /// Appends the framed datum of `payload` (whose JSON text is `text`) to `out`; `event_type` picks the
+    /// message of a Protobuf schema that defines several.
     ///
     /// # Errors
     /// Where the payload does not fit the schema; `out` then holds a partial value.
@@ -96,6 +97,7 @@ impl Resolved {
         &self,
         payload: &serde_json::Value,
         text: &str,
+        event_type: &str,
         out: &mut Vec<u8>,
     ) -> std::result::Result<(), Mismatch> {
         out.push(MAGIC);
@@ -103,7 +105,7 @@ impl Resolved {
         match &self.codec {
             Codec::Avro(codec) => codec.encode(payload, out),
             Codec::JsonSchema(codec) => codec.encode(payload, text, out),
-            Codec::Protobuf(codec) => codec.encode(text, out),
+            Codec::Protobuf(codec) => codec.encode(event_type, text, out),
         }
     }
 

@@ -5,8 +5,10 @@
 //!
 //! protox compiles the registered `.proto` and the files it imports at run time (the registry's
 //! references, each under the import path it names; Google's well-known types built in), prost-reflect
-//! reads the JSON into a dynamic message. The message written is the schema's first top-level message,
-//! which Confluent's serializers index as `[0]` and frame with the single byte `0x00`; nested and imported
+//! reads the JSON into a dynamic message. The message written is the schema's top-level message named
+//! like the row's `event_type` (`message OrderCreated` for `OrderCreated`), else its first top-level
+//! message; the message-index array before it says which, as Confluent's serializers write it (`[k]`:
+//! zigzag varints of the count 1 and of `k`; `[0]` as the single byte `0x00`). Nested and imported
 //! messages are fields of it. Unknown JSON fields are a mismatch (never dropped).
 
 use std::collections::HashMap;
@@ -16,10 +18,12 @@ use prost_reflect::{DynamicMessage, MessageDescriptor};
 
 use super::avro::Mismatch;
 
-/// A compiled `.proto` and the message rows are written as.
+/// A compiled `.proto` and the messages rows are written as.
 #[derive(Debug)]
 pub struct ProtobufCodec {
-    message: MessageDescriptor,
+    /// The schema's top-level messages in the order the file defines them: the position is the message's
+    /// index in Confluent's message-index array.
+    messages: Vec<MessageDescriptor>,
 }
 
 /// Serves the registered schema and its references to protox by name.
@@ -52,33 +56,59 @@ impl ProtobufCodec {
         compiler.open_file(MAIN).map_err(|e| e.to_string())?;
         let pool = compiler.descriptor_pool();
         let file = pool.get_file_by_name(MAIN).ok_or("the compiled schema is missing")?;
-        let message = file.messages().next().ok_or("the schema defines no message")?;
-        Ok(ProtobufCodec { message })
+        let messages: Vec<MessageDescriptor> = file.messages().collect();
+        if messages.is_empty() {
+            return Err("the schema defines no message".into());
+        }
+        Ok(ProtobufCodec { messages })
     }
 
-    /// The full name of the message rows are written as.
-    pub fn message_name(&self) -> &str {
-        self.message.full_name()
+    /// The message a row of `event_type` is written as, and its index among the top-level messages: the
+    /// one named `event_type`, else the first.
+    fn message_for(&self, event_type: &str) -> (usize, &MessageDescriptor) {
+        self.messages.iter().enumerate().find(|(_, m)| m.name() == event_type).unwrap_or((0, &self.messages[0]))
     }
 
-    /// Appends the message-index array (`[0]`: one zero byte) and the message read from `text` to `out`.
+    /// The full name of the message a row of `event_type` is written as.
+    pub fn message_name(&self, event_type: &str) -> &str {
+        self.message_for(event_type).1.full_name()
+    }
+
+    /// Appends the message-index array and the message read from `text` to `out`, as the message for
+    /// `event_type`.
     ///
     /// # Errors
     /// Where the JSON does not fit the message, with prost-reflect's reason.
-    pub fn encode(&self, text: &str, out: &mut Vec<u8>) -> Result<(), Mismatch> {
+    pub fn encode(&self, event_type: &str, text: &str, out: &mut Vec<u8>) -> Result<(), Mismatch> {
+        let (index, message) = self.message_for(event_type);
         let mut json = serde_json::Deserializer::from_str(text);
         let mut track = serde_path_to_error::Track::new();
-        let read = DynamicMessage::deserialize(
-            self.message.clone(),
-            serde_path_to_error::Deserializer::new(&mut json, &mut track),
-        );
+        let read =
+            DynamicMessage::deserialize(message.clone(), serde_path_to_error::Deserializer::new(&mut json, &mut track));
         let message = match read {
             Ok(message) => message,
             Err(e) => return Err(at_path(track.path(), e.to_string())),
         };
-        out.push(0);
+        write_message_indexes(index, out);
         message.encode(out).expect("a Vec grows as needed");
         Ok(())
+    }
+}
+
+/// Confluent's message-index array for top-level message `index`: zigzag varints of the count and of each
+/// index, with `[0]` written as a count of 0 (the single byte `0x00`).
+fn write_message_indexes(index: usize, out: &mut Vec<u8>) {
+    if index == 0 {
+        out.push(0);
+        return;
+    }
+    for n in [1, index as u64] {
+        let mut zigzag = n << 1; // non-negative: zigzag is a doubling
+        while zigzag >= 0x80 {
+            out.push((zigzag as u8 & 0x7f) | 0x80);
+            zigzag >>= 7;
+        }
+        out.push(zigzag as u8);
     }
 }
 
@@ -122,16 +152,42 @@ mod tests {
     #[test]
     fn canonical_json_becomes_the_first_message() {
         let codec = codec();
-        assert_eq!(codec.message_name(), "acme.orders.OrderCreated");
+        assert_eq!(codec.message_name("OrderPlaced"), "acme.orders.OrderCreated", "no message of that name");
         let json = r#"{"orderId": "o-1", "lines": [{"sku": "A", "qty": 2}], "total": {"currency": "CHF", "units": "12"},
             "status": "PAID", "placedAt": "2026-12-03T12:34:56.123Z", "attributes": {"k": "v"}}"#;
         let mut out = Vec::new();
-        codec.encode(json, &mut out).unwrap();
+        codec.encode("OrderPlaced", json, &mut out).unwrap();
         assert_eq!(out[0], 0, "message index [0]");
-        let read = DynamicMessage::decode(codec.message.clone(), &out[1..]).unwrap();
+        let read = DynamicMessage::decode(codec.messages[0].clone(), &out[1..]).unwrap();
         let back: serde_json::Value = serde_json::to_value(&read).unwrap();
         let want: serde_json::Value = serde_json::from_str(json).unwrap();
         assert_eq!(back, want);
+    }
+
+    /// A row whose event type names another top-level message is written as that message, behind its
+    /// index: `[1]` is the count 1 and the index 1, each a zigzag varint.
+    #[test]
+    fn the_event_type_names_the_message() {
+        let codec = codec();
+        assert_eq!(codec.message_name("Other"), "acme.orders.Other");
+        let mut out = Vec::new();
+        codec.encode("Other", r#"{"x": "y"}"#, &mut out).unwrap();
+        assert_eq!(out[..2], [2, 2], "message index [1]");
+        let read = DynamicMessage::decode(codec.messages[1].clone(), &out[2..]).unwrap();
+        assert_eq!(serde_json::to_value(&read).unwrap(), serde_json::json!({"x": "y"}));
+        let wrong = codec.encode("Other", r#"{"orderId": "o-1"}"#, &mut Vec::new()).unwrap_err();
+        assert!(wrong.reason().contains("orderId"), "{wrong}");
+    }
+
+    #[test]
+    fn message_indexes_are_zigzag_varints() {
+        for (index, bytes) in
+            [(0, vec![0]), (1, vec![2, 2]), (63, vec![2, 126]), (64, vec![2, 0x80, 1]), (130, vec![2, 0x84, 2])]
+        {
+            let mut out = Vec::new();
+            write_message_indexes(index, &mut out);
+            assert_eq!(out, bytes, "[{index}]");
+        }
     }
 
     #[test]
@@ -142,10 +198,10 @@ mod tests {
             (r#"{"total": {"cents": 1}}"#, "$.total"),
             (r#"{"status": "LOST"}"#, "$.status"),
         ] {
-            let mismatch = codec().encode(json, &mut Vec::new()).unwrap_err();
+            let mismatch = codec().encode("OrderCreated", json, &mut Vec::new()).unwrap_err();
             assert_eq!(mismatch.path(), path, "{json}: {mismatch}");
         }
-        let unknown = codec().encode(r#"{"total": {"cents": 1}}"#, &mut Vec::new()).unwrap_err();
+        let unknown = codec().encode("OrderCreated", r#"{"total": {"cents": 1}}"#, &mut Vec::new()).unwrap_err();
         assert!(unknown.reason().contains("cents"), "{unknown}");
         assert!(ProtobufCodec::parse(ORDER, &[]).unwrap_err().contains("acme/money.proto"));
     }

@@ -28,6 +28,7 @@ test registering a Protobuf schema also sends it, in the body's `serialized` fie
 """
 
 import base64
+import io
 import json
 import sys
 import threading
@@ -233,8 +234,9 @@ def plain(value):
 
 def protobuf(client, data, ctx):
     """ProtobufDeserializer wants the message class up front: it is built from the writer schema the
-    frame's id names (with its references), as the first message; the deserializer then reads the frame
-    (magic byte, id, message indexes) and the message. Returned as Protobuf's canonical JSON."""
+    frame's id names (with its references), as the message the frame's index array names; the deserializer
+    then reads the frame (magic byte, id, message indexes) and the message. Returned as Protobuf's
+    canonical JSON."""
     from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
     from google.protobuf import descriptor_pb2, json_format
     from google.protobuf.descriptor_pool import DescriptorPool
@@ -255,8 +257,15 @@ def protobuf(client, data, ctx):
 
     writer = client.get_schema(int.from_bytes(data[1:5], "big"), fmt="serialized")
     fd = add(writer.schema_str, writer.references)
-    first = ".".join(filter(None, [fd.package, fd.message_type[0].name]))
-    message_class = GetMessageClass(pool.FindMessageTypeByName(first))
+    # The deserializer parses with the class it is given: the one the frame's message-index array names,
+    # read by confluent-kafka's own SchemaId (a top-level message: one index).
+    from confluent_kafka.schema_registry.common.serde import SchemaId
+    frame = SchemaId("PROTOBUF")
+    frame.from_bytes(io.BytesIO(data))
+    indexes = frame.message_indexes or [0]
+    assert len(indexes) == 1, f"a nested message index {indexes}"
+    name = ".".join(filter(None, [fd.package, fd.message_type[indexes[0]].name]))
+    message_class = GetMessageClass(pool.FindMessageTypeByName(name))
     message = ProtobufDeserializer(message_class, {}, client)(data, ctx)
     return json_format.MessageToDict(message)
 
