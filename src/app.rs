@@ -9,10 +9,14 @@ use crate::checkpoint::Store;
 use crate::config::{Config, SourceKind, StateBackend};
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::pipeline::{Backoff, Pipeline, Shutdown};
+use crate::pipeline::{Pipeline, Shutdown};
 use crate::router::Router;
 use crate::source::binlog::ReaderSettings;
 use crate::source::SourceConn;
+
+mod backoff;
+
+use backoff::Backoff;
 
 /// A run that lasted this long was healthy: the next failure starts the back-off from the beginning.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
