@@ -36,6 +36,7 @@ use crate::checkpoint::Store;
 use crate::config::{Config, SnapshotMode, SourceKind};
 use crate::error::{Error, Result};
 use crate::health::health;
+use crate::lease::Lease;
 use crate::router::Router;
 use crate::source::binlog::{BinlogReader, ReaderSettings};
 use crate::source::files::FilesReader;
@@ -53,7 +54,9 @@ use plan::{FilesPlan, First, ServerPlan};
 use run::Run;
 pub use shutdown::{Shutdown, ShutdownTrigger, SHUTDOWN_GRACE};
 
-/// Everything a run needs that outlives it.
+/// Everything a run needs that outlives it. The state store and the lease are not here: the app owns
+/// them (the Kafka backend opens its store again before each run, the lease may be lost and taken again)
+/// and lends them to each [`Pipeline::run`].
 pub struct Pipeline {
     /// Validated configuration.
     pub config: Arc<Config>,
@@ -63,26 +66,18 @@ pub struct Pipeline {
     pub router: Router,
     /// Reader settings.
     pub reader: Arc<ReaderSettings>,
-    /// The state store; `None` until the app opened it (the Kafka backend opens it before each run).
-    pub store: Option<Arc<Store>>,
     /// Resume even when the checkpoint belongs to another server (`--accept-new-server`).
     pub accept_new_server: bool,
-    /// The server this instance's lease is held on (Kafka backend): each run checks that its binlog
-    /// connection reaches the same one.
-    pub lease_server: Option<crate::lease::LeaseServer>,
-    /// The lease this instance publishes under (Kafka backend): the sink hands no record to the producer
-    /// once it is no longer provably held.
-    pub lease: Option<crate::lease::Holding>,
 }
 
 impl Pipeline {
-    /// Runs until shutdown (Ok) or the first error.
+    /// Runs until shutdown (Ok) or the first error, writing `store`, and publishing only while `lease` is
+    /// held when there is one (each run also checks that its binlog connection reaches the lease's server).
     ///
     /// # Errors
     /// Transient errors are worth a retry; definite ones are not.
-    pub async fn run(&self, shutdown: &Shutdown) -> Result<()> {
-        let store = self.store().clone();
-        let result = self.run_once(shutdown).await;
+    pub async fn run(&self, store: &Arc<Store>, lease: Option<&Lease>, shutdown: &Shutdown) -> Result<()> {
+        let result = self.run_once(store, lease, shutdown).await;
         if let Err(error) = &result {
             health().pipeline_failed(error);
             if let Err(e) = store.set_last_error(error) {
@@ -96,38 +91,33 @@ impl Pipeline {
         result
     }
 
-    fn store(&self) -> &Arc<Store> {
-        self.store.as_ref().expect("the app opens the store before a run")
-    }
-
     /// Wiring only: plans where the run starts ([`plan`]), builds its moving parts ([`Run`]) and runs its
     /// phases in order.
-    async fn run_once(&self, shutdown: &Shutdown) -> Result<()> {
+    async fn run_once(&self, store: &Arc<Store>, lease: Option<&Lease>, shutdown: &Shutdown) -> Result<()> {
         let config = &self.config;
         if config.source.kind == SourceKind::Files {
-            return self.run_files(shutdown).await;
+            return self.run_files(store, shutdown).await;
         }
         if config.source.kind == SourceKind::Poll {
             return poll::run(
                 config,
                 &self.source,
                 self.router.clone(),
-                self.store().clone(),
-                self.lease.clone(),
+                store.clone(),
+                lease.map(Lease::holding),
                 shutdown,
             )
             .await;
         }
-        let ServerPlan { info, plan } =
-            plan::server(&self.source, config, self.store(), self.accept_new_server).await?;
-        if let Some(lease) = &self.lease_server {
-            lease.check_same(info.identity.server_id, info.identity.server_uuid.as_deref())?;
+        let ServerPlan { info, plan } = plan::server(&self.source, config, store, self.accept_new_server).await?;
+        if let Some(lease) = lease {
+            lease.server().check_same(info.identity.server_id, info.identity.server_uuid.as_deref())?;
         }
-        let checkpointer = Checkpointer::new(self.store().clone(), info.identity.clone());
+        let checkpointer = Checkpointer::new(store.clone(), info.identity.clone());
         let first = plan.first(&checkpointer)?;
         let mut run = Run::new(&self.config, &self.source, self.router.clone(), checkpointer, shutdown).await?;
-        if let Some(lease) = &self.lease {
-            run.publish_while(lease.clone());
+        if let Some(lease) = lease {
+            run.publish_while(lease.holding());
         }
         let start = match first {
             First::Stream(mark) => mark,
@@ -176,10 +166,9 @@ impl Pipeline {
     /// a replication connection, and an end: once the last file is consumed, the run waits for every
     /// acknowledgement, writes the checkpoint and returns `Ok`, so the process exits 0. No snapshot (there
     /// is no table), no server to ask (see [`crate::source::files`]).
-    async fn run_files(&self, shutdown: &Shutdown) -> Result<()> {
-        let FilesPlan { paths, first, identity, plan } =
-            plan::files(&self.config, self.store(), self.accept_new_server)?;
-        let checkpointer = Checkpointer::new(self.store().clone(), identity.clone());
+    async fn run_files(&self, store: &Arc<Store>, shutdown: &Shutdown) -> Result<()> {
+        let FilesPlan { paths, first, identity, plan } = plan::files(&self.config, store, self.accept_new_server)?;
+        let checkpointer = Checkpointer::new(store.clone(), identity.clone());
         let start = match plan.first(&checkpointer)? {
             First::Stream(mark) => mark,
             First::Snapshot(_) => unreachable!("plan::files never plans a snapshot: there is no table"),
