@@ -1,6 +1,6 @@
 //! The embedded checkpoint store: one redb file in the state directory.
 //!
-//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
 //!
 //! # Why redb
 //! Each commit is one `fdatasync`, and a crash leaves either the old or the new record. sled was ruled out:
