@@ -166,6 +166,22 @@ impl Connector {
         write_config(self.dir.path(), db, broker, extra_toml)
     }
 
+    /// Writes a config that reads a real MariaDB binlog file (no server needed) and sends to a port where
+    /// no broker listens, with `extra` appended; returns its path.
+    pub fn write_files_config(&self, extra: &str) -> PathBuf {
+        let file = super::binlog_fixture("mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010");
+        let text = format!(
+            "[source]\nkind = \"files\"\nbinlog_files = [{file}]\n\n[outbox]\ntable = \"shop.outbox_events\"\n\n\
+             [state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n\n[metrics]\nenabled = false\n\n\
+             [kafka]\nbootstrap_servers = \"127.0.0.1:9\"\n{extra}",
+            file = toml_str(&file.to_string_lossy()),
+            state = toml_str(&self.state_dir().to_string_lossy()),
+        );
+        let path = self.config_path();
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
     /// Sets an environment variable for the next starts (e.g. `RUST_LOG`).
     pub fn env(&mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> &mut Self {
         self.envs.push((key.into(), value.into()));

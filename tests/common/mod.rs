@@ -99,6 +99,11 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// A real binlog file of `../shared/fixtures/binlog` (its MANIFEST.md says where each comes from).
+pub fn binlog_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/binlog").join(name)
+}
+
 /// The last `max_lines` lines of a text file, or a note that it can't be read (for panic messages).
 pub fn tail_file(path: &std::path::Path, max_lines: usize) -> String {
     match std::fs::read(path) {
