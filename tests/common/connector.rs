@@ -369,6 +369,11 @@ impl Connector {
         Ok(Some(value))
     }
 
+    /// The last `max_lines` lines of the process's stderr (its logs), for assertion messages.
+    pub fn log_tail(&self, max_lines: usize) -> String {
+        super::tail_file(&self.dir().join("stderr.log"), max_lines)
+    }
+
     /// Everything the process(es) wrote so far: stdout then stderr, with start markers.
     pub fn logs(&self) -> String {
         format!("--- stdout ---\n{}\n--- stderr ---\n{}", self.stdout(), self.stderr())
