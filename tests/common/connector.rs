@@ -369,6 +369,14 @@ impl Connector {
         Ok(Some(value))
     }
 
+    /// Waits until the connector logs that it streams (after its snapshot, if it takes one), so that later
+    /// writes are streamed; fails the test with its logs after `timeout`. Log text rather than `/readyz`:
+    /// the endpoint turns ready during the snapshot already, and listens on a port chosen at start.
+    pub fn wait_streaming(&self, timeout: Duration) {
+        let ok = super::wait_until(timeout, || self.stderr().contains(" streaming "));
+        assert!(ok, "connector never started streaming\n{}", self.logs());
+    }
+
     /// The last `max_lines` lines of the process's stderr (its logs), for assertion messages.
     pub fn log_tail(&self, max_lines: usize) -> String {
         super::tail_file(&self.dir().join("stderr.log"), max_lines)
