@@ -76,3 +76,56 @@ fn producer_fatal_again(last: &Error) -> Error {
          broker is healthy"
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn supervisor() -> Supervisor {
+        Supervisor::new(Duration::from_millis(1), Duration::from_millis(2))
+    }
+
+    fn stops_with_definite(flow: &ControlFlow<Result<()>>) -> bool {
+        matches!(flow, ControlFlow::Break(Err(e)) if e.is_definite())
+    }
+
+    /// A run that ended cleanly or definitely ends the connector; a transient failure restarts it.
+    #[tokio::test]
+    async fn ends_on_success_or_a_definite_error_and_restarts_after_a_transient_one() {
+        let (_trigger, shutdown) = Shutdown::new();
+        let mut s = supervisor();
+        let now = Instant::now();
+        assert!(matches!(s.after(Ok(()), now, &shutdown).await, ControlFlow::Break(Ok(()))));
+        assert!(stops_with_definite(&s.after(Err(Error::definite("bad config")), now, &shutdown).await));
+        assert!(matches!(s.after(Err(Error::transient("gone")), now, &shutdown).await, ControlFlow::Continue(())));
+    }
+
+    /// Regression guard for a broker that keeps refusing the producer's sequence numbers: the
+    /// [`MAX_PRODUCER_FATAL_RUNS`]th fatal producer error in a row stops the connector with a definite
+    /// error instead of restarting it for ever; a healthy run between starts the count again.
+    #[tokio::test]
+    async fn stops_after_max_producer_fatal_runs_in_a_row_unless_one_was_healthy() {
+        let (_trigger, shutdown) = Shutdown::new();
+        let mut s = supervisor();
+        let now = Instant::now();
+        let fatal = || Err(Error::producer_fatal("fenced"));
+        for _ in 1..MAX_PRODUCER_FATAL_RUNS {
+            assert!(matches!(s.after(fatal(), now, &shutdown).await, ControlFlow::Continue(())));
+        }
+        let Some(long_ago) = now.checked_sub(HEALTHY_RUN) else { return };
+        assert!(matches!(s.after(fatal(), long_ago, &shutdown).await, ControlFlow::Continue(())));
+        for _ in 2..MAX_PRODUCER_FATAL_RUNS {
+            assert!(matches!(s.after(fatal(), now, &shutdown).await, ControlFlow::Continue(())));
+        }
+        assert!(stops_with_definite(&s.after(fatal(), now, &shutdown).await));
+    }
+
+    /// Once shutdown is requested a transient failure ends the connector instead of restarting it.
+    #[tokio::test]
+    async fn shutdown_ends_instead_of_restarting() {
+        let (trigger, shutdown) = Shutdown::new();
+        trigger.trigger();
+        let flow = supervisor().after(Err(Error::transient("gone")), Instant::now(), &shutdown).await;
+        assert!(matches!(flow, ControlFlow::Break(Ok(()))));
+    }
+}
