@@ -225,18 +225,20 @@ fn main() -> ExitCode {
             tracing::debug!(error = %e, "cannot make the pipeline's threads SCHED_BATCH; running without");
         }
     }
+    // A command that judges what it checked (`check`, `audit`) returns its exit status; the others exit 0
+    // when they succeed.
     let result = runtime.block_on(async {
         let config = Config::load(&cli.config)?;
         match cli.command {
-            Command::Run { accept_new_server } => run(config, RunOptions { accept_new_server }).await,
-            Command::Check => ops::check::run(&config).await,
-            Command::Status { json } => ops::status::print(&config, json).await,
+            Command::Run { accept_new_server } => run(config, RunOptions { accept_new_server }).await?,
+            Command::Check => return ops::check::run(&config).await,
+            Command::Status { json } => ops::status::print(&config, json).await?,
             Command::Quarantine { action: QuarantineAction::List { json } } => {
-                ops::quarantine::list(&config, json).await
+                ops::quarantine::list(&config, json).await?
             }
             Command::Quarantine {
                 action: QuarantineAction::Release { aggregate_type, aggregate_id, skip_poison, accept_missing },
-            } => ops::quarantine::release(&config, &aggregate_type, &aggregate_id, skip_poison, accept_missing).await,
+            } => ops::quarantine::release(&config, &aggregate_type, &aggregate_id, skip_poison, accept_missing).await?,
             Command::Replay { since, until, aggregate_type, aggregate_id, topic_suffix, topic, rate, dry_run } => {
                 let options = ReplayOptions {
                     since,
@@ -248,7 +250,7 @@ fn main() -> ExitCode {
                     rate_per_sec: rate,
                     dry_run,
                 };
-                ops::run_replay(&config, &options).await
+                ops::run_replay(&config, &options).await?
             }
             Command::State { action: StateAction::Copy { to } } => {
                 let to = match to {
@@ -269,10 +271,9 @@ fn main() -> ExitCode {
                     },
                     if to == StateBackend::Kafka { "kafka" } else { "local" },
                 );
-                Ok(())
             }
             Command::Prune { older_than, wait, dry_run } => {
-                ops::run_prune(&config, &PruneOptions { older_than, wait, dry_run }).await
+                ops::run_prune(&config, &PruneOptions { older_than, wait, dry_run }).await?
             }
             Command::Audit { since, until, condition, topics, json, limit, work_dir } => {
                 let opts = AuditOptions {
@@ -284,12 +285,13 @@ fn main() -> ExitCode {
                     work_dir,
                     ..Default::default()
                 };
-                ops::run_audit(&config, &opts, json).await
+                return ops::run_audit(&config, &opts, json).await;
             }
         }
+        Ok(ExitCode::SUCCESS)
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             tracing::error!("{error}");
             ExitCode::from(error.exit_code() as u8)

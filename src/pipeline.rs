@@ -30,13 +30,13 @@
 //! returns: a restart then neither loses nor repeats an event.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::checkpoint::checkpointer::Checkpointer;
 use crate::checkpoint::Store;
 use crate::config::{Config, SnapshotMode, SourceKind};
 use crate::error::{Error, Result};
 use crate::health::health;
+use crate::lease::Lease;
 use crate::router::Router;
 use crate::source::binlog::{BinlogReader, ReaderSettings};
 use crate::source::files::FilesReader;
@@ -54,7 +54,9 @@ use plan::{FilesPlan, First, ServerPlan};
 use run::Run;
 pub use shutdown::{Shutdown, ShutdownTrigger, SHUTDOWN_GRACE};
 
-/// Everything a run needs that outlives it.
+/// Everything a run needs that outlives it. The state store and the lease are not here: the app owns
+/// them (the Kafka backend opens its store again before each run, the lease may be lost and taken again)
+/// and lends them to each [`Pipeline::run`].
 pub struct Pipeline {
     /// Validated configuration.
     pub config: Arc<Config>,
@@ -64,26 +66,18 @@ pub struct Pipeline {
     pub router: Router,
     /// Reader settings.
     pub reader: Arc<ReaderSettings>,
-    /// The state store; `None` until the app opened it (the Kafka backend opens it before each run).
-    pub store: Option<Arc<Store>>,
     /// Resume even when the checkpoint belongs to another server (`--accept-new-server`).
     pub accept_new_server: bool,
-    /// The server this instance's lease is held on (Kafka backend): each run checks that its binlog
-    /// connection reaches the same one.
-    pub lease_server: Option<crate::lease::LeaseServer>,
-    /// The lease this instance publishes under (Kafka backend): the sink hands no record to the producer
-    /// once it is no longer provably held.
-    pub lease: Option<crate::lease::Holding>,
 }
 
 impl Pipeline {
-    /// Runs until shutdown (Ok) or the first error.
+    /// Runs until shutdown (Ok) or the first error, writing `store`, and publishing only while `lease` is
+    /// held when there is one (each run also checks that its binlog connection reaches the lease's server).
     ///
     /// # Errors
     /// Transient errors are worth a retry; definite ones are not.
-    pub async fn run(&self, shutdown: &Shutdown) -> Result<()> {
-        let store = self.store().clone();
-        let result = self.run_once(shutdown).await;
+    pub async fn run(&self, store: &Arc<Store>, lease: Option<&Lease>, shutdown: &Shutdown) -> Result<()> {
+        let result = self.run_once(store, lease, shutdown).await;
         if let Err(error) = &result {
             health().pipeline_failed(error);
             if let Err(e) = store.set_last_error(error) {
@@ -97,38 +91,33 @@ impl Pipeline {
         result
     }
 
-    fn store(&self) -> &Arc<Store> {
-        self.store.as_ref().expect("the app opens the store before a run")
-    }
-
     /// Wiring only: plans where the run starts ([`plan`]), builds its moving parts ([`Run`]) and runs its
     /// phases in order.
-    async fn run_once(&self, shutdown: &Shutdown) -> Result<()> {
+    async fn run_once(&self, store: &Arc<Store>, lease: Option<&Lease>, shutdown: &Shutdown) -> Result<()> {
         let config = &self.config;
         if config.source.kind == SourceKind::Files {
-            return self.run_files(shutdown).await;
+            return self.run_files(store, shutdown).await;
         }
         if config.source.kind == SourceKind::Poll {
             return poll::run(
                 config,
                 &self.source,
                 self.router.clone(),
-                self.store().clone(),
-                self.lease.clone(),
+                store.clone(),
+                lease.map(Lease::holding),
                 shutdown,
             )
             .await;
         }
-        let ServerPlan { info, plan } =
-            plan::server(&self.source, config, self.store(), self.accept_new_server).await?;
-        if let Some(lease) = &self.lease_server {
-            lease.check_same(info.identity.server_id, info.identity.server_uuid.as_deref())?;
+        let ServerPlan { info, plan } = plan::server(&self.source, config, store, self.accept_new_server).await?;
+        if let Some(lease) = lease {
+            lease.server().check_same(info.identity.server_id, info.identity.server_uuid.as_deref())?;
         }
-        let checkpointer = Checkpointer::new(self.store().clone(), info.identity.clone());
+        let checkpointer = Checkpointer::new(store.clone(), info.identity.clone());
         let first = plan.first(&checkpointer)?;
         let mut run = Run::new(&self.config, &self.source, self.router.clone(), checkpointer, shutdown).await?;
-        if let Some(lease) = &self.lease {
-            run.publish_while(lease.clone());
+        if let Some(lease) = lease {
+            run.publish_while(lease.holding());
         }
         let start = match first {
             First::Stream(mark) => mark,
@@ -177,10 +166,9 @@ impl Pipeline {
     /// a replication connection, and an end: once the last file is consumed, the run waits for every
     /// acknowledgement, writes the checkpoint and returns `Ok`, so the process exits 0. No snapshot (there
     /// is no table), no server to ask (see [`crate::source::files`]).
-    async fn run_files(&self, shutdown: &Shutdown) -> Result<()> {
-        let FilesPlan { paths, first, identity, plan } =
-            plan::files(&self.config, self.store(), self.accept_new_server)?;
-        let checkpointer = Checkpointer::new(self.store().clone(), identity.clone());
+    async fn run_files(&self, store: &Arc<Store>, shutdown: &Shutdown) -> Result<()> {
+        let FilesPlan { paths, first, identity, plan } = plan::files(&self.config, store, self.accept_new_server)?;
+        let checkpointer = Checkpointer::new(store.clone(), identity.clone());
         let start = match plan.first(&checkpointer)? {
             First::Stream(mark) => mark,
             First::Snapshot(_) => unreachable!("plan::files never plans a snapshot: there is no table"),
@@ -204,118 +192,5 @@ impl Pipeline {
             tracing::info!("binlog files published and checkpointed: done");
         }
         Ok(())
-    }
-}
-
-/// Exponential back-off between transient failures, capped, with "equal jitter", reset after a healthy run.
-///
-/// The ceiling starts at `initial` and doubles up to `max`; each delay is drawn uniformly from
-/// `[ceiling / 2, ceiling]`.
-///
-/// # Why jitter
-/// Connectors that share a database or a broker fail together when it goes away, and without jitter
-/// they would retry in lockstep: every attempt a burst of reconnects (and binlog dumps) against a server that
-/// is just coming back, for as long as the outage lasts. Each back-off draws from its own random source
-/// (seeded per process), so the bursts spread out within a few attempts.
-///
-/// # Why equal jitter, not full jitter
-/// Full jitter (uniform in `[0, ceiling]`) spreads retries best, but draws delays near zero at any ceiling:
-/// a connector would now and then retry at once however long the outage has lasted, and its log and the
-/// server would see it. Equal jitter keeps half the ceiling as a floor that still doubles, so back-off
-/// still backs off, and spreads the other half.
-#[derive(Debug)]
-pub struct Backoff {
-    initial: Duration,
-    max: Duration,
-    /// The ceiling of the next delay.
-    ceiling: Duration,
-    /// SplitMix64 state: the jitter's random source.
-    rng: u64,
-}
-
-impl Backoff {
-    /// A back-off starting at `initial` and doubling up to `max`, its jitter seeded from the process's
-    /// randomness (see [`Backoff::seeded`]).
-    pub fn new(initial: Duration, max: Duration) -> Self {
-        // The standard library's hash keys are drawn from the OS's random source once per thread, then
-        // stepped: a random seed per back-off without a dependency.
-        use std::hash::{BuildHasher, Hasher};
-        let seed = std::collections::hash_map::RandomState::new().build_hasher().finish();
-        Backoff::seeded(initial, max, seed)
-    }
-
-    /// Like [`Backoff::new`] with the jitter drawn from `seed`: the same seed gives the same delays.
-    pub fn seeded(initial: Duration, max: Duration, seed: u64) -> Self {
-        Backoff { initial, max, ceiling: initial, rng: seed }
-    }
-
-    /// The next delay: uniform in `[ceiling / 2, ceiling]`; the ceiling then doubles, up to `max`.
-    pub fn next_delay(&mut self) -> Duration {
-        let ceiling = self.ceiling;
-        self.ceiling = (self.ceiling * 2).min(self.max);
-        let floor = ceiling / 2;
-        let span = (ceiling - floor).as_nanos() as u64;
-        floor + Duration::from_nanos(self.random() % (span + 1))
-    }
-
-    /// Back to the initial ceiling.
-    pub fn reset(&mut self) {
-        self.ceiling = self.initial;
-    }
-
-    /// SplitMix64 (Steele, Lea, Flood 2014): a few arithmetic steps, full period, every seed usable.
-    fn random(&mut self) -> u64 {
-        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn delays_ms(b: &mut Backoff, n: usize) -> Vec<u128> {
-        (0..n).map(|_| b.next_delay().as_millis()).collect()
-    }
-
-    /// Each delay lies in the upper half of a ceiling that doubles to the cap, and `reset` starts over.
-    #[test]
-    fn backoff_doubles_caps_and_resets() {
-        let ceilings = [100, 200, 350, 350, 350];
-        for seed in 0..200 {
-            let mut b = Backoff::seeded(Duration::from_millis(100), Duration::from_millis(350), seed);
-            for (delay, ceiling) in delays_ms(&mut b, ceilings.len()).into_iter().zip(ceilings) {
-                assert!((ceiling / 2..=ceiling).contains(&delay), "seed {seed}: {delay} ms for ceiling {ceiling}");
-            }
-            b.reset();
-            let first = b.next_delay().as_millis();
-            assert!((50..=100).contains(&first), "seed {seed}: {first} ms after reset");
-        }
-    }
-
-    /// The same seed gives the same delays (tests and reproductions can pin them).
-    #[test]
-    fn a_seed_fixes_the_delays() {
-        let mut a = Backoff::seeded(Duration::from_millis(100), Duration::from_secs(30), 42);
-        let mut b = Backoff::seeded(Duration::from_millis(100), Duration::from_secs(30), 42);
-        assert_eq!(delays_ms(&mut a, 12), delays_ms(&mut b, 12));
-    }
-
-    /// Regression guard for connectors that lost the same server retrying in lockstep: a hundred back-offs
-    /// (seeds as different processes would draw them) spread their retries over the whole upper half of the
-    /// ceiling instead of landing on one instant.
-    #[test]
-    fn connectors_failing_together_do_not_retry_together() {
-        let ceiling = Duration::from_secs(8);
-        let delays: Vec<Duration> = (0..100).map(|_| Backoff::new(ceiling, ceiling).next_delay()).collect();
-        let (min, max) = (delays.iter().min().unwrap(), delays.iter().max().unwrap());
-        assert!(*min >= ceiling / 2 && *max <= ceiling, "{min:?}..{max:?}");
-        // 100 uniform draws over 4 s leave a gap above 2 s at either end with probability ~2^-100.
-        assert!(*max - *min >= Duration::from_secs(2), "{min:?}..{max:?}: the retries stay bunched");
-        let distinct: std::collections::HashSet<_> = delays.iter().collect();
-        assert!(distinct.len() >= 95, "{} distinct delays of 100", distinct.len());
     }
 }

@@ -1,7 +1,7 @@
 //! Decides what record a source row becomes: its routed record, or a dead-letter record (poison rows and
 //! the later events of quarantined aggregates; see [`crate::quarantine`]).
 //!
-//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! Poison rows and quarantine: isolate, never block, never reorder.
 //!
-//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
 //!
 //! A *poison row* is an outbox row that cannot become a valid Kafka record: it does not decode, its
 //! aggregate id is empty, its routed topic name is illegal, its record exceeds `kafka.max_record_bytes`,

@@ -42,10 +42,8 @@ fn envelope(r: &Received) -> serde_json::Value {
     serde_json::from_slice(r.value.as_deref().expect("a value")).expect("an envelope")
 }
 
-fn wait_streaming(connector: &Connector) {
-    let ok = common::wait_until(Duration::from_secs(120), || connector.stderr().contains(" streaming "));
-    assert!(ok, "connector never started streaming\n{}", connector.logs());
-}
+/// How long a test waits for the connector to stream.
+const STREAMING_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Regression: with `occurred_at TIMESTAMP(6)` every streamed row went to the dead-letter topic ("column
 /// occurred_at has an unexpected type": the binlog carries seconds since the epoch), and with
@@ -61,7 +59,7 @@ async fn snapshot_and_stream_read_timestamp_enum_and_set_alike() {
     insert_rows(&db, "snap");
     // One row per chunk: the first is read by a plain query (text), the others by a prepared one (binary).
     let mut connector = Connector::start(&db, &broker, "[snapshot]\nmode = \"initial\"\nchunk_rows = 1\n");
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     insert_rows(&db, "stream");
 
     let mut records = Vec::new();
@@ -160,7 +158,7 @@ async fn type_altered_while_streaming_is_undecodable_with_the_fix() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::start(&db, &broker, "");
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     let insert = |id: &str, aggregate_id: &str| {
         db.sql(&format!(
             "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
@@ -237,7 +235,7 @@ async fn legacy_charsets_snapshot_and_stream_alike() {
     insert(&mut conn, "snap").await;
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::start(&db, &broker, "[snapshot]\nmode = \"initial\"\n");
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     insert(&mut conn, "stream").await;
 
     let records = broker.read_all(TOPIC, 2 * ROWS.len(), READ_TIMEOUT);
@@ -390,7 +388,7 @@ async fn latin1_enum_labels_snapshot_and_stream_alike() {
     insert("snap-1", "Payé");
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::start(&db, &broker, "[snapshot]\nmode = \"initial\"\n");
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     insert("stream-1", "Payé");
     insert("stream-2", "Expédié");
     let records = broker.read_all(TOPIC, 3, READ_TIMEOUT);

@@ -10,8 +10,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::Duration;
 
@@ -20,17 +18,6 @@ use common::{free_port, insert_event, wait_until, Broker, Connector, Engine, Mar
 /// Files whose queries name our metrics, relative to the repository root.
 const QUERYING_FILES: &[&str] =
     &["deploy/grafana/outbox-cdc.json", "deploy/kubernetes/prometheus-operator/prometheusrule.yaml"];
-
-/// Body of `GET /metrics` on 127.0.0.1:`port`; `None` while nothing answers 200.
-fn scrape(port: u16) -> Option<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
-}
 
 /// Every series name a Prometheus server can store from this page: each sample's name, and for each
 /// `# TYPE` line the names its type produces.
@@ -86,7 +73,7 @@ async fn dashboard_and_alerts_query_only_exposed_metrics() {
     let mut page = None;
     assert!(
         wait_until(Duration::from_secs(120), || {
-            page = scrape(port);
+            page = common::scrape(port);
             page.as_deref().is_some_and(|p| {
                 p.contains("outbox_cdc_end_to_end_latency_seconds_count{")
                     && p.contains("outbox_cdc_partition_events_total{")
@@ -620,7 +607,7 @@ fn scrapes(port: u16) -> Vec<String> {
             if i > 0 {
                 std::thread::sleep(Duration::from_secs(1));
             }
-            scrape(port).expect("/metrics answered before")
+            common::scrape(port).expect("/metrics answered before")
         })
         .collect()
 }
@@ -654,7 +641,7 @@ async fn alerts_are_quiet_for_an_active_and_a_standby_and_see_no_active_instance
     let mut page = None;
     assert!(
         wait_until(Duration::from_secs(120), || {
-            page = scrape(active_port);
+            page = common::scrape(active_port);
             page.as_deref().is_some_and(|p| {
                 gauge(p, "outbox_cdc_lease_held") == Some(1.0)
                     && gauge(p, "outbox_cdc_ready") == Some(1.0)
@@ -668,7 +655,7 @@ async fn alerts_are_quiet_for_an_active_and_a_standby_and_see_no_active_instance
     let standby = Connector::start(&db, &broker, &settings(standby_port));
     assert!(
         wait_until(Duration::from_secs(60), || {
-            page = scrape(standby_port);
+            page = common::scrape(standby_port);
             page.as_deref().is_some_and(|p| gauge(p, "outbox_cdc_standby") == Some(1.0))
         }),
         "the second instance never reported itself a standby: {page:?}\n{}",

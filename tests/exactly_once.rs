@@ -17,9 +17,8 @@ use rand::Rng;
 const EXACTLY_ONCE: &str = "[delivery]\nguarantee = \"exactly_once\"\n\
                             [state]\nbackend = \"kafka\"\ncheckpoint_interval_ms = 200\n";
 
-fn log_tail(connector: &Connector) -> String {
-    common::tail_file(&connector.dir().join("stderr.log"), 80)
-}
+/// Lines of the connector's log shown in assertion messages.
+const LOG_LINES: usize = 80;
 
 /// The audit passes (nothing missing, in order) and sees every event exactly once.
 fn assert_exactly_once(name: &str, connector: &Connector, written: &common::Written) -> common::AuditRun {
@@ -29,7 +28,7 @@ fn assert_exactly_once(name: &str, connector: &Connector, written: &common::Writ
         (0, 0),
         "{name}: duplicates seen by a read_committed consumer: {:?}\n{}",
         &run.duplicates()[..run.duplicates().len().min(10)],
-        log_tail(connector)
+        connector.log_tail(LOG_LINES)
     );
     run
 }
@@ -69,7 +68,7 @@ async fn kill_9_under_load_loses_and_repeats_nothing() {
         Some(recovery),
         &format!("{cycles} kills under load; read_committed audit; {aborted} aborts logged"),
     );
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 }
 
 /// A crash at each point of the commit: before the Kafka commit (the transaction is open: the next
@@ -105,7 +104,7 @@ async fn a_crash_at_every_commit_point_loses_and_repeats_nothing() {
         assert!(
             fired.is_some_and(|s| std::os::unix::process::ExitStatusExt::signal(&s) == Some(6)),
             "failpoint {point} did not abort the process ({fired:?}):\n{}",
-            log_tail(&connector)
+            connector.log_tail(LOG_LINES)
         );
         eprintln!("[exactly-once failpoints] {point} fired");
     }
@@ -124,7 +123,7 @@ async fn a_crash_at_every_commit_point_loses_and_repeats_nothing() {
         "aborts mid snapshot, before and right after a Kafka commit, and at a read-not-produced row; 1500 rows \
          snapshotted first",
     );
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 }
 
 /// The state lives in Kafka: a connector started in a fresh directory (a pod without a volume, moved to
@@ -149,8 +148,8 @@ async fn a_fresh_process_without_local_state_resumes_exactly() {
     }
     let mut first = Connector::start(&db, &broker, EXACTLY_ONCE);
     let read = broker.read_committed("outbox.event.order", 300, PROGRESS_TIMEOUT);
-    assert_eq!(read.len(), 300, "{}", log_tail(&first));
-    assert!(first.terminate().success(), "{}", log_tail(&first));
+    assert_eq!(read.len(), 300, "{}", first.log_tail(LOG_LINES));
+    assert!(first.terminate().success(), "{}", first.log_tail(LOG_LINES));
     assert!(!first.state_dir().join("outbox-cdc.redb").exists(), "the Kafka backend writes nothing locally");
 
     for (agg, id) in insert(300, 500, &mut conn).await {
@@ -163,7 +162,7 @@ async fn a_fresh_process_without_local_state_resumes_exactly() {
     let written = reliability::written_from(expected);
     assert_exactly_once("fresh process", &second, &written);
     assert!(!second.stderr().contains("snapshot: consistent read view opened"), "no new snapshot");
-    assert!(second.terminate().success(), "{}", log_tail(&second));
+    assert!(second.terminate().success(), "{}", second.log_tail(LOG_LINES));
 }
 
 /// With `exactly_once` and a 3 s failover timeout: the settings of the active/standby tests.
@@ -198,7 +197,7 @@ async fn the_standby_takes_over_after_kill_9_with_nothing_lost_or_repeated() {
     assert!(
         common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut instances[0])),
         "the first instance never became active:\n{}",
-        log_tail(&instances[0])
+        instances[0].log_tail(LOG_LINES)
     );
     let config = instances[1].write_config(&db, &broker, &settings);
     instances[1].run(&config);
@@ -209,7 +208,7 @@ async fn the_standby_takes_over_after_kill_9_with_nothing_lost_or_repeated() {
         assert!(
             current_log(&instances[standby]).contains("standby: waiting for the lease"),
             "round {round}: the second instance does not wait for the lease:\n{}",
-            log_tail(&instances[standby])
+            instances[standby].log_tail(LOG_LINES)
         );
         assert!(!current_log(&instances[standby]).contains("streaming position"), "a standby published");
         wait_commits(&writer, 100, "before the kill").await;
@@ -223,7 +222,7 @@ async fn the_standby_takes_over_after_kill_9_with_nothing_lost_or_repeated() {
                 .count()
                 > before),
             "round {round}: the standby did not take over:\n{}",
-            log_tail(&instances[standby])
+            instances[standby].log_tail(LOG_LINES)
         );
         failovers.push(killed.elapsed());
         instances[active].restart();
@@ -249,7 +248,7 @@ async fn the_standby_takes_over_after_kill_9_with_nothing_lost_or_repeated() {
         ),
     );
     for instance in &mut instances {
-        assert!(instance.terminate().success(), "{}", log_tail(instance));
+        assert!(instance.terminate().success(), "{}", instance.log_tail(LOG_LINES));
     }
 }
 
@@ -271,8 +270,8 @@ async fn two_instances_started_together_never_publish_together() {
         assert!(
             common::wait_until(PROGRESS_TIMEOUT, || instances.iter_mut().any(is_active)),
             "round {round}: neither became active:\n{}\n{}",
-            log_tail(&instances[0]),
-            log_tail(&instances[1])
+            instances[0].log_tail(LOG_LINES),
+            instances[1].log_tail(LOG_LINES)
         );
         hold_running(&mut instances[0], Duration::from_secs(3), "both running", 80).await;
         let active: Vec<bool> = instances.iter_mut().map(is_active).collect();
@@ -280,11 +279,11 @@ async fn two_instances_started_together_never_publish_together() {
             active.iter().filter(|a| **a).count(),
             1,
             "round {round}: active instances {active:?}:\n{}\n{}",
-            log_tail(&instances[0]),
-            log_tail(&instances[1])
+            instances[0].log_tail(LOG_LINES),
+            instances[1].log_tail(LOG_LINES)
         );
         for instance in &mut instances {
-            assert!(instance.terminate().success(), "{}", log_tail(instance));
+            assert!(instance.terminate().success(), "{}", instance.log_tail(LOG_LINES));
         }
     }
     wait_commits(&writer, 100, "at the end").await;
@@ -298,7 +297,7 @@ async fn two_instances_started_together_never_publish_together() {
         None,
         &format!("{rounds} simultaneous starts of two instances: one active each time"),
     );
-    assert!(instances[0].terminate().success(), "{}", log_tail(&instances[0]));
+    assert!(instances[0].terminate().success(), "{}", instances[0].log_tail(LOG_LINES));
 }
 
 /// Sends `signal` (`STOP`, `CONT`) to the connector's process.
@@ -333,7 +332,7 @@ async fn paused_active_wakes_up(settings: &str, exactly_once: bool) {
     let broker = Broker::start(Engine::Noida);
     let mut old = Connector::start(&db, &broker, settings);
     let writer = Writer::start(db.opts_root(), steady_workload());
-    assert!(common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut old)), "{}", log_tail(&old));
+    assert!(common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut old)), "{}", old.log_tail(LOG_LINES));
     let mut new = Connector::new();
     let config = new.write_config(&db, &broker, settings);
     new.run(&config);
@@ -343,7 +342,7 @@ async fn paused_active_wakes_up(settings: &str, exactly_once: bool) {
     assert!(
         common::wait_until(Duration::from_secs(30), || is_active(&mut new)),
         "the standby did not take over from a paused active:\n{}",
-        log_tail(&new)
+        new.log_tail(LOG_LINES)
     );
     wait_commits(&writer, 300, "after the takeover").await;
     let before_wake = reliability::checkpoint_seq(new.status_json().as_ref());
@@ -352,7 +351,7 @@ async fn paused_active_wakes_up(settings: &str, exactly_once: bool) {
     assert!(
         common::wait_until(Duration::from_secs(60), || current_log(&old).contains("standby: waiting for the lease")),
         "the woken instance did not go back to standby:\n{}",
-        log_tail(&old)
+        old.log_tail(LOG_LINES)
     );
     let after_wake = reliability::checkpoint_seq(new.status_json().as_ref());
     assert!(after_wake >= before_wake, "the checkpoint moved back from seq {before_wake} to {after_wake}");
@@ -376,7 +375,7 @@ async fn paused_active_wakes_up(settings: &str, exactly_once: bool) {
     };
     reliability::record(name, &written, &run, None, note);
     for instance in [&mut new, &mut old] {
-        assert!(instance.terminate().success(), "{}", log_tail(instance));
+        assert!(instance.terminate().success(), "{}", instance.log_tail(LOG_LINES));
     }
 }
 
@@ -399,7 +398,7 @@ async fn state_copy_moves_a_local_connector_to_kafka_without_repeating_anything(
     insert(0..200).await;
     let mut connector = Connector::start(&db, &broker, "");
     assert_eq!(broker.read_committed("outbox.event.order", 200, PROGRESS_TIMEOUT).len(), 200);
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
     let copy = |connector: &Connector, to: &str| {
         connector.command(&["state", "copy", "--to", to], PROGRESS_TIMEOUT).expect("state copy finishes")
     };
@@ -409,7 +408,7 @@ async fn state_copy_moves_a_local_connector_to_kafka_without_repeating_anything(
     // The same directory, now with the Kafka backend and exactly once.
     connector.write_config(&db, &broker, EXACTLY_ONCE);
     connector.run(&connector.config_path());
-    assert!(common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut connector)), "{}", log_tail(&connector));
+    assert!(common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut connector)), "{}", connector.log_tail(LOG_LINES));
     let (status, _, stderr) = copy(&connector, "local");
     assert_eq!(status.code(), Some(2), "a copy while the connector runs:\n{stderr}");
     assert!(stderr.contains("is running"), "{stderr}");
@@ -417,7 +416,7 @@ async fn state_copy_moves_a_local_connector_to_kafka_without_repeating_anything(
     let written = reliability::written_from(std::mem::take(&mut expected));
     let run = assert_exactly_once("state copy", &connector, &written);
     assert_eq!(run.count("kafka_records"), 400, "nothing republished after the move");
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 
     // The local store is now behind the topic: copying it over would move the connector back.
     let (status, _, stderr) = copy(&connector, "kafka");
@@ -464,7 +463,7 @@ async fn dead_letters_commit_with_their_checkpoint_and_release_works_from_kafka_
     assert!(
         exited.is_some_and(|s| std::os::unix::process::ExitStatusExt::signal(&s) == Some(6)),
         "the failpoint did not fire ({exited:?}):\n{}",
-        log_tail(&connector)
+        connector.log_tail(LOG_LINES)
     );
     connector.remove_env("OUTBOX_CDC_FAILPOINT");
     connector.restart();
@@ -478,11 +477,11 @@ async fn dead_letters_commit_with_their_checkpoint_and_release_works_from_kafka_
             .count()
             >= 3),
         "{}",
-        log_tail(&connector)
+        connector.log_tail(LOG_LINES)
     );
     let dead = broker.read_to_end(DLQ, common::Isolation::ReadCommitted, PROGRESS_TIMEOUT);
     let dead_ids: Vec<_> = dead.iter().filter_map(|r| r.header_str("id")).collect();
-    assert_eq!(dead_ids, [poison.id.as_str(), held.id.as_str()], "{}", log_tail(&connector));
+    assert_eq!(dead_ids, [poison.id.as_str(), held.id.as_str()], "{}", connector.log_tail(LOG_LINES));
     let live = broker.read_to_end("outbox.event.order", common::Isolation::ReadCommitted, PROGRESS_TIMEOUT);
     let mut live_ids: Vec<_> = live.iter().filter_map(|r| r.header_str("id")).collect();
     live_ids.sort_unstable();
@@ -496,7 +495,7 @@ async fn dead_letters_commit_with_their_checkpoint_and_release_works_from_kafka_
     };
     let listed = holds(&connector);
     assert_eq!(listed[0]["aggregate_id"], "P-1", "the hold is read from the state topic: {listed:#}");
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 
     write(&connector, 100_000);
     let (status, out, err) = connector.command(&["quarantine", "release", "order", "P-1"], PROGRESS_TIMEOUT).unwrap();
@@ -532,18 +531,18 @@ async fn a_transaction_another_writer_left_open_never_hides_a_checkpoint() {
         if let Some(last) = other.take() {
             rdkafka::producer::Producer::abort_transaction(&last, Duration::from_secs(30)).expect("abort");
         }
-        assert!(common::wait_until(PROGRESS_TIMEOUT, || committing(&x)), "round {round}: {}", log_tail(&x));
+        assert!(common::wait_until(PROGRESS_TIMEOUT, || committing(&x)), "round {round}: {}", x.log_tail(LOG_LINES));
         other = Some(open_foreign_transaction(&broker, "outbox-cdc.state"));
         // The connector commits checkpoints after that transaction: the ones its restart must find.
         wait_commits(&writer, 150, &format!("round {round}, after the transaction opened")).await;
         hold_running(&mut x, Duration::from_millis(800), &format!("round {round}, committing"), 80).await;
-        assert!(x.terminate().success(), "round {round}: {}", log_tail(&x));
+        assert!(x.terminate().success(), "round {round}: {}", x.log_tail(LOG_LINES));
         x.restart();
         assert!(
             common::wait_until(Duration::from_secs(40), || current_log(&x)
                 .contains("waiting for a transaction another producer left open")),
             "round {round}: the start did not wait for the open transaction:\n{}",
-            log_tail(&x)
+            x.log_tail(LOG_LINES)
         );
         eprintln!("[other writer] round {round}: the start waits for the open transaction");
     }
@@ -561,7 +560,7 @@ async fn a_transaction_another_writer_left_open_never_hides_a_checkpoint() {
         Some(recovery),
         "a transaction left open on the shared state topic 3 times; the connector restarted after each; read_committed audit",
     );
-    assert!(x.terminate().success(), "{}", log_tail(&x));
+    assert!(x.terminate().success(), "{}", x.log_tail(LOG_LINES));
 }
 
 /// A transactional producer of the test's own, with a transaction left open on `topic` (one record in it):
@@ -609,7 +608,7 @@ async fn a_release_reads_the_hold_past_another_writers_open_transaction() {
     };
     connector.run(&write(&connector, 20_000));
     let dead = |n: usize| broker.read_committed(DLQ, n, PROGRESS_TIMEOUT).len() >= n;
-    assert!(common::wait_until(PROGRESS_TIMEOUT, || dead(1)), "{}", log_tail(&connector));
+    assert!(common::wait_until(PROGRESS_TIMEOUT, || dead(1)), "{}", connector.log_tail(LOG_LINES));
     // Another writer opens a transaction on the dead-letter topic; the hold's later events go after it.
     let foreign = open_foreign_transaction(&broker, DLQ);
     let held: Vec<common::OutboxRow> = (0..3).map(|_| common::OutboxRow::new("P-1")).collect();
@@ -617,9 +616,9 @@ async fn a_release_reads_the_hold_past_another_writers_open_transaction() {
         common::insert_event(&mut conn, row).await.expect("insert");
     }
     let uncommitted = || broker.read_uncommitted(DLQ, 5, Duration::from_secs(1)).len();
-    assert!(common::wait_until(PROGRESS_TIMEOUT, || uncommitted() >= 5), "{}", log_tail(&connector));
+    assert!(common::wait_until(PROGRESS_TIMEOUT, || uncommitted() >= 5), "{}", connector.log_tail(LOG_LINES));
     hold_running(&mut connector, Duration::from_millis(1000), "committing the dead letters", 80).await;
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 
     write(&connector, 100_000);
     // The foreign transaction ends while the release waits for it.
@@ -652,14 +651,14 @@ async fn losing_the_lease_aborts_the_open_transaction() {
     let settings = standby_settings().replace("checkpoint_interval_ms = 200", "checkpoint_interval_ms = 20000");
     let mut connector = Connector::start(&db, &broker, &settings);
     let writer = Writer::start(db.opts_root(), steady_workload());
-    assert!(common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut connector)), "{}", log_tail(&connector));
+    assert!(common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut connector)), "{}", connector.log_tail(LOG_LINES));
     wait_commits(&writer, 300, "before the lease is lost").await;
     let open = |isolation| broker.watermarks(TOPIC, 0, isolation).1;
     assert!(
         common::wait_until(PROGRESS_TIMEOUT, || open(common::Isolation::ReadCommitted)
             < open(common::Isolation::ReadUncommitted)),
         "no transaction open on {TOPIC}:\n{}",
-        log_tail(&connector)
+        connector.log_tail(LOG_LINES)
     );
     let mut admin = db.conn().await;
     let lock = "outbox-cdc/outbox-cdc";
@@ -671,14 +670,14 @@ async fn losing_the_lease_aborts_the_open_transaction() {
         common::wait_until(Duration::from_secs(10), || open(common::Isolation::ReadCommitted)
             == open(common::Isolation::ReadUncommitted)),
         "the transaction of the run that lost its lease is still open:\n{}",
-        log_tail(&connector)
+        connector.log_tail(LOG_LINES)
     );
     // The connector takes the lease back and resumes from its last commit: nothing lost, nothing twice.
     drop(admin);
     wait_commits(&writer, 200, "after the lease came back").await;
     let written = writer.finish().await;
     assert_exactly_once("lease lost", &connector, &written);
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 }
 
 /// Guards against two different connectors left at the default `[state] name` on one server: the second
@@ -690,7 +689,7 @@ async fn a_different_connector_under_the_same_name_is_diagnosed() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Noida);
     let mut active = Connector::start(&db, &broker, EXACTLY_ONCE);
-    assert!(common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut active)), "{}", log_tail(&active));
+    assert!(common::wait_until(PROGRESS_TIMEOUT, || is_active(&mut active)), "{}", active.log_tail(LOG_LINES));
     let mut other = Connector::new();
     let config = other.write_config(&db, &broker, EXACTLY_ONCE);
     let text = std::fs::read_to_string(&config)
@@ -701,18 +700,18 @@ async fn a_different_connector_under_the_same_name_is_diagnosed() {
     assert!(
         common::wait_until(PROGRESS_TIMEOUT, || other.stderr().contains(DIFFERENT)),
         "the other connector waits without saying why:\n{}",
-        log_tail(&other)
+        other.log_tail(LOG_LINES)
     );
     let mut standby = Connector::start(&db, &broker, EXACTLY_ONCE);
     assert!(
         common::wait_until(PROGRESS_TIMEOUT, || standby.stderr().contains("standby: waiting for the lease")),
         "{}",
-        log_tail(&standby)
+        standby.log_tail(LOG_LINES)
     );
     hold_running(&mut standby, Duration::from_secs(2), "a standby of the same connector", 40).await;
-    assert!(!standby.stderr().contains(DIFFERENT), "{}", log_tail(&standby));
+    assert!(!standby.stderr().contains(DIFFERENT), "{}", standby.log_tail(LOG_LINES));
     for connector in [&mut active, &mut other, &mut standby] {
-        assert!(connector.terminate().success(), "{}", log_tail(connector));
+        assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
     }
 }
 
@@ -732,12 +731,16 @@ async fn a_crash_loop_moves_the_checkpoint_every_start(settings: &str, name: &st
         assert!(
             common::wait_until(Duration::from_secs(8), || current_log(&connector).contains("streaming")),
             "{name}: start #{kill} did not stream:\n{}",
-            log_tail(&connector)
+            connector.log_tail(LOG_LINES)
         );
         hold_running(&mut connector, Duration::from_millis(1500), &format!("{name}: start #{kill}"), 80).await;
         connector.kill();
         let now = reliability::checkpoint_seq(connector.status_json().as_ref());
-        assert!(now > last, "{name}: start #{kill} moved no checkpoint ({last} -> {now}):\n{}", log_tail(&connector));
+        assert!(
+            now > last,
+            "{name}: start #{kill} moved no checkpoint ({last} -> {now}):\n{}",
+            connector.log_tail(LOG_LINES)
+        );
         last = now;
         connector.restart();
     }
@@ -751,7 +754,7 @@ async fn a_crash_loop_moves_the_checkpoint_every_start(settings: &str, name: &st
         Some(recovery),
         "5 kill -9 each 1.5 s after a start, 10 s checkpoint interval",
     );
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -775,6 +778,6 @@ async fn exactly_once_on_a_broker_without_transactions_fails_loud() {
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::start(&db, &broker, EXACTLY_ONCE);
     let exited = connector.wait_exit(PROGRESS_TIMEOUT);
-    assert_eq!(exited.and_then(|s| s.code()), Some(2), "{}", log_tail(&connector));
-    assert!(connector.stderr().contains("transactions"), "{}", log_tail(&connector));
+    assert_eq!(exited.and_then(|s| s.code()), Some(2), "{}", connector.log_tail(LOG_LINES));
+    assert!(connector.stderr().contains("transactions"), "{}", connector.log_tail(LOG_LINES));
 }

@@ -40,11 +40,6 @@ fn durable_workload() -> WriterConfig {
     WriterConfig { tasks: 2, pause: Duration::from_millis(10), ..steady_workload() }
 }
 
-/// The last [`LOG_LINES`] lines of the connector's stderr (its logs), for assertion messages.
-fn log_tail(connector: &Connector) -> String {
-    common::tail_file(&connector.dir().join("stderr.log"), LOG_LINES)
-}
-
 /// Copies the connector's full logs (and the broker's, when given) to `<tmp>/faults-<name>-*.log`, which
 /// outlive the test's temp dirs, and returns a line naming them, for failure messages.
 fn save_logs(name: &str, connector: &Connector, broker: Option<&Broker>) -> String {
@@ -70,11 +65,11 @@ fn streaming_runs(connector: &Connector) -> usize {
 async fn wait_for(connector: &mut Connector, timeout: Duration, what: &str, mut cond: impl FnMut(&Connector) -> bool) {
     let deadline = Instant::now() + timeout;
     loop {
-        assert!(connector.is_running(), "the connector exited ({what}):\n{}", log_tail(connector));
+        assert!(connector.is_running(), "the connector exited ({what}):\n{}", connector.log_tail(LOG_LINES));
         if cond(connector) {
             return;
         }
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}:\n{}", log_tail(connector));
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}:\n{}", connector.log_tail(LOG_LINES));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -147,7 +142,7 @@ fn audit_clean(name: &str, broker: &Broker, written: &Written, connector: &Conne
             missing_seqs.last(),
             missing_seqs.len(),
             save_logs(name, connector, Some(broker)),
-            log_tail(connector)
+            connector.log_tail(LOG_LINES)
         );
     }
     (report, records)
@@ -221,7 +216,11 @@ async fn kill9_at_random_moments() {
         };
         let seq = checkpoint_seq(record.as_ref());
         if let Some(&previous) = resumed_from.last() {
-            assert!(seq >= previous, "the checkpoint moved backwards: {previous} -> {seq}\n{}", log_tail(&connector));
+            assert!(
+                seq >= previous,
+                "the checkpoint moved backwards: {previous} -> {seq}\n{}",
+                connector.log_tail(LOG_LINES)
+            );
         }
         resumed_from.push(seq);
         connector.restart();
@@ -283,12 +282,12 @@ async fn kill9_at_random_moments() {
         "{} ids duplicated outside the window after their resume points {windows_from:?}: {:?}\n{}",
         outside_window.len(),
         &outside_window[..outside_window.len().min(10)],
-        log_tail(&connector)
+        connector.log_tail(LOG_LINES)
     );
     let run = reliability::closing_audit("kill9", &connector, &written, Duplicates::AfterCheckpoint);
     let note = format!("{cycles} kill -9 at random moments (0.3-3 s apart) under load");
     reliability::record("kill -9 at random moments", &written, &run, Some(recovery), &note);
-    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", connector.log_tail(LOG_LINES));
     // Last, so that it does not hide the checks above: the operator's view of the checkpoint after a
     // crash, which is when it is needed most.
     assert!(
@@ -320,7 +319,7 @@ async fn broker_outage(name: &str, fault: BrokerFault, outage: Duration) {
     assert!(
         delivered_at_least(&broker, 100, PROGRESS_TIMEOUT),
         "nothing delivered before the outage:\n{}",
-        log_tail(&connector)
+        connector.log_tail(LOG_LINES)
     );
 
     match fault {
@@ -353,8 +352,8 @@ async fn broker_outage(name: &str, fault: BrokerFault, outage: Duration) {
         }
     };
     reliability::record(title, &written, &run, Some(recovery), &note);
-    assert!(connector.is_running(), "the connector exited:\n{}", log_tail(&connector));
-    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", log_tail(&connector));
+    assert!(connector.is_running(), "the connector exited:\n{}", connector.log_tail(LOG_LINES));
+    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", connector.log_tail(LOG_LINES));
 }
 
 /// Broker shut down cleanly for 20 s (30 s with `OUTBOX_CDC_SCENARIO_FULL=1`) under load, then back
@@ -386,7 +385,11 @@ async fn mariadb_restarted_under_load() {
     let mut connector = Connector::start(&db, &broker, "");
     let writer = Writer::start(db.opts_root(), steady_workload());
     wait_commits(&writer, 300, "before the first restart").await;
-    assert!(delivered_at_least(&broker, 100, PROGRESS_TIMEOUT), "nothing delivered:\n{}", log_tail(&connector));
+    assert!(
+        delivered_at_least(&broker, 100, PROGRESS_TIMEOUT),
+        "nothing delivered:\n{}",
+        connector.log_tail(LOG_LINES)
+    );
 
     let runs = streaming_runs(&connector);
     db.restart(); // SIGTERM, clean shutdown, start on the same datadir and port
@@ -411,9 +414,13 @@ async fn mariadb_restarted_under_load() {
     let run = reliability::closing_audit("mariadb_restart", &connector, &written, Duplicates::AfterCheckpoint);
     let note = format!("MariaDB restarted gracefully, then SIGKILLed and down {DB_DOWNTIME:?}, under load");
     reliability::record("MariaDB killed and restarted", &written, &run, Some(recovery), &note);
-    assert!(connector.is_running(), "the connector exited:\n{}", log_tail(&connector));
-    assert!(connector.stderr().contains("transient failure"), "no reconnect logged:\n{}", log_tail(&connector));
-    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", log_tail(&connector));
+    assert!(connector.is_running(), "the connector exited:\n{}", connector.log_tail(LOG_LINES));
+    assert!(
+        connector.stderr().contains("transient failure"),
+        "no reconnect logged:\n{}",
+        connector.log_tail(LOG_LINES)
+    );
+    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", connector.log_tail(LOG_LINES));
 }
 
 /// The replication connection is reset twice, then silently blackholed for 8 s (> 3 heartbeats of 1 s)
@@ -439,7 +446,11 @@ async fn replication_connection_cut_without_either_side_dying() {
     // The workload writes to MariaDB directly; only the connector goes through the proxy.
     let writer = Writer::start(db.opts_root(), steady_workload());
     wait_commits(&writer, 300, "before the first cut").await;
-    assert!(delivered_at_least(&broker, 100, PROGRESS_TIMEOUT), "nothing delivered:\n{}", log_tail(&connector));
+    assert!(
+        delivered_at_least(&broker, 100, PROGRESS_TIMEOUT),
+        "nothing delivered:\n{}",
+        connector.log_tail(LOG_LINES)
+    );
     assert!(proxy.accepted() >= 1, "the connector does not go through the proxy");
 
     for cut in 1..=2 {
@@ -476,10 +487,14 @@ async fn replication_connection_cut_without_either_side_dying() {
     let note =
         format!("replication connection RST twice, then blackholed {BLACKHOLE:?} (heartbeat 1 s) through a proxy");
     reliability::record("replication connection cut", &written, &run, Some(recovery), &note);
-    assert!(connector.is_running(), "the connector exited:\n{}", log_tail(&connector));
+    assert!(connector.is_running(), "the connector exited:\n{}", connector.log_tail(LOG_LINES));
     let transient = connector.stderr().matches("transient failure").count();
-    assert!(transient >= 2, "expected a logged transient failure per cut, saw {transient}:\n{}", log_tail(&connector));
-    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", log_tail(&connector));
+    assert!(
+        transient >= 2,
+        "expected a logged transient failure per cut, saw {transient}:\n{}",
+        connector.log_tail(LOG_LINES)
+    );
+    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", connector.log_tail(LOG_LINES));
     // Last, so that it does not hide the checks above: a partition that never heals would leave an
     // undetected connection hanging forever.
     assert!(

@@ -178,10 +178,6 @@ async fn positions_match_the_next_files_gtid_list() {
     assert_eq!(rest, expected.len() - 10);
 }
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/binlog").join(name)
-}
-
 fn fixture_config(connector: &Connector, broker: &Broker, file: &Path, table: &str) -> PathBuf {
     let text = format!(
         "[source]\nkind = \"files\"\nbinlog_files = [{file}]\n\n[outbox]\ntable = {table}\n\n\
@@ -204,7 +200,7 @@ fn fixture_config(connector: &Connector, broker: &Broker, file: &Path, table: &s
 async fn mysql_files_checkpoint_and_fail_loud() {
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::new();
-    let file = fixture("blackbeam-rust_mysql_common/binlog_transaction_with_GTID_TAG.000001");
+    let file = common::binlog_fixture("blackbeam-rust_mysql_common/binlog_transaction_with_GTID_TAG.000001");
     let config = fixture_config(&connector, &broker, &file, "shop.outbox_events");
     connector.run(&config);
     let status = connector.wait_exit(EXIT_TIMEOUT).expect("a files run ends by itself");
@@ -214,7 +210,7 @@ async fn mysql_files_checkpoint_and_fail_loud() {
     assert_eq!(checkpoint["server"]["flavor"], "mysql", "{checkpoint}");
 
     let mut connector = Connector::new();
-    let file = fixture("blackbeam-rust_mysql_common/minimal_row_metadata.000001");
+    let file = common::binlog_fixture("blackbeam-rust_mysql_common/minimal_row_metadata.000001");
     let config = fixture_config(&connector, &broker, &file, "noria.t1");
     connector.run(&config);
     let status = connector.wait_exit(EXIT_TIMEOUT).expect("a definite error ends the run");

@@ -157,17 +157,6 @@ fn sample(page: &str, series: &str) -> Option<f64> {
     page.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-/// `GET /metrics` on 127.0.0.1:`port`; `None` while nothing answers.
-fn scrape(port: u16) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
-}
-
 /// A relay process's `/metrics` while rows flow: the binlog source's event counters where they apply, and
 /// the relay's own: rows read and published, a parked row holding its aggregate (so its follower shows as
 /// backlog, waiting longer and longer), read and mark statements, idle polls while nothing is due.
@@ -195,7 +184,7 @@ async fn a_relays_metrics_count_queries_rows_and_backlog() {
     wait_all_published(&db, &[&relay]).await;
     insert_event(&mut conn, &OutboxRow::new("P")).await.unwrap();
 
-    let page = || scrape(port).unwrap_or_default();
+    let page = || common::scrape(port).unwrap_or_default();
     let value = |page: &str, series: &str| sample(page, series).unwrap_or(-1.0);
     // The backlog is counted every 10 s while rows are held: wait for a count that sees P's follower.
     assert!(

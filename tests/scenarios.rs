@@ -29,22 +29,21 @@ const FAILPOINT: &str = "OUTBOX_CDC_FAILPOINT";
 /// How long a failpoint or a definite error may take to end the process.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(120);
 
-fn log_tail(connector: &Connector) -> String {
-    common::tail_file(&connector.dir().join("stderr.log"), 120)
-}
+/// Lines of the connector's log shown in assertion messages.
+const LOG_LINES: usize = 120;
 
 /// Waits for the process to end and asserts that the failpoint `name` aborted it.
 fn assert_failpoint_fired(connector: &mut Connector, name: &str) -> ExitStatus {
-    let status = connector
-        .wait_exit(EXIT_TIMEOUT)
-        .unwrap_or_else(|| panic!("failpoint {name} did not fire within {EXIT_TIMEOUT:?}:\n{}", log_tail(connector)));
+    let status = connector.wait_exit(EXIT_TIMEOUT).unwrap_or_else(|| {
+        panic!("failpoint {name} did not fire within {EXIT_TIMEOUT:?}:\n{}", connector.log_tail(LOG_LINES))
+    });
     assert_eq!(
         status.signal(),
         Some(6),
         "expected SIGABRT from failpoint {name}, got {status}:\n{}",
-        log_tail(connector)
+        connector.log_tail(LOG_LINES)
     );
-    assert!(connector.stderr().contains(&format!("failpoint {name} hit")), "{}", log_tail(connector));
+    assert!(connector.stderr().contains(&format!("failpoint {name} hit")), "{}", connector.log_tail(LOG_LINES));
     status
 }
 
@@ -63,7 +62,7 @@ async fn window_database_committed_connector_down() {
     let mut connector = Connector::start(&db, &broker, "");
     let writer = Writer::start(db.opts_root(), steady_workload());
     wait_commits(&writer, 300, "before the stop").await;
-    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "graceful stop must exit 0:\n{}", connector.log_tail(LOG_LINES));
     let while_down = reliability::scaled(600, 3000);
     wait_commits(&writer, while_down, "while the connector was down").await;
     connector.restart();
@@ -73,7 +72,7 @@ async fn window_database_committed_connector_down() {
     let run = reliability::closing_audit("connector_down", &connector, &written, Duplicates::AfterCheckpoint);
     let note = format!("{while_down}+ events committed while the connector was stopped (SIGTERM)");
     reliability::record("database committed, connector down", &written, &run, Some(recovery), &note);
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 }
 
 /// Kafka acknowledged, checkpoint not written: the process dies (failpoint `ack_before_checkpoint`) after
@@ -103,7 +102,7 @@ async fn window_acknowledged_not_checkpointed() {
          seq {committed}); everything after the checkpoint is republished"
     );
     reliability::record("Kafka acknowledged, checkpoint not written", &written, &run, Some(recovery), &note);
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 }
 
 /// Inserts one transaction of `rows` outbox rows for aggregate `big-1` (ids `big-0000001`…, increasing
@@ -158,7 +157,7 @@ async fn window_killed_mid_transaction() {
         ROWS / 2
     );
     reliability::record("killed mid-transaction", &written, &run, Some(recovery), &note);
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 }
 
 /// Seeds `n` rows (ids `seed-0000001`…) over 10 aggregates before the first start, for the snapshot.
@@ -214,7 +213,7 @@ async fn crash_at_each_failpoint() {
     assert!(
         common::wait_until(PROGRESS_TIMEOUT, || streaming(&connector) > before),
         "no streaming after the restart:\n{}",
-        log_tail(&connector)
+        connector.log_tail(LOG_LINES)
     );
     wait_commits(&writer, 200, "before the graceful stop").await;
     let status = connector.terminate();
@@ -231,7 +230,7 @@ async fn crash_at_each_failpoint() {
          write and during graceful shutdown; seeded rows are outside the GTID window check"
     );
     reliability::record("crash at each failpoint", &written, &run, Some(recovery), &note);
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 }
 
 /// A private tmpfs mounted on a directory for the test's lifetime (root only).
@@ -290,17 +289,17 @@ async fn state_directory_full() {
     assert!(
         common::wait_until(PROGRESS_TIMEOUT, || stored_seq(&connector) > 0),
         "no checkpoint before the disk filled:\n{}",
-        log_tail(&connector)
+        connector.log_tail(LOG_LINES)
     );
     let filled = fill(&connector.state_dir());
     let frozen = stored_seq(&connector);
     let status = connector.wait_exit(EXIT_TIMEOUT).unwrap_or_else(|| {
         panic!(
             "the connector kept running on a full state directory ({filled} bytes filled):\n{}",
-            log_tail(&connector)
+            connector.log_tail(LOG_LINES)
         )
     });
-    assert_eq!(status.code(), Some(2), "a full state directory is definite:\n{}", log_tail(&connector));
+    assert_eq!(status.code(), Some(2), "a full state directory is definite:\n{}", connector.log_tail(LOG_LINES));
     let stderr = connector.stderr();
     assert!(stderr.contains("checkpoint store") && stderr.contains("without advancing anything"), "{stderr}");
     assert_eq!(stored_seq(&connector), frozen, "the checkpoint moved after the disk filled");
@@ -313,7 +312,7 @@ async fn state_directory_full() {
     let note = "state dir on a 16 MiB tmpfs filled to ENOSPC under load: exit 2, checkpoint unchanged; resumed \
                 after freeing space";
     reliability::record("disk full under the state directory", &written, &run, Some(recovery), note);
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 }
 
 /// The binlog holding the checkpoint is purged while the connector is down: the definite error (exit 2,
@@ -327,7 +326,7 @@ async fn binlog_purged_while_down_then_when_needed() {
     let mut connector = Connector::start(&db, &broker, "");
     let writer = Writer::start(db.opts_root(), steady_workload());
     wait_commits(&writer, 300, "before the stop").await;
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
     let checkpoint = stored_seq(&connector);
     let mut conn = db.conn().await;
     for _ in 0..3 {
@@ -337,22 +336,23 @@ async fn binlog_purged_while_down_then_when_needed() {
     common::purge_binlogs_before_current(&mut conn).await;
 
     connector.restart();
-    let status = connector.wait_exit(EXIT_TIMEOUT).unwrap_or_else(|| panic!("must stop:\n{}", log_tail(&connector)));
-    assert_eq!(status.code(), Some(2), "{}", log_tail(&connector));
-    assert!(connector.stderr().contains("no longer in the server's binlogs"), "{}", log_tail(&connector));
+    let status =
+        connector.wait_exit(EXIT_TIMEOUT).unwrap_or_else(|| panic!("must stop:\n{}", connector.log_tail(LOG_LINES)));
+    assert_eq!(status.code(), Some(2), "{}", connector.log_tail(LOG_LINES));
+    assert!(connector.stderr().contains("no longer in the server's binlogs"), "{}", connector.log_tail(LOG_LINES));
     assert_eq!(stored_seq(&connector), checkpoint, "a refused start must not touch the checkpoint");
 
     let config = connector.write_config(&db, &broker, "[snapshot]\nmode = \"when_needed\"\n");
     connector.run(&config);
     let recovery = Recovery::starts(&db).wait(&connector);
-    assert!(connector.stderr().contains("taking a new snapshot"), "{}", log_tail(&connector));
+    assert!(connector.stderr().contains("taking a new snapshot"), "{}", connector.log_tail(LOG_LINES));
     wait_commits(&writer, 300, "after the recovery").await;
     let written = writer.finish().await;
     let run = reliability::closing_audit("binlog_purged", &connector, &written, Duplicates::Reported);
     let note = "binlogs purged past the checkpoint while down: exit 2 naming the purge; recovered with \
                 snapshot.mode = when_needed, which republishes the table (duplicates by design)";
     reliability::record("binlog purged while down, when_needed snapshot", &written, &run, Some(recovery), note);
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 }
 
 /// Merges a second workload's record into the first.
@@ -382,9 +382,9 @@ async fn server_identity_changed_is_refused() {
     assert!(
         common::wait_until(PROGRESS_TIMEOUT, || stored_seq(&connector) >= reliability::db_seq(&db)),
         "not caught up:\n{}",
-        log_tail(&connector)
+        connector.log_tail(LOG_LINES)
     );
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
     let checkpoint = connector.status_json();
     let checkpointed = stored_seq(&connector);
 
@@ -392,13 +392,14 @@ async fn server_identity_changed_is_refused() {
     let mut refuse = |when: &str| {
         let logged = connector.stderr().len();
         connector.restart();
-        let status =
-            connector.wait_exit(EXIT_TIMEOUT).unwrap_or_else(|| panic!("must stop {when}:\n{}", log_tail(&connector)));
-        assert_eq!(status.code(), Some(2), "RESET MASTER must be refused {when}:\n{}", log_tail(&connector));
+        let status = connector
+            .wait_exit(EXIT_TIMEOUT)
+            .unwrap_or_else(|| panic!("must stop {when}:\n{}", connector.log_tail(LOG_LINES)));
+        assert_eq!(status.code(), Some(2), "RESET MASTER must be refused {when}:\n{}", connector.log_tail(LOG_LINES));
         let stderr = connector.stderr();
         let message = stderr[logged..].lines().find(|l| l.contains("history diverged")).unwrap_or_default().to_owned();
         eprintln!("[identity] {when}: {message}");
-        assert!(!message.is_empty(), "the refusal must say why:\n{}", log_tail(&connector));
+        assert!(!message.is_empty(), "the refusal must say why:\n{}", connector.log_tail(LOG_LINES));
         assert_eq!(connector.status_json(), checkpoint, "a refused start must not touch the checkpoint");
     };
     refuse("before the new history reaches the checkpoint's GTID");
@@ -412,9 +413,10 @@ async fn server_identity_changed_is_refused() {
     let other = MariaDb::builder().server_id(db.server_id() + 1).start();
     let config = connector.write_config(&other, &broker, "");
     connector.run(&config);
-    let status = connector.wait_exit(EXIT_TIMEOUT).unwrap_or_else(|| panic!("must stop:\n{}", log_tail(&connector)));
-    assert_eq!(status.code(), Some(2), "another server must be refused:\n{}", log_tail(&connector));
-    assert!(connector.stderr().contains("checkpoint belongs to another server"), "{}", log_tail(&connector));
+    let status =
+        connector.wait_exit(EXIT_TIMEOUT).unwrap_or_else(|| panic!("must stop:\n{}", connector.log_tail(LOG_LINES)));
+    assert_eq!(status.code(), Some(2), "another server must be refused:\n{}", connector.log_tail(LOG_LINES));
+    assert!(connector.stderr().contains("checkpoint belongs to another server"), "{}", connector.log_tail(LOG_LINES));
     assert_eq!(connector.status_json(), checkpoint, "a refused start must not touch the checkpoint");
     drop(other);
 
@@ -427,7 +429,7 @@ async fn server_identity_changed_is_refused() {
     assert!(
         connector.stderr()[logged..].contains("cannot be resumed on this server; taking a new snapshot"),
         "{}",
-        log_tail(&connector)
+        connector.log_tail(LOG_LINES)
     );
     wait_commits(&writer, 300, "after the recovery").await;
     let written = merge(first, writer.finish().await);
@@ -436,5 +438,5 @@ async fn server_identity_changed_is_refused() {
                 server: all refused with exit 2, checkpoint untouched; recovered with snapshot.mode = when_needed \
                 (snapshots the table again, so it republishes it)";
     reliability::record("server identity changed (RESET MASTER, other server)", &written, &run, Some(recovery), note);
-    assert!(connector.terminate().success(), "{}", log_tail(&connector));
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 }

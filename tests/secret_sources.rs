@@ -24,24 +24,6 @@ use outbox_cdc::ops::prune::{self, PruneOptions};
 const TIMEOUT: Duration = Duration::from_secs(60);
 const PASSWORD: &str = "hunter2-from-a-file";
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/binlog").join(name)
-}
-
-/// A config that reads a real MariaDB binlog file (no server needed) and sends to a port where no broker
-/// listens, with `extra` appended.
-fn files_config(connector: &Connector, extra: &str) {
-    let file = fixture("mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010");
-    let text = format!(
-        "[source]\nkind = \"files\"\nbinlog_files = [{file}]\n\n[outbox]\ntable = \"shop.outbox_events\"\n\n\
-         [state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n\n[metrics]\nenabled = false\n\n\
-         [kafka]\nbootstrap_servers = \"127.0.0.1:9\"\n{extra}",
-        file = toml_str(&file.to_string_lossy()),
-        state = toml_str(&connector.state_dir().to_string_lossy()),
-    );
-    std::fs::write(connector.config_path(), text).unwrap();
-}
-
 /// A config for a server on a port where none listens, with `source_extra` in `[source]`: what fails
 /// must fail before connecting.
 fn server_config(connector: &Connector, source_extra: &str) {
@@ -89,7 +71,7 @@ fn a_missing_secret_file_is_a_definite_error_naming_it() {
     for what in ["kafka", "source"] {
         let setting = match what {
             "kafka" => {
-                files_config(&connector, &kafka);
+                connector.write_files_config(&kafka);
                 "kafka.properties_file (for sasl.password) names the file"
             }
             _ => {
@@ -111,7 +93,7 @@ fn a_missing_secret_file_is_a_definite_error_naming_it() {
 #[test]
 fn a_missing_environment_variable_is_a_definite_error_naming_it() {
     let connector = Connector::new();
-    files_config(&connector, "\n[kafka.properties_env]\n\"sasl.password\" = \"OUTBOX_CDC_TEST_KAFKA_PASSWORD\"\n");
+    connector.write_files_config("\n[kafka.properties_env]\n\"sasl.password\" = \"OUTBOX_CDC_TEST_KAFKA_PASSWORD\"\n");
     for (env, expected) in [(&[][..], "is not set"), (&[("OUTBOX_CDC_TEST_KAFKA_PASSWORD", "")][..], "is empty")] {
         for args in [&["check"][..], &["run"]] {
             let (code, out, err) = command(&connector, args, env, "OUTBOX_CDC_TEST_KAFKA_PASSWORD");
@@ -137,7 +119,7 @@ fn a_secret_from_a_file_or_the_environment_is_never_printed_nor_stored() {
     let from_env = "\n[kafka.properties_env]\n\"sasl.pasword\" = \"OUTBOX_CDC_TEST_KAFKA_PASSWORD\"\n";
     for extra in [from_file.as_str(), from_env] {
         let connector = Connector::new();
-        files_config(&connector, extra);
+        connector.write_files_config(extra);
         let env = [("OUTBOX_CDC_TEST_KAFKA_PASSWORD", PASSWORD)];
         for args in [&["run"][..], &["check"]] {
             let (code, out, err) = command(&connector, args, &env, "");

@@ -6,7 +6,7 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::connector::toml_str;
@@ -19,26 +19,6 @@ use rdkafka::producer::BaseProducer;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const PASSWORD: &str = "hunter2-secret";
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/binlog").join(name)
-}
-
-/// A config that reads a real MariaDB binlog file (no server needed) and sends to a port where no broker
-/// listens, with `extra` appended.
-fn files_config(connector: &Connector, extra: &str) -> PathBuf {
-    let file = fixture("mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010");
-    let text = format!(
-        "[source]\nkind = \"files\"\nbinlog_files = [{file}]\n\n[outbox]\ntable = \"shop.outbox_events\"\n\n\
-         [state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n\n[metrics]\nenabled = false\n\n\
-         [kafka]\nbootstrap_servers = \"127.0.0.1:9\"\n{extra}",
-        file = toml_str(&file.to_string_lossy()),
-        state = toml_str(&connector.state_dir().to_string_lossy()),
-    );
-    let path = connector.config_path();
-    std::fs::write(&path, text).unwrap();
-    path
-}
 
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
@@ -69,7 +49,7 @@ fn a_misspelled_source_password_is_not_printed() {
 #[test]
 fn a_misspelled_kafka_password_is_not_printed_nor_stored() {
     let connector = Connector::new();
-    files_config(&connector, &format!("\n[kafka.properties]\n\"sasl.pasword\" = {}\n", toml_str(PASSWORD)));
+    connector.write_files_config(&format!("\n[kafka.properties]\n\"sasl.pasword\" = {}\n", toml_str(PASSWORD)));
     let (status, out, err) = connector.command(&["run"], TIMEOUT).unwrap();
     assert_eq!(status.code(), Some(EXIT_DEFINITE), "{out}{err}");
     assert!(!err.contains(PASSWORD) && !out.contains(PASSWORD), "run printed the password:\n{out}{err}");
@@ -109,11 +89,14 @@ fn a_misspelled_kafka_password_is_not_printed_on_the_live_path() {
 #[test]
 fn status_shows_the_last_error_before_any_checkpoint() {
     let connector = Connector::new();
-    let config = files_config(&connector, "");
+    let config = connector.write_files_config("");
     let missing = connector.dir().join("no-such-binlog.000001");
     let text = std::fs::read_to_string(&config).unwrap();
     let text = text.replace(
-        &toml_str(&fixture("mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010").to_string_lossy()),
+        &toml_str(
+            &common::binlog_fixture("mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010")
+                .to_string_lossy(),
+        ),
         &toml_str(&missing.to_string_lossy()),
     );
     std::fs::write(&config, text).unwrap();
@@ -128,7 +111,7 @@ fn status_shows_the_last_error_before_any_checkpoint() {
 #[test]
 fn an_open_state_directory_is_warned_about() {
     let connector = Connector::new();
-    files_config(&connector, "");
+    connector.write_files_config("");
     std::fs::create_dir(connector.state_dir()).unwrap();
     std::fs::set_permissions(connector.state_dir(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let (_, out, err) = connector.command(&["run"], TIMEOUT).unwrap();

@@ -103,7 +103,7 @@ async fn snapshot_200k_then_stream() {
     let broker = Broker::start(Engine::Memory);
     let seeded = seed(&db, ROWS, 1000).await;
     let mut connector = Connector::start(&db, &broker, &snapshot_config("chunk_rows = 5000"));
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     let mut conn = db.conn().await;
     let mut streamed = BTreeMap::new();
     for i in 0..50 {
@@ -222,11 +222,8 @@ async fn kill9_mid_snapshot_resumes() {
     connector.terminate();
 }
 
-/// Waits until the connector has finished its snapshot and streams (so later writes are streamed).
-fn wait_streaming(connector: &Connector) {
-    let ok = common::wait_until(Duration::from_secs(300), || connector.stderr().contains(" streaming "));
-    assert!(ok, "connector never started streaming\n{}", connector.logs());
-}
+/// How long a test waits for the connector to stream.
+const STREAMING_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Rows acknowledged by the snapshot so far, from `outbox-cdc status --json`.
 fn snapshot_rows_done(connector: &Connector) -> Option<u64> {
@@ -269,7 +266,7 @@ async fn never_mode_and_empty_table() {
     let mut conn = db.conn().await;
     // Empty table, mode initial: nothing from the snapshot, then the stream.
     let mut connector = Connector::start(&db, &broker, &snapshot_config(""));
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     let id = business_tx(&mut conn, "A-1").await.unwrap();
     let records = broker.read_all(TOPIC, 1, READ_TIMEOUT);
     assert_eq!(records.len(), 1, "{}", connector.logs());
@@ -372,7 +369,7 @@ async fn resumed_snapshot_over_numeric_aggregate_ids_loses_nothing() {
     }
     connector.remove_env("OUTBOX_CDC_FAILPOINT");
     connector.restart();
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     let expected = Expected::from_orders(per);
     let (records, _) = common::read_and_audit(&broker, TOPIC, &expected, Duration::from_secs(120), &connector);
     let both = emitted_by_both(&records);
@@ -496,7 +493,7 @@ async fn resumed_snapshot_refuses_a_changed_table_list() {
 
     std::fs::write(&config, &original).unwrap();
     connector.restart();
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     common::read_and_audit(&broker, TOPIC, &expected, READ_TIMEOUT, &connector);
     connector.terminate();
 }
@@ -560,7 +557,7 @@ async fn snapshot_scans_an_enum_key_in_declaration_order() {
     let mut connector = Connector::new();
     let config = connector.write_config(&db, &broker, &snapshot_config("chunk_rows = 1"));
     connector.run(&config);
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     let (orders, payments): (BTreeMap<_, _>, BTreeMap<_, _>) = per.into_iter().partition(|(a, _)| a.starts_with('o'));
     common::read_and_audit(&broker, TOPIC, &Expected::from_orders(orders), Duration::from_secs(60), &connector);
     let payments_topic = "outbox.event.payment";
@@ -598,7 +595,7 @@ async fn unindexed_snapshot_reads_the_table_once() {
     };
     let before = rows_read(&mut conn).await;
     let mut connector = Connector::start(&db, &broker, &snapshot_config("chunk_rows = 100"));
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     let read = rows_read(&mut conn).await - before;
     let (_, report) = common::read_and_audit(&broker, TOPIC, &seeded, READ_TIMEOUT, &connector);
     assert_eq!(report.duplicates, 0, "{}", report.summary());

@@ -24,10 +24,8 @@ fn reshape(db: &MariaDb, ddl: &str) {
     db.sql(ddl);
 }
 
-fn wait_streaming(connector: &Connector) {
-    let ok = common::wait_until(Duration::from_secs(120), || connector.stderr().contains(" streaming "));
-    assert!(ok, "connector never started streaming\n{}", connector.logs());
-}
+/// How long a test waits for the connector to stream.
+const STREAMING_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn value(r: &Received) -> serde_json::Value {
     serde_json::from_slice(r.value.as_deref().expect("a value")).expect("a JSON value")
@@ -104,7 +102,7 @@ async fn debezium_reference_table_streams_and_its_snapshot_is_refused() {
     assert_eq!(status.code(), Some(0), "snapshot.mode = \"never\" passes check\n{out}{err}");
 
     let mut connector = Connector::start(&db, &broker, DEBEZIUM_COLUMNS);
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     for (i, aggregate) in ["o-1", "o-2", "o-1"].iter().enumerate() {
         db.sql(&format!(
             "INSERT INTO shop.outbox_events VALUES ('e-{i}', 'order', '{aggregate}', 'OrderEvent{i}', \
@@ -189,7 +187,7 @@ async fn binary_ids_bigint_aggregates_and_timestamps_snapshot_and_stream_alike()
     let broker = Broker::start(Engine::Memory);
     let mut connector =
         Connector::start(&db, &broker, &format!("{columns}[snapshot]\nmode = \"initial\"\nchunk_rows = 1\n"));
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     insert(0xff);
     let records = broker.read_all(TOPIC, 8, READ_TIMEOUT);
     assert_eq!(records.len(), 8, "{}", connector.logs());
@@ -267,7 +265,7 @@ async fn integer_ids_order_a_table_without_occurred_at() {
     assert!(out.contains("[ok  ] table shop.outbox_events id: expected a mapped column, or absent if optional, actual `id` bigint(20) unsigned: its decimal digits"), "{out}");
     assert!(out.contains("[ok  ] table shop.outbox_events occurred_at: expected a mapped column, or absent if optional, actual absent"), "{out}");
     let mut connector = Connector::start(&db, &broker, snapshot);
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     insert();
     let records = broker.read_all(TOPIC, 12, READ_TIMEOUT);
     assert_eq!(records.len(), 12, "{}", connector.logs());
@@ -328,7 +326,7 @@ async fn bytes_payloads_and_tombstones_snapshot_and_stream_alike() {
     assert!(out.contains("`payload` longblob: its bytes unchanged (payload_encoding = \"bytes\")"), "{out}");
     let mut connector = Connector::new();
     connector.run(std::path::Path::new(&merged_config(&connector, &db, &broker, extra)));
-    wait_streaming(&connector);
+    connector.wait_streaming(STREAMING_TIMEOUT);
     insert("live");
     let records = broker.read_all(TOPIC, 8, READ_TIMEOUT);
     assert_eq!(records.len(), 8, "{}", connector.logs());

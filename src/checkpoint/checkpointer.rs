@@ -1,6 +1,6 @@
 //! Turns the acknowledged watermark into stored checkpoints, off the pipeline's task.
 //!
-//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
 //!
 //! A checkpoint write is an fsync'd redb commit, milliseconds to tens of milliseconds on a busy disk. The
 //! periodic writes run on tokio's blocking pool ([`Checkpointer::every`]), so the reader and the producer

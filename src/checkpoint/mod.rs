@@ -1,6 +1,6 @@
 //! Checkpoints: the acknowledged watermark, made durable.
 //!
-//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
 //!
 //! Only an acknowledgement can move the checkpoint. The Kafka sink is the only code that can create a
 //! [`crate::sink::Delivered`] proof; the [`Watermark`] is the only code that turns proofs, in source order,

@@ -1,8 +1,9 @@
-//! The embedded checkpoint store: one redb file in the state directory.
+//! The state store, one [`Store`] over two backends: the embedded redb file in the state directory
+//! (`[state] backend = "local"`), or the compacted Kafka topic of [`super::kafka`] (`"kafka"`).
 //!
-//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
 //!
-//! # Why redb
+//! # Why redb (the local backend)
 //! Each commit is one `fdatasync`, and a crash leaves either the old or the new record. sled was ruled out:
 //! its flush issues `sync_file_range`, which does not make data durable.
 //!

@@ -3,6 +3,8 @@
 //!
 //! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 
+use std::process::ExitCode;
+
 use crate::checkpoint::Store;
 use crate::config::{Config, SourceKind, StateBackend};
 use mysql_async::prelude::Queryable;
@@ -12,11 +14,12 @@ use crate::findings::Report;
 use crate::source::{self, preflight, SourceConn};
 
 /// Checks the source (server settings, grants, the outbox tables, whether the checkpoint can be resumed) or
-/// the binlog files, prints every finding, and exits with [`EXIT_DEFINITE`] when one failed.
+/// the binlog files, prints every finding, and returns the process's exit status: [`EXIT_DEFINITE`] when
+/// one failed.
 ///
 /// # Errors
 /// Connection errors before the checks could run.
-pub async fn run(config: &Config) -> Result<()> {
+pub async fn run(config: &Config) -> Result<ExitCode> {
     if config.source.kind == SourceKind::Files {
         return check_files(config).await;
     }
@@ -48,10 +51,10 @@ pub async fn run(config: &Config) -> Result<()> {
         // The source's failures need an operator whatever Kafka answered: exit 2.
         Err(e) => {
             println!("kafka: {e}\n{} check(s) failed", report.failures().count());
-            std::process::exit(EXIT_DEFINITE);
+            return Ok(super::failed(EXIT_DEFINITE));
         }
     };
-    summarize(&report, &kafka, registry.as_ref())
+    Ok(summarize(&report, &kafka, registry.as_ref()))
 }
 
 /// The Kafka backend's lease is a `GET_LOCK` on the source server: one lock for every instance, which a
@@ -73,7 +76,7 @@ async fn check_lease_server(conn: &mut mysql_async::Conn, report: &mut Report) -
 
 /// `check` for the polling relay (`source.kind = "poll"`): the outbox tables as the relay uses them
 /// ([`preflight::check_poll`]), and Kafka. Nothing about the binlog: the relay reads none.
-async fn check_poll(config: &Config) -> Result<()> {
+async fn check_poll(config: &Config) -> Result<ExitCode> {
     let source = SourceConn::from_config(config)?;
     let mut conn = source.connect().await?;
     let version: Option<String> = conn.query_first("SELECT VERSION()").await.map_err(|e| classify_mysql(&e))?;
@@ -88,12 +91,12 @@ async fn check_poll(config: &Config) -> Result<()> {
     let routed = super::audit::routed_topics(config, config.tables(), &mut conn).await;
     let registry = check_registry(config, &routed).await;
     let kafka = crate::sink::check::check(&config.kafka, routed).await?;
-    summarize(&report, &kafka, registry.as_ref())
+    Ok(summarize(&report, &kafka, registry.as_ref()))
 }
 
 /// `check` for `source.kind = "files"`: every file is a complete binlog (the last may end in an incomplete
 /// transaction, which is reported), where a run would start, and Kafka.
-async fn check_files(config: &Config) -> Result<()> {
+async fn check_files(config: &Config) -> Result<ExitCode> {
     let files = source::files::list_files(config)?;
     let mut failed = 0;
     for (i, path) in files.iter().enumerate() {
@@ -139,13 +142,12 @@ async fn check_files(config: &Config) -> Result<()> {
     failed += kafka.report.failures().count();
     if failed > 0 {
         println!("{failed} check(s) failed");
-        std::process::exit(EXIT_DEFINITE);
+        return Ok(super::failed(EXIT_DEFINITE));
     }
     println!("all files readable, all checks passed");
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
-/// Prints the Kafka findings and the verdict over both reports; exits 2 when any check failed.
 /// The Schema Registry's findings (`crate::schema::check`), for the routed topics found.
 async fn check_registry(config: &Config, routed: &Result<Vec<String>>) -> Option<Report> {
     config.schema_registry.as_ref()?;
@@ -154,7 +156,8 @@ async fn check_registry(config: &Config, routed: &Result<Vec<String>>) -> Option
     tokio::task::spawn_blocking(move || crate::schema::check::check(&config, &topics)).await.ok().flatten()
 }
 
-fn summarize(report: &Report, kafka: &crate::sink::check::KafkaCheck, registry: Option<&Report>) -> Result<()> {
+/// Prints the Kafka findings and the verdict over the reports; [`EXIT_DEFINITE`] when any check failed.
+fn summarize(report: &Report, kafka: &crate::sink::check::KafkaCheck, registry: Option<&Report>) -> ExitCode {
     print!("{kafka}");
     if let Some(registry) = registry {
         print!("{registry}");
@@ -163,8 +166,8 @@ fn summarize(report: &Report, kafka: &crate::sink::check::KafkaCheck, registry: 
     let failed = report.failures().count() + kafka.report.failures().count() + registry_failed;
     if failed > 0 {
         println!("{failed} check(s) failed");
-        std::process::exit(EXIT_DEFINITE);
+        return super::failed(EXIT_DEFINITE);
     }
     println!("all checks passed");
-    Ok(())
+    ExitCode::SUCCESS
 }

@@ -16,27 +16,36 @@ pub mod replay;
 pub mod state;
 pub mod status;
 
+use std::process::ExitCode;
+
 use crate::config::Config;
 use crate::error::Result;
 use audit::{AuditOptions, EXIT_AUDIT_FAILED};
 use prune::PruneOptions;
 use replay::ReplayOptions;
 
-/// `outbox-cdc audit`: the report as text or JSON; exits with [`EXIT_AUDIT_FAILED`] when it found a problem.
+/// `outbox-cdc audit`: the report as text or JSON, and the process's exit status: [`EXIT_AUDIT_FAILED`] when
+/// it found a problem.
 ///
 /// # Errors
 /// When the audit could not run (connection, topic metadata, spill file).
-pub async fn run_audit(config: &Config, opts: &AuditOptions, json: bool) -> Result<()> {
+pub async fn run_audit(config: &Config, opts: &AuditOptions, json: bool) -> Result<ExitCode> {
     let report = audit::run(config, opts).await?;
     if json {
         println!("{}", serde_json::to_string_pretty(&report).expect("serializes"));
     } else {
         println!("{report}");
     }
-    if !report.passed() {
-        std::process::exit(EXIT_AUDIT_FAILED);
-    }
-    Ok(())
+    Ok(match report.passed() {
+        true => ExitCode::SUCCESS,
+        false => failed(EXIT_AUDIT_FAILED),
+    })
+}
+
+/// The exit status of a command that ran to its end and found a problem: `code` is one of the `EXIT_*`
+/// constants, each below 256.
+fn failed(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
 /// `outbox-cdc replay`: what was (or, with `dry_run`, would be) published again.

@@ -1,7 +1,7 @@
 //! The Kafka producer: idempotent, `acks=all`, murmur2 partitioning, bounded in bytes; with `exactly_once`,
 //! transactional ([`super::transaction`]).
 //!
-//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
 //!
 //! # Invariants
 //! - Every record handed to librdkafka was first registered with the [`Watermark`]; its delivery callback

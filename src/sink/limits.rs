@@ -1,7 +1,7 @@
 //! Topic limits and the size rule: what a topic's `max.message.bytes` must take, and whom a size refusal
 //! blames. Pure: the delivery callback judges refusals with it, the sink and `check` check topics with it.
 //!
-//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
 //!
 //! # Invariants
 //! - A record is blamed for a size refusal only when it alone is over the topic's `max.message.bytes`

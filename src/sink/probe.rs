@@ -1,6 +1,6 @@
 //! The broker probe: keeps `outbox_cdc_ready`'s broker half honest while the producer is idle.
 //!
-//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
 
 use std::time::Duration;
 

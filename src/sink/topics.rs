@@ -1,7 +1,7 @@
 //! The topics a sink writes to: each is made sure to exist (created through the Admin API when allowed)
 //! and to take the producer's batches ([`super::limits`]) before its first record.
 //!
-//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
 //!
 //! # Invariants
 //! - A topic's `max.message.bytes` takes the producer's largest batch ([`check_topic_limit`]), checked by

@@ -2,7 +2,7 @@
 //! transitions take the state and return the next one, so that a state the producer cannot be in cannot be
 //! written down.
 //!
-//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
 //!
 //! ```text
 //!  Idle ──begin──► Open ──commit──► Committing ──returned: committed──► Idle, or Open with the held records

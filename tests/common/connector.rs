@@ -166,6 +166,22 @@ impl Connector {
         write_config(self.dir.path(), db, broker, extra_toml)
     }
 
+    /// Writes a config that reads a real MariaDB binlog file (no server needed) and sends to a port where
+    /// no broker listens, with `extra` appended; returns its path.
+    pub fn write_files_config(&self, extra: &str) -> PathBuf {
+        let file = super::binlog_fixture("mariadb-operator-mariadb-poc/domain_id_0.mariadb-repl-bin.000010");
+        let text = format!(
+            "[source]\nkind = \"files\"\nbinlog_files = [{file}]\n\n[outbox]\ntable = \"shop.outbox_events\"\n\n\
+             [state]\ndir = {state}\n\n[snapshot]\nmode = \"never\"\n\n[metrics]\nenabled = false\n\n\
+             [kafka]\nbootstrap_servers = \"127.0.0.1:9\"\n{extra}",
+            file = toml_str(&file.to_string_lossy()),
+            state = toml_str(&self.state_dir().to_string_lossy()),
+        );
+        let path = self.config_path();
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
     /// Sets an environment variable for the next starts (e.g. `RUST_LOG`).
     pub fn env(&mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> &mut Self {
         self.envs.push((key.into(), value.into()));
@@ -351,6 +367,19 @@ impl Connector {
             object.remove("last_error");
         }
         Ok(Some(value))
+    }
+
+    /// Waits until the connector logs that it streams (after its snapshot, if it takes one), so that later
+    /// writes are streamed; fails the test with its logs after `timeout`. Log text rather than `/readyz`:
+    /// the endpoint turns ready during the snapshot already, and listens on a port chosen at start.
+    pub fn wait_streaming(&self, timeout: Duration) {
+        let ok = super::wait_until(timeout, || self.stderr().contains(" streaming "));
+        assert!(ok, "connector never started streaming\n{}", self.logs());
+    }
+
+    /// The last `max_lines` lines of the process's stderr (its logs), for assertion messages.
+    pub fn log_tail(&self, max_lines: usize) -> String {
+        super::tail_file(&self.dir().join("stderr.log"), max_lines)
     }
 
     /// Everything the process(es) wrote so far: stdout then stderr, with start markers.

@@ -99,6 +99,23 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// A real binlog file of `../shared/fixtures/binlog` (its MANIFEST.md says where each comes from).
+pub fn binlog_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/binlog").join(name)
+}
+
+/// Body of `GET /metrics` on 127.0.0.1:`port`; `None` while nothing answers 200.
+pub fn scrape(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
 /// The last `max_lines` lines of a text file, or a note that it can't be read (for panic messages).
 pub fn tail_file(path: &std::path::Path, max_lines: usize) -> String {
     match std::fs::read(path) {

@@ -1,7 +1,7 @@
 //! The Kafka check's judgements: what `run` needs, set against what the cluster answered, as findings with
 //! the fix for each. Pure: the asking is in [`super`].
 //!
-//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
 
 use std::time::Duration;
 

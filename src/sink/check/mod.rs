@@ -1,6 +1,6 @@
 //! `outbox-cdc check`, the Kafka half: what `run` will need from the cluster, asked before it is needed.
 //!
-//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3; the watermark takes the sink's delivery proof, the one seam.
+//! Floor 4 (docs/ARCHITECTURE.md): imports floors 0-3.
 //!
 //! The check connects with the producer's own configuration ([`super::kafka::producer_config`]: the
 //! configured `[kafka.properties]` with the delivery guarantee's settings over them), so a property
