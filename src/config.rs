@@ -468,7 +468,7 @@ pub struct SourceConfig {
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
     /// First back-off ceiling before reconnecting after a transient failure; the ceiling doubles up to
-    /// `reconnect_max_backoff_ms`, and each delay is drawn from [ceiling/2, ceiling] (see `pipeline::Backoff`).
+    /// `reconnect_max_backoff_ms`, and each delay is drawn from [ceiling/2, ceiling] (see `app::backoff::Backoff`).
     #[serde(default = "default_backoff_initial_ms")]
     pub reconnect_initial_backoff_ms: u64,
     /// Upper bound of the reconnect delay.
