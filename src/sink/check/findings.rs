@@ -279,11 +279,13 @@ pub(super) fn fail(setting: &str, expected: &str, actual: &str, fix: &str) -> Fi
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::config::KafkaConfig;
 
-    fn kafka_config(bootstrap: &str, kafka: &str) -> KafkaConfig {
+    /// A `[kafka]` section read through the config parser, with `kafka` added to it (also the Kafka check's
+    /// mock-cluster tests).
+    pub(in crate::sink::check) fn kafka_config(bootstrap: &str, kafka: &str) -> KafkaConfig {
         let text = format!(
             "[source]\nhost = \"h\"\nuser = \"u\"\nserver_id = 1\n[outbox]\ntable = \"s.t\"\n[kafka]\n\
              bootstrap_servers = \"{bootstrap}\"\n{kafka}\n"

@@ -407,15 +407,8 @@ mod tests {
     use rdkafka::mocking::MockCluster;
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
+    use super::findings::tests::kafka_config;
     use super::*;
-
-    fn kafka_config(bootstrap: &str, kafka: &str) -> KafkaConfig {
-        let text = format!(
-            "[source]\nhost = \"h\"\nuser = \"u\"\nserver_id = 1\n[outbox]\ntable = \"s.t\"\n[kafka]\n\
-             bootstrap_servers = \"{bootstrap}\"\n{kafka}\n"
-        );
-        crate::config::Config::parse(&text).unwrap().kafka
-    }
 
     /// Why no broker answered: a refused credential or TLS setup is definite (exit 2), anything else
     /// transient (exit 3), and the last error librdkafka reported is in the message.
