@@ -159,18 +159,25 @@ async fn the_documented_example_takes_over_from_debezium_record_by_record() {
     connector.terminate();
 }
 
-/// `start_after` refuses GTIDs the server has not executed (another server, a typo): starting there would
-/// wait for transactions that never come while the real ones are skipped.
-#[tokio::test(flavor = "multi_thread")]
-async fn start_after_beyond_the_server_is_refused() {
+/// Runs the README's example against a fresh MariaDB with `start_after = gtid` and returns the connector
+/// once it has exited with 2 (a definite error).
+fn refused_start_after(gtid: &str) -> Connector {
     let db = MariaDb::start();
     db.sql(&doc_block("## The example", "sql").replacen("CREATE TABLE outbox", "CREATE TABLE shop.outbox", 1));
     let broker = Broker::start(Engine::Memory);
     let mut connector = Connector::new();
-    let config = example_config(&connector, &db, &broker, "0-1-999999");
+    let config = example_config(&connector, &db, &broker, gtid);
     connector.run(&config);
     let status = connector.wait_exit(Duration::from_secs(60)).expect("the connector stops");
     assert_eq!(status.code(), Some(2), "{}", connector.logs());
+    connector
+}
+
+/// `start_after` refuses GTIDs the server has not executed (another server, a typo): starting there would
+/// wait for transactions that never come while the real ones are skipped.
+#[tokio::test(flavor = "multi_thread")]
+async fn start_after_beyond_the_server_is_refused() {
+    let connector = refused_start_after("0-1-999999");
     assert!(connector.stderr().contains("have not reached GTID 0-1-999999"), "{}", connector.logs());
 }
 
@@ -178,14 +185,7 @@ async fn start_after_beyond_the_server_is_refused() {
 /// the other kind) is refused with the form this server takes and an example of it, not only a parse error.
 #[tokio::test(flavor = "multi_thread")]
 async fn start_after_of_the_other_server_kind_says_which_form_this_server_takes() {
-    let db = MariaDb::start();
-    db.sql(&doc_block("## The example", "sql").replacen("CREATE TABLE outbox", "CREATE TABLE shop.outbox", 1));
-    let broker = Broker::start(Engine::Memory);
-    let mut connector = Connector::new();
-    let config = example_config(&connector, &db, &broker, "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-1000");
-    connector.run(&config);
-    let status = connector.wait_exit(Duration::from_secs(60)).expect("the connector stops");
-    assert_eq!(status.code(), Some(2), "{}", connector.logs());
+    let connector = refused_start_after("3e11fa47-71ca-11e1-9e33-c80aa9429562:1-1000");
     let err = connector.stderr();
     for part in [
         "not a MariaDB GTID position",
