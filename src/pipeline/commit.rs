@@ -28,7 +28,7 @@ use crate::checkpoint::checkpointer::Checkpointer;
 use crate::checkpoint::{Mark, TxId, Watermark};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::sink::{KafkaSink, Transactional};
+use crate::sink::{CheckpointRecord, KafkaSink, Transactional};
 
 /// How a run makes its checkpoints durable: the delivery guarantee.
 pub(super) enum Commit {
@@ -100,8 +100,7 @@ impl Commit {
         };
         let target = Transactional {
             id: config.transactional_id().to_string(),
-            state_topic: state.topic().to_string(),
-            checkpoint_key: state.checkpoint_key(),
+            checkpoint: Some(CheckpointRecord { topic: state.topic().to_string(), key: state.checkpoint_key() }),
         };
         checkpointer.write_in_transactions();
         let sink = KafkaSink::transactional(&config.kafka, watermark, target).await?;
@@ -340,7 +339,7 @@ impl Transactions {
             checkpointer.committed(mark, &checkpoint);
             lock(&schedule).committed(took);
         });
-        sink.start_commit(record, on_commit).await?;
+        sink.start_commit(Some(record), on_commit).await?;
         self.schedule().cycle_start = Instant::now();
         Ok(())
     }

@@ -280,13 +280,13 @@ impl KafkaSink {
         }
     }
 
-    /// Writes `checkpoint` (the checkpointer's JSON record) into the open transaction (beginning one if
-    /// none is open) and commits it: every record produced since the last commit becomes visible to
+    /// Writes `checkpoint` (the checkpointer's JSON record), if any, into the open transaction (beginning
+    /// one if none is open) and commits it: every record produced since the last commit becomes visible to
     /// `read_committed` consumers together with the checkpoint that covers them, or none does.
     ///
     /// # Errors
     /// As [`KafkaSink::finish_commit`].
-    pub async fn commit(&mut self, checkpoint: Vec<u8>, on_commit: OnCommit) -> Result<()> {
+    pub async fn commit(&mut self, checkpoint: Option<Vec<u8>>, on_commit: OnCommit) -> Result<()> {
         self.start_commit(checkpoint, on_commit).await?;
         self.finish_commit().await
     }
@@ -299,7 +299,7 @@ impl KafkaSink {
     /// # Errors
     /// As [`KafkaSink::finish_commit`], for the commit before; transient when the checkpoint record is
     /// refused (the transaction is aborted).
-    pub async fn start_commit(&mut self, checkpoint: Vec<u8>, on_commit: OnCommit) -> Result<()> {
+    pub async fn start_commit(&mut self, checkpoint: Option<Vec<u8>>, on_commit: OnCommit) -> Result<()> {
         self.finish_commit().await?;
         let Some(txn) = &mut self.txn else {
             return Err(Error::definite(
@@ -308,7 +308,7 @@ impl KafkaSink {
         };
         let (producer, attempt) = (&self.producer, txn.commit_attempt);
         let target = &txn.target;
-        let started = txn.state.step(|state| state.commit(producer, target, attempt, &checkpoint, on_commit));
+        let started = txn.state.step(|state| state.commit(producer, target, attempt, checkpoint.as_deref(), on_commit));
         if let Err(error) = started {
             self.abort_transaction().await;
             return Err(error);
@@ -599,6 +599,7 @@ mod tests {
     use rdkafka::{Offset, TopicPartitionList};
 
     use super::*;
+    use crate::sink::CheckpointRecord;
 
     const TOPIC: &str = "outbox.event.order";
 
@@ -829,8 +830,10 @@ mod tests {
     ) -> (KafkaSink, Arc<Watermark>) {
         cluster.create_topic("state", 1, 1).unwrap();
         let config = kafka_config(&cluster.bootstrap_servers(), "");
-        let settings =
-            Transactional { id: "t".into(), state_topic: "state".into(), checkpoint_key: "c/checkpoint".into() };
+        let settings = Transactional {
+            id: "t".into(),
+            checkpoint: Some(CheckpointRecord { topic: "state".into(), key: "c/checkpoint".into() }),
+        };
         let watermark = Arc::new(Watermark::new(None));
         let sink = KafkaSink::transactional(&config, watermark.clone(), settings).await.unwrap();
         cluster.broker_round_trip_time(1, round_trip).unwrap();
@@ -858,7 +861,9 @@ mod tests {
         }
         let committed = Arc::new(AtomicBool::new(false));
         let on_commit = committed.clone();
-        sink.start_commit(b"{}".to_vec(), Box::new(move |_| on_commit.store(true, Ordering::Release))).await.unwrap();
+        sink.start_commit(Some(b"{}".to_vec()), Box::new(move |_| on_commit.store(true, Ordering::Release)))
+            .await
+            .unwrap();
         for id in &ids[5..] {
             sink.send(tx, &record(id, 100), None).await.unwrap();
         }
@@ -870,7 +875,7 @@ mod tests {
         assert!(committed.load(Ordering::Acquire), "committed: its checkpoint counts as saved");
         assert_eq!(held(&sink), 0);
         assert!(sink.transaction_bytes().is_some(), "the held records are in the next transaction");
-        sink.commit(b"{}".to_vec(), Box::new(|_| {})).await.unwrap();
+        sink.commit(Some(b"{}".to_vec()), Box::new(|_| {})).await.unwrap();
         settled(&sink).await;
         assert!(watermark.take_failure().is_none());
         assert_eq!(read_ids(&cluster.bootstrap_servers()), ids);
@@ -888,7 +893,9 @@ mod tests {
         sink.send(tx, &record("A1", 100), None).await.unwrap();
         let committed = Arc::new(AtomicBool::new(false));
         let on_commit = committed.clone();
-        sink.start_commit(b"{}".to_vec(), Box::new(move |_| on_commit.store(true, Ordering::Release))).await.unwrap();
+        sink.start_commit(Some(b"{}".to_vec()), Box::new(move |_| on_commit.store(true, Ordering::Release)))
+            .await
+            .unwrap();
         sink.send(tx, &record("A2", 100), None).await.unwrap();
         assert_eq!(held(&sink), 1);
 
@@ -911,8 +918,10 @@ mod tests {
             &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_TRANSACTION_TIMEOUT],
         );
         let config = kafka_config(&cluster.bootstrap_servers(), "");
-        let settings =
-            Transactional { id: "t".into(), state_topic: "state".into(), checkpoint_key: "c/checkpoint".into() };
+        let settings = Transactional {
+            id: "t".into(),
+            checkpoint: Some(CheckpointRecord { topic: "state".into(), key: "c/checkpoint".into() }),
+        };
         let Err(error) = KafkaSink::transactional(&config, Arc::new(Watermark::new(None)), settings).await else {
             panic!("the producer started")
         };
@@ -948,7 +957,7 @@ mod tests {
         sink.send(tx, &record("A1", 100), None).await.unwrap();
         let committed = Arc::new(AtomicBool::new(false));
         let on_commit = committed.clone();
-        sink.commit(b"{}".to_vec(), Box::new(move |_| on_commit.store(true, Ordering::Release))).await.unwrap();
+        sink.commit(Some(b"{}".to_vec()), Box::new(move |_| on_commit.store(true, Ordering::Release))).await.unwrap();
         assert!(committed.load(Ordering::Acquire), "committed after the retries: its checkpoint counts as saved");
         settled(&sink).await;
         assert!(watermark.take_failure().is_none());

@@ -14,7 +14,7 @@ mod topics;
 mod transaction;
 
 pub use kafka::{KafkaSink, IN_FLIGHT_OVERHEAD_BYTES};
-pub use transaction::{OnCommit, Transactional};
+pub use transaction::{CheckpointRecord, OnCommit, Transactional};
 
 use crate::checkpoint::TxId;
 

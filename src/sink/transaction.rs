@@ -35,15 +35,24 @@ use crate::error::{classify_kafka, Error, Result};
 use crate::metrics::metrics;
 use crate::router::KafkaRecord;
 
-/// Where a transactional sink writes the checkpoint that commits with its records (`exactly_once`).
+/// A transactional sink's producer id, and where it writes the checkpoint that commits with its records.
 #[derive(Debug, Clone)]
 pub struct Transactional {
     /// The producer's `transactional.id`.
     pub id: String,
-    /// The state topic and the key of this connector's checkpoint in it.
-    pub state_topic: String,
+    /// The binlog source's `exactly_once`: each commit writes the checkpoint here. `None` for the polling
+    /// relay (`poll.transactional`), whose transactions hold records only: its progress is the table's
+    /// `published_at`, written after the commit.
+    pub checkpoint: Option<CheckpointRecord>,
+}
+
+/// Where a checkpoint record goes: the state topic, under this connector's key.
+#[derive(Debug, Clone)]
+pub struct CheckpointRecord {
+    /// The state topic.
+    pub topic: String,
     /// The key of the checkpoint record.
-    pub checkpoint_key: String,
+    pub key: String,
 }
 
 /// Called once a transaction is committed, with how long its commit took (the run records its checkpoint
@@ -121,30 +130,40 @@ impl Transaction {
         }
     }
 
-    /// Open (begun first if idle) → Committing: writes `checkpoint` into the transaction under `target`'s
-    /// key and starts its commit on a blocking thread, each call to librdkafka taking at most `attempt`.
+    /// Open (begun first if idle) → Committing: writes `checkpoint`, if any, into the transaction under
+    /// `target`'s key and starts its commit on a blocking thread, each call to librdkafka taking at most
+    /// `attempt`.
     ///
     /// # Errors
-    /// As [`Transaction::begin`]; when the checkpoint record is refused, the error with the transaction
-    /// still open: the caller aborts it.
+    /// As [`Transaction::begin`]; when the checkpoint record is refused, or `target` has no place for it,
+    /// the error with the transaction still open: the caller aborts it.
     pub(super) fn commit(
         self,
         producer: &Arc<SinkProducer>,
         target: &Transactional,
         attempt: Duration,
-        checkpoint: &[u8],
+        checkpoint: Option<&[u8]>,
         on_commit: OnCommit,
     ) -> (Transaction, Result<()>) {
         let (open, begun) = self.begin(producer);
         if let Err(error) = begun {
             return (open, Err(error));
         }
-        let in_flight = InFlight { tx: None, permits: 0, record_bytes: checkpoint.len() as u32, occurred_at_ms: None };
-        let record = BaseRecord::with_opaque_to(&target.state_topic, Box::new(in_flight))
-            .key(&target.checkpoint_key)
-            .payload(checkpoint);
-        if let Err((e, _)) = producer.send(record) {
-            return (open, Err(classify_kafka(&e).context("writing the checkpoint into the Kafka transaction")));
+        match (checkpoint, &target.checkpoint) {
+            (None, _) => {}
+            (Some(_), None) => {
+                return (open, Err(Error::definite("this transactional producer writes no checkpoint record")));
+            }
+            (Some(checkpoint), Some(place)) => {
+                let record_bytes = checkpoint.len() as u32;
+                let in_flight = InFlight { tx: None, permits: 0, record_bytes, occurred_at_ms: None };
+                let record =
+                    BaseRecord::with_opaque_to(&place.topic, Box::new(in_flight)).key(&place.key).payload(checkpoint);
+                if let Err((e, _)) = producer.send(record) {
+                    let error = classify_kafka(&e).context("writing the checkpoint into the Kafka transaction");
+                    return (open, Err(error));
+                }
+            }
         }
         crate::failpoint!("before_kafka_commit");
         let producer = producer.clone();
