@@ -221,6 +221,16 @@ pub struct PollConfig {
     /// This relay's name in logs and in the lease (who holds it). Default: the host name and the process id
     /// (`host:pid`). Up to 128 characters.
     pub relay_id: Option<String>,
+    /// Publish in Kafka transactions (default false), so that a relay that lost its lease is fenced at the
+    /// broker: the producer's `transactional.id` is `[delivery] transactional_id` (default `[state] name`),
+    /// shared by the relays of one connector, and the one that takes over fences the one before, whose
+    /// open transaction is aborted and whose later records are refused. Without it, a relay paused past
+    /// its lease (a VM freeze) can still send the records it had handed to its producer after its
+    /// successor's: late duplicates that consumers applying events in order see as a step back. Needs a
+    /// broker with transactions, and consumers reading with `isolation.level = read_committed` (the
+    /// default of librdkafka and of the Java client's Kafka Streams with exactly-once; the Java consumer's
+    /// default is `read_uncommitted`). Rows are marked published once their transaction committed.
+    pub transactional: bool,
     /// Whether the file has a `[poll]` table (only meaningful with `source.kind = "poll"`).
     set: bool,
 }
@@ -252,6 +262,8 @@ struct PollConfigToml {
     max_attempts: Option<u32>,
     #[serde(default)]
     relay_id: Option<String>,
+    #[serde(default)]
+    transactional: bool,
 }
 
 impl From<PollConfigToml> for PollConfig {
@@ -263,6 +275,7 @@ impl From<PollConfigToml> for PollConfig {
             lease_ms: t.lease_ms,
             max_attempts: t.max_attempts,
             relay_id: t.relay_id,
+            transactional: t.transactional,
             set: true,
         }
     }
@@ -277,6 +290,7 @@ impl Default for PollConfig {
             lease_ms: None,
             max_attempts: None,
             relay_id: None,
+            transactional: false,
             set: false,
         }
     }
@@ -1417,7 +1431,8 @@ const OWNED_PROPERTIES: &[OwnedProperty] = &[
     OwnedProperty {
         keys: &["transactional.id"],
         allowed: |_| false,
-        why: "outbox-cdc sets it from [delivery] transactional_id with guarantee = \"exactly_once\"",
+        why: "outbox-cdc sets it from [delivery] transactional_id with guarantee = \"exactly_once\" (the polling \
+              relay: [poll] transactional = true)",
     },
 ];
 
@@ -1899,6 +1914,10 @@ impl ConfigFile {
         }
         if !(16..=3_600_000).contains(&poll.poll_interval_ms) {
             return Err(Error::definite("poll.poll_interval_ms must be between 16 and 3600000"));
+        }
+        if poll.transactional {
+            // The relay's transactions commit back to back; only the timeout's bounds apply.
+            self.kafka.transaction_timeout_ms()?;
         }
         match &poll.relay_id {
             Some(id) if id.is_empty() || id.len() > 128 => {
@@ -2450,6 +2469,10 @@ mod tests {
             (PollOrder::OccurredAt, 50, 20, "r1".to_string())
         );
         assert_eq!(c.poll.ignored_keys(), ["lease_ms", "max_attempts"], "older files load, with a warning");
+        assert!(!p.transactional && with("transactional = true").unwrap().poll.transactional);
+        let timeout = POLL.replace("[kafka]", "[kafka]\nproperties = { \"transaction.timeout.ms\" = \"soon\" }");
+        let e = Config::parse(&format!("{timeout}\n[poll]\ntransactional = true\n")).unwrap_err().to_string();
+        assert!(e.contains("\"transaction.timeout.ms\" = \"soon\" is not a number"), "{e}");
         let cases: &[(&str, &str)] = &[
             ("poll_interval_ms = 10", "poll.poll_interval_ms"),
             ("batch_rows = 0", "poll.batch_rows"),
