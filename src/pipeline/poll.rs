@@ -15,9 +15,16 @@
 //! once the lease is not provably held, and the app stops the run when it is lost. Like the binlog sink's,
 //! the producer never gives up on a record (`message.timeout.ms = 0`): a record given up while later ones
 //! of its partition land would come back after them on the retry, out of order. So records a paused relay
-//! had handed over and not yet sent can still land after its successor's when it resumes (the at-least-once
-//! duplicates of its last batches, possibly out of order once): a known gap, closed only by Kafka's own
-//! fencing (a transactional producer), which the relay does not use.
+//! had handed over and not yet sent can still land after its successor's when it resumes: duplicates of
+//! its last batches, each a step back for a consumer that applies events in order.
+//!
+//! `poll.transactional` closes that gap with Kafka's own fencing. The relays of a connector share one
+//! `transactional.id`; the run's producer starts with `init_transactions`, which aborts the transaction
+//! the relay before it left open and fences that relay's producer, so nothing it sends after the
+//! takeover is written. Its records are produced in transactions that commit back to back (each holds
+//! what was produced while the one before committed, [`PollRun::commit`]), and a batch is marked only once
+//! the transaction holding it committed: a `read_committed` consumer sees each row's record once the row
+//! is, or is about to be, marked, and never a fenced relay's.
 //!
 //! # Errors
 //! - A delivery failure ends the run; nothing is written for it (an outage, a timeout, a restart never
@@ -35,6 +42,7 @@
 //! [`BACKLOG_EVERY`]. `outbox_cdc_poll_queries_total` counts them by kind.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,7 +58,7 @@ use crate::metrics::metrics;
 use crate::publish::{Publisher, SourceRow};
 use crate::quarantine::headers;
 use crate::router::Router;
-use crate::sink::KafkaSink;
+use crate::sink::{KafkaSink, Transactional};
 use crate::source::poll::{
     key_bytes, sequence_value, Aggregate, OrderKey, Polled, Position, Relay, FULL_SWEEP_EVERY, GAP_GRACE, SWEEP_PAGE,
 };
@@ -130,6 +138,9 @@ struct PollRun<'a> {
     shutdown: &'a Shutdown,
     tables: Vec<TableState>,
     pending: VecDeque<Batch>,
+    /// `poll.transactional`: batches before this transaction id are in committed Kafka transactions (set
+    /// by each commit's callback). `None`: records count once Kafka acknowledged them.
+    committed: Option<Arc<AtomicU64>>,
 }
 
 /// Runs the relay until shutdown (Ok) or the first error.
@@ -156,7 +167,14 @@ pub(super) async fn run(
     // It ends when the run drops `marks`; marking rows Kafka acknowledged is right whenever it happens.
     let marker = tokio::spawn(marker(relay.clone(), source.connect().await?, requests, done));
     let watermark = Arc::new(Watermark::new(None));
-    let mut sink = KafkaSink::new(&config.kafka, watermark.clone())?;
+    let (mut sink, committed) = if config.poll.transactional {
+        // Its start fences the producer of the relay before, and aborts what that one left open.
+        let settings = Transactional { id: config.transactional_id().to_string(), checkpoint: None };
+        let sink = KafkaSink::transactional(&config.kafka, watermark.clone(), settings).await?;
+        (sink, Some(Arc::new(AtomicU64::new(0))))
+    } else {
+        (KafkaSink::new(&config.kafka, watermark.clone())?, None)
+    };
     if let Some(lease) = lease {
         sink.publish_while(lease);
     }
@@ -184,6 +202,7 @@ pub(super) async fn run(
         shutdown,
         tables,
         pending: VecDeque::new(),
+        committed,
     };
     let interval = Duration::from_millis(config.poll.poll_interval_ms);
     let mut idle_wait = interval / 16;
@@ -194,6 +213,7 @@ pub(super) async fn run(
         if shutdown.is_requested() {
             return run.finish().await;
         }
+        run.commit().await?;
         run.settle().await?;
         let mut busy = false;
         for t in 0..run.tables.len() {
@@ -212,14 +232,14 @@ pub(super) async fn run(
         if busy {
             idle_wait = interval / 16;
             if run.pending.len() >= MAX_PENDING_BATCHES {
-                run.sink.drain(Duration::from_millis(100)).await;
+                run.wait_in_flight(Duration::from_millis(100)).await;
             }
             continue;
         }
         metrics().poll_idle();
         if !run.pending.is_empty() {
             // Nothing new: wait for what is in flight, then mark it.
-            run.sink.drain(idle_wait).await;
+            run.wait_in_flight(idle_wait).await;
             continue;
         }
         tokio::select! {
@@ -417,7 +437,10 @@ impl PollRun<'_> {
         if self.marker.is_finished() {
             return Err(self.marker_ended().await);
         }
-        let settled = self.watermark.settled_before();
+        let mut settled = self.watermark.settled_before();
+        if let Some(committed) = &self.committed {
+            settled = settled.min(TxId(committed.load(Ordering::Acquire)));
+        }
         let mut done: Vec<Batch> = Vec::new();
         while self.pending.front().is_some_and(|b| b.tx < settled) {
             done.extend(self.pending.pop_front());
@@ -456,6 +479,50 @@ impl PollRun<'_> {
             }
         }
         Ok(())
+    }
+
+    /// `poll.transactional`: finishes a commit that returned, and starts the next one when records were
+    /// produced since. Commits follow each other back to back, each holding what was produced while the
+    /// one before ran, so a record waits about one commit to become readable, and an idle relay commits
+    /// nothing. Its callback moves `committed` past the last batch produced before it started.
+    ///
+    /// # Errors
+    /// A commit that failed, or a producer fenced by a newer relay's: the run ends, nothing of the
+    /// transaction is marked.
+    async fn commit(&mut self) -> Result<()> {
+        let Some(committed) = &self.committed else { return Ok(()) };
+        if self.sink.is_committing() {
+            if !self.sink.commit_has_returned() {
+                return Ok(());
+            }
+            self.sink.finish_commit().await?;
+        }
+        let (Some(last), Some(bytes)) = (self.pending.back(), self.sink.transaction_bytes()) else { return Ok(()) };
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (committed, through) = (committed.clone(), last.tx.0 + 1);
+        let on_commit = Box::new(move |_| {
+            committed.fetch_max(through, Ordering::AcqRel);
+        });
+        self.sink.start_commit(None, on_commit).await
+    }
+
+    /// `poll.transactional`, at shutdown: finishes the running commit and commits what is open.
+    async fn commit_all(&mut self) -> Result<()> {
+        self.sink.finish_commit().await?;
+        self.commit().await?;
+        self.sink.finish_commit().await
+    }
+
+    /// Waits up to `timeout` for what is in flight: for its acknowledgements, or with `poll.transactional`
+    /// for the running commit to return.
+    async fn wait_in_flight(&mut self, timeout: Duration) {
+        if self.committed.is_none() || !self.sink.is_committing() {
+            self.sink.drain(timeout).await;
+            return;
+        }
+        let _ = tokio::time::timeout(timeout, self.sink.commit_returned()).await;
     }
 
     /// The marker task's end, as the run's error.
@@ -548,7 +615,11 @@ impl PollRun<'_> {
 
     /// Graceful shutdown: waits up to [`SHUTDOWN_GRACE`] for what is in flight, marks it, and returns.
     async fn finish(&mut self) -> Result<()> {
-        if !self.sink.drain(SHUTDOWN_GRACE).await {
+        let acknowledged = match self.committed.is_some() {
+            false => self.sink.drain(SHUTDOWN_GRACE).await,
+            true => tokio::time::timeout(SHUTDOWN_GRACE, self.commit_all()).await.is_ok_and(|c| c.is_ok()),
+        };
+        if !acknowledged {
             self.sink.abort();
             tracing::warn!("Kafka did not acknowledge everything within the shutdown grace period; the rows not marked are published again by the next run");
         }
