@@ -22,14 +22,12 @@ const DLQ: &str = "outbox-cdc.dead-letter";
 const RELAY_PASSWORD: &str = "relay-secret";
 const CATCH_UP: Duration = Duration::from_secs(90);
 
-/// Creates the `relay` user (`SELECT, UPDATE` on the outbox table only) and gives the table the relay's
-/// sequence column and index, as `check` proposes them.
+/// Creates the `relay` user (`SELECT, UPDATE` on the outbox table only). The reference table
+/// (`deploy/mysql-init.sql`) has the relay's sequence column and read index.
 fn create_relay_user(db: &MariaDb) {
     db.sql(&format!(
         "CREATE USER 'relay'@'127.0.0.1' IDENTIFIED BY '{RELAY_PASSWORD}';
-         GRANT SELECT, UPDATE ON shop.outbox_events TO 'relay'@'127.0.0.1';
-         ALTER TABLE shop.outbox_events ADD COLUMN seq BIGINT UNSIGNED NOT NULL AUTO_INCREMENT UNIQUE, \
-           ADD INDEX idx_unpublished (published_at, seq);"
+         GRANT SELECT, UPDATE ON shop.outbox_events TO 'relay'@'127.0.0.1';"
     ));
 }
 

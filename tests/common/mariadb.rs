@@ -17,17 +17,14 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long a graceful shutdown may take.
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The outbox table, exactly as users are told to create it.
-pub const OUTBOX_DDL: &str = "CREATE TABLE outbox_events (
- id CHAR(36) PRIMARY KEY, aggregate_type VARCHAR(64) NOT NULL,
- aggregate_id VARCHAR(128) NOT NULL, event_type VARCHAR(128) NOT NULL,
- schema_version SMALLINT UNSIGNED NOT NULL, payload JSON NOT NULL, headers JSON NULL,
- occurred_at DATETIME(6) NOT NULL, published_at DATETIME(6) NULL, attempts INT UNSIGNED DEFAULT 0,
- next_attempt_at DATETIME(6) NOT NULL, locked_at DATETIME(6) NULL, locked_by VARCHAR(128) NULL,
- last_error VARCHAR(1000) NULL,
- KEY idx_aggregate (aggregate_type,aggregate_id,occurred_at),
- KEY idx_ready (published_at,next_attempt_at,occurred_at)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
+/// The outbox table, exactly as users are told to create it: the `CREATE TABLE` of
+/// `deploy/mysql-init.sql` (the reference schema the README and the demo use), relay columns included.
+pub fn outbox_ddl() -> &'static str {
+    const INIT: &str = include_str!("../../deploy/mysql-init.sql");
+    let start = INIT.find("CREATE TABLE").expect("deploy/mysql-init.sql creates the outbox table");
+    let end = start + INIT[start..].find(";\n").expect("the CREATE TABLE ends with `;`");
+    &INIT[start..end]
+}
 
 /// The business table written in the same transaction as the outbox row.
 pub const ORDERS_DDL: &str = "CREATE TABLE orders (
@@ -426,10 +423,11 @@ impl MariaDb {
     }
 
     fn create_schema(&self) {
+        let outbox_ddl = outbox_ddl();
         let sql = format!(
             "CREATE DATABASE shop CHARACTER SET utf8mb4;
              USE shop;
-             {OUTBOX_DDL};
+             {outbox_ddl};
              {ORDERS_DDL};
              CREATE USER 'cdc'@'127.0.0.1' IDENTIFIED BY '{CDC_PASSWORD}';
              CREATE USER 'cdc'@'localhost' IDENTIFIED BY '{CDC_PASSWORD}';
