@@ -63,6 +63,10 @@ pub struct AuditReport {
     pub unexpected: Vec<String>,
     /// One line per aggregate whose records landed on more than one partition.
     pub split_aggregates: Vec<String>,
+    /// One line per aggregate whose last record is not its last event: a late duplicate (a paused
+    /// publisher's, sent after its successor's) that a consumer keeping the latest event per key ends on.
+    /// Not part of [`AuditReport::is_clean`]; asserted by the scenarios that promise it.
+    pub stale_tails: Vec<String>,
     /// Number of records audited.
     pub records: usize,
 }
@@ -89,7 +93,8 @@ impl AuditReport {
             }
         }
         format!(
-            "records={} missing={} {} duplicates={} order_violations={} {} unexpected={} {} split_aggregates={} {}",
+            "records={} missing={} {} duplicates={} order_violations={} {} unexpected={} {} split_aggregates={} {} \
+             stale_tails={} {}",
             self.records,
             self.missing.len(),
             head(&self.missing),
@@ -100,6 +105,8 @@ impl AuditReport {
             head(&self.unexpected),
             self.split_aggregates.len(),
             head(&self.split_aggregates),
+            self.stale_tails.len(),
+            head(&self.stale_tails),
         )
     }
 }
@@ -121,6 +128,8 @@ pub fn audit(expected: &Expected, received: &[Received]) -> AuditReport {
     // aggregate -> (position, id, partition:offset) of the latest first occurrence, in commit order.
     let mut last: HashMap<&str, (usize, &str, String)> = HashMap::new();
     let mut partitions: BTreeMap<&str, std::collections::BTreeSet<i32>> = BTreeMap::new();
+    // aggregate -> (position, partition:offset) of its last record, duplicates included.
+    let mut tails: HashMap<&str, (usize, String)> = HashMap::new();
 
     for r in records {
         let at = format!("{}:{}", r.partition, r.offset);
@@ -133,6 +142,7 @@ pub fn audit(expected: &Expected, received: &[Received]) -> AuditReport {
             continue;
         };
         partitions.entry(aggregate).or_default().insert(r.partition);
+        tails.insert(aggregate, (pos, at.clone()));
         if !seen.insert(id) {
             report.duplicates += 1;
             continue;
@@ -157,6 +167,14 @@ pub fn audit(expected: &Expected, received: &[Received]) -> AuditReport {
         }
         if let Some(p) = partitions.get(aggregate.as_str()).filter(|p| p.len() > 1) {
             report.split_aggregates.push(format!("aggregate {aggregate} on partitions {p:?}"));
+        }
+        let last = ids.iter().rposition(|id| !expected.uncertain.contains(id));
+        if let (Some(last), Some((pos, at))) = (last, tails.get(aggregate.as_str())) {
+            if *pos < last {
+                report
+                    .stale_tails
+                    .push(format!("aggregate {aggregate}: last record {at} is event #{pos}, not #{last}"));
+            }
         }
     }
     report.missing.sort();
