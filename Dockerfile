@@ -9,6 +9,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY examples ./examples
+COPY inbox ./inbox
 COPY connector.toml ./
 # .dockerignore keeps .git out: outbox_cdc_build_info's commit comes from
 # `docker build --build-arg OUTBOX_CDC_COMMIT=$(git rev-parse --short=12 HEAD) .`, else "unknown".

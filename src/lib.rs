@@ -54,7 +54,6 @@ pub mod failpoint;
 pub mod findings;
 pub mod health;
 pub mod http;
-pub mod inbox;
 pub mod kafka;
 pub mod lease;
 pub mod metrics;

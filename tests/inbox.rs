@@ -1,7 +1,8 @@
-//! The inbox (`src/inbox.rs`) and its example consumer (`examples/inbox_consumer.rs`) against a real MariaDB
-//! and a real Kafka-protocol broker (Tansu, memory engine): a consumer killed at random applies every event
-//! exactly once, a record without an `id` header stops it, and the two crash windows (before and after the
-//! database commit) are also made on purpose through the library API.
+//! The inbox (the `outbox-cdc-inbox` crate, `inbox/`) and its example consumer
+//! (`inbox/examples/inbox_consumer.rs`) against a real MariaDB and a real Kafka-protocol broker (Tansu,
+//! memory engine): a consumer killed at random applies every event exactly once, a record without an `id`
+//! header stops it, and the two crash windows (before and after the database commit) are also made on
+//! purpose through the library API.
 //!
 //! # Why this test has its own `main`
 //! The consumer must be a separate process to be killed with SIGKILL, and it must be the example's code.
@@ -10,14 +11,14 @@
 
 mod common;
 
-#[path = "../examples/inbox_consumer.rs"]
+#[path = "../inbox/examples/inbox_consumer.rs"]
 #[allow(dead_code)] // the example's own `main` is not used here
 mod inbox_consumer;
 
 use common::process;
 use common::{wait_until, Broker, Engine, MariaDb};
 use mysql_async::prelude::Queryable;
-use outbox_cdc::inbox::{commit_after, Inbox, InboxError, Outcome};
+use outbox_cdc_inbox::{commit_after, Inbox, InboxError, Outcome};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::message::{Header, OwnedHeaders};

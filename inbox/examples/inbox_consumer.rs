@@ -1,5 +1,5 @@
-//! A consumer that applies each outbox event exactly once, with the inbox ([`outbox_cdc::inbox`]):
-//! `cargo run --example inbox_consumer -- <bootstrap_servers> <topic> <group> <mysql_url>`.
+//! A consumer that applies each outbox event exactly once, with the inbox ([`outbox_cdc_inbox`]):
+//! `cargo run -p outbox-cdc-inbox --example inbox_consumer -- <bootstrap_servers> <topic> <group> <mysql_url>`.
 //!
 //! Each record is a deposit in outbox-cdc's default envelope: `aggregate_id` is the account, `data.amount`
 //! an integer. The side effect, in the inbox's transaction: a row in `applied_effects` (a journal with no
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
-use outbox_cdc::inbox::{commit_after, Inbox, Outcome};
+use outbox_cdc_inbox::{commit_after, Inbox, Outcome};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::ClientConfig;

@@ -1,8 +1,8 @@
 //! The consumer's half of "exactly once, end to end": the inbox pattern for services that read outbox-cdc's
 //! topics with `rdkafka` and keep their state in MySQL/MariaDB with `mysql_async`.
 //!
-//! Floor 6, the top (docs/ARCHITECTURE.md): imports nothing of ours, and nothing of ours imports it; it is
-//! library code for consumers, not part of the connector.
+//! A crate of its own in the workspace (`inbox/`): library code for consumers, not part of the connector,
+//! which neither imports it nor is imported by it.
 //!
 //! outbox-cdc delivers at least once: after a connector crash, events can be published again (docs/CONTRACT.md,
 //! "Delivery"), and a consumer crash makes Kafka deliver again whatever the consumer had not committed. Every
@@ -22,7 +22,7 @@
 //! # async fn demo(conn: &mut mysql_async::Conn, consumer: &rdkafka::consumer::StreamConsumer)
 //! # -> Result<(), Box<dyn std::error::Error>> {
 //! use mysql_async::prelude::*;
-//! use outbox_cdc::inbox::{commit_after, Inbox};
+//! use outbox_cdc_inbox::{commit_after, Inbox};
 //!
 //! let inbox = Inbox::new("billing");
 //! inbox.ensure_table(conn).await?;
@@ -75,10 +75,10 @@
 //! knows exactly how far this group has got, even when the process died between the database commit and
 //! the offset commit. [`Inbox::assignment`] builds a manual assignment from it (partitions the table does
 //! not know resume from the Kafka-committed offset, [`Offset::Stored`]). The example consumer
-//! (`examples/inbox_consumer.rs`) uses that instead of a group subscription: no rebalance pause after a
-//! crash, and a resume point that cannot be behind the applied state (Kafka offsets are still committed
-//! after each record, for lag monitoring and for a switch to a subscription). With `subscribe`, the
-//! inbox is just as correct; the committed offset can then be a little behind and those records are
+//! (`examples/inbox_consumer.rs` in this crate) uses that instead of a group subscription: no rebalance
+//! pause after a crash, and a resume point that cannot be behind the applied state (Kafka offsets are still
+//! committed after each record, for lag monitoring and for a switch to a subscription). With `subscribe`,
+//! the inbox is just as correct; the committed offset can then be a little behind and those records are
 //! skipped.
 //!
 //! # Why not Kafka transactions
