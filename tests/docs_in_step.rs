@@ -330,7 +330,7 @@ fn config_table_problems(readme: &str) -> Vec<String> {
     problems
 }
 
-/// Guards against the README's configuration reference drifting from `src/config.rs`: a key added without a
+/// Guards against the README's configuration reference drifting from `src/config/`: a key added without a
 /// row (the `[kafka]` table lacked `properties_env` and `properties_file`), or a row left for a key that was
 /// renamed or removed (a config written from it would be refused: unknown keys are errors).
 #[test]

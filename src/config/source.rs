@@ -1,0 +1,323 @@
+//! `[source]`: the database server, or binlog files on disk.
+//!
+//! Floor 2 (docs/ARCHITECTURE.md): imports floors 0-1 (vocabulary, error, metrics).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::{one_password, Secret, SnapshotMode};
+use crate::error::{Error, Result};
+
+/// `[source]`: the database server, ideally a replica — or binlog files on disk.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// "server" (default: stream from a live server over the replication protocol), "files" (read binlog
+    /// files from disk — `binlog_dir` or `binlog_files` — publish what they hold after the checkpoint or
+    /// `start_after`, then exit 0 once everything is acknowledged and checkpointed) or "poll" (the polling
+    /// relay, `[poll]`: claim unpublished rows of the table, publish them, set `published_at`; no binlog
+    /// access needed, `SELECT, UPDATE` on the outbox table suffice). With "files" the connection settings
+    /// (`host`, `user`, `server_id`, …) are not used; with "poll" they are, except `server_id`, which must
+    /// not be set. Both need `[snapshot] mode = "never"`.
+    #[serde(default)]
+    pub kind: SourceKind,
+    /// `kind = "files"`: a directory; every file in it that starts with the binlog magic bytes is read, in
+    /// binlog index order (`mysql-bin.000009` before `mysql-bin.000010`). Other files (the `.index`) are
+    /// ignored.
+    #[serde(default)]
+    pub binlog_dir: Option<PathBuf>,
+    /// `kind = "files"`: the binlog files to read (instead of `binlog_dir`); read in binlog index order
+    /// whatever order they are listed in. A file that is not a binlog is an error.
+    #[serde(default)]
+    pub binlog_files: Vec<PathBuf>,
+    /// First run only (a checkpoint takes precedence): transactions already published, which are skipped
+    /// — a MySQL GTID set (`uuid:1-100`) or a MariaDB GTID position (`0-1-100`), the way a replica's
+    /// `gtid_executed` / `gtid_slave_pos` reads. With `kind = "files"` the default is everything after the
+    /// first file's PREVIOUS_GTIDS / GTID_LIST. With `kind = "server"` (needs `snapshot.mode = "never"`
+    /// and `resume_by = "gtid"`) the stream starts right after these GTIDs instead of at `start_from`: the
+    /// way to take over from Debezium, whose offsets hold the GTIDs it published
+    /// (docs/MIGRATING-FROM-DEBEZIUM.md). The server must still hold the binlogs after them, and must
+    /// have executed them.
+    #[serde(default)]
+    pub start_after: Option<String>,
+    /// Host name or IP address of the server. Required with `kind = "server"` and `kind = "poll"`.
+    #[serde(default)]
+    pub host: String,
+    /// TCP port. Default 3306.
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// User with REPLICATION SLAVE, REPLICATION CLIENT (MariaDB: BINLOG MONITOR) and SELECT on the outbox;
+    /// with `kind = "poll"`, SELECT and UPDATE on the outbox table only. Required with `kind = "server"` and
+    /// `kind = "poll"`.
+    #[serde(default)]
+    pub user: String,
+    /// Password in clear. Prefer `password_file` or `password_env`. At most one of the three is set;
+    /// none means no password.
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// Name of an environment variable holding the password, read when the connector connects; it is an
+    /// error if the variable is not set then.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// File holding the password (a Kubernetes Secret mounted as a volume, a Docker secret), read when the
+    /// connector connects. One trailing line break is not part of the password; an empty or unreadable
+    /// file is an error naming the path.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// Replication client id; must be unique among all replicas and CDC clients of the server
+    /// (a duplicate makes the server disconnect the older client). Required with `kind = "server"`, refused
+    /// with `kind = "poll"`.
+    #[serde(default)]
+    pub server_id: u32,
+    /// TLS to the server: "disabled", "required" (encrypt, do not verify) or "verify_identity".
+    #[serde(default)]
+    pub tls: TlsMode,
+    /// PEM file with the CA certificate(s) that signed the server's certificate (for "verify_identity"). When
+    /// set, only these CAs are trusted; without it, the public CAs compiled into the binary (not the system
+    /// trust store).
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// How the stream resumes: "gtid" (default; requires GTIDs on MySQL) or "file" (binlog file + position,
+    /// for MySQL servers with gtid_mode=OFF; positions are then only valid on this one server, so a
+    /// failover needs a new snapshot).
+    #[serde(default)]
+    pub resume_by: ResumeBy,
+    /// Where to start when there is no checkpoint: "current" (events committed from now on) or "earliest"
+    /// (the oldest binlog the server still has).
+    #[serde(default)]
+    pub start_from: StartFrom,
+    /// Heartbeat period the server is asked to keep on an idle replication connection. A connection that
+    /// stays silent for three periods is considered dead and is reconnected.
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_interval_ms: u64,
+    /// Timeout for establishing a connection.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// First back-off ceiling before reconnecting after a transient failure; the ceiling doubles up to
+    /// `reconnect_max_backoff_ms`, and each delay is drawn from [ceiling/2, ceiling] (see `app::backoff::Backoff`).
+    #[serde(default = "default_backoff_initial_ms")]
+    pub reconnect_initial_backoff_ms: u64,
+    /// Upper bound of the reconnect delay.
+    #[serde(default = "default_backoff_max_ms")]
+    pub reconnect_max_backoff_ms: u64,
+    /// Bytes of decoded changes the binlog reader may hold ahead of the producer (it reads and decodes on a
+    /// task of its own). Counts towards the memory bound together with `kafka.max_in_flight_bytes`.
+    #[serde(default = "default_read_ahead_bytes")]
+    pub read_ahead_bytes: usize,
+}
+
+/// Where change events come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceKind {
+    /// A live server, over the replication protocol.
+    #[default]
+    Server,
+    /// Binlog files on disk.
+    Files,
+    /// The outbox table itself, polled (`[poll]`): for servers whose binlog the connector may not read.
+    Poll,
+}
+
+/// TLS mode of the database connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TlsMode {
+    /// Plain TCP.
+    #[default]
+    Disabled,
+    /// Encrypted, server certificate not verified.
+    Required,
+    /// Encrypted, certificate and host name verified.
+    VerifyIdentity,
+}
+
+/// How positions are stored and streams resumed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumeBy {
+    /// GTID set (MySQL) or GTID position (MariaDB): survives failover to another server of the topology.
+    #[default]
+    Gtid,
+    /// Binlog file name and byte offset: explicit opt-in for MySQL with gtid_mode=OFF.
+    File,
+}
+
+/// Start point when no checkpoint exists.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartFrom {
+    /// The server's current position: only transactions committed after start-up.
+    #[default]
+    Current,
+    /// The oldest binlog the server still holds.
+    Earliest,
+}
+
+fn default_port() -> u16 {
+    3306
+}
+fn default_heartbeat_ms() -> u64 {
+    5_000
+}
+fn default_connect_timeout_ms() -> u64 {
+    10_000
+}
+fn default_backoff_initial_ms() -> u64 {
+    250
+}
+fn default_backoff_max_ms() -> u64 {
+    30_000
+}
+
+fn default_read_ahead_bytes() -> usize {
+    1024 * 1024
+}
+
+impl SourceConfig {
+    /// Checks the section, with the snapshot mode that the source kind constrains.
+    pub(super) fn validate(&self, snapshot: SnapshotMode) -> Result<()> {
+        one_password("source", self.password.is_some(), self.password_env.is_some(), self.password_file.is_some())?;
+        self.validate_kind(snapshot)?;
+        if self.kind == SourceKind::Server && self.server_id == 0 {
+            return Err(Error::definite("source.server_id must be a non-zero id unique among the server's replicas"));
+        }
+        if self.tls != TlsMode::VerifyIdentity && self.tls_ca_file.is_some() {
+            return Err(Error::definite("source.tls_ca_file only applies with source.tls = \"verify_identity\""));
+        }
+        if !(256 * 1024..=1024 * 1024 * 1024).contains(&self.read_ahead_bytes) {
+            return Err(Error::definite("source.read_ahead_bytes must be between 256 KiB and 1 GiB"));
+        }
+        if self.heartbeat_interval_ms == 0 || self.heartbeat_interval_ms > 4_294_967 {
+            return Err(Error::definite("source.heartbeat_interval_ms must be between 1 and 4294967"));
+        }
+        Ok(())
+    }
+
+    /// Which settings `kind` allows and needs, and a `start_after` of either GTID kind.
+    fn validate_kind(&self, snapshot: SnapshotMode) -> Result<()> {
+        let source = self;
+        match source.kind {
+            SourceKind::Server => {
+                if source.binlog_dir.is_some() || !source.binlog_files.is_empty() {
+                    return Err(Error::definite(
+                        "source.binlog_dir and source.binlog_files apply only with source.kind = \"files\"",
+                    ));
+                }
+                if source.start_after.is_some() && snapshot != SnapshotMode::Never {
+                    return Err(Error::definite(
+                        "source.start_after starts streaming after GTIDs already published (e.g. by Debezium), \
+                         without a snapshot: set [snapshot] mode = \"never\"",
+                    ));
+                }
+                if source.start_after.is_some() && source.resume_by != ResumeBy::Gtid {
+                    return Err(Error::definite(
+                        "source.start_after is a GTID position: it needs source.resume_by = \"gtid\"",
+                    ));
+                }
+                if source.host.is_empty() || source.user.is_empty() {
+                    return Err(Error::definite("source.host and source.user are required (source.kind = \"server\")"));
+                }
+            }
+            SourceKind::Poll => {
+                if source.binlog_dir.is_some() || !source.binlog_files.is_empty() || source.start_after.is_some() {
+                    return Err(Error::definite(
+                        "source.binlog_dir, source.binlog_files and source.start_after apply only with \
+                         source.kind = \"files\"",
+                    ));
+                }
+                if source.host.is_empty() || source.user.is_empty() {
+                    return Err(Error::definite("source.host and source.user are required (source.kind = \"poll\")"));
+                }
+                if source.server_id != 0 {
+                    return Err(Error::definite(
+                        "source.server_id is the binlog client's id; the polling relay (source.kind = \"poll\") \
+                         reads no binlog: remove it",
+                    ));
+                }
+                // The relay publishes every unpublished row (published_at IS NULL) whatever the mode:
+                // "initial" (the default) and "never" both fit it; the modes that promise more do not.
+                if matches!(snapshot, SnapshotMode::InitialOnly | SnapshotMode::WhenNeeded) {
+                    return Err(Error::definite(
+                        "source.kind = \"poll\" publishes every unpublished row of the table (published_at IS \
+                         NULL) and reads no binlog, so [snapshot] mode = \"initial_only\" or \"when_needed\" \
+                         has nothing to do: remove [snapshot] mode",
+                    ));
+                }
+            }
+            SourceKind::Files => {
+                if source.binlog_dir.is_some() != source.binlog_files.is_empty() {
+                    return Err(Error::definite(
+                        "source.kind = \"files\" needs exactly one of source.binlog_dir (a directory) or \
+                         source.binlog_files (a list of files)",
+                    ));
+                }
+                if snapshot != SnapshotMode::Never {
+                    return Err(Error::definite(
+                        "source.kind = \"files\" reads only what the binlog files hold; there is no table to \
+                         snapshot. Set [snapshot] mode = \"never\"",
+                    ));
+                }
+            }
+        }
+        if let Some(after) = &source.start_after {
+            let mysql = after.parse::<crate::position::mysql::GtidSet>();
+            let mariadb = after.parse::<crate::position::mariadb::GtidPos>();
+            if let (Err(a), Err(b)) = (mysql, mariadb) {
+                return Err(Error::definite(format!(
+                    "source.start_after = {after:?} is neither a MySQL GTID set ({a}) nor a MariaDB GTID \
+                     position ({b})"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::tests::MINIMAL;
+    use crate::config::*;
+
+    const FILES: &str = r#"
+        [source]
+        kind = "files"
+        binlog_dir = "/backup/binlogs"
+        [outbox]
+        table = "shop.outbox_events"
+        [kafka]
+        bootstrap_servers = "127.0.0.1:9092"
+        [snapshot]
+        mode = "never"
+    "#;
+
+    /// `kind = "files"` needs no connection settings, exactly one of binlog_dir/binlog_files, no snapshot, and
+    /// a start_after of either GTID kind; the files keys are rejected with a live server.
+    #[test]
+    fn files_source_settings_are_validated() {
+        let c = Config::parse(FILES).unwrap();
+        assert_eq!(c.source.kind, SourceKind::Files);
+        let cases: &[(&str, &str, Option<&str>)] = &[
+            ("binlog_dir = \"/backup/binlogs\"", "binlog_files = [\"/b/mysql-bin.000001\"]", None),
+            ("binlog_dir = \"/backup/binlogs\"", "", Some("exactly one of")),
+            ("binlog_dir = \"/backup/binlogs\"", "binlog_dir = \"/b\"\nbinlog_files = [\"/b/x\"]", Some("exactly one")),
+            ("mode = \"never\"", "mode = \"initial\"", Some("no table to snapshot")),
+            ("kind = \"files\"", "kind = \"files\"\nstart_after = \"0-1-100\"", None),
+            ("kind = \"files\"", "kind = \"files\"\nstart_after = \"3e11fa47-71ca-11e1-9e33-c80aa9429562:1-5\"", None),
+            ("kind = \"files\"", "kind = \"files\"\nstart_after = \"yesterday\"", Some("neither a MySQL GTID set")),
+        ];
+        for (from, to, error) in cases {
+            let result = Config::parse(&FILES.replace(from, to));
+            match error {
+                None => assert!(result.is_ok(), "{to}: {result:?}"),
+                Some(e) => assert!(result.unwrap_err().to_string().contains(e), "{to}"),
+            }
+        }
+        let live = MINIMAL.replace("server_id = 5401", "server_id = 5401\nbinlog_dir = \"/b\"");
+        assert!(Config::parse(&live).unwrap_err().to_string().contains("only with"));
+        let no_host = MINIMAL.replace("host = \"127.0.0.1\"", "");
+        assert!(Config::parse(&no_host).unwrap_err().to_string().contains("source.host"));
+    }
+}
