@@ -755,7 +755,7 @@ async fn decode_floor(config_path: &std::path::Path, gtid: &str, route: bool) ->
         tables: config.tables().to_vec(),
         columns: config.outbox.columns.clone(),
         on_update: config.outbox.on_update,
-        heartbeat: Duration::from_millis(config.source.heartbeat_interval_ms),
+        heartbeat: config.source.heartbeat_interval,
     });
     let router = Router::new(TopicTemplate::parse(&config.kafka.topic).map_err(err)?, config.kafka.value_format);
     let target = mariadb_gtids(gtid)?;

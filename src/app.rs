@@ -8,7 +8,7 @@
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::config::{Config, SourceKind, StateBackend};
 use crate::error::Result;
@@ -59,7 +59,7 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
             tables: config.tables().to_vec(),
             columns: config.outbox.columns.clone(),
             on_update: config.outbox.on_update,
-            heartbeat: Duration::from_millis(config.source.heartbeat_interval_ms),
+            heartbeat: config.source.heartbeat_interval,
         }),
         accept_new_server: options.accept_new_server,
         config: config.clone(),
@@ -70,24 +70,16 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
         AbortOnDrop(tokio::spawn(purge::watch_purge_risk(
             pipeline.source.clone(),
             state.watch(),
-            Duration::from_millis(config.metrics.purge_check_interval_ms),
+            config.metrics.purge_check_interval,
             config.metrics.purge_warn_ratio,
         )))
     });
     // Only the holder of the lease runs (see `crate::lease`): the Kafka backend's active/standby, and the
     // polling relay's (one relay of a connector publishes; the others stand by).
     let leased = config.state.backend == StateBackend::Kafka || config.source.kind == SourceKind::Poll;
-    let mut tenure = leased.then(|| {
-        Tenure::new(
-            config.state.name.clone(),
-            config.fingerprint(),
-            Duration::from_millis(config.delivery.failover_timeout_ms),
-        )
-    });
-    let mut supervisor = Supervisor::new(
-        Duration::from_millis(config.source.reconnect_initial_backoff_ms),
-        Duration::from_millis(config.source.reconnect_max_backoff_ms),
-    );
+    let mut tenure =
+        leased.then(|| Tenure::new(config.state.name.clone(), config.fingerprint(), config.delivery.failover_timeout));
+    let mut supervisor = Supervisor::new(config.source.reconnect_initial_backoff, config.source.reconnect_max_backoff);
     let outcome = loop {
         let started = Instant::now();
         let lease = match &mut tenure {

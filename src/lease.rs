@@ -398,7 +398,7 @@ impl Lease {
     /// A definite error saying the connector runs; what [`Lease::acquire`] returns otherwise.
     pub async fn of_stopped_connector(config: &crate::config::Config) -> Result<Lease> {
         let source = SourceConn::from_config(config)?;
-        let failover = Duration::from_millis(config.delivery.failover_timeout_ms);
+        let failover = config.delivery.failover_timeout;
         let name = &config.state.name;
         Lease::acquire(&source, name, failover, tokio::time::sleep(STOPPED_WAIT)).await?.ok_or_else(|| {
             Error::definite(format!(

@@ -37,15 +37,10 @@ fn config(port: u16, name: &str, failover_ms: u64) -> Config {
 /// Acquires the lease of `config` with a shutdown that never comes.
 async fn acquire(config: &Config) -> Lease {
     let source = SourceConn::from_config(config).expect("source");
-    Lease::acquire(
-        &source,
-        &config.state.name,
-        Duration::from_millis(config.delivery.failover_timeout_ms),
-        std::future::pending::<()>(),
-    )
-    .await
-    .expect("acquire")
-    .expect("no shutdown was asked for")
+    Lease::acquire(&source, &config.state.name, config.delivery.failover_timeout, std::future::pending::<()>())
+        .await
+        .expect("acquire")
+        .expect("no shutdown was asked for")
 }
 
 /// A standby on its own task: resolves to the lease and the instant it was acquired.

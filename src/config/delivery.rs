@@ -2,9 +2,11 @@
 //!
 //! Floor 2 (docs/ARCHITECTURE.md): imports floors 0-1 (vocabulary, error, metrics).
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
-use super::{KafkaConfig, SourceKind, StateBackend, StateConfig};
+use super::{millis, KafkaConfig, SourceKind, StateBackend, StateConfig};
 use crate::error::{Error, Result};
 
 /// `[delivery]`: what consumers can count on, and taking over from another instance.
@@ -29,8 +31,8 @@ pub struct DeliveryConfig {
     /// With `[state] backend = "kafka"`: how soon a standby takes over after the active instance dies (kill,
     /// host loss, network cut), in milliseconds. The active instance stops publishing when it cannot renew
     /// its lease within half of this. Between 2000 and 600000; default 30000.
-    #[serde(default = "default_failover_timeout_ms")]
-    pub failover_timeout_ms: u64,
+    #[serde(rename = "failover_timeout_ms", default = "default_failover_timeout", deserialize_with = "millis")]
+    pub failover_timeout: Duration,
 }
 
 impl Default for DeliveryConfig {
@@ -39,7 +41,7 @@ impl Default for DeliveryConfig {
             guarantee: Guarantee::default(),
             transactional_id: None,
             transaction_max_bytes: default_transaction_max_bytes(),
-            failover_timeout_ms: default_failover_timeout_ms(),
+            failover_timeout: default_failover_timeout(),
         }
     }
 }
@@ -58,8 +60,8 @@ pub enum Guarantee {
 fn default_transaction_max_bytes() -> usize {
     64 * 1024 * 1024
 }
-fn default_failover_timeout_ms() -> u64 {
-    30_000
+fn default_failover_timeout() -> Duration {
+    Duration::from_millis(30_000)
 }
 
 impl DeliveryConfig {
@@ -70,7 +72,7 @@ impl DeliveryConfig {
         if delivery.transactional_id.as_deref().is_some_and(|id| id.is_empty() || id.len() > 249) {
             return Err(Error::definite("delivery.transactional_id must be 1 to 249 characters"));
         }
-        if !(2_000..=600_000).contains(&delivery.failover_timeout_ms) {
+        if !(2_000..=600_000).contains(&delivery.failover_timeout.as_millis()) {
             return Err(Error::definite("delivery.failover_timeout_ms must be between 2000 and 600000"));
         }
         if !(1024 * 1024..=1024 * 1024 * 1024).contains(&delivery.transaction_max_bytes) {
@@ -91,14 +93,14 @@ impl DeliveryConfig {
                 ));
             }
             let timeout_ms = kafka.transaction_timeout_ms()?;
-            if state.checkpoint_interval_ms.saturating_mul(2) > timeout_ms {
+            if state.checkpoint_interval.as_millis().saturating_mul(2) > u128::from(timeout_ms) {
                 return Err(Error::definite(format!(
                     "state.checkpoint_interval_ms = {} is more than half of kafka.properties.\"transaction.timeout.ms\" \
                      = {timeout_ms}: a transaction stays open about one interval and then commits, and the broker \
                      aborts one that stays open longer than that timeout, so the commits would fail (at or above \
                      it, none would ever succeed). Lower the interval, or raise the timeout (at most the broker's \
                      transaction.max.timeout.ms, 15 minutes by default)",
-                    state.checkpoint_interval_ms
+                    state.checkpoint_interval.as_millis()
                 )));
             }
         }

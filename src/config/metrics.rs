@@ -2,9 +2,11 @@
 //!
 //! Floor 2 (docs/ARCHITECTURE.md): imports floors 0-1 (vocabulary, error, metrics).
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
-use super::default_true;
+use super::{default_true, millis};
 use crate::error::{Error, Result};
 
 /// `[metrics]`: the HTTP operations endpoint and purge-risk monitoring.
@@ -18,8 +20,8 @@ pub struct MetricsConfig {
     #[serde(default = "default_metrics_listen")]
     pub listen: std::net::SocketAddr,
     /// How often the server's binlog list and retention are read to measure the purge risk.
-    #[serde(default = "default_purge_check_interval_ms")]
-    pub purge_check_interval_ms: u64,
+    #[serde(rename = "purge_check_interval_ms", default = "default_purge_check_interval", deserialize_with = "millis")]
+    pub purge_check_interval: Duration,
     /// Log a warning when the oldest binlog the connector still needs has used this fraction of the
     /// server's retention (`binlog_expire_logs_seconds`): at 1.0 the server may delete it, and resuming
     /// then needs a new snapshot.
@@ -32,7 +34,7 @@ impl Default for MetricsConfig {
         MetricsConfig {
             enabled: true,
             listen: default_metrics_listen(),
-            purge_check_interval_ms: default_purge_check_interval_ms(),
+            purge_check_interval: default_purge_check_interval(),
             purge_warn_ratio: default_purge_warn_ratio(),
         }
     }
@@ -42,8 +44,8 @@ fn default_metrics_listen() -> std::net::SocketAddr {
     std::net::SocketAddr::from(([127, 0, 0, 1], 9187))
 }
 
-fn default_purge_check_interval_ms() -> u64 {
-    60_000
+fn default_purge_check_interval() -> Duration {
+    Duration::from_millis(60_000)
 }
 
 fn default_purge_warn_ratio() -> f64 {

@@ -25,6 +25,7 @@ mod source;
 mod state;
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -147,6 +148,12 @@ impl Config {
 
 fn default_true() -> bool {
     true
+}
+
+/// A duration the file gives in whole milliseconds (the `_ms` keys), read once into a [`Duration`] so that no
+/// caller converts it again; the bounds are checked, in milliseconds, by the section's `validate`.
+fn millis<'de, D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Duration, D::Error> {
+    u64::deserialize(deserializer).map(Duration::from_millis)
 }
 
 /// Refuses a `section` with more than one of `password`, `password_env` and `password_file`.

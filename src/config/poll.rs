@@ -2,9 +2,11 @@
 //!
 //! Floor 2 (docs/ARCHITECTURE.md): imports floors 0-1 (vocabulary, error, metrics).
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
-use super::{KafkaConfig, SourceKind};
+use super::{millis, KafkaConfig, SourceKind};
 use crate::error::{Error, Result};
 
 /// `[poll]`: the polling relay (`source.kind = "poll"`), for servers whose binlog the connector may not read.
@@ -28,7 +30,7 @@ pub struct PollConfig {
     /// database one statement per interval, and the first event after a quiet spell waits at most one
     /// interval. While rows keep coming, reads follow each other without pause. Between 16 and 3600000;
     /// default 1000.
-    pub poll_interval_ms: u64,
+    pub poll_interval: Duration,
     /// Rows read per statement, and the most marked published by one statement. Between 1 and 10000;
     /// default 1000.
     pub batch_rows: usize,
@@ -73,8 +75,8 @@ pub enum PollOrder {
 struct PollConfigToml {
     #[serde(default)]
     order: PollOrder,
-    #[serde(default = "default_poll_interval_ms")]
-    poll_interval_ms: u64,
+    #[serde(rename = "poll_interval_ms", default = "default_poll_interval", deserialize_with = "millis")]
+    poll_interval: Duration,
     #[serde(default = "default_poll_batch_rows")]
     batch_rows: usize,
     #[serde(default)]
@@ -91,7 +93,7 @@ impl From<PollConfigToml> for PollConfig {
     fn from(t: PollConfigToml) -> Self {
         PollConfig {
             order: t.order,
-            poll_interval_ms: t.poll_interval_ms,
+            poll_interval: t.poll_interval,
             batch_rows: t.batch_rows,
             lease_ms: t.lease_ms,
             max_attempts: t.max_attempts,
@@ -106,7 +108,7 @@ impl Default for PollConfig {
     fn default() -> Self {
         PollConfig {
             order: PollOrder::default(),
-            poll_interval_ms: default_poll_interval_ms(),
+            poll_interval: default_poll_interval(),
             batch_rows: default_poll_batch_rows(),
             lease_ms: None,
             max_attempts: None,
@@ -143,8 +145,8 @@ impl PollConfig {
     }
 }
 
-fn default_poll_interval_ms() -> u64 {
-    1_000
+fn default_poll_interval() -> Duration {
+    Duration::from_millis(1_000)
 }
 fn default_poll_batch_rows() -> usize {
     1_000
@@ -163,7 +165,7 @@ impl PollConfig {
         if !(1..=10_000).contains(&self.batch_rows) {
             return Err(Error::definite("poll.batch_rows must be between 1 and 10000"));
         }
-        if !(16..=3_600_000).contains(&self.poll_interval_ms) {
+        if !(16..=3_600_000).contains(&self.poll_interval.as_millis()) {
             return Err(Error::definite("poll.poll_interval_ms must be between 16 and 3600000"));
         }
         if self.transactional {
@@ -205,7 +207,10 @@ mod tests {
         let c = Config::parse(POLL).unwrap();
         assert_eq!(c.source.kind, SourceKind::Poll);
         let p = &c.poll;
-        assert_eq!((p.order, p.poll_interval_ms, p.batch_rows), (PollOrder::Sequence, 1_000, 1_000));
+        assert_eq!(
+            (p.order, p.poll_interval, p.batch_rows),
+            (PollOrder::Sequence, Duration::from_millis(1_000), 1_000)
+        );
         assert!(p.ignored_keys().is_empty());
         let id = p.relay_id();
         assert!(id.ends_with(&format!(":{}", std::process::id())) && id.len() <= 128, "{id}");
@@ -215,8 +220,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            (c.poll.order, c.poll.poll_interval_ms, c.poll.batch_rows, c.poll.relay_id()),
-            (PollOrder::OccurredAt, 50, 20, "r1".to_string())
+            (c.poll.order, c.poll.poll_interval, c.poll.batch_rows, c.poll.relay_id()),
+            (PollOrder::OccurredAt, Duration::from_millis(50), 20, "r1".to_string())
         );
         assert_eq!(c.poll.ignored_keys(), ["lease_ms", "max_attempts"], "older files load, with a warning");
         assert!(!p.transactional && with("transactional = true").unwrap().poll.transactional);

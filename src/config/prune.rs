@@ -3,10 +3,11 @@
 //! Floor 2 (docs/ARCHITECTURE.md): imports floors 0-1 (vocabulary, error, metrics).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{one_password, Secret};
+use super::{millis, one_password, Secret};
 use crate::error::{Error, Result};
 
 /// `[prune]`: how `outbox-cdc prune` deletes rows whose events the connector has checkpointed.
@@ -44,8 +45,8 @@ pub struct PruneConfig {
     pub batch_rows: usize,
     /// Pause after each batch, in milliseconds, so that the server, its replicas and the connector (which
     /// reads every DELETE from the binlog and ignores it) are not flooded. 0 = no pause.
-    #[serde(default = "default_prune_pause_ms")]
-    pub pause_ms: u64,
+    #[serde(rename = "pause_ms", default = "default_pause", deserialize_with = "millis")]
+    pub pause: Duration,
 }
 
 impl Default for PruneConfig {
@@ -58,7 +59,7 @@ impl Default for PruneConfig {
             password_env: None,
             password_file: None,
             batch_rows: default_prune_batch_rows(),
-            pause_ms: default_prune_pause_ms(),
+            pause: default_pause(),
         }
     }
 }
@@ -66,8 +67,8 @@ impl Default for PruneConfig {
 fn default_prune_batch_rows() -> usize {
     1_000
 }
-fn default_prune_pause_ms() -> u64 {
-    100
+fn default_pause() -> Duration {
+    Duration::from_millis(100)
 }
 
 impl PruneConfig {
@@ -89,16 +90,21 @@ impl PruneConfig {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use crate::config::tests::MINIMAL;
     use crate::config::*;
 
     #[test]
     fn prune_section_defaults_to_the_source_and_validates() {
         let c = Config::parse(MINIMAL).unwrap();
-        assert_eq!((c.prune.batch_rows, c.prune.pause_ms, c.prune.user.as_deref()), (1_000, 100, None));
+        assert_eq!(
+            (c.prune.batch_rows, c.prune.pause, c.prune.user.as_deref()),
+            (1_000, Duration::from_millis(100), None)
+        );
         let with = |section: &str| Config::parse(&format!("{MINIMAL}\n[prune]\n{section}\n"));
         let c = with("user = \"pruner\"\npassword_env = \"PW\"\nbatch_rows = 50\npause_ms = 0").unwrap();
-        assert_eq!((c.prune.user.as_deref(), c.prune.batch_rows, c.prune.pause_ms), (Some("pruner"), 50, 0));
+        assert_eq!((c.prune.user.as_deref(), c.prune.batch_rows, c.prune.pause), (Some("pruner"), 50, Duration::ZERO));
         for bad in ["batch_rows = 0", "password = \"x\"", "user = \"u\"\npassword = \"x\"\npassword_env = \"PW\""] {
             assert!(with(bad).is_err(), "{bad}");
         }

@@ -3,10 +3,11 @@
 //! Floor 2 (docs/ARCHITECTURE.md): imports floors 0-1 (vocabulary, error, metrics).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{from_env, from_file, one_password, ColumnNames, KafkaConfig, KeyFormat, Secret};
+use super::{from_env, from_file, millis, one_password, ColumnNames, KafkaConfig, KeyFormat, Secret};
 use crate::error::{Error, Result};
 
 /// `[schema_registry]`: a Confluent-compatible Schema Registry (Confluent, Apicurio's `ccompat` API,
@@ -53,11 +54,11 @@ pub struct SchemaRegistryConfig {
     pub tls_ca_file: Option<PathBuf>,
     /// Time limit of one registry request; a registry that does not answer in time is unreachable
     /// (transient: the run waits and starts again).
-    #[serde(default = "default_registry_timeout_ms")]
-    pub timeout_ms: u64,
+    #[serde(rename = "timeout_ms", default = "default_registry_timeout", deserialize_with = "millis")]
+    pub timeout: Duration,
     /// With `version = "latest"`: how old a subject's latest version may be before it is looked up again.
-    #[serde(default = "default_latest_refresh_ms")]
-    pub latest_refresh_ms: u64,
+    #[serde(rename = "latest_refresh_ms", default = "default_latest_refresh", deserialize_with = "millis")]
+    pub latest_refresh: Duration,
 }
 
 /// Which version of a subject a row is encoded with.
@@ -151,7 +152,7 @@ impl SchemaRegistryConfig {
         if password && token.contains(&true) {
             return Err(Error::definite("schema_registry: choose basic auth (username, password) or a bearer token"));
         }
-        if self.timeout_ms == 0 {
+        if self.timeout.is_zero() {
             return Err(Error::definite("schema_registry.timeout_ms must be at least 1"));
         }
         let template = self.subject_template();
@@ -194,12 +195,12 @@ fn default_subject() -> String {
     "topic_name".into()
 }
 
-fn default_registry_timeout_ms() -> u64 {
-    10_000
+fn default_registry_timeout() -> Duration {
+    Duration::from_millis(10_000)
 }
 
-fn default_latest_refresh_ms() -> u64 {
-    300_000
+fn default_latest_refresh() -> Duration {
+    Duration::from_millis(300_000)
 }
 
 /// `[schema_registry]`: present exactly when a format needs it; the columns its subject and version

@@ -3,10 +3,11 @@
 //! Floor 2 (docs/ARCHITECTURE.md): imports floors 0-1 (vocabulary, error, metrics).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{one_password, Secret, SnapshotMode};
+use super::{millis, one_password, Secret, SnapshotMode};
 use crate::error::{Error, Result};
 
 /// `[source]`: the database server, ideally a replica — or binlog files on disk.
@@ -89,18 +90,26 @@ pub struct SourceConfig {
     pub start_from: StartFrom,
     /// Heartbeat period the server is asked to keep on an idle replication connection. A connection that
     /// stays silent for three periods is considered dead and is reconnected.
-    #[serde(default = "default_heartbeat_ms")]
-    pub heartbeat_interval_ms: u64,
+    #[serde(rename = "heartbeat_interval_ms", default = "default_heartbeat_interval", deserialize_with = "millis")]
+    pub heartbeat_interval: Duration,
     /// Timeout for establishing a connection.
-    #[serde(default = "default_connect_timeout_ms")]
-    pub connect_timeout_ms: u64,
+    #[serde(rename = "connect_timeout_ms", default = "default_connect_timeout", deserialize_with = "millis")]
+    pub connect_timeout: Duration,
     /// First back-off ceiling before reconnecting after a transient failure; the ceiling doubles up to
     /// `reconnect_max_backoff_ms`, and each delay is drawn from [ceiling/2, ceiling] (see `app::backoff::Backoff`).
-    #[serde(default = "default_backoff_initial_ms")]
-    pub reconnect_initial_backoff_ms: u64,
+    #[serde(
+        rename = "reconnect_initial_backoff_ms",
+        default = "default_reconnect_initial_backoff",
+        deserialize_with = "millis"
+    )]
+    pub reconnect_initial_backoff: Duration,
     /// Upper bound of the reconnect delay.
-    #[serde(default = "default_backoff_max_ms")]
-    pub reconnect_max_backoff_ms: u64,
+    #[serde(
+        rename = "reconnect_max_backoff_ms",
+        default = "default_reconnect_max_backoff",
+        deserialize_with = "millis"
+    )]
+    pub reconnect_max_backoff: Duration,
     /// Bytes of decoded changes the binlog reader may hold ahead of the producer (it reads and decodes on a
     /// task of its own). Counts towards the memory bound together with `kafka.max_in_flight_bytes`.
     #[serde(default = "default_read_ahead_bytes")]
@@ -158,17 +167,17 @@ pub enum StartFrom {
 fn default_port() -> u16 {
     3306
 }
-fn default_heartbeat_ms() -> u64 {
-    5_000
+fn default_heartbeat_interval() -> Duration {
+    Duration::from_millis(5_000)
 }
-fn default_connect_timeout_ms() -> u64 {
-    10_000
+fn default_connect_timeout() -> Duration {
+    Duration::from_millis(10_000)
 }
-fn default_backoff_initial_ms() -> u64 {
-    250
+fn default_reconnect_initial_backoff() -> Duration {
+    Duration::from_millis(250)
 }
-fn default_backoff_max_ms() -> u64 {
-    30_000
+fn default_reconnect_max_backoff() -> Duration {
+    Duration::from_millis(30_000)
 }
 
 fn default_read_ahead_bytes() -> usize {
@@ -189,7 +198,7 @@ impl SourceConfig {
         if !(256 * 1024..=1024 * 1024 * 1024).contains(&self.read_ahead_bytes) {
             return Err(Error::definite("source.read_ahead_bytes must be between 256 KiB and 1 GiB"));
         }
-        if self.heartbeat_interval_ms == 0 || self.heartbeat_interval_ms > 4_294_967 {
+        if self.heartbeat_interval.is_zero() || self.heartbeat_interval.as_millis() > 4_294_967 {
             return Err(Error::definite("source.heartbeat_interval_ms must be between 1 and 4294967"));
         }
         Ok(())

@@ -3,10 +3,11 @@
 //! Floor 2 (docs/ARCHITECTURE.md): imports floors 0-1 (vocabulary, error, metrics).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::SourceKind;
+use super::{millis, SourceKind};
 use crate::error::{Error, Result};
 
 /// `[state]`: where the checkpoint, the snapshot's progress, holds and known poison live.
@@ -36,8 +37,8 @@ pub struct StateConfig {
     /// smaller duplicate window after a crash, at one fsync per write. With `[delivery] guarantee =
     /// "exactly_once"`, it is how often the Kafka transaction commits: the latency consumers with
     /// `read_committed` see, up to this interval.
-    #[serde(default = "default_checkpoint_interval_ms")]
-    pub checkpoint_interval_ms: u64,
+    #[serde(rename = "checkpoint_interval_ms", default = "default_checkpoint_interval", deserialize_with = "millis")]
+    pub checkpoint_interval: Duration,
 }
 
 impl Default for StateConfig {
@@ -47,7 +48,7 @@ impl Default for StateConfig {
             dir: default_state_dir(),
             topic: default_state_topic(),
             name: default_connector_name(),
-            checkpoint_interval_ms: default_checkpoint_interval_ms(),
+            checkpoint_interval: default_checkpoint_interval(),
         }
     }
 }
@@ -73,8 +74,8 @@ fn default_connector_name() -> String {
 fn default_state_dir() -> PathBuf {
     PathBuf::from("state")
 }
-fn default_checkpoint_interval_ms() -> u64 {
-    1_000
+fn default_checkpoint_interval() -> Duration {
+    Duration::from_millis(1_000)
 }
 
 impl StateConfig {
@@ -96,7 +97,7 @@ impl StateConfig {
                 self.topic
             )));
         }
-        if self.checkpoint_interval_ms == 0 {
+        if self.checkpoint_interval.is_zero() {
             return Err(Error::definite(
                 "state.checkpoint_interval_ms must be at least 1: it is the period of the checkpoint writer (with \
                  exactly_once, of the Kafka commits)",

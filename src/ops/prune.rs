@@ -327,7 +327,7 @@ async fn prune_table(
     }
     let (id, occurred_at) = (quote_ident(&config.outbox.columns.id), quote_ident(&config.outbox.columns.occurred_at));
     let batch = config.prune.batch_rows;
-    let pause = Duration::from_millis(config.prune.pause_ms);
+    let pause = config.prune.pause;
     let (not_held, held_params) = not_held(config, table, view, held).await?;
     let mut after: Option<Value> = None;
     loop {
@@ -404,7 +404,7 @@ pub async fn prune_published(config: &Config, options: &PruneOptions) -> Result<
     let mut report = PublishedPruneReport { rows_deleted: 0, batches: 0, cutoff: cutoff.clone() };
     let id = quote_ident(&config.outbox.columns.id);
     let batch = config.prune.batch_rows;
-    let pause = Duration::from_millis(config.prune.pause_ms);
+    let pause = config.prune.pause;
     for table in config.tables() {
         let (not_held, held_params) = not_held(config, table, &mut conn, &held).await?;
         let mut after: Option<Value> = None;

@@ -91,7 +91,7 @@ impl Commit {
         checkpointer: &Arc<Checkpointer>,
         watermark: Arc<Watermark>,
     ) -> Result<(Commit, KafkaSink)> {
-        let interval = Duration::from_millis(config.state.checkpoint_interval_ms);
+        let interval = config.state.checkpoint_interval;
         if !config.exactly_once() {
             return Ok((Commit::Acknowledged { interval }, KafkaSink::new(&config.kafka, watermark)?));
         }

@@ -204,7 +204,7 @@ pub(super) async fn run(
         pending: VecDeque::new(),
         committed,
     };
-    let interval = Duration::from_millis(config.poll.poll_interval_ms);
+    let interval = config.poll.poll_interval;
     let mut idle_wait = interval / 16;
     let mut backlog_due = Instant::now();
     let requested = shutdown.requested();

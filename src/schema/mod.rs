@@ -201,9 +201,7 @@ impl Schemas {
     fn resolve_as(&self, subject: &str, version: Option<i64>, format: ValueFormat) -> Result<()> {
         let key = (subject.to_string(), version);
         let stale = match self.cache.lock().expect("cache lock").get(&key) {
-            Some(Entry::Known { at, .. }) => {
-                version.is_none() && at.elapsed() >= Duration::from_millis(self.config.latest_refresh_ms)
-            }
+            Some(Entry::Known { at, .. }) => version.is_none() && at.elapsed() >= self.config.latest_refresh,
             Some(Entry::Missing { at, .. }) => at.elapsed() >= MISSING_RETRY,
             None => true,
         };

@@ -11,8 +11,6 @@
 //! 40401 (subject) or 40402 (version) is *not found* (the row's schema is missing: its aggregate is held);
 //! any other answer is definite, quoting the registry's message.
 
-use std::time::Duration;
-
 use serde::Deserialize;
 
 use crate::config::{RegistryAuth, SchemaRegistryConfig};
@@ -115,7 +113,7 @@ impl Registry {
             tls = tls.root_certs(ureq::tls::RootCerts::new_with_certs(&certs));
         }
         let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_millis(config.timeout_ms)))
+            .timeout_global(Some(config.timeout))
             .http_status_as_error(false)
             .tls_config(tls.build())
             .user_agent(concat!("outbox-cdc/", env!("CARGO_PKG_VERSION")))

@@ -103,7 +103,7 @@ impl SourceConn {
                 builder.ssl_opts(ssl)
             }
         };
-        Ok(SourceConn { opts: builder.into(), connect_timeout: Duration::from_millis(source.connect_timeout_ms) })
+        Ok(SourceConn { opts: builder.into(), connect_timeout: source.connect_timeout })
     }
 
     /// Opens a connection, bounded by the configured timeout.
