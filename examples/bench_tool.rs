@@ -49,7 +49,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 outbox_cdc::tune_allocator_before_main!();
 
 use outbox_cdc::checkpoint::{Checkpoint, Store};
-use outbox_cdc::config::{Config, StateBackend};
+use outbox_cdc::config::{Config, ServerSource, Source, StateBackend};
 use outbox_cdc::outbox::{OutboxRow, TableName};
 use outbox_cdc::position::mariadb::GtidPos;
 use outbox_cdc::position::Gtids;
@@ -743,19 +743,28 @@ async fn produce_floor(kafka: &KafkaArgs, mysql_url: &str, events: usize, limit:
 // ---------------------------------------------------------------------------------------------------------
 // decode-floor
 
+/// The live server of a `source.kind = "server"` config: the floors read its replication stream.
+fn live_server(config: &Config) -> anyhow::Result<&ServerSource> {
+    match &config.source.kind {
+        Source::Server(server) => Ok(server),
+        _ => Err(anyhow!("this benchmark reads a live server's binlog: set source.kind = \"server\"")),
+    }
+}
+
 async fn decode_floor(config_path: &std::path::Path, gtid: &str, route: bool) -> anyhow::Result<()> {
     let config = Config::load(config_path).map_err(err)?;
     let source = SourceConn::from_config(&config).map_err(err)?;
     let mut conn = source.connect().await.map_err(err)?;
     let info = server_info(&mut conn).await.map_err(err)?;
-    let position = start_position(&mut conn, &info, &config).await.map_err(err)?;
+    let server = live_server(&config)?;
+    let position = start_position(&mut conn, &info, server).await.map_err(err)?;
     drop(conn);
     let settings = Arc::new(ReaderSettings {
-        server_id: config.source.server_id + 100,
+        server_id: server.server_id + 100,
         tables: config.tables().to_vec(),
         columns: config.outbox.columns.clone(),
         on_update: config.outbox.on_update,
-        heartbeat: config.source.heartbeat_interval,
+        heartbeat: server.heartbeat_interval,
     });
     let router = Router::new(TopicTemplate::parse(&config.kafka.topic).map_err(err)?, config.kafka.value_format);
     let target = mariadb_gtids(gtid)?;
@@ -809,7 +818,7 @@ async fn stream_floor(config_path: &std::path::Path, events: u64) -> anyhow::Res
     conn.query_drop("SET @mariadb_slave_capability = 4").await?;
     let cpu0 = cpu_seconds("self")?;
     let start = Instant::now();
-    let request = mysql_async::BinlogStreamRequest::new(config.source.server_id + 200)
+    let request = mysql_async::BinlogStreamRequest::new(live_server(&config)?.server_id + 200)
         .with_filename(first.as_bytes())
         .with_pos(4);
     let mut stream = conn.get_binlog_stream(request).await?;

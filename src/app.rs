@@ -8,9 +8,9 @@
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::config::{Config, SourceKind, StateBackend};
+use crate::config::{Config, Source, StateBackend};
 use crate::error::Result;
 use crate::pipeline::{Pipeline, Shutdown};
 use crate::router::Router;
@@ -51,24 +51,34 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
         }
         false => None,
     };
+    // The binlog connection's settings; the files and poll readers read no replication stream.
+    let (server_id, heartbeat) = match &config.source.kind {
+        Source::Server(server) => (server.server_id, server.heartbeat_interval),
+        Source::Files(_) | Source::Poll(_) => (0, Duration::ZERO),
+    };
     let pipeline = Pipeline {
-        source: SourceConn::from_config(&config)?,
+        source: config.source.kind.connection().map(SourceConn::new).transpose()?,
         router: Router::for_config(&config),
         reader: Arc::new(ReaderSettings {
-            server_id: config.source.server_id,
+            server_id,
             tables: config.tables().to_vec(),
             columns: config.outbox.columns.clone(),
             on_update: config.outbox.on_update,
-            heartbeat: config.source.heartbeat_interval,
+            heartbeat,
         }),
         accept_new_server: options.accept_new_server,
         config: config.clone(),
     };
     let state = State::open(&config)?;
-    // The polling relay reads no binlog: there is nothing the server could purge from under it.
-    let _purge_watch = (config.source.kind != SourceKind::Poll).then(|| {
+    // Only a live server's binlogs can be purged from under the connector: the polling relay reads none,
+    // and binlog files have no server.
+    let purged_from = match (&config.source.kind, &pipeline.source) {
+        (Source::Server(_), Some(source)) => Some(source.clone()),
+        _ => None,
+    };
+    let _purge_watch = purged_from.map(|source| {
         AbortOnDrop(tokio::spawn(purge::watch_purge_risk(
-            pipeline.source.clone(),
+            source,
             state.watch(),
             config.metrics.purge_check_interval,
             config.metrics.purge_warn_ratio,
@@ -76,15 +86,17 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
     });
     // Only the holder of the lease runs (see `crate::lease`): the Kafka backend's active/standby, and the
     // polling relay's (one relay of a connector publishes; the others stand by).
-    let leased = config.state.backend == StateBackend::Kafka || config.source.kind == SourceKind::Poll;
-    let mut tenure =
-        leased.then(|| Tenure::new(config.state.name.clone(), config.fingerprint(), config.delivery.failover_timeout));
+    // Both have a server connection: validation refuses the Kafka backend with binlog files.
+    let leased = config.state.backend == StateBackend::Kafka || matches!(config.source.kind, Source::Poll(_));
+    let mut tenure = pipeline.source.as_ref().filter(|_| leased).map(|source| {
+        (Tenure::new(config.state.name.clone(), config.fingerprint(), config.delivery.failover_timeout), source)
+    });
     let mut supervisor = Supervisor::new(config.source.reconnect_initial_backoff, config.source.reconnect_max_backoff);
     let outcome = loop {
         let started = Instant::now();
         let lease = match &mut tenure {
             None => None,
-            Some(tenure) => match tenure.hold(&pipeline.source, &shutdown).await {
+            Some((tenure, source)) => match tenure.hold(source, &shutdown).await {
                 Ok(Some(lease)) => Some(lease),
                 Ok(None) => break Ok(()),
                 Err(error) => break Err(error),
@@ -101,7 +113,7 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
             break outcome;
         }
     };
-    if let Some(tenure) = tenure {
+    if let Some((tenure, _)) = tenure {
         tenure.release().await;
     }
     outcome

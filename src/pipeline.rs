@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use crate::checkpoint::checkpointer::Checkpointer;
 use crate::checkpoint::Store;
-use crate::config::{Config, SnapshotMode, SourceKind};
+use crate::config::{Config, FilesSource, SnapshotMode, Source};
 use crate::error::{Error, Result};
 use crate::health::health;
 use crate::lease::Lease;
@@ -60,8 +60,8 @@ pub use shutdown::{Shutdown, ShutdownTrigger, SHUTDOWN_GRACE};
 pub struct Pipeline {
     /// Validated configuration.
     pub config: Arc<Config>,
-    /// How to reach the source.
-    pub source: SourceConn,
+    /// How to reach the source server; `None` for binlog files, which have none.
+    pub source: Option<SourceConn>,
     /// Row → record.
     pub router: Router,
     /// Reader settings.
@@ -95,34 +95,38 @@ impl Pipeline {
     /// phases in order.
     async fn run_once(&self, store: &Arc<Store>, lease: Option<&Lease>, shutdown: &Shutdown) -> Result<()> {
         let config = &self.config;
-        if config.source.kind == SourceKind::Files {
-            return self.run_files(store, shutdown).await;
-        }
-        if config.source.kind == SourceKind::Poll {
-            return poll::run(
-                config,
-                &self.source,
-                self.router.clone(),
-                store.clone(),
-                lease.map(Lease::holding),
-                shutdown,
-            )
-            .await;
-        }
-        let ServerPlan { info, plan } = plan::server(&self.source, config, store, self.accept_new_server).await?;
+        let (source, server) = match (&config.source.kind, &self.source) {
+            (Source::Files(files), _) => return self.run_files(files, store, shutdown).await,
+            (Source::Server(server), Some(source)) => (source, server),
+            (Source::Poll(_), Some(source)) => {
+                return poll::run(
+                    config,
+                    source,
+                    self.router.clone(),
+                    store.clone(),
+                    lease.map(Lease::holding),
+                    shutdown,
+                )
+                .await
+            }
+            (Source::Server(_) | Source::Poll(_), None) => {
+                return Err(Error::definite("the pipeline was built without the source server's connection"))
+            }
+        };
+        let ServerPlan { info, plan } = plan::server(source, server, config, store, self.accept_new_server).await?;
         if let Some(lease) = lease {
             lease.server().check_same(info.identity.server_id, info.identity.server_uuid.as_deref())?;
         }
         let checkpointer = Checkpointer::new(store.clone(), info.identity.clone());
         let first = plan.first(&checkpointer)?;
-        let mut run = Run::new(&self.config, &self.source, self.router.clone(), checkpointer, shutdown).await?;
+        let mut run = Run::new(&self.config, self.router.clone(), checkpointer, shutdown).await?;
         if let Some(lease) = lease {
             run.publish_while(lease.holding());
         }
         let start = match first {
             First::Stream(mark) => mark,
             First::Snapshot(progress) => {
-                let result = run.snapshot(&info, progress).await;
+                let result = run.snapshot(source, &info, progress).await;
                 match run.settle(result).await? {
                     Some(mark) if config.snapshot.mode != SnapshotMode::InitialOnly => mark,
                     Some(_) => {
@@ -146,13 +150,12 @@ impl Pipeline {
         run.begin_stream(&start);
         let overlap = match &start.snapshot {
             Some(state) => {
-                Overlap::new(state.clone(), &self.source, config.tables().to_vec(), &config.outbox.columns).await?
+                Overlap::new(state.clone(), source, config.tables().to_vec(), &config.outbox.columns).await?
             }
             None => None,
         };
-        let reader = SourceReader::Live(
-            BinlogReader::start(&self.source, &info, self.reader.clone(), start.position.clone()).await?,
-        );
+        let reader =
+            SourceReader::Live(BinlogReader::start(source, &info, self.reader.clone(), start.position.clone()).await?);
         tracing::info!(
             position = %start.position,
             server = %preflight::describe_identity(&info.identity),
@@ -166,14 +169,14 @@ impl Pipeline {
     /// a replication connection, and an end: once the last file is consumed, the run waits for every
     /// acknowledgement, writes the checkpoint and returns `Ok`, so the process exits 0. No snapshot (there
     /// is no table), no server to ask (see [`crate::source::files`]).
-    async fn run_files(&self, store: &Arc<Store>, shutdown: &Shutdown) -> Result<()> {
-        let FilesPlan { paths, first, identity, plan } = plan::files(&self.config, store, self.accept_new_server)?;
+    async fn run_files(&self, files: &FilesSource, store: &Arc<Store>, shutdown: &Shutdown) -> Result<()> {
+        let FilesPlan { paths, first, identity, plan } = plan::files(files, store, self.accept_new_server)?;
         let checkpointer = Checkpointer::new(store.clone(), identity.clone());
         let start = match plan.first(&checkpointer)? {
             First::Stream(mark) => mark,
             First::Snapshot(_) => unreachable!("plan::files never plans a snapshot: there is no table"),
         };
-        let mut run = Run::new(&self.config, &self.source, self.router.clone(), checkpointer, shutdown).await?;
+        let mut run = Run::new(&self.config, self.router.clone(), checkpointer, shutdown).await?;
         run.begin_stream(&start);
         tracing::info!(
             position = %start.position,

@@ -37,7 +37,10 @@ pub use self::poll::{PollConfig, PollOrder};
 pub use self::prune::PruneConfig;
 pub use self::schema_registry::{RegistryAuth, RegistryVersion, SchemaRegistryConfig};
 pub use self::snapshot::{SnapshotConfig, SnapshotLock, SnapshotMode};
-pub use self::source::{ResumeBy, SourceConfig, SourceKind, StartFrom, TlsMode};
+pub use self::source::{
+    Binlogs, Connection, FilesSource, PollSource, ResumeBy, ServerSource, Source, SourceConfig, SourceKind, StartFrom,
+    TlsMode,
+};
 pub use self::state::{StateBackend, StateConfig};
 use crate::error::{Error, Result};
 use crate::outbox::TableName;
@@ -50,7 +53,7 @@ use crate::topic::TopicTemplate;
 #[serde(deny_unknown_fields)]
 struct ConfigFile {
     /// The MySQL/MariaDB server to replicate from.
-    pub source: SourceConfig,
+    pub source: source::SourceToml,
     /// Which table(s) hold the outbox and how its columns are named.
     pub outbox: OutboxConfig,
     /// Where events go.
@@ -201,17 +204,13 @@ impl Config {
         &self.topic
     }
 
-    /// The database password, read from the environment or a file if configured so.
+    /// The database password, read from the environment or a file if configured so; none for binlog files.
     ///
     /// # Errors
     /// A definite error when `password_env` names a variable that is not set, or `password_file` a file
     /// that cannot be read or is empty.
     pub fn source_password(&self) -> Result<Option<Secret>> {
-        match (&self.source.password_env, &self.source.password_file) {
-            (Some(var), _) => from_env("source.password_env", var).map(Some),
-            (None, Some(path)) => from_file("source.password_file", path).map(Some),
-            (None, None) => Ok(self.source.password.clone()),
-        }
+        self.source.kind.connection().map_or(Ok(None), Connection::password)
     }
 }
 
@@ -250,10 +249,11 @@ impl ConfigFile {
     /// A definite error naming the first setting that does not.
     fn validate(mut self) -> Result<Config> {
         let tables = self.outbox.tables()?;
-        self.source.validate(self.snapshot.mode)?;
-        self.poll.validate(self.source.kind, &self.kafka)?;
-        self.state.validate(self.source.kind)?;
-        self.delivery.validate(&self.state, self.source.kind, &self.kafka)?;
+        let kind = self.source.kind;
+        let source = self.source.validate(self.snapshot.mode)?;
+        self.poll.validate(kind, &self.kafka)?;
+        self.state.validate(kind)?;
+        self.delivery.validate(&self.state, kind, &self.kafka)?;
         let topic = TopicTemplate::parse(&self.kafka.topic)?;
         self.metrics.validate()?;
         self.kafka.validate()?;
@@ -262,7 +262,7 @@ impl ConfigFile {
         let placements = self.outbox.validate(self.kafka.value_format)?;
         schema_registry::validate_registry(self.schema_registry.as_ref(), &self.kafka, &mut self.outbox.columns)?;
         Ok(Config {
-            source: self.source,
+            source,
             outbox: self.outbox,
             kafka: self.kafka,
             state: self.state,
@@ -317,7 +317,7 @@ mod tests {
     #[test]
     fn minimal_config_gets_defaults() {
         let c = Config::parse(MINIMAL).unwrap();
-        assert_eq!(c.source.port, 3306);
+        assert_eq!(c.source.kind.connection().map(|c| c.port), Some(3306));
         assert_eq!(c.kafka.topic, "outbox.event.${aggregate_type}");
         assert_eq!(c.kafka.value_format, ValueFormat::Envelope);
         assert_eq!(c.state.dir, PathBuf::from("state"));

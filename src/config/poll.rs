@@ -205,7 +205,7 @@ mod tests {
     #[test]
     fn poll_source_settings_are_validated() {
         let c = Config::parse(POLL).unwrap();
-        assert_eq!(c.source.kind, SourceKind::Poll);
+        assert!(matches!(c.source.kind, Source::Poll(_)), "{:?}", c.source.kind);
         let p = &c.poll;
         assert_eq!(
             (p.order, p.poll_interval, p.batch_rows),

@@ -7,13 +7,15 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{millis, one_password, Secret, SnapshotMode};
+use super::{from_env, from_file, millis, one_password, Secret, SnapshotMode};
 use crate::error::{Error, Result};
 
-/// `[source]`: the database server, ideally a replica — or binlog files on disk.
+/// `[source]` as written: the database server, ideally a replica — or binlog files on disk. Flat, as the
+/// file has it: which keys are legal depends on `kind`, and [`SourceToml::validate`] turns it into a
+/// [`SourceConfig`] that holds only what its kind uses.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SourceConfig {
+pub(super) struct SourceToml {
     /// "server" (default: stream from a live server over the replication protocol), "files" (read binlog
     /// files from disk — `binlog_dir` or `binlog_files` — publish what they hold after the checkpoint or
     /// `start_after`, then exit 0 once everything is acknowledged and checkpointed) or "poll" (the polling
@@ -116,7 +118,135 @@ pub struct SourceConfig {
     pub read_ahead_bytes: usize,
 }
 
-/// Where change events come from.
+/// `[source]`, checked: the source with the settings its kind uses, and the settings every kind shares.
+#[derive(Debug, Clone)]
+pub struct SourceConfig {
+    /// Where change events come from, with what only that source uses.
+    pub kind: Source,
+    /// First back-off ceiling before a run starts again after a transient failure (any kind).
+    pub reconnect_initial_backoff: Duration,
+    /// Upper bound of that back-off.
+    pub reconnect_max_backoff: Duration,
+    /// Bytes of decoded changes a binlog reader (server or files) may hold ahead of the producer.
+    pub read_ahead_bytes: usize,
+}
+
+/// Where change events come from (`source.kind`), each with the settings only it uses.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A live server, over the replication protocol.
+    Server(ServerSource),
+    /// Binlog files on disk.
+    Files(FilesSource),
+    /// The outbox table itself, polled (`[poll]`).
+    Poll(PollSource),
+}
+
+impl Source {
+    /// The server connection: the live server's, or the polling relay's; `None` for binlog files.
+    pub fn connection(&self) -> Option<&Connection> {
+        match self {
+            Source::Server(server) => Some(&server.connection),
+            Source::Poll(poll) => Some(&poll.connection),
+            Source::Files(_) => None,
+        }
+    }
+
+    /// How positions read on the server are stored: the live server's `resume_by`, and the polling
+    /// relay's (for the consistent views of `replay` and `prune`); `None` for binlog files.
+    pub fn resume_by(&self) -> Option<ResumeBy> {
+        match self {
+            Source::Server(server) => Some(server.resume_by),
+            Source::Poll(poll) => Some(poll.resume_by),
+            Source::Files(_) => None,
+        }
+    }
+}
+
+/// How the connector reaches the database server (`[source]` host, port, user, password, TLS).
+#[derive(Debug, Clone)]
+pub struct Connection {
+    /// Host name or IP address of the server.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// The user.
+    pub user: String,
+    /// Password in clear.
+    pub password: Option<Secret>,
+    /// Environment variable holding the password, read at connect time.
+    pub password_env: Option<String>,
+    /// File holding the password, read at connect time.
+    pub password_file: Option<PathBuf>,
+    /// TLS to the server.
+    pub tls: TlsMode,
+    /// The CA certificates trusted for `verify_identity`.
+    pub tls_ca_file: Option<PathBuf>,
+    /// Timeout for establishing a connection.
+    pub connect_timeout: Duration,
+}
+
+impl Connection {
+    /// The password, read from the environment or a file if configured so.
+    ///
+    /// # Errors
+    /// A definite error when `password_env` names a variable that is not set, or `password_file` a file
+    /// that cannot be read or is empty.
+    pub fn password(&self) -> Result<Option<Secret>> {
+        match (&self.password_env, &self.password_file) {
+            (Some(var), _) => from_env("source.password_env", var).map(Some),
+            (None, Some(path)) => from_file("source.password_file", path).map(Some),
+            (None, None) => Ok(self.password.clone()),
+        }
+    }
+}
+
+/// `kind = "server"`: a live server, streamed over the replication protocol.
+#[derive(Debug, Clone)]
+pub struct ServerSource {
+    /// How to reach it.
+    pub connection: Connection,
+    /// Replication client id, never 0.
+    pub server_id: u32,
+    /// How the stream resumes.
+    pub resume_by: ResumeBy,
+    /// Where to start when there is no checkpoint (unless `start_after`).
+    pub start_from: StartFrom,
+    /// First run only: GTIDs already published; checked to parse as MySQL or MariaDB GTIDs, and only with
+    /// `resume_by = "gtid"` and `[snapshot] mode = "never"`.
+    pub start_after: Option<String>,
+    /// Heartbeat period asked of the server.
+    pub heartbeat_interval: Duration,
+}
+
+/// `kind = "files"`: binlog files on disk.
+#[derive(Debug, Clone)]
+pub struct FilesSource {
+    /// Which files.
+    pub binlogs: Binlogs,
+    /// First run only: GTIDs already published; checked to parse as MySQL or MariaDB GTIDs.
+    pub start_after: Option<String>,
+}
+
+/// `source.binlog_dir` or `source.binlog_files`: exactly one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Binlogs {
+    /// Every binlog file in the directory.
+    Dir(PathBuf),
+    /// These files.
+    Files(Vec<PathBuf>),
+}
+
+/// `kind = "poll"`: the polling relay.
+#[derive(Debug, Clone)]
+pub struct PollSource {
+    /// How to reach the server.
+    pub connection: Connection,
+    /// How `replay` and `prune` read the position of their consistent view (the relay reads none).
+    pub resume_by: ResumeBy,
+}
+
+/// `source.kind` as written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SourceKind {
@@ -184,9 +314,11 @@ fn default_read_ahead_bytes() -> usize {
     1024 * 1024
 }
 
-impl SourceConfig {
-    /// Checks the section, with the snapshot mode that the source kind constrains.
-    pub(super) fn validate(&self, snapshot: SnapshotMode) -> Result<()> {
+impl SourceToml {
+    /// Checks the section, with the snapshot mode that the source kind constrains, and keeps what the
+    /// kind uses: the refusals of keys a kind does not take are here, so that a [`SourceConfig`] cannot
+    /// hold them. (`kind = "files"` accepts the connection keys and ignores them, as it always has.)
+    pub(super) fn validate(self, snapshot: SnapshotMode) -> Result<SourceConfig> {
         one_password("source", self.password.is_some(), self.password_env.is_some(), self.password_file.is_some())?;
         self.validate_kind(snapshot)?;
         if self.kind == SourceKind::Server && self.server_id == 0 {
@@ -201,7 +333,41 @@ impl SourceConfig {
         if self.heartbeat_interval.is_zero() || self.heartbeat_interval.as_millis() > 4_294_967 {
             return Err(Error::definite("source.heartbeat_interval_ms must be between 1 and 4294967"));
         }
-        Ok(())
+        let connection = Connection {
+            host: self.host,
+            port: self.port,
+            user: self.user,
+            password: self.password,
+            password_env: self.password_env,
+            password_file: self.password_file,
+            tls: self.tls,
+            tls_ca_file: self.tls_ca_file,
+            connect_timeout: self.connect_timeout,
+        };
+        let kind = match self.kind {
+            SourceKind::Server => Source::Server(ServerSource {
+                connection,
+                server_id: self.server_id,
+                resume_by: self.resume_by,
+                start_from: self.start_from,
+                start_after: self.start_after,
+                heartbeat_interval: self.heartbeat_interval,
+            }),
+            SourceKind::Files => Source::Files(FilesSource {
+                binlogs: match self.binlog_dir {
+                    Some(dir) => Binlogs::Dir(dir),
+                    None => Binlogs::Files(self.binlog_files),
+                },
+                start_after: self.start_after,
+            }),
+            SourceKind::Poll => Source::Poll(PollSource { connection, resume_by: self.resume_by }),
+        };
+        Ok(SourceConfig {
+            kind,
+            reconnect_initial_backoff: self.reconnect_initial_backoff,
+            reconnect_max_backoff: self.reconnect_max_backoff,
+            read_ahead_bytes: self.read_ahead_bytes,
+        })
     }
 
     /// Which settings `kind` allows and needs, and a `start_after` of either GTID kind.
@@ -307,7 +473,10 @@ mod tests {
     #[test]
     fn files_source_settings_are_validated() {
         let c = Config::parse(FILES).unwrap();
-        assert_eq!(c.source.kind, SourceKind::Files);
+        match &c.source.kind {
+            Source::Files(files) => assert_eq!(files.binlogs, Binlogs::Dir("/backup/binlogs".into())),
+            other => panic!("{other:?}"),
+        }
         let cases: &[(&str, &str, Option<&str>)] = &[
             ("binlog_dir = \"/backup/binlogs\"", "binlog_files = [\"/b/mysql-bin.000001\"]", None),
             ("binlog_dir = \"/backup/binlogs\"", "", Some("exactly one of")),

@@ -486,8 +486,8 @@ async fn scan_table(
         let roles = crate::source::snapshot::role_columns(conn, t, c).await?;
         let has_occurred_at = roles[7].is_some();
         let id_column = IdColumn::require(conn, t, &c.id).await?;
-        let sequence = match (config.source.kind, config.poll.order) {
-            (crate::config::SourceKind::Poll, crate::config::PollOrder::Sequence) => {
+        let sequence = match (&config.source.kind, config.poll.order) {
+            (crate::config::Source::Poll(_), crate::config::PollOrder::Sequence) => {
                 let found = crate::source::poll::columns_of(conn, t).await?;
                 match crate::source::poll::order_key(&found, c, config.poll.order) {
                     Some(crate::source::poll::OrderKey::Sequence(column)) => Some(column),

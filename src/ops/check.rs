@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use crate::checkpoint::Store;
-use crate::config::{Config, SourceKind, StateBackend};
+use crate::config::{Config, FilesSource, Source, StateBackend};
 use mysql_async::prelude::Queryable;
 
 use crate::error::{classify_mysql, Result, EXIT_DEFINITE};
@@ -20,13 +20,12 @@ use crate::source::{self, preflight, SourceConn};
 /// # Errors
 /// Connection errors before the checks could run.
 pub async fn run(config: &Config) -> Result<ExitCode> {
-    if config.source.kind == SourceKind::Files {
-        return check_files(config).await;
-    }
-    if config.source.kind == SourceKind::Poll {
-        return check_poll(config).await;
-    }
-    let source = SourceConn::from_config(config)?;
+    let server = match &config.source.kind {
+        Source::Files(files) => return check_files(config, files).await,
+        Source::Poll(_) => return check_poll(config).await,
+        Source::Server(server) => server,
+    };
+    let source = SourceConn::new(&server.connection)?;
     let mut conn = source.connect().await?;
     let info = source::server_info(&mut conn).await?;
     let checkpoint = Store::inspect_for(config).await?.and_then(|i| i.checkpoint);
@@ -34,7 +33,7 @@ pub async fn run(config: &Config) -> Result<ExitCode> {
     let checked = match &checkpoint {
         Some(c) => {
             let resume = preflight::Resume { server: c.server(), position: c.position(), end_event: c.end_event() };
-            Some(preflight::ResumeCheck::run(&mut conn, &info, config, resume).await?)
+            Some(preflight::ResumeCheck::run(&mut conn, &info, server.server_id, resume).await?)
         }
         None => None,
     };
@@ -96,8 +95,8 @@ async fn check_poll(config: &Config) -> Result<ExitCode> {
 
 /// `check` for `source.kind = "files"`: every file is a complete binlog (the last may end in an incomplete
 /// transaction, which is reported), where a run would start, and Kafka.
-async fn check_files(config: &Config) -> Result<ExitCode> {
-    let files = source::files::list_files(config)?;
+async fn check_files(config: &Config, source: &FilesSource) -> Result<ExitCode> {
+    let files = source::files::list_files(source)?;
     let mut failed = 0;
     for (i, path) in files.iter().enumerate() {
         match source::files::scan(path) {
@@ -122,8 +121,7 @@ async fn check_files(config: &Config) -> Result<ExitCode> {
                     scan.header.server_id
                 );
                 if i == 0 {
-                    let start =
-                        source::files::start_position(path, &scan.header, config.source.start_after.as_deref())?;
+                    let start = source::files::start_position(path, &scan.header, source.start_after.as_deref())?;
                     println!("start without checkpoint: after {start}");
                 }
             }

@@ -66,7 +66,7 @@ pub async fn run_replay(config: &Config, options: &ReplayOptions) -> Result<()> 
 /// What [`prune::prune`] refuses.
 pub async fn run_prune(config: &Config, options: &PruneOptions) -> Result<()> {
     let verb = if options.dry_run { "would delete" } else { "deleted" };
-    if config.source.kind == crate::config::SourceKind::Poll {
+    if matches!(config.source.kind, crate::config::Source::Poll(_)) {
         let report = prune::prune_published(config, options).await?;
         println!(
             "{verb} {} row(s) with published_at < {} (UTC) in {} batch(es); published_at is set only after Kafka \

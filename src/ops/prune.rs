@@ -80,7 +80,7 @@ use mysql_async::{Conn, Value};
 
 use super::ids::IdColumn;
 use crate::checkpoint::Store;
-use crate::config::{Config, OnUpdate};
+use crate::config::{Config, Connection, OnUpdate};
 use crate::error::{classify_mysql, Error, Result};
 use crate::outbox::{quote_ident, TableName};
 use crate::position::{Gtids, Position};
@@ -291,21 +291,27 @@ async fn cutoff(view: &mut Conn, older_than: Duration) -> Result<String> {
 
 /// The connection settings for the `DELETE`s: `[source]` with `[prune]`'s overrides.
 fn delete_conn(config: &Config) -> Result<SourceConn> {
-    let mut c = config.clone();
-    let prune = &config.prune;
-    if let Some(host) = &prune.host {
-        c.source.host = host.clone();
-    }
-    if let Some(port) = prune.port {
-        c.source.port = port;
-    }
-    if let Some(user) = &prune.user {
-        c.source.user = user.clone();
-        c.source.password = prune.password.clone();
-        c.source.password_env = prune.password_env.clone();
-        c.source.password_file = prune.password_file.clone();
-    }
-    SourceConn::from_config(&c).map_err(|e| e.context("[prune] connection"))
+    let connection = || -> Result<Connection> {
+        let source = config.source.kind.connection().ok_or_else(|| {
+            Error::definite("source.kind = \"files\" has no server to delete on; prune needs \"server\" or \"poll\"")
+        })?;
+        let mut c = source.clone();
+        let prune = &config.prune;
+        if let Some(host) = &prune.host {
+            c.host = host.clone();
+        }
+        if let Some(port) = prune.port {
+            c.port = port;
+        }
+        if let Some(user) = &prune.user {
+            c.user = user.clone();
+            c.password = prune.password.clone();
+            c.password_env = prune.password_env.clone();
+            c.password_file = prune.password_file.clone();
+        }
+        Ok(c)
+    };
+    connection().and_then(|c| SourceConn::new(&c)).map_err(|e| e.context("[prune] connection"))
 }
 
 /// Selects candidate ids of `table` in the view, batch by batch, and deletes each batch.

@@ -122,7 +122,7 @@ async fn release_from(
         store.holds()?.into_iter().find(|h| h.aggregate_type == aggregate_type && h.aggregate_id == aggregate_id);
     let hold = match stored {
         Some(hold) => Some(hold),
-        None if config.source.kind == crate::config::SourceKind::Poll => {
+        None if matches!(config.source.kind, crate::config::Source::Poll(_)) => {
             hold_of_parked_row(config, &cc, stall, aggregate_type, aggregate_id).await?
         }
         None => None,
@@ -210,7 +210,7 @@ async fn release_from(
     }
     republish(&mut sink, &watermark, &records).await?;
     report.republished = records.len() as u64;
-    if config.source.kind == crate::config::SourceKind::Poll {
+    if matches!(config.source.kind, crate::config::Source::Poll(_)) {
         unpark(config, &letters, &ids).await?;
     }
     store.remove_hold(&hold, &ids)?;

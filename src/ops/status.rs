@@ -5,7 +5,7 @@
 
 use crate::checkpoint::store::LastError;
 use crate::checkpoint::{Checkpoint, Store};
-use crate::config::{Config, SourceKind};
+use crate::config::{Config, Source};
 use crate::error::Result;
 use crate::metrics::POLL_BACKLOG_CAP;
 use crate::source::poll::Relay;
@@ -19,7 +19,7 @@ use crate::time::utc_text;
 /// # Errors
 /// A definite error when the store cannot be read.
 pub async fn print(config: &Config, json: bool) -> Result<()> {
-    if config.source.kind == SourceKind::Poll {
+    if matches!(config.source.kind, Source::Poll(_)) {
         return print_relay(config, json).await;
     }
     let Some(inspection) = Store::inspect_for(config).await? else {
@@ -61,7 +61,7 @@ pub async fn print(config: &Config, json: bool) -> Result<()> {
             end.crc32
         );
     }
-    if config.source.kind == SourceKind::Server {
+    if matches!(config.source.kind, Source::Server(_)) {
         println!("purge risk:      {}", purge_risk(config, cp, now_s).await);
     }
     if let Some(snapshot) = &cp.snapshot() {

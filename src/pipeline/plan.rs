@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use crate::checkpoint::checkpointer::Checkpointer;
 use crate::checkpoint::{Checkpoint, Mark, Store};
-use crate::config::{Config, SnapshotMode};
+use crate::config::{Config, FilesSource, ServerSource, SnapshotMode};
 use crate::error::{Error, Result};
 use crate::position::snapshot::SnapshotState;
 use crate::position::{Flavor, Gtids, Position, ServerIdentity};
@@ -100,6 +100,7 @@ pub(super) struct ServerPlan {
 /// Connection errors (transient), a failed preflight or an unresumable checkpoint (definite).
 pub(super) async fn server(
     source: &SourceConn,
+    server: &ServerSource,
     config: &Config,
     store: &Store,
     accept_new_server: bool,
@@ -108,7 +109,7 @@ pub(super) async fn server(
     let info = server_info(&mut conn).await?;
     let stored = store.load()?;
     let mut checked = None;
-    if let (Some(cp), Some(_)) = (&stored, &config.source.start_after) {
+    if let (Some(cp), Some(_)) = (&stored, &server.start_after) {
         tracing::warn!(position = %cp.position(), "source.start_after is ignored: resuming from the checkpoint");
     }
     if let Some(cp) = &stored {
@@ -125,7 +126,7 @@ pub(super) async fn server(
             // Another server's files are its own: nothing there to compare the checkpoint's last event with.
             end_event: cp.end_event().filter(|_| *cp.server() == info.identity),
         };
-        checked = Some(preflight::ResumeCheck::run(&mut conn, &info, config, resume).await?);
+        checked = Some(preflight::ResumeCheck::run(&mut conn, &info, server.server_id, resume).await?);
     }
     let mut snapshot_again = false;
     if let (Some(checked), SnapshotMode::WhenNeeded) = (&checked, config.snapshot.mode) {
@@ -150,8 +151,8 @@ pub(super) async fn server(
         Decision::Snapshot(progress) => Plan::Snapshot(progress),
         Decision::Resume(mark) => Plan::Resume(mark),
         Decision::Fresh => {
-            let position = start_position(&mut conn, &info, config).await?;
-            tracing::info!(%position, start_from = ?config.source.start_from, "no checkpoint: starting fresh");
+            let position = start_position(&mut conn, &info, server).await?;
+            tracing::info!(%position, start_from = ?server.start_from, "no checkpoint: starting fresh");
             Plan::Fresh(position)
         }
     };
@@ -175,13 +176,13 @@ pub(super) struct FilesPlan {
 ///
 /// # Errors
 /// Definite errors for unreadable files and for a checkpoint these files cannot resume.
-pub(super) fn files(config: &Config, store: &Store, accept_new_server: bool) -> Result<FilesPlan> {
-    let (paths, first) = files::inspect(config)?;
+pub(super) fn files(source: &FilesSource, store: &Store, accept_new_server: bool) -> Result<FilesPlan> {
+    let (paths, first) = files::inspect(source)?;
     let identity = files::identity(&first.header);
     let stored = store.load()?;
     if let Some(cp) = &stored {
         resumable_by_files(cp, &identity, first.header.flavor, accept_new_server)?;
-        if config.source.start_after.is_some() {
+        if source.start_after.is_some() {
             tracing::warn!(position = %cp.position(), "source.start_after is ignored: resuming from the checkpoint");
         }
     }
@@ -189,7 +190,7 @@ pub(super) fn files(config: &Config, store: &Store, accept_new_server: bool) -> 
         Decision::Resume(mark) => Plan::Resume(Mark { snapshot: None, ..mark }),
         Decision::Snapshot(_) => unreachable!("a checkpoint with an unfinished snapshot was refused above"),
         Decision::Fresh => {
-            let position = files::start_position(&paths[0], &first.header, config.source.start_after.as_deref())?;
+            let position = files::start_position(&paths[0], &first.header, source.start_after.as_deref())?;
             tracing::info!(%position, "no checkpoint: publishing what the binlog files hold after this position");
             Plan::Fresh(position)
         }

@@ -30,8 +30,6 @@ use crate::source::{snapshot, ServerInfo, SourceConn, SourceReader};
 /// Everything one run builds, owned for the run and handed to each phase.
 pub(super) struct Run<'a> {
     config: &'a Config,
-    /// Where the snapshot reads.
-    source: &'a SourceConn,
     /// The producer; mints the delivery proofs.
     sink: KafkaSink,
     /// Row to record, with the quarantine of poison rows.
@@ -57,7 +55,6 @@ impl<'a> Run<'a> {
     /// the transactional producer cannot start.
     pub(super) async fn new(
         config: &'a Config,
-        source: &'a SourceConn,
         router: Router,
         checkpointer: Arc<Checkpointer>,
         shutdown: &'a Shutdown,
@@ -66,7 +63,7 @@ impl<'a> Run<'a> {
         let (commit, sink) = Commit::start(config, &checkpointer, watermark.clone()).await?;
         let publisher = Publisher::new(config, router, checkpointer.store().clone())?;
         let periodic = checkpointer.every(watermark.clone(), commit.interval());
-        Ok(Run { config, source, sink, publisher, watermark, checkpointer, periodic, shutdown, commit })
+        Ok(Run { config, sink, publisher, watermark, checkpointer, periodic, shutdown, commit })
     }
 
     /// Hands no record to the producer once `lease` is no longer provably held.
@@ -112,8 +109,13 @@ impl<'a> Run<'a> {
 
     /// Scans the outbox tables in one consistent view and produces every row; ends with the watermark's
     /// last mark saying `done` once everything is acknowledged (see [`crate::source::snapshot`]).
-    pub(super) async fn snapshot(&mut self, info: &ServerInfo, progress: Option<SnapshotState>) -> Result<()> {
-        let Run { config, source, sink, publisher, watermark, checkpointer, periodic, shutdown, commit } = self;
+    pub(super) async fn snapshot(
+        &mut self,
+        source: &SourceConn,
+        info: &ServerInfo,
+        progress: Option<SnapshotState>,
+    ) -> Result<()> {
+        let Run { config, sink, publisher, watermark, checkpointer, periodic, shutdown, commit } = self;
         let tables = config.tables().to_vec();
         if let Some(progress) = &progress {
             progress.check_tables(&tables).map_err(Error::definite)?;

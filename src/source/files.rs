@@ -47,7 +47,7 @@ use mysql_common::binlog::consts::{BinlogChecksumAlg, BinlogVersion};
 use mysql_common::binlog::events::{Event, EventData, FormatDescriptionEvent};
 
 use super::binlog::{parse_event, read_event_bytes, Change, ChangeDecoder, ReaderSettings, FORMAT_DESCRIPTION};
-use crate::config::{Config, SourceKind};
+use crate::config::{Binlogs, FilesSource};
 use crate::error::{Error, Result};
 use crate::position::mariadb::{GtidPos, MariaGtid};
 use crate::position::mysql::{GtidSet, Tag, Uuid};
@@ -96,10 +96,9 @@ pub struct Scan {
 ///
 /// # Errors
 /// A definite error when the directory or a file cannot be read, or a file is not a binlog.
-pub fn list_files(config: &Config) -> Result<Vec<PathBuf>> {
-    let source = &config.source;
-    let mut files: Vec<PathBuf> = match &source.binlog_dir {
-        Some(dir) => {
+pub fn list_files(source: &FilesSource) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = match &source.binlogs {
+        Binlogs::Dir(dir) => {
             let entries = std::fs::read_dir(dir)
                 .map_err(|e| Error::definite(format!("source.binlog_dir {}: {e}", dir.display())))?;
             let mut files = Vec::new();
@@ -115,7 +114,7 @@ pub fn list_files(config: &Config) -> Result<Vec<PathBuf>> {
             }
             files
         }
-        None => source.binlog_files.clone(),
+        Binlogs::Files(files) => files.clone(),
     };
     for path in &files {
         if !starts_with_magic(path) {
@@ -561,9 +560,8 @@ impl FilesReader {
 ///
 /// # Errors
 /// A definite error when the files cannot be listed or the first cannot be read.
-pub fn inspect(config: &Config) -> Result<(Vec<PathBuf>, Scan)> {
-    debug_assert_eq!(config.source.kind, SourceKind::Files);
-    let files = list_files(config)?;
+pub fn inspect(source: &FilesSource) -> Result<(Vec<PathBuf>, Scan)> {
+    let files = list_files(source)?;
     let first = files.first().ok_or_else(|| Error::definite("source.binlog_files is empty"))?;
     let scan = scan(first)?;
     Ok((files, scan))

@@ -28,7 +28,7 @@ use mysql_async::{Conn, Opts, OptsBuilder, SslOpts};
 
 pub use decode::OutboxTable;
 
-use crate::config::{Config, ResumeBy, StartFrom, TlsMode};
+use crate::config::{Config, Connection, ResumeBy, ServerSource, StartFrom, TlsMode};
 use crate::error::{classify_mysql, Error, Result};
 use crate::outbox::TableName;
 use crate::position::{mariadb::GtidPos, mysql::GtidSet, BinlogCoord, Flavor, Gtids, Position, ServerIdentity};
@@ -62,8 +62,21 @@ impl SourceConn {
     /// # Errors
     /// A definite error when the password variable is missing or the TLS CA file cannot be used.
     pub fn from_config(config: &Config) -> Result<Self> {
-        let source = &config.source;
-        let password = config.source_password()?;
+        let connection = config.source.kind.connection().ok_or_else(|| {
+            Error::definite(
+                "source.kind = \"files\" reads binlog files and has no server to connect to; this needs \
+                 source.kind = \"server\" or \"poll\"",
+            )
+        })?;
+        Self::new(connection)
+    }
+
+    /// Connection settings for `source` (resolves the password).
+    ///
+    /// # Errors
+    /// A definite error when the password variable is missing or the TLS CA file cannot be used.
+    pub fn new(source: &Connection) -> Result<Self> {
+        let password = source.password()?;
         let mut builder = OptsBuilder::default()
             .ip_or_hostname(source.host.clone())
             .tcp_port(source.port)
@@ -375,13 +388,13 @@ pub async fn earliest_position(conn: &mut Conn, info: &ServerInfo, resume_by: Re
 ///
 /// # Errors
 /// Classified query errors.
-pub async fn start_position(conn: &mut Conn, info: &ServerInfo, config: &Config) -> Result<Position> {
-    if let Some(after) = &config.source.start_after {
+pub async fn start_position(conn: &mut Conn, info: &ServerInfo, server: &ServerSource) -> Result<Position> {
+    if let Some(after) = &server.start_after {
         return start_after_position(conn, info, after).await;
     }
-    match config.source.start_from {
-        StartFrom::Current => current_position(conn, info, config.source.resume_by).await,
-        StartFrom::Earliest => earliest_position(conn, info, config.source.resume_by).await,
+    match server.start_from {
+        StartFrom::Current => current_position(conn, info, server.resume_by).await,
+        StartFrom::Earliest => earliest_position(conn, info, server.resume_by).await,
     }
 }
 

@@ -105,7 +105,7 @@ pub async fn check(
                 "SET GLOBAL binlog_row_value_options = ''",
             );
         }
-        if config.source.resume_by == ResumeBy::Gtid {
+        if config.source.kind.resume_by() == Some(ResumeBy::Gtid) {
             let gtid_mode = variable(conn, "gtid_mode").await?;
             report.push(
                 "gtid_mode",
@@ -182,11 +182,10 @@ impl<'a> ResumeCheck<'a> {
     ///
     /// # Errors
     /// Transient errors of the comparison, and classified query errors of the purge check.
-    pub async fn run(conn: &mut Conn, info: &ServerInfo, config: &Config, resume: Resume<'a>) -> Result<Self> {
+    pub async fn run(conn: &mut Conn, info: &ServerInfo, server_id: u32, resume: Resume<'a>) -> Result<Self> {
         let history = match resume.end_event {
             Some(end) if *resume.server == info.identity => {
-                match history::compare(conn, info.identity.flavor, config.source.server_id, resume.position, end).await
-                {
+                match history::compare(conn, info.identity.flavor, server_id, resume.position, end).await {
                     Err(e) if !e.is_definite() => return Err(e),
                     compared => Some(compared),
                 }

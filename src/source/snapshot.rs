@@ -107,6 +107,8 @@ pub async fn open(
     after: Option<SnapshotKey>,
 ) -> Result<(Scanner, Position)> {
     let tables: Vec<Arc<TableName>> = config.tables().iter().cloned().map(Arc::new).collect();
+    // A server connection (`source`) exists only for the kinds that have a `resume_by`.
+    let resume_by = config.source.kind.resume_by().unwrap_or_default();
     let mut conn = source.connect().await?;
     let q = |e: mysql_async::Error| classify_mysql(&e).context("opening the snapshot transaction");
     conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ").await.map_err(q)?;
@@ -123,7 +125,7 @@ pub async fn open(
             })?;
             let pos: u64 = get("binlog_snapshot_position").and_then(|p| p.parse().ok()).unwrap_or(4);
             let coord = BinlogCoord { file, pos };
-            let gtids = match config.source.resume_by {
+            let gtids = match resume_by {
                 crate::config::ResumeBy::File => Gtids::None,
                 crate::config::ResumeBy::Gtid => Gtids::MariaDb(super::mariadb_gtid_at(&mut conn, &coord).await?),
             };
@@ -142,7 +144,7 @@ pub async fn open(
             take_lock(&mut lock, &lock_sql, config.snapshot.lock_wait_timeout_s).await?;
             let opened = async {
                 conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY").await.map_err(q)?;
-                super::current_position(&mut conn, info, config.source.resume_by).await
+                super::current_position(&mut conn, info, resume_by).await
             }
             .await;
             lock.query_drop("UNLOCK TABLES").await.map_err(q)?;
