@@ -48,7 +48,7 @@ use serde::de::DeserializeOwned;
 
 use super::records::{hold_key, Inspection, LastError};
 use super::Checkpoint;
-use crate::config::Config;
+use crate::config::{Config, KafkaConfig};
 use crate::error::{classify_kafka, Error, Result};
 use crate::kafka::read::{Starts, ToEnd, Until};
 use crate::poison::{Hold, KnownPoison};
@@ -113,7 +113,7 @@ impl KafkaStore {
             // the read below sees every checkpoint that will ever be committed under that id. Both fences
             // run at once; the read waits for both.
             true => {
-                let events = init(transactional(config, config.transactional_id())?, "the event producer's id");
+                let events = init(transactional(&config.kafka, config.transactional_id())?, "the event producer's id");
                 tokio::try_join!(writer, events)?.0
             }
             false => writer.await?,
@@ -157,7 +157,7 @@ impl KafkaStore {
                     id,
                     "fencing the producer of the connector's previous start (its transactional id changed)"
                 );
-                drop(init(transactional(config, id)?, "the previous start's producer").await?);
+                drop(init(transactional(&config.kafka, id)?, "the previous start's producer").await?);
             }
             if !ids.is_empty() {
                 let starts = self.read_to.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -344,7 +344,7 @@ impl KafkaStore {
 
 /// The state writer: a transactional producer whose id is `<transactional_id>.state`.
 fn writer(config: &Config) -> Result<ThreadedProducer<DefaultProducerContext>> {
-    transactional(config, &format!("{}.state", config.transactional_id()))
+    transactional(&config.kafka, &format!("{}.state", config.transactional_id()))
 }
 
 /// Starts `producer`'s transactions (`init_transactions`): fences every older producer with its id.
@@ -359,8 +359,8 @@ async fn init(
 }
 
 /// A transactional producer with `id`, for the state topic.
-fn transactional(config: &Config, id: &str) -> Result<ThreadedProducer<DefaultProducerContext>> {
-    let mut cc = config.kafka.client_config()?;
+fn transactional(kafka: &KafkaConfig, id: &str) -> Result<ThreadedProducer<DefaultProducerContext>> {
+    let mut cc = kafka.client_config()?;
     cc.set("transactional.id", id)
         .set("enable.idempotence", "true")
         .set("acks", "all")
@@ -405,7 +405,7 @@ async fn ensure_topic(config: &Config) -> Result<usize> {
                  --config cleanup.policy=compact --config retention.ms=-1)"
             )));
         }
-        let settings = topic_settings(config);
+        let settings = topic_settings(&config.kafka);
         let mut new_topic = NewTopic::new(topic, 1, TopicReplication::Fixed(config.kafka.topic_replication_factor));
         for (key, value) in &settings {
             new_topic = new_topic.set(key, value);
@@ -438,7 +438,7 @@ async fn ensure_topic(config: &Config) -> Result<usize> {
                     )));
                 }
             }
-            for advice in topic_advice(topic, &described, &topic_settings(config)) {
+            for advice in topic_advice(topic, &described, &topic_settings(&config.kafka)) {
                 tracing::warn!("{advice}");
             }
         }
@@ -462,8 +462,8 @@ const COMPACTION: &[(&str, &str)] = &[
 /// The configs the state topic is created with: `kafka.topic_config` (its durability settings, e.g.
 /// `min.insync.replicas`, apply to the checkpoints as to the events they cover: a checkpoint must not be
 /// lost where its events survive), then compaction for good ([`COMPACTION`]) over it.
-fn topic_settings(config: &Config) -> BTreeMap<String, String> {
-    let mut settings = config.kafka.topic_config.clone();
+fn topic_settings(kafka: &KafkaConfig) -> BTreeMap<String, String> {
+    let mut settings = kafka.topic_config.clone();
     settings.retain(|k, _| !matches!(k.as_str(), "retention.ms" | "retention.bytes" | "cleanup.policy"));
     settings.insert("cleanup.policy".into(), "compact".into());
     settings.insert("retention.ms".into(), "-1".into());
@@ -616,7 +616,7 @@ mod tests {
         )
         .unwrap();
         config.state.backend = crate::config::StateBackend::Kafka;
-        let wanted = topic_settings(&config);
+        let wanted = topic_settings(&config.kafka);
         let get = |k: &str| wanted.get(k).map(String::as_str);
         assert_eq!((get("cleanup.policy"), get("retention.ms")), (Some("compact"), Some("-1")));
         assert_eq!((get("segment.ms"), get("min.insync.replicas")), (Some("3600000"), Some("2")));

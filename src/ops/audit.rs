@@ -58,7 +58,7 @@ use rdkafka::message::{Headers, Message};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
+use crate::config::{Config, KafkaConfig};
 use crate::error::{classify_mysql, Error, Result};
 use crate::kafka::read::{Starts, ToEnd, Until};
 use crate::ops::ids::IdColumn;
@@ -359,7 +359,7 @@ pub async fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport> {
     };
     tracing::info!(tables = ?report.tables, topics = ?topics, window = %report.window, "audit: scanning the table");
     // Before the scan: a missing secret is found before the table is read.
-    let consumer_config = consumer_config(config)?;
+    let consumer_config = consumer_config(&config.kafka)?;
     report.table_rows = scan_table(config, opts, &tables, &mut conn, &db, &mut report).await?;
 
     tracing::info!(rows = report.table_rows, "audit: reading Kafka");
@@ -587,16 +587,16 @@ async fn scan_table(
 ///
 /// # Errors
 /// A definite error when a secret's variable or file is missing.
-fn consumer_config(config: &Config) -> Result<ClientConfig> {
+fn consumer_config(kafka: &KafkaConfig) -> Result<ClientConfig> {
     let mut cfg = ClientConfig::new();
-    for (k, v) in &config.kafka.resolved_properties()? {
+    for (k, v) in &kafka.resolved_properties()? {
         let connection =
             ["security.", "ssl.", "sasl.", "socket.", "client.", "broker."].iter().any(|p| k.starts_with(p));
         if connection {
             cfg.set(k, v);
         }
     }
-    cfg.set("bootstrap.servers", &config.kafka.bootstrap_servers)
+    cfg.set("bootstrap.servers", &kafka.bootstrap_servers)
         .set("group.id", format!("outbox-cdc-audit-{}", std::process::id()))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
