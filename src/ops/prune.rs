@@ -80,7 +80,7 @@ use mysql_async::{Conn, Value};
 
 use super::ids::IdColumn;
 use crate::checkpoint::Store;
-use crate::config::{Config, Connection, OnUpdate};
+use crate::config::{ColumnNames, Config, Connection, OnUpdate};
 use crate::error::{classify_mysql, Error, Result};
 use crate::outbox::{quote_ident, TableName};
 use crate::position::{Gtids, Position};
@@ -221,7 +221,7 @@ async fn held_aggregates(config: &Config) -> Result<Vec<(String, String)>> {
 /// # Errors
 /// Classified query errors reading the columns' types.
 async fn not_held(
-    config: &Config,
+    columns: &ColumnNames,
     table: &TableName,
     view: &mut Conn,
     held: &[(String, String)],
@@ -231,7 +231,7 @@ async fn not_held(
     if held.is_empty() {
         return Ok((sql, params));
     }
-    let c = &config.outbox.columns;
+    let c = columns;
     let type_column = IdColumn::require(view, table, &c.aggregate_type).await?;
     let id_column = IdColumn::require(view, table, &c.aggregate_id).await?;
     let (t, i) = (quote_ident(&type_column.name), quote_ident(&id_column.name));
@@ -334,7 +334,7 @@ async fn prune_table(
     let (id, occurred_at) = (quote_ident(&config.outbox.columns.id), quote_ident(&config.outbox.columns.occurred_at));
     let batch = config.prune.batch_rows;
     let pause = config.prune.pause;
-    let (not_held, held_params) = not_held(config, table, view, held).await?;
+    let (not_held, held_params) = not_held(&config.outbox.columns, table, view, held).await?;
     let mut after: Option<Value> = None;
     loop {
         let select = format!(
@@ -412,7 +412,7 @@ pub async fn prune_published(config: &Config, options: &PruneOptions) -> Result<
     let batch = config.prune.batch_rows;
     let pause = config.prune.pause;
     for table in config.tables() {
-        let (not_held, held_params) = not_held(config, table, &mut conn, &held).await?;
+        let (not_held, held_params) = not_held(&config.outbox.columns, table, &mut conn, &held).await?;
         let mut after: Option<Value> = None;
         loop {
             let select = format!(

@@ -187,7 +187,7 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
     let result = async {
         // Without a filter the server's statistics suffice for a progress bar, and cost no table scan.
         let total = match filter.as_deref() {
-            Some(filter) => count(scanner.view_conn(), config, filter).await?,
+            Some(filter) => count(scanner.view_conn(), config.tables(), filter).await?,
             None => scanner.estimate_rows().await?,
         };
         let watermark = Arc::new(Watermark::new(None));
@@ -375,9 +375,9 @@ async fn server_datetime(conn: &mut Conn, text: &str) -> Result<Option<String>> 
 }
 
 /// Rows the selection holds, in the view (for the progress total).
-async fn count(view: &mut Conn, config: &Config, filter: &str) -> Result<u64> {
+async fn count(view: &mut Conn, tables: &[TableName], filter: &str) -> Result<u64> {
     let mut total = 0;
-    for t in config.tables() {
+    for t in tables {
         let sql = format!("SELECT COUNT(*) FROM {}.{} WHERE {filter}", quote_ident(&t.database), quote_ident(&t.table));
         let n: Option<u64> = view.query_first(sql).await.map_err(|e| classify_mysql(&e).context("counting rows"))?;
         total += n.unwrap_or(0);

@@ -148,7 +148,7 @@ pub async fn check(
     }
 
     check_replica(conn, info, &mut report).await?;
-    let (case, tables) = check_table_names(conn, config, &mut report).await?;
+    let (case, tables) = check_table_names(conn, config.tables(), &mut report).await?;
     check_binlog_filters(conn, info, case, &tables, &mut report).await?;
     check_replica_filters(conn, info, case, &tables, &mut report).await?;
     check_commit_order(conn, info, &mut report).await?;
@@ -307,12 +307,12 @@ async fn check_replica(conn: &mut Conn, info: &ServerInfo, report: &mut Report) 
 /// where they did not resolve; those have failed here already).
 async fn check_table_names(
     conn: &mut Conn,
-    config: &Config,
+    configured: &[TableName],
     report: &mut Report,
 ) -> Result<(NameCase, Vec<TableName>)> {
     let mut case = NameCase::Unknown;
     let mut tables = Vec::new();
-    for table in config.tables().iter().cloned() {
+    for table in configured.iter().cloned() {
         let setting = format!("table {table} name");
         match super::resolve_tables(conn, std::slice::from_ref(&table)).await {
             Ok(resolved) => {
