@@ -291,10 +291,7 @@ async fn cutoff(view: &mut Conn, older_than: Duration) -> Result<String> {
 
 /// The connection settings for the `DELETE`s: `[source]` with `[prune]`'s overrides.
 fn delete_conn(config: &Config) -> Result<SourceConn> {
-    let connection = || -> Result<Connection> {
-        let source = config.source.kind.connection().ok_or_else(|| {
-            Error::definite("source.kind = \"files\" has no server to delete on; prune needs \"server\" or \"poll\"")
-        })?;
+    let with_overrides = |source: &Connection| {
         let mut c = source.clone();
         let prune = &config.prune;
         if let Some(host) = &prune.host {
@@ -309,9 +306,11 @@ fn delete_conn(config: &Config) -> Result<SourceConn> {
             c.password_env = prune.password_env.clone();
             c.password_file = prune.password_file.clone();
         }
-        Ok(c)
+        c
     };
-    connection().and_then(|c| SourceConn::new(&c)).map_err(|e| e.context("[prune] connection"))
+    SourceConn::settings(config)
+        .and_then(|source| SourceConn::new(&with_overrides(source)))
+        .map_err(|e| e.context("[prune] connection"))
 }
 
 /// Selects candidate ids of `table` in the view, batch by batch, and deletes each batch.

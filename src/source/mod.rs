@@ -62,13 +62,20 @@ impl SourceConn {
     /// # Errors
     /// A definite error when the password variable is missing or the TLS CA file cannot be used.
     pub fn from_config(config: &Config) -> Result<Self> {
-        let connection = config.source.kind.connection().ok_or_else(|| {
+        Self::new(Self::settings(config)?)
+    }
+
+    /// The config's server connection settings: the live server's or the polling relay's.
+    ///
+    /// # Errors
+    /// A definite error for binlog files, which have no server.
+    pub fn settings(config: &Config) -> Result<&Connection> {
+        config.source.kind.connection().ok_or_else(|| {
             Error::definite(
                 "source.kind = \"files\" reads binlog files and has no server to connect to; this needs \
                  source.kind = \"server\" or \"poll\"",
             )
-        })?;
-        Self::new(connection)
+        })
     }
 
     /// Connection settings for `source` (resolves the password).
