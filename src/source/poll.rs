@@ -149,6 +149,12 @@ pub struct PollTable {
     pub order: OrderKey,
     /// `last_error`'s length in characters: what the relay writes there is cut to it.
     last_error_chars: u64,
+    /// The index on `(published_at, <sequence>)` (or `(published_at, occurred_at, ...)`), named in the reads along the order: left to itself,
+    /// the optimizer reads `published_at IS NULL AND seq > ? ORDER BY seq LIMIT n` as a look-up of
+    /// `published_at IS NULL` filtered by `seq > ?`, stepping over every unpublished row below the
+    /// cursor (MariaDB 10.11: 57 ms for the read 600,000 rows into a 1M-row backlog, 1.5 ms with the
+    /// index named). `None` without one (`check` says which to add).
+    read_index: Option<String>,
 }
 
 /// The relay: its settings and the tables it reads.
@@ -240,18 +246,30 @@ impl Relay {
         )
     }
 
+    /// `table` of table `t` in a statement's `FROM`, naming its read index when the statement reads `along`
+    /// the order ([`PollTable::read_index`]).
+    fn from(&self, t: usize, along: bool) -> String {
+        let pt = &self.tables[t];
+        match &pt.read_index {
+            Some(index) if along => format!("{} FORCE INDEX ({})", pt.table.quoted(), quote_ident(index)),
+            _ => pt.table.quoted(),
+        }
+    }
+
+    /// The unpublished rows of table `t` that meet `condition`, in order, up to `limit`; `along`: the
+    /// condition is a range of the order columns.
     async fn read_full(
         &self,
         conn: &mut Conn,
         t: usize,
-        condition: &str,
-        params: Vec<Value>,
+        along: bool,
+        (condition, params): (&str, Vec<Value>),
         limit: usize,
     ) -> Result<Vec<Polled>> {
         let sql = format!(
-            "SELECT {columns} FROM {table} WHERE published_at IS NULL AND {condition} ORDER BY {order} LIMIT {limit}",
+            "SELECT {columns} FROM {from} WHERE published_at IS NULL AND {condition} ORDER BY {order} LIMIT {limit}",
             columns = self.full_columns(t),
-            table = self.tables[t].table.quoted(),
+            from = self.from(t, along),
             order = self.order_columns(t).join(", "),
         );
         let rows: Vec<Row> = conn.exec(sql, params).await.map_err(|e| {
@@ -271,7 +289,7 @@ impl Relay {
             Some(position) => self.compare(t, true, position),
             None => ("TRUE".to_string(), Vec::new()),
         };
-        self.read_full(conn, t, &condition, params, self.batch_rows).await
+        self.read_full(conn, t, true, (&condition, params), self.batch_rows).await
     }
 
     /// The unpublished rows of table `t` in the sequence ranges `gaps` (inclusive), in order, up to
@@ -287,7 +305,7 @@ impl Relay {
         let c = quote_ident(c);
         let condition = format!("({})", vec![format!("{c} BETWEEN ? AND ?"); gaps.len()].join(" OR "));
         let params = gaps.iter().flat_map(|(lo, hi)| [Value::from(*lo), Value::from(*hi)]).collect();
-        self.read_full(conn, t, &condition, params, self.batch_rows).await
+        self.read_full(conn, t, true, (&condition, params), self.batch_rows).await
     }
 
     /// A page of the unpublished rows of table `t` up to `upto` and after `after`, light columns only.
@@ -309,13 +327,13 @@ impl Relay {
         }
         let order = self.order_columns(t);
         let sql = format!(
-            "SELECT {id}, {at}, {ai}, {cols} FROM {table} WHERE published_at IS NULL AND {condition} \
+            "SELECT {id}, {at}, {ai}, {cols} FROM {from} WHERE published_at IS NULL AND {condition} \
              ORDER BY {cols} LIMIT {SWEEP_PAGE}",
             id = quote_ident(&self.columns.id),
             at = quote_ident(&self.columns.aggregate_type),
             ai = quote_ident(&self.columns.aggregate_id),
             cols = order.join(", "),
-            table = self.tables[t].table.quoted(),
+            from = self.from(t, true),
         );
         let rows: Vec<Row> = conn.exec(sql, params).await.map_err(|e| {
             classify_mysql(&e).context(format_args!("poll: sweeping unpublished rows of {}", self.tables[t].table))
@@ -342,7 +360,7 @@ impl Relay {
             return Ok(Vec::new());
         }
         let condition = format!("{} IN ({})", quote_ident(&self.columns.id), vec!["?"; keys.len()].join(", "));
-        self.read_full(conn, t, &condition, keys.to_vec(), keys.len()).await
+        self.read_full(conn, t, false, (&condition, keys.to_vec()), keys.len()).await
     }
 
     /// Up to `poll.batch_rows` unpublished rows of `aggregate` in table `t`, after `after` and up to
@@ -372,7 +390,7 @@ impl Relay {
             condition = format!("{condition} AND {c}");
             params.extend(p);
         }
-        self.read_full(conn, t, &condition, params, self.batch_rows).await
+        self.read_full(conn, t, false, (&condition, params), self.batch_rows).await
     }
 
     /// Marks rows of table `t` published; returns how many changed. With the sequence order, `seqs` are
@@ -795,7 +813,17 @@ async fn load_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, o
     let order =
         order_key(&found, columns, order).ok_or_else(|| Error::definite(no_order_key(table, columns, order)))?;
     let last_error_chars = last_error_chars(conn, table).await?;
-    Ok(PollTable { table: Arc::new(table.clone()), present, order, last_error_chars })
+    let mut read_along = vec!["published_at".to_string()];
+    match &order {
+        OrderKey::Sequence(c) => read_along.push(c.clone()),
+        OrderKey::OccurredAtThenId => read_along.push(columns.occurred_at.clone()),
+    }
+    let read_along: Vec<&str> = read_along.iter().map(String::as_str).collect();
+    let read_index = super::key_order::index_in_key_order(conn, table, &read_along).await?;
+    if read_index.is_none() {
+        tracing::warn!(%table, "no index on ({}): every read scans the table; `outbox-cdc check` says which to add", read_along.join(", "));
+    }
+    Ok(PollTable { table: Arc::new(table.clone()), present, order, last_error_chars, read_index })
 }
 
 #[cfg(test)]
