@@ -319,8 +319,8 @@ async fn a_writer_in_another_time_zone_is_published_at_once() {
     assert_eq!(records.first().and_then(|r| r.header_str("id")), Some("tz-1"), "{}", relay.logs());
 }
 
-/// `check` refuses a table without the read index, printing the `ALTER TABLE` that adds it, and a user
-/// without `UPDATE`; `check` and the relay both refuse a `TIMESTAMP` `next_attempt_at` (it cannot hold the
+/// `check` refuses a user without `UPDATE`; `check` and the relay both refuse a table without the read
+/// index (every read would scan the table), a `TIMESTAMP` `next_attempt_at` (it cannot hold the
 /// parked date: strict mode refused every parking, others stored a zero date that was due at once) and a
 /// table without a sequence column, each with the `ALTER TABLE` that fixes it; `[poll] order =
 /// "occurred_at"` is the explicit way out of the second.
@@ -354,6 +354,12 @@ async fn check_refuses_a_table_the_relay_cannot_use() {
             assert!(relay.stderr().contains(needle), "{needle} not in:\n{}", relay.logs());
         }
     };
+    db.sql("ALTER TABLE shop.outbox_events DROP INDEX idx_unpublished");
+    refused_by_both(
+        &mut relay,
+        &["ALTER TABLE `shop`.`outbox_events` ADD INDEX idx_unpublished (`published_at`, `seq`), ALGORITHM=INPLACE"],
+    );
+    db.sql("ALTER TABLE shop.outbox_events ADD INDEX idx_unpublished (published_at, seq)");
     db.sql("ALTER TABLE shop.outbox_events MODIFY next_attempt_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6);");
     refused_by_both(
         &mut relay,

@@ -149,12 +149,12 @@ pub struct PollTable {
     pub order: OrderKey,
     /// `last_error`'s length in characters: what the relay writes there is cut to it.
     last_error_chars: u64,
-    /// The index on `(published_at, <sequence>)` (or `(published_at, occurred_at, ...)`), named in the reads along the order: left to itself,
-    /// the optimizer reads `published_at IS NULL AND seq > ? ORDER BY seq LIMIT n` as a look-up of
-    /// `published_at IS NULL` filtered by `seq > ?`, stepping over every unpublished row below the
-    /// cursor (MariaDB 10.11: 57 ms for the read 600,000 rows into a 1M-row backlog, 1.5 ms with the
-    /// index named). `None` without one (`check` says which to add).
-    read_index: Option<String>,
+    /// The index the reads along the order go by: it starts with `(published_at, <sequence>)` (or
+    /// `(published_at, occurred_at)`), and they name it. Left to itself, the optimizer reads
+    /// `published_at IS NULL AND seq > ? ORDER BY seq LIMIT n` as a look-up of `published_at IS NULL`
+    /// filtered by `seq > ?`, stepping over every unpublished row below the cursor (MariaDB 10.11, 600,000
+    /// rows into a 1M-row backlog: 57 ms per read, 1.5 ms with the index named).
+    read_index: String,
 }
 
 /// The relay: its settings and the tables it reads.
@@ -250,9 +250,9 @@ impl Relay {
     /// the order ([`PollTable::read_index`]).
     fn from(&self, t: usize, along: bool) -> String {
         let pt = &self.tables[t];
-        match &pt.read_index {
-            Some(index) if along => format!("{} FORCE INDEX ({})", pt.table.quoted(), quote_ident(index)),
-            _ => pt.table.quoted(),
+        match along {
+            true => format!("{} FORCE INDEX ({})", pt.table.quoted(), quote_ident(&pt.read_index)),
+            false => pt.table.quoted(),
         }
     }
 
@@ -813,17 +813,35 @@ async fn load_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, o
     let order =
         order_key(&found, columns, order).ok_or_else(|| Error::definite(no_order_key(table, columns, order)))?;
     let last_error_chars = last_error_chars(conn, table).await?;
-    let mut read_along = vec!["published_at".to_string()];
-    match &order {
-        OrderKey::Sequence(c) => read_along.push(c.clone()),
-        OrderKey::OccurredAtThenId => read_along.push(columns.occurred_at.clone()),
-    }
-    let read_along: Vec<&str> = read_along.iter().map(String::as_str).collect();
-    let read_index = super::key_order::index_in_key_order(conn, table, &read_along).await?;
-    if read_index.is_none() {
-        tracing::warn!(%table, "no index on ({}): every read scans the table; `outbox-cdc check` says which to add", read_along.join(", "));
-    }
+    let read_along = read_index_columns(&order, columns);
+    let read_index = super::key_order::index_in_key_order(conn, table, &read_along).await?.ok_or_else(|| {
+        Error::definite(format!(
+            "{table} has no index on ({}, ...): every read of the polling relay would scan the table. Add it: {}",
+            read_along.join(", "),
+            read_index_ddl(table, &order, columns)
+        ))
+    })?;
     Ok(PollTable { table: Arc::new(table.clone()), present, order, last_error_chars, read_index })
+}
+
+/// The columns the relay's read index starts with under `order`.
+pub fn read_index_columns<'a>(order: &'a OrderKey, columns: &'a ColumnNames) -> Vec<&'a str> {
+    match order {
+        OrderKey::Sequence(c) => vec!["published_at", c.as_str()],
+        OrderKey::OccurredAtThenId => vec!["published_at", columns.occurred_at.as_str()],
+    }
+}
+
+/// The `ALTER TABLE` that adds the relay's read index under `order`, online.
+pub fn read_index_ddl(table: &TableName, order: &OrderKey, columns: &ColumnNames) -> String {
+    let indexed = match order {
+        OrderKey::Sequence(c) => quote_ident(c),
+        OrderKey::OccurredAtThenId => format!("{}, {}", quote_ident(&columns.occurred_at), quote_ident(&columns.id)),
+    };
+    format!(
+        "ALTER TABLE {} ADD INDEX idx_unpublished (`published_at`, {indexed}), ALGORITHM=INPLACE, LOCK=NONE",
+        table.quoted()
+    )
 }
 
 #[cfg(test)]

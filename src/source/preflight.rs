@@ -866,26 +866,9 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
                 cols.len() >= wanted.len() && cols.iter().zip(wanted).all(|(c, w)| c.eq_ignore_ascii_case(w))
             })
         };
-        let (wanted, ddl) = match &order {
-            Some(super::poll::OrderKey::Sequence(c)) => (
-                vec!["published_at".to_string(), c.clone()],
-                format!(
-                    "ALTER TABLE {} ADD INDEX idx_unpublished (`published_at`, {}), ALGORITHM=INPLACE, LOCK=NONE",
-                    table.quoted(),
-                    quote_ident(c)
-                ),
-            ),
-            _ => (
-                vec!["published_at".to_string(), config.outbox.columns.occurred_at.clone()],
-                format!(
-                    "ALTER TABLE {} ADD INDEX idx_unpublished (`published_at`, {}, {}), ALGORITHM=INPLACE, LOCK=NONE",
-                    table.quoted(),
-                    quote_ident(&config.outbox.columns.occurred_at),
-                    quote_ident(&config.outbox.columns.id)
-                ),
-            ),
-        };
-        let wanted: Vec<&str> = wanted.iter().map(String::as_str).collect();
+        let order_or_default = order.clone().unwrap_or(super::poll::OrderKey::OccurredAtThenId);
+        let wanted = super::poll::read_index_columns(&order_or_default, &config.outbox.columns);
+        let ddl = super::poll::read_index_ddl(table, &order_or_default, &config.outbox.columns);
         let ready = starts_with(&wanted);
         report.push(
             &format!("table {table} read index"),
