@@ -210,7 +210,7 @@ mod tests {
         let p = &c.poll;
         assert_eq!(
             (p.order, p.poll_interval, p.batch_rows),
-            (PollOrder::Sequence, Duration::from_millis(1_000), 1_000)
+            (PollOrder::Sequence, Duration::from_millis(1_500), 1_000)
         );
         assert!(p.ignored_keys().is_empty());
         let id = p.relay_id();
