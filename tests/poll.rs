@@ -297,6 +297,41 @@ async fn reads_step_over_no_held_row() {
     assert_eq!(count(&db, "published_at IS NULL AND aggregate_type = 'held'").await, 2_020, "held rows stay");
 }
 
+/// `[poll] order = "occurred_at"` on a table without a sequence column: the relay finds the index on
+/// `(published_at, occurred_at, id)` under whatever name and reads along it in reads of 7 rows. The rows
+/// come in groups of 5 sharing one `occurred_at` (a multi-row insert on a millisecond clock), so most reads
+/// end inside a tie and the next one resumes by id (`occurred_at > ? OR (occurred_at = ? AND id > ?)`);
+/// ids sort in insertion order, so `(occurred_at, id)` order is insertion order, and every row is
+/// published once, in that order.
+#[tokio::test(flavor = "multi_thread")]
+async fn occurred_at_order_reads_along_its_index() {
+    let db = MariaDb::start();
+    create_relay_user(&db);
+    let broker = Broker::start(Engine::Memory);
+    db.sql(
+        "ALTER TABLE shop.outbox_events DROP COLUMN seq, DROP INDEX idx_unpublished, \
+         ADD INDEX by_occurred_at (published_at, occurred_at, id)",
+    );
+    let mut conn = db.conn().await;
+    let mut orders: Vec<(String, Vec<String>)> = ["A", "B", "C"].iter().map(|a| (a.to_string(), Vec::new())).collect();
+    for n in 0..60 {
+        let group = n / 5;
+        let (aggregate, ids) = &mut orders[n % 3];
+        let row = OutboxRow::new(aggregate.as_str())
+            .id(format!("e{n:03}"))
+            .occurred_at(format!("2026-01-01 00:00:{group:02}.000000"));
+        insert_event(&mut conn, &row).await.expect("insert event");
+        ids.push(row.id);
+    }
+    let expected = Expected::from_orders(orders);
+    let relay = relay(&db, &broker, "order = \"occurred_at\"\npoll_interval_ms = 50\nbatch_rows = 7");
+    let records = broker.read_all(TOPIC, expected.len(), CATCH_UP);
+    let report = audit(&expected, &records);
+    assert!(report.is_clean() && report.duplicates == 0, "{}\n{}", report.summary(), relay.logs());
+    wait_all_published(&db, &[&relay]).await;
+    closing_audit(&relay);
+}
+
 /// A row whose `next_attempt_at` a writer set with `NOW(6)` in a session five hours ahead of UTC (the
 /// README's example INSERT, run from another time zone) is published at once: the relay compares no time a
 /// writer wrote. Before the rebuild it was not due for five hours, and invisible in the backlog metric.
