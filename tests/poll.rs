@@ -94,13 +94,25 @@ fn closing_audit(relay: &Connector) -> common::AuditRun {
 
 /// Inserts `n` events of each aggregate, interleaved, `occurred_at` increasing; returns the expectation.
 async fn insert_interleaved(db: &MariaDb, aggregates: &[&str], n: usize) -> Expected {
+    insert_interleaved_with(db, aggregates, n, |_, row| row).await
+}
+
+/// [`insert_interleaved`], each row passed through `shape` with its place in the insertion order first.
+async fn insert_interleaved_with(
+    db: &MariaDb,
+    aggregates: &[&str],
+    n: usize,
+    shape: impl Fn(usize, OutboxRow) -> OutboxRow,
+) -> Expected {
     let mut conn = db.conn().await;
     let mut orders: Vec<(String, Vec<String>)> = aggregates.iter().map(|a| (a.to_string(), Vec::new())).collect();
+    let mut place = 0;
     for _ in 0..n {
         for (aggregate, ids) in orders.iter_mut() {
-            let row = OutboxRow::new(aggregate.as_str());
+            let row = shape(place, OutboxRow::new(aggregate.as_str()));
             insert_event(&mut conn, &row).await.expect("insert event");
             ids.push(row.id);
+            place += 1;
         }
     }
     Expected::from_orders(orders)
@@ -312,18 +324,10 @@ async fn occurred_at_order_reads_along_its_index() {
         "ALTER TABLE shop.outbox_events DROP COLUMN seq, DROP INDEX idx_unpublished, \
          ADD INDEX by_occurred_at (published_at, occurred_at, id)",
     );
-    let mut conn = db.conn().await;
-    let mut orders: Vec<(String, Vec<String>)> = ["A", "B", "C"].iter().map(|a| (a.to_string(), Vec::new())).collect();
-    for n in 0..60 {
-        let group = n / 5;
-        let (aggregate, ids) = &mut orders[n % 3];
-        let row = OutboxRow::new(aggregate.as_str())
-            .id(format!("e{n:03}"))
-            .occurred_at(format!("2026-01-01 00:00:{group:02}.000000"));
-        insert_event(&mut conn, &row).await.expect("insert event");
-        ids.push(row.id);
-    }
-    let expected = Expected::from_orders(orders);
+    let expected = insert_interleaved_with(&db, &["A", "B", "C"], 20, |n, row| {
+        row.id(format!("e{n:03}")).occurred_at(format!("2026-01-01 00:00:{:02}.000000", n / 5))
+    })
+    .await;
     let relay = relay(&db, &broker, "order = \"occurred_at\"\npoll_interval_ms = 50\nbatch_rows = 7");
     let records = broker.read_all(TOPIC, expected.len(), CATCH_UP);
     let report = audit(&expected, &records);
