@@ -165,7 +165,9 @@ pub(super) async fn run(
     let (marks, requests) = tokio::sync::mpsc::channel(MAX_PENDING_BATCHES);
     let (done, marked) = tokio::sync::mpsc::unbounded_channel();
     // It ends when the run drops `marks`; marking rows Kafka acknowledged is right whenever it happens.
-    let marker = tokio::spawn(marker(relay.clone(), source.connect().await?, requests, done));
+    let mut marker_conn = source.connect().await?;
+    Relay::ready_marker(&mut marker_conn).await?;
+    let marker = tokio::spawn(marker(relay.clone(), marker_conn, requests, done));
     let watermark = Arc::new(Watermark::new(None));
     let (mut sink, committed) = if config.poll.transactional {
         // Its start fences the producer of the relay before, and aborts what that one left open.

@@ -195,6 +195,27 @@ impl Relay {
         &self.tables
     }
 
+    /// Readies the connection the marks go through: `READ COMMITTED` (unless the binlog is in `STATEMENT`
+    /// format, where InnoDB refuses writes at that level), so that a mark never waits for a transaction
+    /// that inserted a row and has not committed. At the server's default, `REPEATABLE READ`, a mark that
+    /// scans past such a row (a small table is marked by a scan of its primary key; a range stops on the
+    /// row after it) waits for its lock: up to `innodb_lock_wait_timeout` (50 s), then the run failed.
+    ///
+    /// # Errors
+    /// Classified query errors.
+    pub async fn ready_marker(conn: &mut Conn) -> Result<()> {
+        let format: Option<String> = conn
+            .query_first("SELECT @@binlog_format")
+            .await
+            .map_err(|e| classify_mysql(&e).context("poll: reading binlog_format"))?;
+        if !format.is_some_and(|f| f.eq_ignore_ascii_case("STATEMENT")) {
+            conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                .await
+                .map_err(|e| classify_mysql(&e).context("poll: setting the marks' isolation level"))?;
+        }
+        Ok(())
+    }
+
     /// Where a row of table `t` was read, for dead letters and holds.
     pub fn origin(&self, t: usize) -> Origin {
         Origin {
