@@ -627,7 +627,8 @@ pub const POLL_BACKLOG_CAP: u64 = 100_000;
 pub enum PollQuery {
     /// Reading unpublished rows: in order, the sequence gaps, the sweeps.
     Claim,
-    /// Marking a batch published.
+    /// Marking a batch published (its rows, or with `[poll] progress_table` the number it is published
+    /// through).
     Mark,
     /// Recording a record the broker refused.
     Fail,
@@ -637,12 +638,22 @@ pub enum PollQuery {
     Renew,
     /// Counting the backlog, reading the parked rows.
     Backlog,
+    /// Reading the server's open transactions (`[poll] progress_table`: whether a skipped sequence number
+    /// can still be committed).
+    Transactions,
 }
 
 impl PollQuery {
     /// Every kind, for the zero series.
-    pub const ALL: [PollQuery; 6] =
-        [PollQuery::Claim, PollQuery::Mark, PollQuery::Fail, PollQuery::Park, PollQuery::Renew, PollQuery::Backlog];
+    pub const ALL: [PollQuery; 7] = [
+        PollQuery::Claim,
+        PollQuery::Mark,
+        PollQuery::Fail,
+        PollQuery::Park,
+        PollQuery::Renew,
+        PollQuery::Backlog,
+        PollQuery::Transactions,
+    ];
 
     /// The label value.
     pub fn as_str(self) -> &'static str {
@@ -653,6 +664,7 @@ impl PollQuery {
             PollQuery::Park => "park",
             PollQuery::Renew => "renew",
             PollQuery::Backlog => "backlog",
+            PollQuery::Transactions => "transactions",
         }
     }
 }

@@ -55,6 +55,15 @@ pub struct PollConfig {
     /// default of librdkafka and of the Java client's Kafka Streams with exactly-once; the Java consumer's
     /// default is `read_uncommitted`). Rows are marked published once their transaction committed.
     pub transactional: bool,
+    /// The table that records how far each outbox table is published (`"database.table"`, or a table
+    /// name in the first outbox table's database). Without it (default) the relay marks every row it
+    /// published (`published_at`): one row write per event. With it, the relay writes one number per batch
+    /// instead, `published_through`: every row with a sequence number up to it is published. Rows it
+    /// publishes above a number not yet settled (a transaction still open that took it, a parked row) are
+    /// still marked one by one. Needs the sequence order, the table (`check` prints its `CREATE TABLE`),
+    /// and the `PROCESS` privilege: the relay reads `information_schema.INNODB_TRX` to know when every
+    /// transaction that could still commit a skipped number has ended. See README, the polling relay.
+    pub progress_table: Option<String>,
     /// Whether the file has a `[poll]` table (only meaningful with `source.kind = "poll"`).
     set: bool,
 }
@@ -88,6 +97,8 @@ struct PollConfigToml {
     relay_id: Option<String>,
     #[serde(default)]
     transactional: bool,
+    #[serde(default)]
+    progress_table: Option<String>,
 }
 
 impl From<PollConfigToml> for PollConfig {
@@ -100,6 +111,7 @@ impl From<PollConfigToml> for PollConfig {
             max_attempts: t.max_attempts,
             relay_id: t.relay_id,
             transactional: t.transactional,
+            progress_table: t.progress_table,
             set: true,
         }
     }
@@ -115,6 +127,7 @@ impl Default for PollConfig {
             max_attempts: None,
             relay_id: None,
             transactional: false,
+            progress_table: None,
             set: false,
         }
     }
@@ -173,6 +186,19 @@ impl PollConfig {
             // The relay's transactions commit back to back; only the timeout's bounds apply.
             kafka.transaction_timeout_ms()?;
         }
+        if let Some(table) = &self.progress_table {
+            if self.order != PollOrder::Sequence {
+                return Err(Error::definite(
+                    "poll.progress_table needs [poll] order = \"sequence\": the number it records is a sequence \
+                     number",
+                ));
+            }
+            if table.is_empty() || table.split('.').count() > 2 || table.split('.').any(str::is_empty) {
+                return Err(Error::definite(format!(
+                    "poll.progress_table = {table:?}: write it as \"database.table\" or \"table\""
+                )));
+            }
+        }
         match &self.relay_id {
             Some(id) if id.is_empty() || id.len() > 128 => {
                 Err(Error::definite("poll.relay_id must be 1 to 128 characters"))
@@ -226,6 +252,8 @@ mod tests {
         );
         assert_eq!(c.poll.ignored_keys(), ["lease_ms", "max_attempts"], "older files load, with a warning");
         assert!(!p.transactional && with("transactional = true").unwrap().poll.transactional);
+        assert_eq!(p.progress_table, None);
+        assert_eq!(with("progress_table = \"shop.p\"").unwrap().poll.progress_table.as_deref(), Some("shop.p"));
         let timeout = POLL.replace("[kafka]", "[kafka]\nproperties = { \"transaction.timeout.ms\" = \"soon\" }");
         let e = Config::parse(&format!("{timeout}\n[poll]\ntransactional = true\n")).unwrap_err().to_string();
         assert!(e.contains("\"transaction.timeout.ms\" = \"soon\" is not a number"), "{e}");
@@ -235,6 +263,8 @@ mod tests {
             ("relay_id = \"\"", "poll.relay_id"),
             ("order = \"random\"", "unknown variant `random`"),
             ("lease = 5", "unknown field `lease`"),
+            ("progress_table = \"a.b.c\"", "write it as"),
+            ("progress_table = \"p\"\norder = \"occurred_at\"", "needs [poll] order = \"sequence\""),
         ];
         for (extra, expected) in cases {
             let e = with(extra).unwrap_err().to_string();

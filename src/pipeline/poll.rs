@@ -41,12 +41,13 @@
 //! [`FULL_SWEEP_EVERY`] a sweep of the unpublished rows' keys; with parked rows, one read of them every
 //! [`BACKLOG_EVERY`]. `outbox_cdc_poll_queries_total` counts them by kind.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mysql_async::{Conn, Value};
+use rangemap::RangeInclusiveSet;
 
 use super::shutdown::{Shutdown, SHUTDOWN_GRACE};
 use crate::checkpoint::{Store, TxId, Watermark};
@@ -73,6 +74,19 @@ const MAX_PENDING_BATCHES: usize = 32;
 
 /// The most gap ranges one read names; more are read as the one range that spans them.
 const MAX_GAP_RANGES: usize = 64;
+
+/// `[poll] progress_table`: how long an acknowledged row above the frontier waits for the frontier to
+/// pass it before it is marked on its own (a crash in between publishes it again).
+const MARK_DELAY: Duration = Duration::from_secs(1);
+
+/// `[poll] progress_table`: how long after a read passed a sequence number the open transactions are
+/// listed to prove it free. `information_schema.INNODB_TRX` is a copy refreshed at most every 100 ms: a
+/// list read sooner could predate the transaction that took the number.
+const PROOF_LAG: Duration = Duration::from_millis(250);
+
+/// `[poll] progress_table`: the most ranges of numbers not yet proven free kept per table; past it the
+/// lowest two are joined (the rows between them are looked at again when the joined range is proven).
+const MAX_UNPROVEN: usize = 10_000;
 
 /// A row handed to the producer.
 struct Sent {
@@ -108,6 +122,42 @@ struct TableState {
     in_flight: HashSet<Vec<u8>>,
     /// When all unpublished rows below the cursor were last looked at.
     swept_at: Option<Instant>,
+    /// `[poll] progress_table` (the rest of these fields too): the frontier as last handed to the marker,
+    /// which writes it once the marks handed before it are written.
+    frontier: u64,
+    /// Sequence numbers above the frontier known published (acknowledged; marked or not) or free (no
+    /// row, and no transaction left that could commit one): the frontier moves through them.
+    covered: RangeInclusiveSet<u64>,
+    /// Sequence numbers a read passed without a row, not yet proven free, by first number: the last
+    /// number and when they were passed. Never given up: the frontier waits for them.
+    unproven: BTreeMap<u64, (u64, Instant)>,
+    /// Ranges no open transaction can commit a row in any more: read once more, then covered except the
+    /// rows found there.
+    proven: Vec<(u64, u64)>,
+    /// The sequence numbers of parked rows, by aggregate: looked at again when the hold lifts (the
+    /// parked row is published then, by `quarantine release`).
+    parked_seqs: HashMap<Aggregate, Vec<u64>>,
+    /// Acknowledged rows above the frontier, waiting up to [`MARK_DELAY`] for it to pass them.
+    unmarked: VecDeque<Unmarked>,
+}
+
+/// An acknowledged row above the frontier (`[poll] progress_table`).
+struct Unmarked {
+    acknowledged: Instant,
+    key: Value,
+    key_bytes: Vec<u8>,
+    seq: u64,
+}
+
+/// `[poll] progress_table`: ranges of sequence numbers a read passed without a row, waiting for every
+/// transaction that was open after they were passed to end.
+struct Proof {
+    /// Those transactions (connection id, start time) still open when last looked.
+    open: HashSet<(u64, String)>,
+    /// The ranges (table, first, last).
+    ranges: Vec<(usize, u64, u64)>,
+    /// When the transactions were last listed.
+    listed: Instant,
 }
 
 /// Rows of one table acknowledged by Kafka, for the marker task ([`marker`]) to mark published.
@@ -118,6 +168,63 @@ struct MarkRequest {
     /// Their keys as bytes, sent back once marked (the run keeps them in flight until then, so that no
     /// read takes an acknowledged row that is not marked yet for a new one).
     done: Vec<Vec<u8>>,
+    /// `[poll] progress_table`: the new frontier, written after the marks; the rows of `done` not in
+    /// `keys` are published by it.
+    frontier: Option<u64>,
+    /// How many rows of `done` the frontier publishes.
+    by_frontier: u64,
+}
+
+impl MarkRequest {
+    fn new(t: usize) -> MarkRequest {
+        MarkRequest { t, keys: Vec::new(), seqs: Vec::new(), done: Vec::new(), frontier: None, by_frontier: 0 }
+    }
+}
+
+impl TableState {
+    /// `[poll] progress_table`: moves the frontier through the covered numbers after it, and adds to
+    /// `request` the new frontier, the acknowledged rows it publishes, and those that waited `delay` for
+    /// it in vain (marked on their own).
+    fn advance(&mut self, request: &mut MarkRequest, delay: Duration, now: Instant) {
+        let through = match self.covered.get(&(self.frontier + 1)) {
+            Some(range) => *range.end(),
+            None => self.frontier,
+        };
+        if through > self.frontier {
+            self.covered.remove(0..=through);
+            self.frontier = through;
+            request.frontier = Some(through);
+        }
+        while let Some(row) = self.unmarked.front() {
+            if row.seq > self.frontier && now.duration_since(row.acknowledged) < delay {
+                break;
+            }
+            let row = self.unmarked.pop_front().expect("front exists");
+            if row.seq <= self.frontier {
+                request.by_frontier += 1;
+            } else {
+                request.keys.push(row.key);
+                request.seqs.push(row.seq);
+            }
+            request.done.push(row.key_bytes);
+        }
+        if request.frontier.is_none() {
+            return;
+        }
+        // Rows behind the first that still waits: published by the frontier, or waiting less long.
+        let frontier = self.frontier;
+        let mut kept = VecDeque::with_capacity(self.unmarked.len());
+        for row in self.unmarked.drain(..) {
+            match row.seq <= frontier {
+                true => {
+                    request.by_frontier += 1;
+                    request.done.push(row.key_bytes);
+                }
+                false => kept.push_back(row),
+            }
+        }
+        self.unmarked = kept;
+    }
 }
 
 /// The parts of a relay run.
@@ -141,6 +248,8 @@ struct PollRun<'a> {
     /// `poll.transactional`: batches before this transaction id are in committed Kafka transactions (set
     /// by each commit's callback). `None`: records count once Kafka acknowledged them.
     committed: Option<Arc<AtomicU64>>,
+    /// `[poll] progress_table`: the gaps being proven free.
+    proof: Option<Proof>,
 }
 
 /// Runs the relay until shutdown (Ok) or the first error.
@@ -182,8 +291,17 @@ pub(super) async fn run(
     }
     let mut tables: Vec<TableState> = Vec::new();
     for t in 0..relay.tables().len() {
-        let held = relay.parked_aggregates(&mut conn, t, None).await?.into_iter().collect();
-        tables.push(TableState { held, ..TableState::default() });
+        let frontier = relay.frontier(t);
+        let mut state = TableState { frontier, ..TableState::default() };
+        if frontier > 0 {
+            // Everything up to it is published: the reads start after it.
+            state.cursor = Some(vec![Value::UInt(frontier)]);
+        }
+        for (aggregate, seq) in relay.parked_rows(&mut conn, t, None).await? {
+            state.parked_seqs.entry(aggregate.clone()).or_default().extend(seq);
+            state.held.insert(aggregate);
+        }
+        tables.push(state);
     }
     forget_lifted_holds(&store, &tables)?;
     let publisher = Publisher::new(config, router.clone(), store.clone())?;
@@ -205,6 +323,7 @@ pub(super) async fn run(
         tables,
         pending: VecDeque::new(),
         committed,
+        proof: None,
     };
     let interval = config.poll.poll_interval;
     let mut idle_wait = interval / 16;
@@ -221,6 +340,7 @@ pub(super) async fn run(
         for t in 0..run.tables.len() {
             busy |= run.poll_table(t).await?;
         }
+        run.prove_gaps().await?;
         if Instant::now() >= backlog_due {
             run.lift_released_holds().await?;
             // Idle with nothing held, nothing is unpublished: no statement needed to say so.
@@ -278,6 +398,7 @@ impl PollRun<'_> {
         // After the read in order, not before: a row whose transaction committed before that read's
         // snapshot is seen by these later statements (module doc of `source::poll`).
         let mut late = if sequence { self.read_gaps(t).await? } else { Vec::new() };
+        late.extend(self.read_proven(t).await?);
         let sweep_due = !sequence || self.tables[t].swept_at.is_none_or(|at| at.elapsed() >= FULL_SWEEP_EVERY);
         if sweep_due && self.tables[t].cursor.is_some() {
             late.extend(self.sweep(t).await?);
@@ -299,15 +420,110 @@ impl PollRun<'_> {
         let state = &mut self.tables[t];
         let now = Instant::now();
         let mut previous = state.cursor.as_ref().and_then(|p| p.first()).and_then(sequence_value).unwrap_or(0);
+        let progress = self.relay.has_progress_table();
         for seq in rows.iter().filter_map(Polled::seq) {
             if seq > previous + 1 {
                 state.gaps.insert(previous + 1, (seq - 1, now));
+                if progress {
+                    state.unproven.insert(previous + 1, (seq - 1, now));
+                }
             }
             previous = previous.max(seq);
         }
         while state.gaps.len() > MAX_GAPS_KEPT {
             state.gaps.pop_first();
         }
+        while state.unproven.len() > MAX_UNPROVEN {
+            let (Some((lo, (_, a))), Some((_, (hi, b)))) = (state.unproven.pop_first(), state.unproven.pop_first())
+            else {
+                break;
+            };
+            state.unproven.insert(lo, (hi, a.max(b)));
+        }
+    }
+
+    /// `[poll] progress_table`: lists the open transactions to prove gaps free. Gaps passed at least
+    /// [`PROOF_LAG`] before a list was read can only be filled by a transaction on it (the number was
+    /// taken before a higher one was committed and read); once none of those is open any more, each of
+    /// these gaps holds what it will ever hold, and is read once more ([`PollRun::read_proven`]).
+    async fn prove_gaps(&mut self) -> Result<()> {
+        if !self.relay.has_progress_table() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        if self.proof.as_ref().is_some_and(|p| now.duration_since(p.listed) < PROOF_LAG) {
+            return Ok(());
+        }
+        let Some(proof) = &mut self.proof else {
+            let Some(cutoff) = now.checked_sub(PROOF_LAG) else { return Ok(()) };
+            let ranges: Vec<(usize, u64, u64)> = (self.tables.iter().enumerate())
+                .flat_map(|(t, s)| {
+                    s.unproven.iter().filter(|(_, (_, seen))| *seen <= cutoff).map(move |(lo, (hi, _))| (t, *lo, *hi))
+                })
+                .collect();
+            if ranges.is_empty() {
+                return Ok(());
+            }
+            let open = Relay::open_transactions(&mut self.conn).await?;
+            self.proof = Some(Proof { open, ranges, listed: Instant::now() });
+            return Ok(());
+        };
+        let open = Relay::open_transactions(&mut self.conn).await?;
+        proof.open.retain(|trx| open.contains(trx));
+        proof.listed = Instant::now();
+        if !proof.open.is_empty() {
+            return Ok(());
+        }
+        let proof = self.proof.take().expect("checked above");
+        for (t, lo, hi) in proof.ranges {
+            let state = &mut self.tables[t];
+            let taken = take_range(&mut state.unproven, lo, hi);
+            state.proven.extend(taken);
+        }
+        Ok(())
+    }
+
+    /// `[poll] progress_table`: reads the proven gaps once more (light columns, in pages): their numbers
+    /// without an unpublished row are covered; the rows found that are neither in flight nor held are
+    /// returned in full, to be published.
+    async fn read_proven(&mut self, t: usize) -> Result<Vec<Polled>> {
+        let ranges = std::mem::take(&mut self.tables[t].proven);
+        if ranges.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (mut found, mut new) = (Vec::new(), Vec::new());
+        for chunk in ranges.chunks(MAX_GAP_RANGES) {
+            let mut after = None;
+            loop {
+                let page = self.relay.glimpse_ranges(&mut self.conn, t, chunk, after).await?;
+                let state = &self.tables[t];
+                for g in &page {
+                    found.extend(g.position.first().and_then(sequence_value));
+                    if !state.in_flight.contains(&key_bytes(&g.key)) && !state.held.contains(&g.aggregate) {
+                        new.push(g.key.clone());
+                    }
+                }
+                match page.last().and_then(|g| g.position.first()).and_then(sequence_value) {
+                    Some(last) if page.len() >= SWEEP_PAGE => after = Some(last),
+                    _ => break,
+                }
+            }
+        }
+        // Added, never removed: a row found in flight may be acknowledged (and covered) already; one
+        // not yet acknowledged is covered when it is.
+        let mut free = RangeInclusiveSet::new();
+        for (lo, hi) in ranges {
+            free.insert(lo..=hi);
+        }
+        for seq in found {
+            free.remove(seq..=seq);
+        }
+        self.tables[t].covered.extend(free);
+        let mut rows = Vec::new();
+        for keys in new.chunks(self.config.poll.batch_rows) {
+            rows.extend(self.relay.read_keys(&mut self.conn, t, keys).await?);
+        }
+        Ok(rows)
     }
 
     /// The rows that filled gaps since they were seen (committed late), in order; gaps older than
@@ -337,11 +553,14 @@ impl PollRun<'_> {
     /// after their place in the order was read (light columns first; the few new ones in full).
     async fn sweep(&mut self, t: usize) -> Result<Vec<Polled>> {
         let Some(upto) = self.tables[t].cursor.clone() else { return Ok(Vec::new()) };
+        let frontier = self.relay.frontier(t);
         let mut after: Option<Position> = None;
         let mut new = Vec::new();
+        let mut found: Vec<u64> = Vec::new();
         loop {
             let page = self.relay.sweep(&mut self.conn, t, after.as_ref(), &upto).await?;
             let state = &self.tables[t];
+            found.extend(page.iter().filter_map(|g| g.position.first().and_then(sequence_value)));
             new.extend(
                 page.iter()
                     .filter(|g| !state.in_flight.contains(&key_bytes(&g.key)) && !state.held.contains(&g.aggregate))
@@ -350,6 +569,26 @@ impl PollRun<'_> {
             match page.last() {
                 Some(last) if page.len() >= SWEEP_PAGE => after = Some(last.position.clone()),
                 _ => break,
+            }
+        }
+        if self.relay.has_progress_table() {
+            // Every number up to the cursor that has no unpublished row and is not a gap still to be
+            // proven is published or free: a row the relay saw but could not publish by number (a lifted
+            // hold's parked row, a row another relay marked) does not hold the frontier back for ever.
+            if let Some(upto) = upto.first().and_then(sequence_value).filter(|u| *u > frontier) {
+                let state = &mut self.tables[t];
+                let mut settled = RangeInclusiveSet::new();
+                settled.insert(frontier + 1..=upto);
+                for seq in found {
+                    settled.remove(seq..=seq);
+                }
+                for (lo, (hi, _)) in &state.unproven {
+                    settled.remove(*lo..=*hi);
+                }
+                for (lo, hi) in &state.proven {
+                    settled.remove(*lo..=*hi);
+                }
+                state.covered.extend(settled);
             }
         }
         let mut rows = Vec::new();
@@ -380,7 +619,14 @@ impl PollRun<'_> {
     ) -> Result<()> {
         for polled in rows {
             let state = &mut self.tables[t];
+            if let Some(seq) = polled.seq() {
+                fill_gap(&mut state.unproven, seq);
+            }
             if polled.parked {
+                let parked = state.parked_seqs.entry(polled.aggregate.clone()).or_default();
+                if let Some(seq) = polled.seq().filter(|s| !parked.contains(s)) {
+                    parked.push(seq);
+                }
                 state.held.insert(polled.aggregate.clone());
                 continue;
             }
@@ -428,6 +674,12 @@ impl PollRun<'_> {
     /// dead-lettered rows, and takes back the rows the marker task marked; ends the run on a delivery
     /// failure or when the marker task failed.
     async fn settle(&mut self) -> Result<()> {
+        self.settle_with(false).await
+    }
+
+    /// [`PollRun::settle`]; `flush`: rows acknowledged above the frontier are marked at once rather than
+    /// after [`MARK_DELAY`] (at shutdown).
+    async fn settle_with(&mut self, flush: bool) -> Result<()> {
         if let Some(error) = self.watermark.take_failure() {
             return Err(self.failed(error).await);
         }
@@ -447,35 +699,52 @@ impl PollRun<'_> {
         while self.pending.front().is_some_and(|b| b.tx < settled) {
             done.extend(self.pending.pop_front());
         }
-        if done.is_empty() {
+        let progress = self.relay.has_progress_table();
+        if done.is_empty() && !progress {
             return Ok(());
         }
-        crate::failpoint!("poll_batch_acked");
+        if !done.is_empty() {
+            crate::failpoint!("poll_batch_acked");
+        }
         let mut requests: BTreeMap<usize, MarkRequest> = BTreeMap::new();
+        let now = Instant::now();
         for batch in &done {
-            let request = requests.entry(batch.t).or_insert_with(|| MarkRequest {
-                t: batch.t,
-                keys: Vec::new(),
-                seqs: Vec::new(),
-                done: Vec::new(),
-            });
+            let request = requests.entry(batch.t).or_insert_with(|| MarkRequest::new(batch.t));
             for row in &batch.rows {
-                match &row.dead {
-                    None => {
+                match (&row.dead, row.seq) {
+                    (None, Some(seq)) if progress => {
+                        let state = &mut self.tables[batch.t];
+                        state.covered.insert(seq..=seq);
+                        state.unmarked.push_back(Unmarked {
+                            acknowledged: now,
+                            key: row.key.clone(),
+                            key_bytes: row.key_bytes.clone(),
+                            seq,
+                        });
+                    }
+                    (None, _) => {
                         request.keys.push(row.key.clone());
                         request.seqs.extend(row.seq);
                         request.done.push(row.key_bytes.clone());
                     }
-                    Some(reason) => {
+                    (Some(reason), seq) => {
                         self.relay.park(&mut self.conn, batch.t, &row.key, reason).await?;
-                        self.tables[batch.t].parking.remove(&row.aggregate);
-                        self.tables[batch.t].in_flight.remove(&row.key_bytes);
+                        let state = &mut self.tables[batch.t];
+                        state.parking.remove(&row.aggregate);
+                        state.in_flight.remove(&row.key_bytes);
+                        state.parked_seqs.entry(row.aggregate.clone()).or_default().extend(seq);
                     }
                 }
             }
         }
+        if progress {
+            for t in 0..self.tables.len() {
+                let request = requests.entry(t).or_insert_with(|| MarkRequest::new(t));
+                self.tables[t].advance(request, if flush { Duration::ZERO } else { MARK_DELAY }, now);
+            }
+        }
         let Some(marks) = &self.marks else { return Ok(()) };
-        for request in requests.into_values().filter(|r| !r.keys.is_empty()) {
+        for request in requests.into_values().filter(|r| !r.done.is_empty() || r.frontier.is_some()) {
             if marks.send(request).await.is_err() {
                 return Err(self.marker_ended().await);
             }
@@ -566,7 +835,8 @@ impl PollRun<'_> {
             let held: Vec<Aggregate> = self.tables[t].held.iter().cloned().collect();
             let mut parked: HashSet<Aggregate> = HashSet::new();
             for chunk in held.chunks(500) {
-                parked.extend(self.relay.parked_aggregates(&mut self.conn, t, Some(chunk)).await?);
+                let rows = self.relay.parked_rows(&mut self.conn, t, Some(chunk)).await?;
+                parked.extend(rows.into_iter().map(|(aggregate, _)| aggregate));
             }
             let state = &mut self.tables[t];
             let lifted: Vec<Aggregate> =
@@ -576,6 +846,11 @@ impl PollRun<'_> {
             }
             for aggregate in &lifted {
                 state.held.remove(aggregate);
+                // Its parked rows are published now (or unparked by hand): looked at once more.
+                let seqs = state.parked_seqs.remove(aggregate).unwrap_or_default();
+                if self.relay.has_progress_table() {
+                    state.proven.extend(seqs.into_iter().map(|seq| (seq, seq)));
+                }
             }
             if forget_lifted_holds(&self.store, &self.tables)? {
                 self.publisher = Publisher::new(self.config, self.router.clone(), self.store.clone())?;
@@ -628,7 +903,7 @@ impl PollRun<'_> {
         if let Some(error) = self.watermark.take_failure() {
             return Err(self.failed(error).await);
         }
-        self.settle().await?;
+        self.settle_with(true).await?;
         // Closing the channel ends the marker task once it marked what it was given.
         self.marks = None;
         match (&mut self.marker).await {
@@ -654,14 +929,23 @@ async fn marker(
         while let Ok(more) = requests.try_recv() {
             waiting.push(more);
         }
-        let mut by_table: BTreeMap<usize, (Vec<Value>, Vec<u64>)> = BTreeMap::new();
+        // One statement per table for all the requests waiting (their `done` stays with each request).
+        let mut by_table: BTreeMap<usize, MarkRequest> = BTreeMap::new();
         for request in &waiting {
-            let (keys, seqs) = by_table.entry(request.t).or_default();
-            keys.extend(request.keys.iter().cloned());
-            seqs.extend(&request.seqs);
+            let merged = by_table.entry(request.t).or_insert_with(|| MarkRequest::new(request.t));
+            merged.keys.extend(request.keys.iter().cloned());
+            merged.seqs.extend(&request.seqs);
+            merged.frontier = merged.frontier.max(request.frontier);
+            merged.by_frontier += request.by_frontier;
         }
-        for (t, (keys, seqs)) in by_table {
-            relay.mark_published(&mut conn, t, &keys, &seqs).await?;
+        for (t, merged) in by_table {
+            if !merged.keys.is_empty() {
+                relay.mark_published(&mut conn, t, &merged.keys, &merged.seqs).await?;
+            }
+            if let Some(frontier) = merged.frontier {
+                relay.write_frontier(&mut conn, t, frontier).await?;
+            }
+            metrics().poll_published(merged.by_frontier);
         }
         for request in waiting {
             // The run may have ended meanwhile: nothing to tell then.
@@ -670,6 +954,25 @@ async fn marker(
     }
     let _ = conn.disconnect().await;
     Ok(())
+}
+
+/// Removes the numbers from `lo` to `hi` from the ranges of `map` (first number → last number, when
+/// seen), and returns the ranges removed.
+fn take_range(map: &mut BTreeMap<u64, (u64, Instant)>, lo: u64, hi: u64) -> Vec<(u64, u64)> {
+    let overlapping: Vec<(u64, (u64, Instant))> =
+        map.range(..=hi).filter(|(_, (last, _))| *last >= lo).map(|(f, v)| (*f, *v)).collect();
+    let mut taken = Vec::new();
+    for (first, (last, seen)) in overlapping {
+        map.remove(&first);
+        if first < lo {
+            map.insert(first, (lo - 1, seen));
+        }
+        if last > hi {
+            map.insert(hi + 1, (last, seen));
+        }
+        taken.push((first.max(lo), last.min(hi)));
+    }
+    taken
 }
 
 /// The most gap ranges remembered per table; past it the lowest are dropped (the full sweep still finds
@@ -707,5 +1010,40 @@ mod tests {
         fill_gap(&mut gaps, 1);
         let ranges: Vec<(u64, u64)> = gaps.iter().map(|(lo, (hi, _))| (*lo, *hi)).collect();
         assert_eq!(ranges, [(11, 14), (16, 20)]);
+    }
+
+    /// Taking a range out splits the ranges it overlaps and returns exactly the numbers taken.
+    #[test]
+    fn a_taken_range_splits_what_it_overlaps() {
+        let seen = Instant::now();
+        let mut map = BTreeMap::from([(3, (5, seen)), (8, (12, seen)), (20, (20, seen))]);
+        assert_eq!(take_range(&mut map, 4, 10), [(4, 5), (8, 10)]);
+        let left: Vec<(u64, u64)> = map.iter().map(|(lo, (hi, _))| (*lo, *hi)).collect();
+        assert_eq!(left, [(3, 3), (11, 12), (20, 20)]);
+        assert!(take_range(&mut map, 13, 19).is_empty());
+    }
+
+    /// The frontier moves through covered numbers only up to the first that is not; the acknowledged rows
+    /// it passes are done by number, those above it wait `delay`, then are marked on their own.
+    #[test]
+    fn the_frontier_moves_through_covered_numbers_only() {
+        let now = Instant::now();
+        let mut state = TableState { frontier: 10, ..TableState::default() };
+        for seq in [11, 12, 14] {
+            state.covered.insert(seq..=seq);
+            let key = seq.to_string().into_bytes();
+            state.unmarked.push_back(Unmarked { acknowledged: now, key: Value::from(seq), key_bytes: key, seq });
+        }
+        let mut request = MarkRequest::new(0);
+        state.advance(&mut request, Duration::from_secs(1), now);
+        assert_eq!((request.frontier, request.by_frontier, request.keys.len()), (Some(12), 2, 0));
+        assert_eq!(state.unmarked.len(), 1, "14 waits for 13");
+        let mut request = MarkRequest::new(0);
+        state.advance(&mut request, Duration::from_secs(1), now + Duration::from_secs(2));
+        assert_eq!((request.frontier, request.seqs.as_slice(), request.done.len()), (None, &[14][..], 1));
+        state.covered.insert(13..=13);
+        let mut request = MarkRequest::new(0);
+        state.advance(&mut request, Duration::from_secs(1), now);
+        assert_eq!((request.frontier, state.covered.iter().count()), (Some(14), 0));
     }
 }

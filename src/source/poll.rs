@@ -38,6 +38,8 @@
 //! application wrote two events of one aggregate in concurrent transactions) is published after it: the
 //! relay sees rows only once they are committed. The binlog source publishes in commit order instead.
 
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -155,6 +157,9 @@ pub struct PollTable {
     /// filtered by `seq > ?`, stepping over every unpublished row below the cursor (MariaDB 10.11, 600,000
     /// rows into a 1M-row backlog: 57 ms per read, 1.5 ms with the index named).
     read_index: String,
+    /// `[poll] progress_table`: the sequence number every row up to which is published, as last written
+    /// (0 without a progress table). Statements that could reach below it are bounded by it.
+    frontier: AtomicU64,
 }
 
 /// The relay: its settings and the tables it reads.
@@ -164,6 +169,8 @@ pub struct Relay {
     batch_rows: usize,
     columns: ColumnNames,
     tables: Vec<PollTable>,
+    /// `[poll] progress_table`, resolved.
+    progress: Option<TableName>,
 }
 
 impl Relay {
@@ -177,12 +184,69 @@ impl Relay {
         for table in config.tables() {
             tables.push(load_table(conn, table, &config.outbox.columns, config.poll.order).await?);
         }
+        let progress = progress_table_name(config);
+        if let Some(progress) = &progress {
+            check_progress_table(conn, progress, config.tables()).await?;
+            for pt in &tables {
+                pt.frontier.store(read_frontier(conn, progress, &pt.table).await?, Ordering::Release);
+            }
+        }
         Ok(Relay {
             id: config.poll.relay_id(),
             batch_rows: config.poll.batch_rows,
             columns: config.outbox.columns.clone(),
             tables,
+            progress,
         })
+    }
+
+    /// Whether the relay records its progress as a number per table (`[poll] progress_table`) rather than
+    /// in each row.
+    pub fn has_progress_table(&self) -> bool {
+        self.progress.is_some()
+    }
+
+    /// The sequence number of table `t` every row up to which is published, as last written (0 without a
+    /// progress table).
+    pub fn frontier(&self, t: usize) -> u64 {
+        self.tables[t].frontier.load(Ordering::Acquire)
+    }
+
+    /// Records that every row of table `t` with a sequence number up to `through` is published (never
+    /// lowers it: a relay that lost its lease may still write a lower one).
+    ///
+    /// # Errors
+    /// Classified query errors.
+    pub async fn write_frontier(&self, conn: &mut Conn, t: usize, through: u64) -> Result<()> {
+        let Some(progress) = &self.progress else { return Ok(()) };
+        let pt = &self.tables[t];
+        conn.exec_drop(
+            format!(
+                "UPDATE {} SET published_through = GREATEST(published_through, ?), updated_at = UTC_TIMESTAMP(6) \
+                 WHERE outbox_table = ?",
+                progress.quoted()
+            ),
+            (through, pt.table.to_string()),
+        )
+        .await
+        .map_err(|e| classify_mysql(&e).context(format_args!("poll: writing how far {} is published", pt.table)))?;
+        metrics().poll_queries(PollQuery::Mark, 1);
+        pt.frontier.fetch_max(through, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// The server's open transactions, each as (connection id, start time): a sequence number a read
+    /// passed without a row can still be committed only by a transaction open when it was passed.
+    ///
+    /// # Errors
+    /// Classified query errors (a definite one without the `PROCESS` privilege).
+    pub async fn open_transactions(conn: &mut Conn) -> Result<HashSet<(u64, String)>> {
+        let rows: Vec<(Option<u64>, Option<String>)> = conn
+            .query("SELECT trx_mysql_thread_id, CAST(trx_started AS CHAR) FROM information_schema.INNODB_TRX")
+            .await
+            .map_err(|e| classify_mysql(&e).context("poll: reading the server's open transactions"))?;
+        metrics().poll_queries(PollQuery::Transactions, 1);
+        Ok(rows.into_iter().map(|(id, started)| (id.unwrap_or(0), started.unwrap_or_default())).collect())
     }
 
     /// This relay's name, for logs.
@@ -329,7 +393,25 @@ impl Relay {
         self.read_full(conn, t, true, (&condition, params), self.batch_rows).await
     }
 
-    /// A page of the unpublished rows of table `t` up to `upto` and after `after`, light columns only.
+    /// The position of the frontier of table `t` (`[poll] progress_table`), when it is above 0: nothing
+    /// at or before it is unpublished.
+    fn frontier_position(&self, t: usize) -> Option<Position> {
+        let frontier = self.frontier(t);
+        (frontier > 0).then(|| vec![Value::UInt(frontier)])
+    }
+
+    /// `after`, or the frontier of table `t` when that is further.
+    fn after_frontier(&self, t: usize, after: Option<&Position>) -> Option<Position> {
+        let frontier = self.frontier_position(t);
+        match (after, frontier) {
+            (Some(a), Some(f)) if a.first().and_then(sequence_value) < f.first().and_then(sequence_value) => Some(f),
+            (Some(a), _) => Some(a.clone()),
+            (None, f) => f,
+        }
+    }
+
+    /// A page of the unpublished rows of table `t` up to `upto` and after `after` (and after the
+    /// frontier), light columns only.
     ///
     /// # Errors
     /// Classified query errors.
@@ -341,11 +423,48 @@ impl Relay {
         upto: &Position,
     ) -> Result<Vec<Glimpse>> {
         let (mut condition, mut params) = self.compare(t, false, upto);
-        if let Some(after) = after {
-            let (c, p) = self.compare(t, true, after);
+        if let Some(after) = self.after_frontier(t, after) {
+            let (c, p) = self.compare(t, true, &after);
             condition = format!("{condition} AND {c}");
             params.extend(p);
         }
+        self.glimpse(t, conn, (condition, params)).await
+    }
+
+    /// A page of the unpublished rows of table `t` in the sequence ranges `ranges` (inclusive) after
+    /// `after`, light columns only.
+    ///
+    /// # Errors
+    /// Classified query errors.
+    pub async fn glimpse_ranges(
+        &self,
+        conn: &mut Conn,
+        t: usize,
+        ranges: &[(u64, u64)],
+        after: Option<u64>,
+    ) -> Result<Vec<Glimpse>> {
+        let OrderKey::Sequence(c) = &self.tables[t].order else { return Ok(Vec::new()) };
+        if ranges.is_empty() {
+            return Ok(Vec::new());
+        }
+        let c = quote_ident(c);
+        let mut condition = format!("({})", vec![format!("{c} BETWEEN ? AND ?"); ranges.len()].join(" OR "));
+        let mut params: Vec<Value> = ranges.iter().flat_map(|(lo, hi)| [Value::from(*lo), Value::from(*hi)]).collect();
+        if let Some(after) = after {
+            condition.push_str(&format!(" AND {c} > ?"));
+            params.push(Value::from(after));
+        }
+        self.glimpse(t, conn, (condition, params)).await
+    }
+
+    /// Up to [`SWEEP_PAGE`] unpublished rows of table `t` that meet `condition` (a range of the order
+    /// columns), in order, light columns only.
+    async fn glimpse(
+        &self,
+        t: usize,
+        conn: &mut Conn,
+        (condition, params): (String, Vec<Value>),
+    ) -> Result<Vec<Glimpse>> {
         let order = self.order_columns(t);
         let sql = format!(
             "SELECT {id}, {at}, {ai}, {cols} FROM {from} WHERE published_at IS NULL AND {condition} \
@@ -406,8 +525,8 @@ impl Relay {
         );
         let mut params = vec![Value::Bytes(aggregate.0.clone()), Value::Bytes(aggregate.1.clone())];
         params.extend(p);
-        if let Some(after) = after {
-            let (c, p) = self.compare(t, true, after);
+        if let Some(after) = self.after_frontier(t, after) {
+            let (c, p) = self.compare(t, true, &after);
             condition = format!("{condition} AND {c}");
             params.extend(p);
         }
@@ -518,40 +637,59 @@ impl Relay {
         Ok(())
     }
 
-    /// The aggregates of table `t` that a parked row holds: all of them (`among` = `None`: a scan of the
-    /// unpublished rows, at a run's start), or which of `among` still are (along the `(aggregate_type,
-    /// aggregate_id, ...)` index: the cheap re-check while holds are in force).
+    /// The parked rows of table `t`, each as its aggregate and (in sequence order) its sequence number: all
+    /// of them (`among` = `None`: a scan of the unpublished rows, at a run's start), or those of `among`
+    /// (along the `(aggregate_type, aggregate_id, ...)` index: the cheap re-check while holds are in
+    /// force).
     ///
     /// # Errors
     /// Classified query errors.
-    pub async fn parked_aggregates(
+    pub async fn parked_rows(
         &self,
         conn: &mut Conn,
         t: usize,
         among: Option<&[Aggregate]>,
-    ) -> Result<Vec<Aggregate>> {
-        let table = self.tables[t].table.quoted();
+    ) -> Result<Vec<(Aggregate, Option<u64>)>> {
         let (at, ai) = (quote_ident(&self.columns.aggregate_type), quote_ident(&self.columns.aggregate_id));
-        let (which, params) = match among {
-            None => (String::new(), Vec::new()),
+        let seq = match &self.tables[t].order {
+            OrderKey::Sequence(c) => quote_ident(c),
+            OrderKey::OccurredAtThenId => "NULL".into(),
+        };
+        let (from, which, params) = match among {
+            None => (self.from(t, self.frontier(t) > 0), String::new(), Vec::new()),
             Some([]) => return Ok(Vec::new()),
             Some(among) => (
+                self.from(t, false),
                 format!(" AND ({})", vec![format!("({at} = ? AND {ai} = ?)"); among.len()].join(" OR ")),
                 among.iter().flat_map(|(a, b)| [Value::Bytes(a.clone()), Value::Bytes(b.clone())]).collect(),
             ),
         };
-        let rows: Vec<(Value, Value)> = conn
+        let rows: Vec<(Value, Value, Option<u64>)> = conn
             .exec(
                 format!(
-                    "SELECT DISTINCT {at}, {ai} FROM {table} WHERE published_at IS NULL \
-                     AND next_attempt_at = '{PARKED_UNTIL}'{which}"
+                    "SELECT {at}, {ai}, {seq} FROM {from} WHERE {unpublished} \
+                     AND next_attempt_at = '{PARKED_UNTIL}'{which}",
+                    unpublished = self.unpublished(t),
                 ),
                 params,
             )
             .await
-            .map_err(|e| classify_mysql(&e).context(format_args!("poll: reading the parked rows of {table}")))?;
+            .map_err(|e| {
+                classify_mysql(&e).context(format_args!("poll: reading the parked rows of {}", self.tables[t].table))
+            })?;
         metrics().poll_queries(PollQuery::Backlog, 1);
-        Ok(rows.iter().map(|(a, b)| (key_bytes(a), key_bytes(b))).collect())
+        Ok(rows.iter().map(|(a, b, seq)| ((key_bytes(a), key_bytes(b)), *seq)).collect())
+    }
+
+    /// `published_at IS NULL`, and above the frontier of table `t` when there is one: the rows not yet
+    /// published.
+    fn unpublished(&self, t: usize) -> String {
+        match (&self.tables[t].order, self.frontier(t)) {
+            (OrderKey::Sequence(c), frontier) if frontier > 0 => {
+                format!("published_at IS NULL AND {} > {frontier}", quote_ident(c))
+            }
+            _ => "published_at IS NULL".into(),
+        }
     }
 
     /// The backlog of table `t`: its unpublished rows that are not parked (counted up to
@@ -564,11 +702,13 @@ impl Relay {
     pub async fn backlog(&self, conn: &mut Conn, t: usize) -> Result<(u64, f64)> {
         let table = self.tables[t].table.quoted();
         let order = self.order_columns(t).join(", ");
+        let from = self.from(t, self.frontier(t) > 0);
+        let unpublished = self.unpublished(t);
         let (due, waited_us): (Option<u64>, Option<i64>) = conn
             .query_first(format!(
-                "SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE published_at IS NULL \
+                "SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {from} WHERE {unpublished} \
                  AND next_attempt_at <> '{PARKED_UNTIL}' LIMIT {POLL_BACKLOG_CAP}) d), \
-                 TIMESTAMPDIFF(MICROSECOND, (SELECT {oa} FROM {table} WHERE published_at IS NULL \
+                 TIMESTAMPDIFF(MICROSECOND, (SELECT {oa} FROM {from} WHERE {unpublished} \
                  AND next_attempt_at <> '{PARKED_UNTIL}' ORDER BY {order} LIMIT 1), UTC_TIMESTAMP(6))",
                 oa = quote_ident(&self.columns.occurred_at),
             ))
@@ -587,7 +727,9 @@ impl Relay {
         let table = self.tables[t].table.quoted();
         let parked: Option<u64> = conn
             .query_first(format!(
-                "SELECT COUNT(*) FROM {table} WHERE published_at IS NULL AND next_attempt_at = '{PARKED_UNTIL}'"
+                "SELECT COUNT(*) FROM {from} WHERE {unpublished} AND next_attempt_at = '{PARKED_UNTIL}'",
+                from = self.from(t, self.frontier(t) > 0),
+                unpublished = self.unpublished(t),
             ))
             .await
             .map_err(|e| classify_mysql(&e).context(format_args!("poll: counting the parked rows of {table}")))?;
@@ -842,7 +984,99 @@ async fn load_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, o
             read_index_ddl(table, &order, columns)
         ))
     })?;
-    Ok(PollTable { table: Arc::new(table.clone()), present, order, last_error_chars, read_index })
+    Ok(PollTable {
+        table: Arc::new(table.clone()),
+        present,
+        order,
+        last_error_chars,
+        read_index,
+        frontier: AtomicU64::new(0),
+    })
+}
+
+/// `[poll] progress_table` as a table name: a bare name is in the first outbox table's database.
+pub fn progress_table_name(config: &Config) -> Option<TableName> {
+    let name = config.poll.progress_table.as_deref()?;
+    Some(match name.split_once('.') {
+        Some((database, table)) => TableName { database: database.into(), table: table.into() },
+        None => TableName { database: config.tables()[0].database.clone(), table: name.into() },
+    })
+}
+
+/// The `CREATE TABLE` of a progress table: one row per outbox table (`database.table`), the sequence
+/// number every row up to which is published.
+pub fn progress_table_ddl(progress: &TableName) -> String {
+    format!(
+        "CREATE TABLE {} (outbox_table VARCHAR(255) NOT NULL PRIMARY KEY, \
+         published_through BIGINT UNSIGNED NOT NULL, updated_at DATETIME(6) NOT NULL) ENGINE=InnoDB",
+        progress.quoted()
+    )
+}
+
+/// What the relay needs for a progress table, refused with the fix when missing: the table, a row for
+/// each outbox table (added at 0: nothing is known published by number yet), and the `PROCESS` privilege
+/// ([`Relay::open_transactions`]).
+///
+/// # Errors
+/// Definite errors naming what is missing; classified query errors.
+pub async fn check_progress_table(conn: &mut Conn, progress: &TableName, outboxes: &[TableName]) -> Result<()> {
+    let found = columns_of(conn, progress).await?;
+    let has = |name: &str| found.iter().any(|c| c.0.eq_ignore_ascii_case(name));
+    if !["outbox_table", "published_through", "updated_at"].iter().all(|c| has(c)) {
+        return Err(Error::definite(format!(
+            "[poll] progress_table = {progress}: {}. Create it: {}; and grant the relay's user SELECT, INSERT, \
+             UPDATE on it",
+            match found.is_empty() {
+                true => "there is no such table (or the relay's user cannot see it)".to_string(),
+                false => "it lacks the columns outbox_table, published_through, updated_at".to_string(),
+            },
+            progress_table_ddl(progress)
+        )));
+    }
+    for outbox in outboxes {
+        conn.exec_drop(
+            format!(
+                "INSERT IGNORE INTO {} (outbox_table, published_through, updated_at) VALUES (?, 0, UTC_TIMESTAMP(6))",
+                progress.quoted()
+            ),
+            (outbox.to_string(),),
+        )
+        .await
+        .map_err(|e| {
+            let error = classify_mysql(&e);
+            match !error.is_definite() {
+                true => error.context(format_args!("poll: adding {outbox} to {progress}")),
+                false => Error::definite(format!(
+                    "[poll] progress_table = {progress}: cannot add {outbox} to it ({e}); grant the relay's user \
+                     SELECT, INSERT, UPDATE on it"
+                )),
+            }
+        })?;
+    }
+    Relay::open_transactions(conn).await.map_err(|e| match !e.is_definite() {
+        true => e,
+        false => Error::definite(format!(
+            "[poll] progress_table needs the PROCESS privilege, to read information_schema.INNODB_TRX ({e}): \
+             a sequence number a read passed without a row is known free only once every transaction open \
+             then has ended. Grant it: GRANT PROCESS ON *.* TO <the relay's user>"
+        )),
+    })?;
+    Ok(())
+}
+
+/// How far `outbox` is published, as the progress table says (0 when it has no row for it).
+///
+/// # Errors
+/// Classified query errors.
+pub async fn read_frontier(conn: &mut Conn, progress: &TableName, outbox: &TableName) -> Result<u64> {
+    let through: Option<u64> = conn
+        .exec_first(
+            format!("SELECT published_through FROM {} WHERE outbox_table = ?", progress.quoted()),
+            (outbox.to_string(),),
+        )
+        .await
+        .map_err(|e| classify_mysql(&e).context(format_args!("poll: reading how far {outbox} is published")))?;
+    Ok(through.unwrap_or(0))
 }
 
 /// The columns the relay's read index starts with under `order`.
