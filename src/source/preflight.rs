@@ -918,7 +918,67 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
             &format!("GRANT SELECT, UPDATE ON {table} TO the connector's user (no REPLICATION privilege is needed)"),
         );
     }
+    if let Some(progress) = super::poll::progress_table_name(config) {
+        check_progress_table(conn, &progress, &mut report).await?;
+    }
     Ok(report)
+}
+
+/// `check` of `[poll] progress_table`: the table with its columns, the relay's `INSERT` and `UPDATE` on it
+/// (probed without writing), and `PROCESS` (the relay lists the open transactions).
+async fn check_progress_table(conn: &mut Conn, progress: &TableName, report: &mut Report) -> Result<()> {
+    let found = super::poll::columns_of(conn, progress).await?;
+    let columns = ["outbox_table", "published_through", "updated_at"];
+    let ready = columns.iter().all(|c| found.iter().any(|f| f.0.eq_ignore_ascii_case(c)));
+    report.push(
+        &format!("progress table {progress}"),
+        &format!("a table with the columns {}", columns.join(", ")),
+        match (ready, found.is_empty()) {
+            (true, _) => "present",
+            (false, true) => "none (or not visible to this user)",
+            (false, false) => "lacks some of them",
+        },
+        ready,
+        &super::poll::progress_table_ddl(progress),
+    );
+    if ready {
+        // Privileges are checked at prepare time: statements that match nothing tell without writing.
+        let probes = [
+            format!("UPDATE {t} SET published_through = published_through WHERE 1 = 0", t = progress.quoted()),
+            format!("INSERT INTO {t} SELECT * FROM {t} WHERE 1 = 0", t = progress.quoted()),
+        ];
+        let mut granted = true;
+        for probe in probes {
+            if let Err(e) = conn.query_drop(probe).await {
+                let err = classify_mysql(&e);
+                if !err.is_definite() {
+                    return Err(err);
+                }
+                granted = false;
+            }
+        }
+        report.push(
+            &format!("privileges on {progress}"),
+            "SELECT, INSERT, UPDATE (the relay records how far each table is published)",
+            if granted { "granted" } else { "missing" },
+            granted,
+            &format!("GRANT SELECT, INSERT, UPDATE ON {progress} TO the connector's user"),
+        );
+    }
+    let process = match super::poll::Relay::open_transactions(conn).await {
+        Ok(_) => true,
+        Err(e) if e.is_definite() => false,
+        Err(e) => return Err(e),
+    };
+    report.push(
+        "privilege PROCESS",
+        "granted ([poll] progress_table: the relay reads information_schema.INNODB_TRX to know when a skipped \
+         sequence number can no longer be committed)",
+        if process { "granted" } else { "missing" },
+        process,
+        "GRANT PROCESS ON *.* TO the connector's user",
+    );
+    Ok(())
 }
 
 #[cfg(test)]
