@@ -68,9 +68,13 @@ pub async fn run_prune(config: &Config, options: &PruneOptions) -> Result<()> {
     let verb = if options.dry_run { "would delete" } else { "deleted" };
     if matches!(config.source.kind, crate::config::Source::Poll(_)) {
         let report = prune::prune_published(config, options).await?;
+        let by_number = match config.poll.progress_table {
+            Some(_) => ", or up to the progress table's sequence number and with occurred_at,",
+            None => "",
+        };
         println!(
-            "{verb} {} row(s) with published_at < {} (UTC) in {} batch(es); published_at is set only after Kafka \
-             acknowledged the event",
+            "{verb} {} row(s) with published_at{by_number} < {} (UTC) in {} batch(es); both are set only after \
+             Kafka acknowledged the event",
             report.rows_deleted, report.cutoff, report.batches
         );
         return Ok(());

@@ -80,7 +80,7 @@ use mysql_async::{Conn, Value};
 
 use super::ids::IdColumn;
 use crate::checkpoint::Store;
-use crate::config::{ColumnNames, Config, Connection, OnUpdate};
+use crate::config::{ColumnNames, Config, Connection, OnUpdate, PollOrder};
 use crate::error::{classify_mysql, Error, Result};
 use crate::outbox::{quote_ident, TableName};
 use crate::position::{Gtids, Position};
@@ -410,16 +410,38 @@ pub async fn prune_published(config: &Config, options: &PruneOptions) -> Result<
     let id = quote_ident(&config.outbox.columns.id);
     let batch = config.prune.batch_rows;
     let pause = config.prune.pause;
+    let progress = crate::source::poll::progress_table_name(config);
     for table in config.tables() {
         let (not_held, held_params) = not_held(&config.outbox.columns, table, &mut conn, &held).await?;
+        // With a progress table, rows up to its number are published too (their `published_at` stays
+        // NULL): they are deleted by their `occurred_at`.
+        let (published, published_params) = match &progress {
+            None => ("`published_at` < ?".to_string(), vec![Value::from(cutoff.as_str())]),
+            Some(progress) => {
+                let through = crate::source::poll::read_frontier(&mut conn, progress, table).await?;
+                let occurred_at = quote_ident(&config.outbox.columns.occurred_at);
+                let found = crate::source::poll::columns_of(&mut conn, table).await?;
+                let order = crate::source::poll::order_key(&found, &config.outbox.columns, PollOrder::Sequence);
+                let Some(crate::source::poll::OrderKey::Sequence(seq)) = order else {
+                    return Err(Error::definite(format!(
+                        "{table} has no AUTO_INCREMENT column for [poll] progress_table"
+                    )));
+                };
+                let seq = quote_ident(&seq);
+                (
+                    format!("(`published_at` < ? OR (`published_at` IS NULL AND {seq} <= ? AND {occurred_at} < ?))"),
+                    vec![Value::from(cutoff.as_str()), Value::from(through), Value::from(cutoff.as_str())],
+                )
+            }
+        };
         let mut after: Option<Value> = None;
         loop {
             let select = format!(
-                "SELECT {id} FROM {t} WHERE `published_at` < ?{not_held}{keyset} ORDER BY {id} LIMIT {batch}",
+                "SELECT {id} FROM {t} WHERE {published}{not_held}{keyset} ORDER BY {id} LIMIT {batch}",
                 t = table.quoted(),
                 keyset = if after.is_some() { format!(" AND {id} > ?") } else { String::new() },
             );
-            let mut params = vec![Value::from(cutoff.as_str())];
+            let mut params = published_params.clone();
             params.extend(held_params.iter().cloned());
             params.extend(after.clone());
             let ids: Vec<Value> = conn
@@ -431,12 +453,10 @@ pub async fn prune_published(config: &Config, options: &PruneOptions) -> Result<
             if let Some(deleter) = deleter.as_mut() {
                 let placeholders = vec!["?"; ids.len()].join(", ");
                 // The bound again: only rows that are still published that long ago.
-                let delete = format!(
-                    "DELETE FROM {t} WHERE {id} IN ({placeholders}) AND `published_at` < ?",
-                    t = table.quoted()
-                );
+                let delete =
+                    format!("DELETE FROM {t} WHERE {id} IN ({placeholders}) AND {published}", t = table.quoted());
                 let mut params = ids;
-                params.push(Value::from(cutoff.as_str()));
+                params.extend(published_params.iter().cloned());
                 deleter
                     .exec_drop(delete, params)
                     .await

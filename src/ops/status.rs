@@ -133,6 +133,9 @@ struct PolledTable {
     oldest_due_s: f64,
     /// Dead-lettered rows, never due again (`quarantine list`).
     parked_rows: u64,
+    /// `[poll] progress_table`: every row with a sequence number up to this is published.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    published_through: Option<u64>,
 }
 
 /// [`print`] for the polling relay: it has no position (a row's `published_at` is its progress), so it
@@ -152,6 +155,7 @@ async fn print_relay(config: &Config, json: bool) -> Result<()> {
             due_rows_capped,
             oldest_due_s,
             parked_rows,
+            published_through: relay.has_progress_table().then(|| relay.frontier(t)),
         });
     }
     let inspection = Store::inspect_for(config).await?;
@@ -169,7 +173,12 @@ async fn print_relay(config: &Config, json: bool) -> Result<()> {
             0 => String::new(),
             _ => format!(", the oldest due {:.1} s", t.oldest_due_s),
         };
-        println!("table:           {}: {more}{} row(s) due{oldest}; {} parked", t.table, t.due_rows, t.parked_rows);
+        let through =
+            t.published_through.map(|n| format!("; published through sequence number {n}")).unwrap_or_default();
+        println!(
+            "table:           {}: {more}{} row(s) due{oldest}; {} parked{through}",
+            t.table, t.due_rows, t.parked_rows
+        );
     }
     print_holds_and_last_error(holds.len(), last_error.as_ref(), crate::time::now_ms());
     Ok(())
