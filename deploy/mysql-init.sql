@@ -11,6 +11,11 @@ CREATE TABLE IF NOT EXISTS shop.outbox_events (
  KEY idx_unpublished (published_at,seq),
  KEY idx_aggregate (aggregate_type,aggregate_id,occurred_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+-- How far each outbox table is published, for a relay with [poll] progress_table (README, the polling relay).
+CREATE TABLE IF NOT EXISTS shop.outbox_relay_progress (
+ outbox_table VARCHAR(255) NOT NULL PRIMARY KEY, published_through BIGINT UNSIGNED NOT NULL,
+ updated_at DATETIME(6) NOT NULL
+) ENGINE=InnoDB;
 CREATE USER IF NOT EXISTS 'cdc'@'%' IDENTIFIED BY 'cdc-demo-password';
 GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'cdc'@'%';
 GRANT SELECT, LOCK TABLES ON shop.* TO 'cdc'@'%';

@@ -26,6 +26,14 @@ pub fn outbox_ddl() -> &'static str {
     &INIT[start..end]
 }
 
+/// The polling relay's progress table (`[poll] progress_table`), as `deploy/mysql-init.sql` creates it.
+pub fn progress_ddl() -> &'static str {
+    const INIT: &str = include_str!("../../deploy/mysql-init.sql");
+    let start = INIT.find("CREATE TABLE IF NOT EXISTS shop.outbox_relay_progress").expect("the progress table");
+    let end = start + INIT[start..].find(";\n").expect("the CREATE TABLE ends with `;`");
+    &INIT[start..end]
+}
+
 /// The business table written in the same transaction as the outbox row.
 pub const ORDERS_DDL: &str = "CREATE TABLE orders (
  id BIGINT AUTO_INCREMENT PRIMARY KEY, customer VARCHAR(64), amount DECIMAL(10,2), created_at DATETIME(6)
