@@ -68,11 +68,60 @@ async fn count(db: &MariaDb, condition: &str) -> u64 {
     n.unwrap_or(0)
 }
 
-/// Waits until no row is unpublished (other than parked, dead-lettered ones).
+/// `[poll]` with the progress table of the reference schema ([`create_progress_table`]).
+const PROGRESS: &str = "progress_table = \"outbox_relay_progress\"";
+
+/// Creates the progress table as `deploy/mysql-init.sql` does, and grants `relay` what a relay with
+/// `[poll] progress_table` needs: `SELECT, INSERT, UPDATE` on it, and `PROCESS`.
+fn create_progress_table(db: &MariaDb) {
+    db.sql(&format!(
+        "{};
+         GRANT SELECT, INSERT, UPDATE ON shop.outbox_relay_progress TO 'relay'@'127.0.0.1';
+         GRANT PROCESS ON *.* TO 'relay'@'127.0.0.1';",
+        common::mariadb::progress_ddl()
+    ));
+}
+
+/// The progress table's number for the outbox table: every row up to it is published (0 without one).
+async fn published_through(db: &MariaDb) -> u64 {
+    let mut conn = db.conn().await;
+    let through: Result<Option<u64>, _> = conn
+        .query_first("SELECT published_through FROM outbox_relay_progress WHERE outbox_table = 'shop.outbox_events'")
+        .await;
+    through.ok().flatten().unwrap_or(0)
+}
+
+async fn max_seq(db: &MariaDb) -> u64 {
+    let mut conn = db.conn().await;
+    conn.query_first("SELECT COALESCE(MAX(seq), 0) FROM outbox_events").await.unwrap().unwrap_or(0)
+}
+
+/// Waits until the progress table says every row up to `seq` is published.
+async fn wait_through(db: &MariaDb, seq: u64, relays: &[&Connector]) {
+    let deadline = Instant::now() + CATCH_UP;
+    while published_through(db).await < seq {
+        if Instant::now() >= deadline {
+            let logs: Vec<String> = relays.iter().map(|r| common::tail_file(&r.dir().join("stderr.log"), 60)).collect();
+            panic!(
+                "not published through {seq} after {CATCH_UP:?}: {}\n{}",
+                published_through(db).await,
+                logs.join("\n-----\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until no row is unpublished (other than parked, dead-lettered ones): no row above the progress
+/// table's number (when there is one) without `published_at`.
 async fn wait_all_published(db: &MariaDb, relays: &[&Connector]) {
     let deadline = Instant::now() + CATCH_UP;
     loop {
-        let left = count(db, "published_at IS NULL AND next_attempt_at < '9999-01-01'").await;
+        let above = match published_through(db).await {
+            0 => String::new(),
+            through => format!(" AND seq > {through}"),
+        };
+        let left = count(db, &format!("published_at IS NULL AND next_attempt_at < '9999-01-01'{above}")).await;
         if left == 0 {
             return;
         }
@@ -454,11 +503,26 @@ async fn four_relays_keep_per_aggregate_order() {
 /// relay leaves at most the batches in flight of.
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_relays_lose_nothing_and_keep_order() {
+    killed_relays(false).await;
+}
+
+/// [`killed_relays_lose_nothing_and_keep_order`] with a progress table: the writers' concurrent
+/// transactions commit out of sequence order all the time, so reads pass numbers taken and not yet
+/// committed; the frontier waits for each, and a kill loses none.
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_relays_with_a_progress_table_lose_nothing_and_keep_order() {
+    killed_relays(true).await;
+}
+
+async fn killed_relays(progress: bool) {
     let db = MariaDb::start();
     create_relay_user(&db);
+    if progress {
+        create_progress_table(&db);
+    }
     let broker = Broker::start(Engine::Memory);
     let batch = 10;
-    let poll = format!("batch_rows = {batch}\npoll_interval_ms = 20");
+    let poll = format!("batch_rows = {batch}\npoll_interval_ms = 20\n{}", if progress { PROGRESS } else { "" });
     let mut relays: Vec<Connector> = (0..4).map(|_| relay(&db, &broker, &poll)).collect();
     let writer = Writer::start(
         db.opts_root(),
@@ -488,8 +552,12 @@ async fn killed_relays_lose_nothing_and_keep_order() {
     let in_flight = 32 * batch; // pipeline::poll's MAX_PENDING_BATCHES batches
     assert!(report.duplicates <= kills * in_flight, "{} duplicates for {kills} kills", report.duplicates);
     let run = closing_audit(&relays[0]);
-    let note = format!("4 relays (one active, batch_rows {batch}), {kills} SIGKILLs 400 ms apart under load");
-    common::reliability::record("polling relay: kill -9 of relays under load", &written, &run, None, &note);
+    let (scenario, how) = match progress {
+        false => ("polling relay: kill -9 of relays under load", "rows marked one by one"),
+        true => ("polling relay with a progress table: kill -9 of relays under load", "a progress table"),
+    };
+    let note = format!("4 relays (one active, batch_rows {batch}, {how}), {kills} SIGKILLs 400 ms apart under load");
+    common::reliability::record(scenario, &written, &run, None, &note);
 }
 
 /// A relay killed after Kafka acknowledged its batch and before it marked the rows (failpoint
@@ -908,4 +976,155 @@ async fn poison_rows_hold_their_aggregate_until_release_and_prune_goes_by_publis
     assert_eq!(c, [ids["c2"].as_str()], "{}", relay.logs());
     wait_all_published(&db, &[&relay]).await;
     assert_eq!(count(&db, "published_at IS NULL").await, 0);
+}
+
+/// With a progress table the relay writes one number per batch instead of marking rows: a backlog of 1,000
+/// rows is published with no row marked, and a relay stopped and started again goes on after that number
+/// (no duplicates). `check` passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_progress_table_publishes_by_number_and_restarts_after_it() {
+    let db = MariaDb::start();
+    create_relay_user(&db);
+    create_progress_table(&db);
+    let broker = Broker::start(Engine::Memory);
+    let aggregates = ["A", "B", "C", "D", "E"];
+    let first = insert_interleaved(&db, &aggregates, 200).await;
+    let mut relay = relay(&db, &broker, &format!("poll_interval_ms = 50\nbatch_rows = 100\n{PROGRESS}"));
+    wait_through(&db, max_seq(&db).await, &[&relay]).await;
+    assert_eq!(count(&db, "published_at IS NOT NULL").await, 0, "no row marked on its own:\n{}", relay.logs());
+    assert!(relay.terminate().success(), "{}", relay.logs());
+    let second = insert_interleaved(&db, &aggregates, 100).await;
+    relay.restart();
+    wait_through(&db, max_seq(&db).await, &[&relay]).await;
+    let records = broker.read_all(TOPIC, 1_500, CATCH_UP);
+    let report = audit(&first.merged(&second), &records);
+    assert!(report.is_clean(), "{}", report.summary());
+    assert_eq!((records.len(), report.duplicates), (1_500, 0), "{}", report.summary());
+    let (status, stdout, stderr) = relay.command(&["check"], Duration::from_secs(60)).expect("check runs");
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("progress table shop.outbox_relay_progress") && stdout.contains("PROCESS"), "{stdout}");
+    let (_, stdout, _) = relay.command(&["status"], Duration::from_secs(30)).unwrap();
+    assert!(stdout.contains(&format!("published through sequence number {}", max_seq(&db).await)), "{stdout}");
+    // prune counts the rows published by number (published_at NULL), by their occurred_at.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, stdout, stderr) =
+        relay.command(&["prune", "--older-than", "1s", "--dry-run"], Duration::from_secs(60)).unwrap();
+    assert!(status.success() && stdout.contains("would delete 1500 row(s)"), "{stdout}\n{stderr}");
+    let run = closing_audit(&relay);
+    assert_eq!(run.count("duplicates"), 0, "{}", run.report);
+}
+
+/// A number taken by a transaction that rolled back is proven free and passed. The number a read passes
+/// while the transaction that took it is still open holds the frontier for as long as that transaction is
+/// open (here past the 10 s the relay reads gaps again for); the rows above it are marked one by one
+/// meanwhile (never waiting for the open transaction's lock), and when it commits its row is published
+/// and the frontier passes everything. Had the frontier passed the open transaction's number, its row
+/// would be lost when it committed.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_frontier_passes_a_rolled_back_number_and_waits_for_an_open_transaction() {
+    let db = MariaDb::start();
+    create_relay_user(&db);
+    create_progress_table(&db);
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    let before = insert_interleaved(&db, &["A"], 3).await;
+    let mut other = db.conn().await;
+    let mut tx = other.start_transaction(mysql_async::TxOpts::default()).await.unwrap();
+    insert_event(&mut tx, &OutboxRow::new("A")).await.unwrap();
+    tx.rollback().await.unwrap();
+    let between = insert_interleaved(&db, &["A"], 2).await;
+    let relay = relay(&db, &broker, &format!("poll_interval_ms = 50\n{PROGRESS}"));
+    broker.read_all(TOPIC, 5, CATCH_UP);
+    wait_through(&db, max_seq(&db).await, &[&relay]).await;
+    let mut tx = other.start_transaction(mysql_async::TxOpts::default()).await.unwrap();
+    let late = OutboxRow::new("L");
+    insert_event(&mut tx, &late).await.unwrap();
+    let mut after = Vec::new();
+    for _ in 0..20 {
+        let row = OutboxRow::new("B");
+        insert_event(&mut conn, &row).await.unwrap();
+        after.push(row.id);
+    }
+    let held_at: u64 =
+        conn.query_first("SELECT MIN(seq) - 1 FROM outbox_events WHERE aggregate_id = 'B'").await.unwrap().unwrap();
+    broker.read_all(TOPIC, 25, CATCH_UP);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(12) {
+        let through = published_through(&db).await;
+        assert!(through < held_at, "the frontier passed {held_at}, taken by an open transaction: {through}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(count(&db, "aggregate_id = 'B' AND published_at IS NOT NULL").await, 20, "{}", relay.logs());
+    tx.commit().await.unwrap();
+    let records = broker.read_all(TOPIC, 26, CATCH_UP);
+    assert_eq!(records.last().and_then(|r| r.header_str("id")), Some(late.id.as_str()), "{}", relay.logs());
+    wait_through(&db, max_seq(&db).await, &[&relay]).await;
+    let expected = before.merged(&between).merged(&Expected::from_orders([("B", after), ("L", vec![late.id.clone()])]));
+    let report = audit(&expected, &records);
+    assert!(report.is_clean() && report.duplicates == 0, "{}", report.summary());
+    assert!(!relay.stderr().contains("Lock wait timeout"), "{}", relay.logs());
+    closing_audit(&relay);
+}
+
+/// A parked row holds the frontier (its aggregate's later rows wait in the table, unpublished); other
+/// aggregates flow, marked one by one above it. Once `quarantine release` (from another relay's state)
+/// published the parked row, the held rows follow in order and the frontier passes them all.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parked_row_holds_the_frontier_until_released() {
+    let db = MariaDb::start();
+    create_relay_user(&db);
+    create_progress_table(&db);
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    let rows = [
+        OutboxRow::new("A"),
+        OutboxRow::new("A").headers(Some(serde_json::json!([1, 2]))),
+        OutboxRow::new("B"),
+        OutboxRow::new("B"),
+        OutboxRow::new("A"),
+        OutboxRow::new("B"),
+    ];
+    for row in &rows {
+        insert_event(&mut conn, row).await.unwrap();
+    }
+    let poll = format!("poll_interval_ms = 50\n{PROGRESS}");
+    let relay = relay(&db, &broker, &poll);
+    broker.read_all(DLQ, 1, CATCH_UP);
+    broker.read_all(TOPIC, 4, CATCH_UP);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(published_through(&db).await, 1, "the parked row (2) holds the frontier:\n{}", relay.logs());
+    assert_eq!(count(&db, "aggregate_id = 'B' AND published_at IS NOT NULL").await, 3, "{}", relay.logs());
+    let other = relay_config(&db, &broker, &poll);
+    let (status, stdout, stderr) = other
+        .command(&["quarantine", "release", "order", "A", "--skip-poison"], Duration::from_secs(60))
+        .expect("release runs");
+    assert!(status.success(), "{stdout}\n{stderr}");
+    let records = broker.read_all(TOPIC, 5, CATCH_UP);
+    let a: Vec<&str> = records.iter().filter(|r| r.key_str() == Some("A")).filter_map(|r| r.header_str("id")).collect();
+    assert_eq!(a, [rows[0].id.as_str(), rows[4].id.as_str()], "{}", relay.logs());
+    wait_through(&db, 6, &[&relay]).await;
+}
+
+/// `run` refuses a progress table it cannot use, with the fix: none (the `CREATE TABLE`), or without the
+/// `PROCESS` privilege; `check` reports both.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_progress_table_the_relay_cannot_use_is_refused() {
+    let db = MariaDb::start();
+    create_relay_user(&db);
+    let broker = Broker::start(Engine::Memory);
+    let mut relay = relay_config(&db, &broker, &format!("poll_interval_ms = 50\n{PROGRESS}"));
+    let (_, stdout, _) = relay.command(&["check"], Duration::from_secs(60)).expect("check runs");
+    assert!(stdout.contains("CREATE TABLE `shop`.`outbox_relay_progress`"), "{stdout}");
+    relay.run(&relay.config_path());
+    let exited = relay.wait_exit(Duration::from_secs(60)).expect("a relay without its progress table stops");
+    assert!(!exited.success(), "{}", relay.logs());
+    assert!(relay.stderr().contains("CREATE TABLE `shop`.`outbox_relay_progress`"), "{}", relay.logs());
+    create_progress_table(&db);
+    db.sql("REVOKE PROCESS ON *.* FROM 'relay'@'127.0.0.1';");
+    let (_, stdout, _) = relay.command(&["check"], Duration::from_secs(60)).expect("check runs");
+    assert!(stdout.contains("GRANT PROCESS ON *.*"), "{stdout}");
+    relay.restart();
+    let exited = relay.wait_exit(Duration::from_secs(60)).expect("a relay without PROCESS stops");
+    assert!(!exited.success(), "{}", relay.logs());
+    assert!(relay.stderr().contains("needs the PROCESS privilege"), "{}", relay.logs());
 }

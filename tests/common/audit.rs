@@ -38,6 +38,16 @@ impl Expected {
         }
     }
 
+    /// This expectation, then `later`'s: each aggregate's ids of `later` after its own.
+    pub fn merged(&self, later: &Expected) -> Expected {
+        let mut merged = self.clone();
+        for (aggregate, ids) in &later.per_aggregate {
+            merged.per_aggregate.entry(aggregate.clone()).or_default().extend(ids.iter().cloned());
+        }
+        merged.uncertain.extend(later.uncertain.iter().cloned());
+        merged
+    }
+
     /// Number of expected ids (uncertain ones included).
     pub fn len(&self) -> usize {
         self.per_aggregate.values().map(Vec::len).sum()
