@@ -84,6 +84,7 @@ use crate::config::{ColumnNames, Config, Connection, OnUpdate, PollOrder};
 use crate::error::{classify_mysql, Error, Result};
 use crate::outbox::{quote_ident, TableName};
 use crate::position::{Gtids, Position};
+use crate::source::poll::HELD_AT;
 use crate::source::{self, preflight, snapshot, SourceConn};
 
 /// What to prune, besides the `[prune]` config.
@@ -414,9 +415,11 @@ pub async fn prune_published(config: &Config, options: &PruneOptions) -> Result<
     for table in config.tables() {
         let (not_held, held_params) = not_held(&config.outbox.columns, table, &mut conn, &held).await?;
         // With a progress table, rows up to its number are published too (their `published_at` stays
-        // NULL): they are deleted by their `occurred_at`.
+        // NULL): they are deleted by their `occurred_at`. Held rows (`published_at` = HELD_AT, the number
+        // passed them) are not published, whatever their place.
+        let marked = format!("(`published_at` > '{HELD_AT}' AND `published_at` < ?)");
         let (published, published_params) = match &progress {
-            None => ("`published_at` < ?".to_string(), vec![Value::from(cutoff.as_str())]),
+            None => (marked, vec![Value::from(cutoff.as_str())]),
             Some(progress) => {
                 let through = crate::source::poll::read_frontier(&mut conn, progress, table).await?;
                 let occurred_at = quote_ident(&config.outbox.columns.occurred_at);
@@ -429,7 +432,7 @@ pub async fn prune_published(config: &Config, options: &PruneOptions) -> Result<
                 };
                 let seq = quote_ident(&seq);
                 (
-                    format!("(`published_at` < ? OR (`published_at` IS NULL AND {seq} <= ? AND {occurred_at} < ?))"),
+                    format!("({marked} OR (`published_at` IS NULL AND {seq} <= ? AND {occurred_at} < ?))"),
                     vec![Value::from(cutoff.as_str()), Value::from(through), Value::from(cutoff.as_str())],
                 )
             }

@@ -272,9 +272,10 @@ async fn hold_of_parked_row(
         parked = conn
             .exec_first(
                 format!(
-                    "SELECT {id_text} FROM {} WHERE published_at IS NULL AND next_attempt_at = '{}' AND {} = ? \
+                    "SELECT {id_text} FROM {} WHERE {} AND next_attempt_at = '{}' AND {} = ? \
                      AND {} = ? ORDER BY {order} LIMIT 1",
                     table.quoted(),
+                    crate::source::poll::NOT_PUBLISHED,
                     crate::source::poll::PARKED_UNTIL,
                     quote_ident(&c.aggregate_type),
                     quote_ident(&c.aggregate_id)

@@ -97,6 +97,9 @@ struct Sent {
     aggregate: Aggregate,
     /// Why it was dead-lettered, when it was: parked once acknowledged.
     dead: Option<String>,
+    /// `[poll] progress_table`: its `published_at` is (or is about to be) `HELD_AT`, so it is marked on
+    /// its own once acknowledged, wherever the number is.
+    held_at: bool,
 }
 
 /// The rows of one table produced together.
@@ -139,6 +142,11 @@ struct TableState {
     parked_seqs: HashMap<Aggregate, Vec<u64>>,
     /// Acknowledged rows above the frontier, waiting up to [`MARK_DELAY`] for it to pass them.
     unmarked: VecDeque<Unmarked>,
+    /// Sequence numbers of rows of held aggregates (parked rows among them) to mark `HELD_AT`: covered
+    /// once handed to the marker, which writes them before the frontier that passes them.
+    to_hold: Vec<u64>,
+    /// Keys of the rows marked (or handed to the marker to mark) `HELD_AT` in this run.
+    hold_marked: HashSet<Vec<u8>>,
 }
 
 /// An acknowledged row above the frontier (`[poll] progress_table`).
@@ -171,21 +179,38 @@ struct MarkRequest {
     /// `[poll] progress_table`: the new frontier, written after the marks; the rows of `done` not in
     /// `keys` are published by it.
     frontier: Option<u64>,
+    /// `[poll] progress_table`: rows of held aggregates to mark `HELD_AT` (by sequence number), first.
+    held: Vec<u64>,
     /// How many rows of `done` the frontier publishes.
     by_frontier: u64,
 }
 
 impl MarkRequest {
     fn new(t: usize) -> MarkRequest {
-        MarkRequest { t, keys: Vec::new(), seqs: Vec::new(), done: Vec::new(), frontier: None, by_frontier: 0 }
+        MarkRequest {
+            t,
+            keys: Vec::new(),
+            seqs: Vec::new(),
+            done: Vec::new(),
+            frontier: None,
+            held: Vec::new(),
+            by_frontier: 0,
+        }
     }
 }
 
 impl TableState {
-    /// `[poll] progress_table`: moves the frontier through the covered numbers after it, and adds to
-    /// `request` the new frontier, the acknowledged rows it publishes, and those that waited `delay` for
-    /// it in vain (marked on their own).
+    /// `[poll] progress_table`: moves the frontier through the covered numbers after it (the held rows
+    /// to mark `HELD_AT` among them, handed over in `request` first), and adds to `request` the new
+    /// frontier, the acknowledged rows it publishes, and those that waited `delay` for it in vain (marked
+    /// on their own).
     fn advance(&mut self, request: &mut MarkRequest, delay: Duration, now: Instant) {
+        for seq in self.to_hold.drain(..) {
+            if seq > self.frontier {
+                self.covered.insert(seq..=seq);
+            }
+            request.held.push(seq);
+        }
         let through = match self.covered.get(&(self.frontier + 1)) {
             Some(range) => *range.end(),
             None => self.frontier,
@@ -301,6 +326,9 @@ pub(super) async fn run(
             state.parked_seqs.entry(aggregate.clone()).or_default().extend(seq);
             state.held.insert(aggregate);
         }
+        // Rows the number passed while their aggregate was held: held until its parked rows are found
+        // released (at once, when that happened while no relay ran).
+        state.held.extend(relay.held_aggregates(&mut conn, t).await?);
         tables.push(state);
     }
     forget_lifted_holds(&store, &tables)?;
@@ -414,6 +442,15 @@ impl PollRun<'_> {
         Ok(true)
     }
 
+    /// `[poll] progress_table`: a row of a held aggregate, found by a read: marked `HELD_AT` (once), so
+    /// that the frontier may pass it.
+    fn hold(state: &mut TableState, seq: Option<u64>, key_bytes: &[u8]) {
+        let Some(seq) = seq.filter(|s| *s > state.frontier) else { return };
+        if state.hold_marked.insert(key_bytes.to_vec()) {
+            state.to_hold.push(seq);
+        }
+    }
+
     /// Records the sequence numbers a read in order passed without a row: taken by a transaction not yet
     /// committed, or rolled back.
     fn note_gaps(&mut self, t: usize, rows: &[Polled]) {
@@ -496,11 +533,17 @@ impl PollRun<'_> {
             let mut after = None;
             loop {
                 let page = self.relay.glimpse_ranges(&mut self.conn, t, chunk, after).await?;
-                let state = &self.tables[t];
+                let state = &mut self.tables[t];
                 for g in &page {
-                    found.extend(g.position.first().and_then(sequence_value));
-                    if !state.in_flight.contains(&key_bytes(&g.key)) && !state.held.contains(&g.aggregate) {
-                        new.push(g.key.clone());
+                    let seq = g.position.first().and_then(sequence_value);
+                    found.extend(seq);
+                    let key = key_bytes(&g.key);
+                    if state.in_flight.contains(&key) {
+                        continue;
+                    }
+                    match state.held.contains(&g.aggregate) {
+                        true => PollRun::hold(state, seq, &key),
+                        false => new.push(g.key.clone()),
                     }
                 }
                 match page.last().and_then(|g| g.position.first()).and_then(sequence_value) {
@@ -559,13 +602,21 @@ impl PollRun<'_> {
         let mut found: Vec<u64> = Vec::new();
         loop {
             let page = self.relay.sweep(&mut self.conn, t, after.as_ref(), &upto).await?;
-            let state = &self.tables[t];
-            found.extend(page.iter().filter_map(|g| g.position.first().and_then(sequence_value)));
-            new.extend(
-                page.iter()
-                    .filter(|g| !state.in_flight.contains(&key_bytes(&g.key)) && !state.held.contains(&g.aggregate))
-                    .map(|g| g.key.clone()),
-            );
+            let progress = self.relay.has_progress_table();
+            let state = &mut self.tables[t];
+            for g in &page {
+                let seq = g.position.first().and_then(sequence_value);
+                found.extend(seq);
+                let key = key_bytes(&g.key);
+                if state.in_flight.contains(&key) {
+                    continue;
+                }
+                match state.held.contains(&g.aggregate) {
+                    true if progress => PollRun::hold(state, seq, &key),
+                    true => {}
+                    false => new.push(g.key.clone()),
+                }
+            }
             match page.last() {
                 Some(last) if page.len() >= SWEEP_PAGE => after = Some(last.position.clone()),
                 _ => break,
@@ -617,21 +668,28 @@ impl PollRun<'_> {
         rows: impl Iterator<Item = Polled>,
         batch: &mut Batch,
     ) -> Result<()> {
+        let progress = self.relay.has_progress_table();
         for polled in rows {
             let state = &mut self.tables[t];
             if let Some(seq) = polled.seq() {
                 fill_gap(&mut state.unproven, seq);
             }
+            let key_bytes = key_bytes(&polled.key);
             if polled.parked {
                 let parked = state.parked_seqs.entry(polled.aggregate.clone()).or_default();
                 if let Some(seq) = polled.seq().filter(|s| !parked.contains(s)) {
                     parked.push(seq);
                 }
                 state.held.insert(polled.aggregate.clone());
+            }
+            // A row produced before its aggregate became held is in flight, published once acknowledged.
+            if state.in_flight.contains(&key_bytes) {
                 continue;
             }
-            let key_bytes = key_bytes(&polled.key);
-            if state.held.contains(&polled.aggregate) || state.in_flight.contains(&key_bytes) {
+            if state.held.contains(&polled.aggregate) {
+                if progress && !polled.held_at {
+                    PollRun::hold(state, polled.seq(), &key_bytes);
+                }
                 continue;
             }
             let row = match &polled.row {
@@ -664,8 +722,10 @@ impl PollRun<'_> {
                 state.parking.insert(polled.aggregate.clone());
             }
             state.in_flight.insert(key_bytes.clone());
+            let held_at = polled.held_at || state.hold_marked.remove(&key_bytes);
             let (event_id, seq) = (polled.id().map(String::from), polled.seq());
-            batch.rows.push(Sent { key: polled.key, key_bytes, seq, event_id, aggregate: polled.aggregate, dead });
+            let aggregate = polled.aggregate;
+            batch.rows.push(Sent { key: polled.key, key_bytes, seq, event_id, aggregate, dead, held_at });
         }
         Ok(())
     }
@@ -712,7 +772,7 @@ impl PollRun<'_> {
             let request = requests.entry(batch.t).or_insert_with(|| MarkRequest::new(batch.t));
             for row in &batch.rows {
                 match (&row.dead, row.seq) {
-                    (None, Some(seq)) if progress => {
+                    (None, Some(seq)) if progress && !row.held_at => {
                         let state = &mut self.tables[batch.t];
                         state.covered.insert(seq..=seq);
                         state.unmarked.push_back(Unmarked {
@@ -733,6 +793,10 @@ impl PollRun<'_> {
                         state.parking.remove(&row.aggregate);
                         state.in_flight.remove(&row.key_bytes);
                         state.parked_seqs.entry(row.aggregate.clone()).or_default().extend(seq);
+                        if let Some(seq) = seq.filter(|s| progress && *s > state.frontier) {
+                            // Parked with `HELD_AT`: the frontier may pass it.
+                            state.covered.insert(seq..=seq);
+                        }
                     }
                 }
             }
@@ -744,7 +808,9 @@ impl PollRun<'_> {
             }
         }
         let Some(marks) = &self.marks else { return Ok(()) };
-        for request in requests.into_values().filter(|r| !r.done.is_empty() || r.frontier.is_some()) {
+        for request in
+            requests.into_values().filter(|r| !r.done.is_empty() || r.frontier.is_some() || !r.held.is_empty())
+        {
             if marks.send(request).await.is_err() {
                 return Err(self.marker_ended().await);
             }
@@ -936,9 +1002,15 @@ async fn marker(
             merged.keys.extend(request.keys.iter().cloned());
             merged.seqs.extend(&request.seqs);
             merged.frontier = merged.frontier.max(request.frontier);
+            merged.held.extend(&request.held);
             merged.by_frontier += request.by_frontier;
         }
         for (t, merged) in by_table {
+            // Held rows first: the frontier written below may pass them, and rows marked on their own
+            // may be among them (released since).
+            if !merged.held.is_empty() {
+                relay.mark_held(&mut conn, t, &merged.held).await?;
+            }
             if !merged.keys.is_empty() {
                 relay.mark_published(&mut conn, t, &merged.keys, &merged.seqs).await?;
             }
@@ -1045,5 +1117,22 @@ mod tests {
         let mut request = MarkRequest::new(0);
         state.advance(&mut request, Duration::from_secs(1), now);
         assert_eq!((request.frontier, state.covered.iter().count()), (Some(14), 0));
+    }
+
+    /// Rows of held aggregates are handed to the marker to mark `HELD_AT` in the request whose frontier
+    /// passes them (the marker writes them first); each is handed once, and none at or below the frontier.
+    #[test]
+    fn held_rows_are_marked_before_the_frontier_passes_them() {
+        let now = Instant::now();
+        let mut state = TableState { frontier: 10, ..TableState::default() };
+        state.covered.insert(11..=11);
+        for (seq, key) in [(12, "a"), (13, "b"), (12, "a"), (9, "c")] {
+            PollRun::hold(&mut state, Some(seq), key.as_bytes());
+        }
+        assert_eq!(state.to_hold, [12, 13]);
+        let mut request = MarkRequest::new(0);
+        state.advance(&mut request, Duration::from_secs(1), now);
+        assert_eq!((request.frontier, request.held.as_slice()), (Some(13), &[12, 13][..]));
+        assert!(state.to_hold.is_empty() && state.hold_marked.len() == 2);
     }
 }

@@ -73,6 +73,22 @@ pub const SEQUENCE_COLUMN: &str = "seq";
 /// `DATETIME` ([`poll_column_problems`]).
 pub const PARKED_UNTIL: &str = "9999-12-31 23:59:59";
 
+/// [`HELD_AT`], as a literal [`NOT_PUBLISHED`] can be built from.
+macro_rules! held_at {
+    () => {
+        "1000-01-01 00:00:00"
+    };
+}
+
+/// `[poll] progress_table`: `published_at` of an unpublished row the number may pass: a parked row, or
+/// a row of an aggregate it holds. Below the number `published_at IS NULL` means published, so these
+/// rows say otherwise, and are found along the read index `(published_at, <sequence>)` however far the
+/// number moved on. `prune` keeps them; release publishes them and sets the real time.
+pub const HELD_AT: &str = held_at!();
+
+/// `published_at` of a row not yet published, whatever the mode: NULL, or [`HELD_AT`].
+pub const NOT_PUBLISHED: &str = concat!("(published_at IS NULL OR published_at = '", held_at!(), "')");
+
 /// How long a gap in the sequence is read again before it counts as a rolled-back insert. Rows of a
 /// transaction that commits later still than this are found by the next full sweep.
 pub const GAP_GRACE: Duration = Duration::from_secs(10);
@@ -112,6 +128,9 @@ pub struct Polled {
     pub position: Position,
     /// Whether it is parked (dead-lettered earlier).
     pub parked: bool,
+    /// Whether its `published_at` is [`HELD_AT`]: the progress table's number may have passed it, so
+    /// once published it is marked on its own.
+    pub held_at: bool,
 }
 
 impl Polled {
@@ -182,7 +201,7 @@ impl Relay {
     pub async fn load(conn: &mut Conn, config: &Config) -> Result<Relay> {
         let mut tables = Vec::new();
         for table in config.tables() {
-            tables.push(load_table(conn, table, &config.outbox.columns, config.poll.order).await?);
+            tables.push(load_table(conn, table, config).await?);
         }
         let progress = progress_table_name(config);
         if let Some(progress) = &progress {
@@ -204,6 +223,11 @@ impl Relay {
     /// in each row.
     pub fn has_progress_table(&self) -> bool {
         self.progress.is_some()
+    }
+
+    /// `[poll] progress_table`, when set.
+    pub fn progress_table(&self) -> Option<&TableName> {
+        self.progress.as_ref()
     }
 
     /// The sequence number of table `t` every row up to which is published, as last written (0 without a
@@ -315,7 +339,8 @@ impl Relay {
         }
     }
 
-    /// The columns of a full read: roles, key, parked, the order columns, then the
+    /// The columns of a full read: roles, key, flags (1: parked, 2: `published_at` = [`HELD_AT`]), the
+    /// order columns, then the
     /// `[outbox] additional_placement` columns ([`Relay::polled`] reads them back).
     fn full_columns(&self, t: usize) -> String {
         let pt = &self.tables[t];
@@ -323,7 +348,8 @@ impl Relay {
             .map(|((name, _), present)| if present { quote_ident(name) } else { "NULL".into() })
             .collect();
         format!(
-            "{roles}, {id}, next_attempt_at = '{PARKED_UNTIL}', {order}{additional}",
+            "{roles}, {id}, (next_attempt_at = '{PARKED_UNTIL}') | (COALESCE(published_at = '{HELD_AT}', 0) << 1), \
+             {order}{additional}",
             roles = roles.join(", "),
             id = quote_ident(&self.columns.id),
             order = self.order_columns(t).join(", "),
@@ -341,8 +367,8 @@ impl Relay {
         }
     }
 
-    /// The unpublished rows of table `t` that meet `condition`, in order, up to `limit`; `along`: the
-    /// condition is a range of the order columns.
+    /// The rows of table `t` with `published_at IS NULL` that meet `condition`, in order, up to `limit`;
+    /// `along`: the condition is a range of the order columns.
     async fn read_full(
         &self,
         conn: &mut Conn,
@@ -351,8 +377,21 @@ impl Relay {
         (condition, params): (&str, Vec<Value>),
         limit: usize,
     ) -> Result<Vec<Polled>> {
+        self.read_full_where(conn, t, along, "published_at IS NULL", (condition, params), limit).await
+    }
+
+    /// [`Relay::read_full`] of the rows that meet `unpublished` instead.
+    async fn read_full_where(
+        &self,
+        conn: &mut Conn,
+        t: usize,
+        along: bool,
+        unpublished: &str,
+        (condition, params): (&str, Vec<Value>),
+        limit: usize,
+    ) -> Result<Vec<Polled>> {
         let sql = format!(
-            "SELECT {columns} FROM {from} WHERE published_at IS NULL AND {condition} ORDER BY {order} LIMIT {limit}",
+            "SELECT {columns} FROM {from} WHERE {unpublished} AND {condition} ORDER BY {order} LIMIT {limit}",
             columns = self.full_columns(t),
             from = self.from(t, along),
             order = self.order_columns(t).join(", "),
@@ -504,8 +543,8 @@ impl Relay {
     }
 
     /// Up to `poll.batch_rows` unpublished rows of `aggregate` in table `t`, after `after` and up to
-    /// `upto`, in order: the rows a lifted hold left behind. Along the `(aggregate_type, aggregate_id, ...)`
-    /// index.
+    /// `upto`, in order: the rows a lifted hold left behind, those the progress table's number passed
+    /// ([`HELD_AT`]) among them. Along the `(aggregate_type, aggregate_id, ...)` index.
     ///
     /// # Errors
     /// Classified query errors.
@@ -525,12 +564,13 @@ impl Relay {
         );
         let mut params = vec![Value::Bytes(aggregate.0.clone()), Value::Bytes(aggregate.1.clone())];
         params.extend(p);
-        if let Some(after) = self.after_frontier(t, after) {
-            let (c, p) = self.compare(t, true, &after);
+        if let Some(after) = after {
+            let (c, p) = self.compare(t, true, after);
             condition = format!("{condition} AND {c}");
             params.extend(p);
         }
-        self.read_full(conn, t, false, (&condition, params), self.batch_rows).await
+        let unpublished = self.unpublished(t);
+        self.read_full_where(conn, t, false, &unpublished, (&condition, params), self.batch_rows).await
     }
 
     /// Marks rows of table `t` published; returns how many changed. With the sequence order, `seqs` are
@@ -558,7 +598,7 @@ impl Relay {
                         })
                         .collect();
                     conn.query_drop(format!(
-                        "UPDATE {table} SET published_at = UTC_TIMESTAMP(6) WHERE published_at IS NULL AND ({})",
+                        "UPDATE {table} SET published_at = UTC_TIMESTAMP(6) WHERE {NOT_PUBLISHED} AND ({})",
                         ranges.join(" OR ")
                     ))
                     .await
@@ -572,7 +612,7 @@ impl Relay {
                 for chunk in keys.chunks(5_000) {
                     conn.exec_drop(
                         format!(
-                            "UPDATE {table} SET published_at = UTC_TIMESTAMP(6) WHERE published_at IS NULL AND {id} IN ({})",
+                            "UPDATE {table} SET published_at = UTC_TIMESTAMP(6) WHERE {NOT_PUBLISHED} AND {id} IN ({})",
                             vec!["?"; chunk.len()].join(", ")
                         ),
                         chunk.to_vec(),
@@ -588,7 +628,54 @@ impl Relay {
         Ok(marked)
     }
 
-    /// Parks a dead-lettered row: unpublished, `next_attempt_at` = [`PARKED_UNTIL`], `last_error` saying why.
+    /// `[poll] progress_table`: sets `published_at` of rows of table `t` whose aggregate is held (by their
+    /// sequence numbers, as ranges) to [`HELD_AT`], so that the number may pass them. Returns how many
+    /// changed.
+    ///
+    /// # Errors
+    /// Classified query errors.
+    pub async fn mark_held(&self, conn: &mut Conn, t: usize, seqs: &[u64]) -> Result<u64> {
+        let (pt, OrderKey::Sequence(c)) = (&self.tables[t], &self.tables[t].order) else { return Ok(0) };
+        let c = quote_ident(c);
+        let mut marked = 0;
+        for chunk in sequence_ranges(seqs).chunks(1_000) {
+            let ranges: Vec<String> = chunk.iter().map(|(lo, hi)| format!("{c} BETWEEN {lo} AND {hi}")).collect();
+            conn.query_drop(format!(
+                "UPDATE {} SET published_at = '{HELD_AT}' WHERE published_at IS NULL AND ({})",
+                pt.table.quoted(),
+                ranges.join(" OR ")
+            ))
+            .await
+            .map_err(|e| classify_mysql(&e).context(format_args!("poll: marking held rows of {}", pt.table)))?;
+            metrics().poll_queries(PollQuery::Mark, 1);
+            marked += conn.affected_rows();
+        }
+        Ok(marked)
+    }
+
+    /// The aggregates of table `t` with rows the progress table's number passed while they were held
+    /// ([`HELD_AT`]): held at a run's start until their parked rows are found released. Along the read
+    /// index; none without a progress table.
+    ///
+    /// # Errors
+    /// Classified query errors.
+    pub async fn held_aggregates(&self, conn: &mut Conn, t: usize) -> Result<Vec<Aggregate>> {
+        if self.progress.is_none() {
+            return Ok(Vec::new());
+        }
+        let (at, ai) = (quote_ident(&self.columns.aggregate_type), quote_ident(&self.columns.aggregate_id));
+        let rows: Vec<(Value, Value)> = conn
+            .query(format!("SELECT DISTINCT {at}, {ai} FROM {} WHERE published_at = '{HELD_AT}'", self.from(t, true)))
+            .await
+            .map_err(|e| {
+                classify_mysql(&e).context(format_args!("poll: reading the held rows of {}", self.tables[t].table))
+            })?;
+        metrics().poll_queries(PollQuery::Backlog, 1);
+        Ok(rows.iter().map(|(a, b)| (key_bytes(a), key_bytes(b))).collect())
+    }
+
+    /// Parks a dead-lettered row: unpublished, `next_attempt_at` = [`PARKED_UNTIL`], `last_error` saying why;
+    /// with a progress table `published_at` = [`HELD_AT`] too, so that the number may pass it.
     ///
     /// # Errors
     /// Classified query errors.
@@ -596,10 +683,14 @@ impl Relay {
         let pt = &self.tables[t];
         let table = pt.table.quoted();
         let id = quote_ident(&self.columns.id);
+        let held = match self.progress {
+            Some(_) => format!(", published_at = '{HELD_AT}'"),
+            None => String::new(),
+        };
         conn.exec_drop(
             format!(
-                "UPDATE {table} SET next_attempt_at = '{PARKED_UNTIL}', last_error = LEFT(?, {}) \
-                 WHERE published_at IS NULL AND {id} = ?",
+                "UPDATE {table} SET next_attempt_at = '{PARKED_UNTIL}', last_error = LEFT(?, {}){held} \
+                 WHERE {NOT_PUBLISHED} AND {id} = ?",
                 pt.last_error_chars
             ),
             (format!("dead-lettered: {reason}"), key.clone()),
@@ -625,7 +716,7 @@ impl Relay {
         conn.exec_drop(
             format!(
                 "UPDATE {table} SET attempts = attempts + 1, last_error = LEFT(?, {}) \
-                 WHERE published_at IS NULL AND {id} = ?",
+                 WHERE {NOT_PUBLISHED} AND {id} = ?",
                 pt.last_error_chars
             ),
             (error, key.clone()),
@@ -681,13 +772,14 @@ impl Relay {
         Ok(rows.iter().map(|(a, b, seq)| ((key_bytes(a), key_bytes(b)), *seq)).collect())
     }
 
-    /// `published_at IS NULL`, and above the frontier of table `t` when there is one: the rows not yet
-    /// published.
+    /// The rows of table `t` not yet published: `published_at IS NULL`; with a progress table, above its
+    /// number, or [`HELD_AT`].
     fn unpublished(&self, t: usize) -> String {
         match (&self.tables[t].order, self.frontier(t)) {
             (OrderKey::Sequence(c), frontier) if frontier > 0 => {
-                format!("published_at IS NULL AND {} > {frontier}", quote_ident(c))
+                format!("((published_at IS NULL AND {} > {frontier}) OR published_at = '{HELD_AT}')", quote_ident(c))
             }
+            _ if self.progress.is_some() => NOT_PUBLISHED.into(),
             _ => "published_at IS NULL".into(),
         }
     }
@@ -741,7 +833,8 @@ impl Relay {
         let pt = &self.tables[t];
         let width = self.order_columns(t).len();
         let key = row.take::<Value, _>(8).unwrap_or(Value::NULL);
-        let parked = row.get::<Option<i64>, _>(9).flatten() == Some(1);
+        let flags = row.get::<Option<u64>, _>(9).flatten().unwrap_or(0);
+        let (parked, held_at) = (flags & 1 != 0, flags & 2 != 0);
         let position: Position = (10..10 + width).map(|i| row.as_ref(i).cloned().unwrap_or(Value::NULL)).collect();
         let part = |i: usize| key_bytes(row.as_ref(i).unwrap_or(&Value::NULL));
         let aggregate = (part(1), part(2));
@@ -752,7 +845,7 @@ impl Relay {
                 r
             });
         let row = decoded.map_err(|e| undecodable(&pt.table, &image, e.to_string()));
-        Polled { row, key, aggregate, position, parked }
+        Polled { row, key, aggregate, position, parked, held_at }
     }
 }
 
@@ -771,7 +864,7 @@ pub async fn mark_released(conn: &mut Conn, table: &TableName, columns: &ColumnN
     conn.exec_drop(
         format!(
             "UPDATE {} SET published_at = UTC_TIMESTAMP(6), next_attempt_at = UTC_TIMESTAMP(6) \
-             WHERE published_at IS NULL AND {} IN ({marks})",
+             WHERE {NOT_PUBLISHED} AND {} IN ({marks})",
             table.quoted(),
             quote_ident(&columns.id)
         ),
@@ -858,12 +951,24 @@ const POLL_COLUMN_TYPES: [&[&str]; 4] = [
     &["varchar", "char", "text", "tinytext", "mediumtext", "longtext"],
 ];
 
+/// The types relay column `i` ([`POLL_COLUMNS`] order) may have. With a progress table `published_at`
+/// holds [`HELD_AT`], outside `TIMESTAMP`'s range, so it must be a `DATETIME` too.
+fn poll_column_types(i: usize, progress: bool) -> &'static [&'static str] {
+    if progress && i == 0 {
+        &["datetime"]
+    } else {
+        POLL_COLUMN_TYPES[i]
+    }
+}
+
 /// Each relay column of a table ([`POLL_COLUMNS`] order): `None` when usable, else `Some(None)` when it is
 /// missing, `Some(Some(type))` when it has a type the relay cannot use.
-fn poll_column_faults(found: &[(String, String, String)]) -> [Option<Option<String>>; 4] {
+fn poll_column_faults(found: &[(String, String, String)], progress: bool) -> [Option<Option<String>>; 4] {
     std::array::from_fn(|i| match found.iter().find(|c| c.0.eq_ignore_ascii_case(POLL_COLUMNS[i])) {
         None => Some(None),
-        Some((_, data_type, _)) if !POLL_COLUMN_TYPES[i].contains(&data_type.to_ascii_lowercase().as_str()) => {
+        Some((_, data_type, _))
+            if !poll_column_types(i, progress).contains(&data_type.to_ascii_lowercase().as_str()) =>
+        {
             Some(Some(data_type.clone()))
         }
         Some(_) => None,
@@ -871,18 +976,25 @@ fn poll_column_faults(found: &[(String, String, String)]) -> [Option<Option<Stri
 }
 
 /// What is wrong with the relay's columns of a table (missing, or of a type the relay cannot use), one
-/// finding each; empty when they are usable. Also what `check` reports.
-pub fn poll_column_problems(table: &TableName, found: &[(String, String, String)]) -> Vec<String> {
+/// finding each; empty when they are usable. Also what `check` reports. `progress`: `[poll]
+/// progress_table` is set.
+pub fn poll_column_problems(table: &TableName, found: &[(String, String, String)], progress: bool) -> Vec<String> {
     POLL_COLUMNS
         .iter()
-        .zip(poll_column_faults(found))
-        .zip(POLL_COLUMN_TYPES)
-        .filter_map(|((name, fault), types)| match fault? {
+        .zip(poll_column_faults(found, progress))
+        .enumerate()
+        .filter_map(|(i, (name, fault))| match fault? {
             None => Some(format!(
                 "{table} has no `{name}` column, which the polling relay needs (the relay's column names are fixed)"
             )),
             Some(data_type) => {
-                Some(format!("{table}.{name} is {data_type}; the polling relay needs one of {}", types.join(", ")))
+                let types = poll_column_types(i, progress);
+                let why = if types == POLL_COLUMN_TYPES[i] {
+                    ""
+                } else {
+                    " ([poll] progress_table: rows it passes unpublished are marked 1000-01-01, outside TIMESTAMP's range)"
+                };
+                Some(format!("{table}.{name} is {data_type}; the polling relay needs one of {}{why}", types.join(", ")))
             }
         })
         .collect()
@@ -890,11 +1002,11 @@ pub fn poll_column_problems(table: &TableName, found: &[(String, String, String)
 
 /// The `ALTER TABLE` that gives a table the relay's columns it lacks (`ADD COLUMN`) or has with a type the
 /// relay cannot use (`MODIFY COLUMN`: check what the column holds first); `None` when they are all usable.
-pub fn poll_columns_ddl(table: &TableName, found: &[(String, String, String)]) -> Option<String> {
+pub fn poll_columns_ddl(table: &TableName, found: &[(String, String, String)], progress: bool) -> Option<String> {
     let clauses: Vec<String> = POLL_COLUMNS
         .iter()
         .zip(POLL_COLUMN_DEFINITIONS)
-        .zip(poll_column_faults(found))
+        .zip(poll_column_faults(found, progress))
         .filter_map(|((name, definition), fault)| {
             let verb = if fault?.is_some() { "MODIFY" } else { "ADD" };
             Some(format!("{verb} COLUMN {} {definition}", quote_ident(name)))
@@ -962,15 +1074,16 @@ async fn last_error_chars(conn: &mut Conn, table: &TableName) -> Result<u64> {
     Ok(chars.flatten().unwrap_or(1000).clamp(1, 65_535))
 }
 
-async fn load_table(conn: &mut Conn, table: &TableName, columns: &ColumnNames, order: PollOrder) -> Result<PollTable> {
+async fn load_table(conn: &mut Conn, table: &TableName, config: &Config) -> Result<PollTable> {
+    let (columns, order, progress) = (&config.outbox.columns, config.poll.order, config.poll.progress_table.is_some());
     let present = super::snapshot::present_roles(conn, table, columns).await?;
     let found = columns_of(conn, table).await?;
-    let problems = poll_column_problems(table, &found);
+    let problems = poll_column_problems(table, &found, progress);
     if !problems.is_empty() {
         return Err(Error::definite(format!(
             "{}. Add them (source.kind = \"poll\"): {}",
             problems.join("; "),
-            poll_columns_ddl(table, &found).unwrap_or_default()
+            poll_columns_ddl(table, &found, progress).unwrap_or_default()
         )));
     }
     let order =
@@ -1122,7 +1235,8 @@ mod tests {
             col("next_attempt_at", "datetime", ""),
             col("last_error", "varchar", ""),
         ];
-        assert!(poll_column_problems(&table, &reference).is_empty());
+        assert!(poll_column_problems(&table, &reference, false).is_empty());
+        assert!(poll_column_problems(&table, &reference, true).is_empty());
         let columns = ColumnNames::default();
         assert_eq!(order_key(&reference, &columns, PollOrder::Sequence), Some(OrderKey::Sequence("seq".into())));
         assert_eq!(order_key(&reference, &columns, PollOrder::OccurredAt), Some(OrderKey::OccurredAtThenId));
@@ -1134,18 +1248,30 @@ mod tests {
 
         let mut broken: Vec<_> = reference.iter().filter(|c| c.0 != "last_error").cloned().collect();
         broken.iter_mut().find(|c| c.0 == "next_attempt_at").unwrap().1 = "timestamp".into();
-        let problems = poll_column_problems(&table, &broken);
+        let problems = poll_column_problems(&table, &broken, false);
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("next_attempt_at is timestamp"), "{problems:?}");
         assert!(problems[1].contains("no `last_error` column"), "{problems:?}");
         assert_eq!(
-            poll_columns_ddl(&table, &broken).as_deref(),
+            poll_columns_ddl(&table, &broken, false).as_deref(),
             Some(
                 "ALTER TABLE `shop`.`outbox_events` MODIFY COLUMN `next_attempt_at` DATETIME(6) NOT NULL DEFAULT \
                  CURRENT_TIMESTAMP(6), ADD COLUMN `last_error` VARCHAR(1000) NULL"
             )
         );
-        assert_eq!(poll_columns_ddl(&table, &reference), None);
+        assert_eq!(poll_columns_ddl(&table, &reference, false), None);
+
+        // `published_at TIMESTAMP` serves without a progress table, not with one (HELD_AT is out of range).
+        let mut stamped = reference.clone();
+        stamped.iter_mut().find(|c| c.0 == "published_at").unwrap().1 = "timestamp".into();
+        assert!(poll_column_problems(&table, &stamped, false).is_empty());
+        let problems = poll_column_problems(&table, &stamped, true);
+        assert!(problems.len() == 1 && problems[0].contains("published_at is timestamp"), "{problems:?}");
+        assert!(problems[0].contains("progress_table"), "{problems:?}");
+        assert_eq!(
+            poll_columns_ddl(&table, &stamped, true).as_deref(),
+            Some("ALTER TABLE `shop`.`outbox_events` MODIFY COLUMN `published_at` DATETIME(6) NULL")
+        );
     }
 
     /// Consecutive numbers become one range; a number missing between two splits them.

@@ -828,7 +828,8 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
         if found.is_empty() {
             continue;
         }
-        let problems = super::poll::poll_column_problems(table, &found);
+        let progress = config.poll.progress_table.is_some();
+        let problems = super::poll::poll_column_problems(table, &found, progress);
         report.push(
             &format!("table {table} relay columns"),
             &super::poll::POLL_COLUMNS
@@ -839,7 +840,7 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
                 .join(", "),
             &if problems.is_empty() { "present".to_string() } else { problems.join("; ") },
             problems.is_empty(),
-            &super::poll::poll_columns_ddl(table, &found).unwrap_or_default(),
+            &super::poll::poll_columns_ddl(table, &found, progress).unwrap_or_default(),
         );
         let order = super::poll::order_key(&found, &config.outbox.columns, config.poll.order);
         report.push(
