@@ -138,7 +138,8 @@ struct PolledTable {
     published_through: Option<u64>,
 }
 
-/// [`print`] for the polling relay: it has no position (a row's `published_at` is its progress), so it
+/// [`print`] for the polling relay: it has no position (a row's `published_at`, and the progress table's
+/// number when it has one, are its progress), so it
 /// prints each table's due and parked rows, asked of the database, then the holds and last error.
 async fn print_relay(config: &Config, json: bool) -> Result<()> {
     let source = SourceConn::from_config(config)?;
@@ -166,7 +167,11 @@ async fn print_relay(config: &Config, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
         return Ok(());
     }
-    println!("source:          polling relay (no position: each row's published_at is its progress)");
+    let progress = match relay.progress_table() {
+        Some(table) => format!("the progress table {table} and each row's published_at are its progress"),
+        None => "each row's published_at is its progress".to_string(),
+    };
+    println!("source:          polling relay (no position: {progress})");
     for t in &tables {
         let more = if t.due_rows_capped { "at least " } else { "" };
         let oldest = match t.due_rows {
