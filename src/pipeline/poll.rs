@@ -61,7 +61,8 @@ use crate::quarantine::headers;
 use crate::router::Router;
 use crate::sink::{KafkaSink, Transactional};
 use crate::source::poll::{
-    key_bytes, sequence_value, Aggregate, OrderKey, Polled, Position, Relay, FULL_SWEEP_EVERY, GAP_GRACE, SWEEP_PAGE,
+    key_bytes, sequence_value, Aggregate, Glimpse, OrderKey, Polled, Position, Relay, FULL_SWEEP_EVERY, GAP_GRACE,
+    SWEEP_PAGE,
 };
 use crate::source::SourceConn;
 
@@ -200,6 +201,25 @@ impl MarkRequest {
 }
 
 impl TableState {
+    /// Sorts rows a sweep or a gap's proof glimpsed: each one's number goes to `found`; a row in flight
+    /// is left to its acknowledgement; a held aggregate's row is held (`progress`: [`PollRun::hold`]);
+    /// any other's key goes to `new`, to be read in full.
+    fn sort_glimpsed(&mut self, page: &[Glimpse], progress: bool, found: &mut Vec<u64>, new: &mut Vec<Value>) {
+        for g in page {
+            let seq = g.position.first().and_then(sequence_value);
+            found.extend(seq);
+            let key = key_bytes(&g.key);
+            if self.in_flight.contains(&key) {
+                continue;
+            }
+            match self.held.contains(&g.aggregate) {
+                true if progress => PollRun::hold(self, seq, &key),
+                true => {}
+                false => new.push(g.key.clone()),
+            }
+        }
+    }
+
     /// `[poll] progress_table`: moves the frontier through the covered numbers after it (the held rows
     /// to mark `HELD_AT` among them, handed over in `request` first), and adds to `request` the new
     /// frontier, the acknowledged rows it publishes, and those that waited `delay` for it in vain (marked
@@ -533,19 +553,7 @@ impl PollRun<'_> {
             let mut after = None;
             loop {
                 let page = self.relay.glimpse_ranges(&mut self.conn, t, chunk, after).await?;
-                let state = &mut self.tables[t];
-                for g in &page {
-                    let seq = g.position.first().and_then(sequence_value);
-                    found.extend(seq);
-                    let key = key_bytes(&g.key);
-                    if state.in_flight.contains(&key) {
-                        continue;
-                    }
-                    match state.held.contains(&g.aggregate) {
-                        true => PollRun::hold(state, seq, &key),
-                        false => new.push(g.key.clone()),
-                    }
-                }
+                self.tables[t].sort_glimpsed(&page, true, &mut found, &mut new);
                 match page.last().and_then(|g| g.position.first()).and_then(sequence_value) {
                     Some(last) if page.len() >= SWEEP_PAGE => after = Some(last),
                     _ => break,
@@ -603,20 +611,7 @@ impl PollRun<'_> {
         loop {
             let page = self.relay.sweep(&mut self.conn, t, after.as_ref(), &upto).await?;
             let progress = self.relay.has_progress_table();
-            let state = &mut self.tables[t];
-            for g in &page {
-                let seq = g.position.first().and_then(sequence_value);
-                found.extend(seq);
-                let key = key_bytes(&g.key);
-                if state.in_flight.contains(&key) {
-                    continue;
-                }
-                match state.held.contains(&g.aggregate) {
-                    true if progress => PollRun::hold(state, seq, &key),
-                    true => {}
-                    false => new.push(g.key.clone()),
-                }
-            }
+            self.tables[t].sort_glimpsed(&page, progress, &mut found, &mut new);
             match page.last() {
                 Some(last) if page.len() >= SWEEP_PAGE => after = Some(last.position.clone()),
                 _ => break,
