@@ -372,40 +372,39 @@ impl SourceToml {
 
     /// Which settings `kind` allows and needs, and a `start_after` of either GTID kind.
     fn validate_kind(&self, snapshot: SnapshotMode) -> Result<()> {
-        let source = self;
-        match source.kind {
+        match self.kind {
             SourceKind::Server => {
-                if source.binlog_dir.is_some() || !source.binlog_files.is_empty() {
+                if self.binlog_dir.is_some() || !self.binlog_files.is_empty() {
                     return Err(Error::definite(
                         "source.binlog_dir and source.binlog_files apply only with source.kind = \"files\"",
                     ));
                 }
-                if source.start_after.is_some() && snapshot != SnapshotMode::Never {
+                if self.start_after.is_some() && snapshot != SnapshotMode::Never {
                     return Err(Error::definite(
                         "source.start_after starts streaming after GTIDs already published (e.g. by Debezium), \
                          without a snapshot: set [snapshot] mode = \"never\"",
                     ));
                 }
-                if source.start_after.is_some() && source.resume_by != ResumeBy::Gtid {
+                if self.start_after.is_some() && self.resume_by != ResumeBy::Gtid {
                     return Err(Error::definite(
                         "source.start_after is a GTID position: it needs source.resume_by = \"gtid\"",
                     ));
                 }
-                if source.host.is_empty() || source.user.is_empty() {
+                if self.host.is_empty() || self.user.is_empty() {
                     return Err(Error::definite("source.host and source.user are required (source.kind = \"server\")"));
                 }
             }
             SourceKind::Poll => {
-                if source.binlog_dir.is_some() || !source.binlog_files.is_empty() || source.start_after.is_some() {
+                if self.binlog_dir.is_some() || !self.binlog_files.is_empty() || self.start_after.is_some() {
                     return Err(Error::definite(
                         "source.binlog_dir, source.binlog_files and source.start_after apply only with \
                          source.kind = \"files\"",
                     ));
                 }
-                if source.host.is_empty() || source.user.is_empty() {
+                if self.host.is_empty() || self.user.is_empty() {
                     return Err(Error::definite("source.host and source.user are required (source.kind = \"poll\")"));
                 }
-                if source.server_id != 0 {
+                if self.server_id != 0 {
                     return Err(Error::definite(
                         "source.server_id is the binlog client's id; the polling relay (source.kind = \"poll\") \
                          reads no binlog: remove it",
@@ -422,7 +421,7 @@ impl SourceToml {
                 }
             }
             SourceKind::Files => {
-                if source.binlog_dir.is_some() != source.binlog_files.is_empty() {
+                if self.binlog_dir.is_some() != self.binlog_files.is_empty() {
                     return Err(Error::definite(
                         "source.kind = \"files\" needs exactly one of source.binlog_dir (a directory) or \
                          source.binlog_files (a list of files)",
@@ -436,7 +435,7 @@ impl SourceToml {
                 }
             }
         }
-        if let Some(after) = &source.start_after {
+        if let Some(after) = &self.start_after {
             let mysql = after.parse::<crate::position::mysql::GtidSet>();
             let mariadb = after.parse::<crate::position::mariadb::GtidPos>();
             if let (Err(a), Err(b)) = (mysql, mariadb) {
