@@ -340,8 +340,7 @@ impl Relay {
     }
 
     /// The columns of a full read: roles, key, flags (1: parked, 2: `published_at` = [`HELD_AT`]), the
-    /// order columns, then the
-    /// `[outbox] additional_placement` columns ([`Relay::polled`] reads them back).
+    /// order columns, then the `[outbox] additional_placement` columns ([`Relay::polled`] reads them back).
     fn full_columns(&self, t: usize) -> String {
         let pt = &self.tables[t];
         let roles: Vec<String> = (self.columns.required().iter().zip(pt.present))
@@ -585,29 +584,12 @@ impl Relay {
         let table = self.tables[t].table.quoted();
         let failed =
             |e: mysql_async::Error| classify_mysql(&e).context(format_args!("poll: marking rows of {table} published"));
-        let mut marked = 0;
-        match &self.tables[t].order {
-            OrderKey::Sequence(c) if seqs.len() == keys.len() => {
-                let c = quote_ident(c);
-                for chunk in sequence_ranges(seqs).chunks(1_000) {
-                    let ranges: Vec<String> = chunk
-                        .iter()
-                        .map(|(lo, hi)| match lo == hi {
-                            true => format!("{c} = {lo}"),
-                            false => format!("{c} BETWEEN {lo} AND {hi}"),
-                        })
-                        .collect();
-                    conn.query_drop(format!(
-                        "UPDATE {table} SET published_at = UTC_TIMESTAMP(6) WHERE {NOT_PUBLISHED} AND ({})",
-                        ranges.join(" OR ")
-                    ))
-                    .await
-                    .map_err(failed)?;
-                    metrics().poll_queries(PollQuery::Mark, 1);
-                    marked += conn.affected_rows();
-                }
+        let marked = match &self.tables[t].order {
+            OrderKey::Sequence(_) if seqs.len() == keys.len() => {
+                self.update_by_sequence(conn, t, "UTC_TIMESTAMP(6)", NOT_PUBLISHED, seqs).await.map_err(failed)?
             }
             _ => {
+                let mut marked = 0;
                 let id = quote_ident(&self.columns.id);
                 for chunk in keys.chunks(5_000) {
                     conn.exec_drop(
@@ -622,8 +604,9 @@ impl Relay {
                     metrics().poll_queries(PollQuery::Mark, 1);
                     marked += conn.affected_rows();
                 }
+                marked
             }
-        }
+        };
         metrics().poll_published(marked);
         Ok(marked)
     }
@@ -635,22 +618,43 @@ impl Relay {
     /// # Errors
     /// Classified query errors.
     pub async fn mark_held(&self, conn: &mut Conn, t: usize, seqs: &[u64]) -> Result<u64> {
-        let (pt, OrderKey::Sequence(c)) = (&self.tables[t], &self.tables[t].order) else { return Ok(0) };
+        self.update_by_sequence(conn, t, &format!("'{HELD_AT}'"), "published_at IS NULL", seqs).await.map_err(|e| {
+            classify_mysql(&e).context(format_args!("poll: marking held rows of {}", self.tables[t].table))
+        })
+    }
+
+    /// Sets `published_at` to `value` in the rows of table `t` that meet `only` and whose sequence number
+    /// is one of `seqs` (as ranges, 1,000 to a statement); returns how many changed. Nothing without a
+    /// sequence order.
+    async fn update_by_sequence(
+        &self,
+        conn: &mut Conn,
+        t: usize,
+        value: &str,
+        only: &str,
+        seqs: &[u64],
+    ) -> std::result::Result<u64, mysql_async::Error> {
+        let OrderKey::Sequence(c) = &self.tables[t].order else { return Ok(0) };
         let c = quote_ident(c);
-        let mut marked = 0;
+        let mut changed = 0;
         for chunk in sequence_ranges(seqs).chunks(1_000) {
-            let ranges: Vec<String> = chunk.iter().map(|(lo, hi)| format!("{c} BETWEEN {lo} AND {hi}")).collect();
+            let ranges: Vec<String> = chunk
+                .iter()
+                .map(|(lo, hi)| match lo == hi {
+                    true => format!("{c} = {lo}"),
+                    false => format!("{c} BETWEEN {lo} AND {hi}"),
+                })
+                .collect();
             conn.query_drop(format!(
-                "UPDATE {} SET published_at = '{HELD_AT}' WHERE published_at IS NULL AND ({})",
-                pt.table.quoted(),
+                "UPDATE {} SET published_at = {value} WHERE {only} AND ({})",
+                self.tables[t].table.quoted(),
                 ranges.join(" OR ")
             ))
-            .await
-            .map_err(|e| classify_mysql(&e).context(format_args!("poll: marking held rows of {}", pt.table)))?;
+            .await?;
             metrics().poll_queries(PollQuery::Mark, 1);
-            marked += conn.affected_rows();
+            changed += conn.affected_rows();
         }
-        Ok(marked)
+        Ok(changed)
     }
 
     /// The aggregates of table `t` with rows the progress table's number passed while they were held
