@@ -170,6 +170,7 @@ struct Proof {
 }
 
 /// Rows of one table acknowledged by Kafka, for the marker task ([`marker`]) to mark published.
+#[derive(Default)]
 struct MarkRequest {
     t: usize,
     keys: Vec<Value>,
@@ -188,21 +189,13 @@ struct MarkRequest {
 
 impl MarkRequest {
     fn new(t: usize) -> MarkRequest {
-        MarkRequest {
-            t,
-            keys: Vec::new(),
-            seqs: Vec::new(),
-            done: Vec::new(),
-            frontier: None,
-            held: Vec::new(),
-            by_frontier: 0,
-        }
+        MarkRequest { t, ..MarkRequest::default() }
     }
 }
 
 impl TableState {
     /// Sorts rows a sweep or a gap's proof glimpsed: each one's number goes to `found`; a row in flight
-    /// is left to its acknowledgement; a held aggregate's row is held (`progress`: [`PollRun::hold`]);
+    /// is left to its acknowledgement; a held aggregate's row is held (`progress`: [`TableState::hold`]);
     /// any other's key goes to `new`, to be read in full.
     fn sort_glimpsed(&mut self, page: &[Glimpse], progress: bool, found: &mut Vec<u64>, new: &mut Vec<Value>) {
         for g in page {
@@ -213,10 +206,19 @@ impl TableState {
                 continue;
             }
             match self.held.contains(&g.aggregate) {
-                true if progress => PollRun::hold(self, seq, &key),
+                true if progress => self.hold(seq, &key),
                 true => {}
                 false => new.push(g.key.clone()),
             }
+        }
+    }
+
+    /// `[poll] progress_table`: a row of a held aggregate, found by a read: marked `HELD_AT` (once), so
+    /// that the frontier may pass it.
+    fn hold(&mut self, seq: Option<u64>, key_bytes: &[u8]) {
+        let Some(seq) = seq.filter(|s| *s > self.frontier) else { return };
+        if self.hold_marked.insert(key_bytes.to_vec()) {
+            self.to_hold.push(seq);
         }
     }
 
@@ -462,15 +464,6 @@ impl PollRun<'_> {
         Ok(true)
     }
 
-    /// `[poll] progress_table`: a row of a held aggregate, found by a read: marked `HELD_AT` (once), so
-    /// that the frontier may pass it.
-    fn hold(state: &mut TableState, seq: Option<u64>, key_bytes: &[u8]) {
-        let Some(seq) = seq.filter(|s| *s > state.frontier) else { return };
-        if state.hold_marked.insert(key_bytes.to_vec()) {
-            state.to_hold.push(seq);
-        }
-    }
-
     /// Records the sequence numbers a read in order passed without a row: taken by a transaction not yet
     /// committed, or rolled back.
     fn note_gaps(&mut self, t: usize, rows: &[Polled]) {
@@ -608,16 +601,16 @@ impl PollRun<'_> {
         let mut after: Option<Position> = None;
         let mut new = Vec::new();
         let mut found: Vec<u64> = Vec::new();
+        let progress = self.relay.has_progress_table();
         loop {
             let page = self.relay.sweep(&mut self.conn, t, after.as_ref(), &upto).await?;
-            let progress = self.relay.has_progress_table();
             self.tables[t].sort_glimpsed(&page, progress, &mut found, &mut new);
             match page.last() {
                 Some(last) if page.len() >= SWEEP_PAGE => after = Some(last.position.clone()),
                 _ => break,
             }
         }
-        if self.relay.has_progress_table() {
+        if progress {
             // Every number up to the cursor that has no unpublished row and is not a gap still to be
             // proven is published or free: a row the relay saw but could not publish by number (a lifted
             // hold's parked row, a row another relay marked) does not hold the frontier back for ever.
@@ -683,7 +676,7 @@ impl PollRun<'_> {
             }
             if state.held.contains(&polled.aggregate) {
                 if progress && !polled.held_at {
-                    PollRun::hold(state, polled.seq(), &key_bytes);
+                    state.hold(polled.seq(), &key_bytes);
                 }
                 continue;
             }
@@ -1122,7 +1115,7 @@ mod tests {
         let mut state = TableState { frontier: 10, ..TableState::default() };
         state.covered.insert(11..=11);
         for (seq, key) in [(12, "a"), (13, "b"), (12, "a"), (9, "c")] {
-            PollRun::hold(&mut state, Some(seq), key.as_bytes());
+            state.hold(Some(seq), key.as_bytes());
         }
         assert_eq!(state.to_hold, [12, 13]);
         let mut request = MarkRequest::new(0);
