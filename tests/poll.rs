@@ -1128,6 +1128,15 @@ async fn held_at(db: &MariaDb) -> u64 {
     count(db, "published_at = '1000-01-01 00:00:00'").await
 }
 
+/// Waits until at most `n` rows are held: a released one gets its real `published_at` once published.
+async fn wait_held(db: &MariaDb, n: u64, relay: &Connector, what: &str) {
+    let deadline = Instant::now() + CATCH_UP;
+    while held_at(db).await > n {
+        assert!(Instant::now() < deadline, "{what} never marked:\n{}", relay.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A parked row and the rows it holds do not hold the number: they are marked `published_at` =
 /// 1000-01-01 (one write each) and the number passes them, so other aggregates stay published by number
 /// (none marked one by one); a restart keeps the holds; `prune` keeps the held rows. `quarantine
@@ -1193,11 +1202,7 @@ async fn parked_and_held_rows_do_not_hold_the_number() {
     let records = broker.read_all(TOPIC, 6, CATCH_UP);
     let c: Vec<&str> = records.iter().filter(|r| r.key_str() == Some("C")).filter_map(|r| r.header_str("id")).collect();
     assert_eq!(c, [rows[6].id.as_str()], "released while running:\n{}", relay.logs());
-    let deadline = Instant::now() + CATCH_UP;
-    while held_at(&db).await > 2 {
-        assert!(Instant::now() < deadline, "C2 never marked:\n{}", relay.logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_held(&db, 2, &relay, "C2").await;
 
     assert!(relay.terminate().success(), "{}", relay.logs());
     release("A");
@@ -1205,11 +1210,7 @@ async fn parked_and_held_rows_do_not_hold_the_number() {
     let records = broker.read_all(TOPIC, 7, CATCH_UP);
     let a: Vec<&str> = records.iter().filter(|r| r.key_str() == Some("A")).filter_map(|r| r.header_str("id")).collect();
     assert_eq!(a, [rows[0].id.as_str(), rows[5].id.as_str()], "released while down:\n{}", relay.logs());
-    let deadline = Instant::now() + CATCH_UP;
-    while held_at(&db).await > 0 {
-        assert!(Instant::now() < deadline, "A3 never marked:\n{}", relay.logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_held(&db, 0, &relay, "A3").await;
     assert_eq!(published_through(&db).await, 9, "{}", relay.logs());
     assert_eq!(broker.read_all(TOPIC, 8, Duration::from_secs(3)).len(), 7, "no duplicate");
 }
