@@ -139,8 +139,8 @@ struct PolledTable {
 }
 
 /// [`print`] for the polling relay: it has no position (a row's `published_at`, and the progress table's
-/// number when it has one, are its progress), so it
-/// prints each table's due and parked rows, asked of the database, then the holds and last error.
+/// number when it has one, are its progress), so it prints each table's due and parked rows, asked of the
+/// database, then the holds and last error.
 async fn print_relay(config: &Config, json: bool) -> Result<()> {
     let source = SourceConn::from_config(config)?;
     let mut conn = source.connect().await?;
