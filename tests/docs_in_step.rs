@@ -5,6 +5,9 @@
 //!   all commands (`outbox-cdc [-c …] …`), and no entry names an option its command does not take.
 //! - **Configuration** (the tables under `` ### `[section]` `` headings, first column `key`): every key the
 //!   config accepts is a row of its section's table, and no row names a key it refuses.
+//! - **`connector.toml`**, which the README calls the complete, commented example: every row of every table
+//!   is a key of the file (set, or commented out) in that table, every key the file shows is a row of its
+//!   table's, and the file as it stands is accepted by `Config::parse`.
 //!
 //! Both sides are derived, not listed here: the commands from the built binary's help (the clap
 //! definition lives in `src/main.rs`, out of a test's reach), the keys from what `Config::parse` itself
@@ -359,4 +362,186 @@ fn config_table_rules() {
     );
     assert!(problems.iter().any(|p| p == "[delivery] failover_timeout_ms is accepted but has no row"), "{problems:?}");
     assert!(problems.iter().any(|p| p.starts_with("no table for [source]")), "{problems:?}");
+}
+
+// --- connector.toml --------------------------------------------------------------------------------------
+
+fn example() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("connector.toml");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// What a line of `connector.toml` holds, read the same whether it is commented out or not.
+#[derive(Debug, PartialEq)]
+enum ExampleLine {
+    /// `[a.b]`, alone on its line but for a comment: opens the table `a.b`.
+    Table(String),
+    /// `key = value` or `"quoted.key" = value`: a key of the open table, its quotes dropped.
+    Key(String),
+    /// Prose, a blank line, the continuation of a value.
+    Other,
+}
+
+/// Whether `c` may be part of a bare TOML key (`server_id`, `lock_wait_timeout_s`).
+fn in_bare_key(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == '-'
+}
+
+/// Reads a line of `connector.toml`. The rule that tells a commented-out key from prose: a comment whose
+/// text (after the `#` and any spaces) begins with a key and `=` (`# port = 3306`, `# "sasl.mechanism" = …`)
+/// or is a table header (`# [poll]`, perhaps followed by a comment) is commented-out TOML; any other comment
+/// is prose. So prose never begins with `word =` or with a header alone: `# with kind = "poll", …` and
+/// `# [state] backend = "kafka" …` are prose, `# kind = "poll"` is a key.
+fn example_line(line: &str) -> ExampleLine {
+    let line = line.trim_start();
+    let text = line.strip_prefix('#').map_or(line, str::trim_start);
+    if let Some(rest) = text.strip_prefix('[') {
+        return match rest.split_once(']') {
+            Some((name, after))
+                if name.split('.').all(|part| !part.is_empty() && part.chars().all(in_bare_key))
+                    && (after.trim().is_empty() || after.trim_start().starts_with('#')) =>
+            {
+                ExampleLine::Table(name.to_string())
+            }
+            _ => ExampleLine::Other,
+        };
+    }
+    let (key, after) = match text.strip_prefix('"') {
+        Some(quoted) => quoted.split_once('"').unwrap_or(("", "")),
+        None => text.split_at(text.find(|c: char| !in_bare_key(c)).unwrap_or(text.len())),
+    };
+    if !key.is_empty() && after.trim_start().starts_with('=') {
+        ExampleLine::Key(key.to_string())
+    } else {
+        ExampleLine::Other
+    }
+}
+
+/// `connector.toml` as tables, like the README's: each table the file opens (commented out or not) with the
+/// keys written in it (set or commented out) and the sub-tables opened under it (`[kafka.properties]` is the
+/// key `properties` of `kafka`); `""` holds keys before the first header. Second, each commented-out key
+/// that is not TOML (it would not load once uncommented), by line.
+fn example_tables(example: &str) -> (BTreeMap<String, BTreeSet<String>>, Vec<String>) {
+    let mut tables: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut malformed = Vec::new();
+    let mut table = String::new();
+    for (number, line) in example.lines().enumerate() {
+        match example_line(line) {
+            ExampleLine::Table(name) => {
+                if let Some((parent, key)) = name.rsplit_once('.') {
+                    tables.entry(parent.to_string()).or_default().insert(key.to_string());
+                }
+                tables.entry(name.clone()).or_default();
+                table = name;
+            }
+            ExampleLine::Key(key) => {
+                if let Some(text) = line.trim_start().strip_prefix('#') {
+                    if let Err(e) = toml::from_str::<toml::Table>(text.trim()) {
+                        let e = e.message().to_string();
+                        malformed
+                            .push(format!("line {}: {line:?} is a commented-out key but not TOML: {e}", number + 1));
+                    }
+                }
+                tables.entry(table.clone()).or_default().insert(key);
+            }
+            ExampleLine::Other => {}
+        }
+    }
+    (tables, malformed)
+}
+
+/// What is wrong with `example` (a `connector.toml`) against the README's configuration tables; empty when
+/// every row is a key of the file in its table, and every key of the file a row of its table's. A table the
+/// README has none for is a free-form map when its parent's table has a row for it (`[kafka.properties]`):
+/// its keys are librdkafka's, not ours, and go unchecked.
+fn example_problems(readme: &str, example: &str) -> Vec<String> {
+    let documented = readme_config_tables(readme);
+    let (shown, mut problems) = example_tables(example);
+    let none = BTreeSet::new();
+    for (table, rows) in &documented {
+        for key in rows.difference(shown.get(table).unwrap_or(&none)) {
+            problems.push(format!("[{table}] {key} has a README row but is not in connector.toml"));
+        }
+    }
+    for (table, keys) in &shown {
+        match documented.get(table) {
+            Some(rows) => {
+                for key in keys.difference(rows) {
+                    problems.push(format!("[{table}] {key} is in connector.toml but has no README row"));
+                }
+            }
+            None => {
+                let map = table
+                    .rsplit_once('.')
+                    .is_some_and(|(parent, key)| documented.get(parent).is_some_and(|rows| rows.contains(key)));
+                if !map {
+                    problems.push(format!("[{table}] is in connector.toml, but the README has no table for it"));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Guards against `connector.toml`, which the README calls the complete, commented example, falling behind
+/// the README's tables (it lacked all of `[schema_registry]`, `[source] tls`, `[kafka] dead_letter_topic` and
+/// more, so whoever started from it never met them), or showing a key the tables do not (a stale one).
+#[test]
+fn connector_toml_shows_every_documented_key() {
+    let problems = example_problems(&readme(), &example());
+    assert!(problems.is_empty(), "connector.toml is out of step with README.md's tables:\n  {}", problems.join("\n  "));
+}
+
+/// Guards against shipping an example the connector refuses at start (tests/deploy.rs loads the configs of
+/// `deploy/`, not this one): the file as it stands, its commented-out keys left out, is accepted.
+#[test]
+fn connector_toml_is_accepted() {
+    outbox_cdc::config::Config::parse(&example()).unwrap_or_else(|e| panic!("connector.toml is refused: {e}"));
+}
+
+/// The line reader and the checker on an example and a README written by hand: prose is told from
+/// commented-out keys, and a missing key, an extra key, a key in the wrong table, a table the README lacks
+/// and a commented-out key that is not TOML are each found, while a free-form map's keys are not checked.
+#[test]
+fn example_rules() {
+    use ExampleLine::{Key, Other, Table};
+    let lines = [
+        ("host = \"h\"", Key("host".into())),
+        ("# port = 3306   # a note", Key("port".into())),
+        ("#batch_rows=1", Key("batch_rows".into())),
+        ("# \"sasl.mechanism\" = \"PLAIN\"", Key("sasl.mechanism".into())),
+        ("[kafka.properties]  # librdkafka's", Table("kafka.properties".into())),
+        ("# [poll]", Table("poll".into())),
+        ("# The password comes from this variable.", Other),
+        ("# with kind = \"poll\", remove server_id", Other),
+        ("# [state] backend = \"kafka\" needs it", Other),
+        ("# \"server\" (default) or \"files\"", Other),
+        ("#                # the comment's second line", Other),
+        ("  \"b\",", Other),
+        ("", Other),
+    ];
+    for (line, expected) in lines {
+        assert_eq!(example_line(line), expected, "{line:?}");
+    }
+    let readme = "### `[source]`\n| key | default | meaning |\n|---|---|---|\n| `host` | — | a |\n\
+                  | `password` / `password_env` | — | b |\n| `server_id` | — | c |\n\n\
+                  ### `[kafka]`\n| key | default | meaning |\n|---|---|---|\n| `topic` | x | d |\n\
+                  | `[kafka.properties]` | — | e |\n";
+    let example = "[source]\nhost = \"h\"\n# password = \"secret\"\n# The password, or password_env.\n\n\
+                   [kafka]\nserver_id = 1\ntopic = \"t\"\n# extra = 2\n\n[kafka.properties]\n\"linger.ms\" = \"5\"\n\n\
+                   # [poll]\n# bad = [unclosed\n";
+    let mut problems = example_problems(readme, example);
+    problems.sort();
+    let problems: Vec<&str> = problems.iter().map(|p| p.split(": ").next().unwrap_or(p)).collect();
+    assert_eq!(
+        problems,
+        [
+            "[kafka] extra is in connector.toml but has no README row",
+            "[kafka] server_id is in connector.toml but has no README row",
+            "[poll] is in connector.toml, but the README has no table for it",
+            "[source] password_env has a README row but is not in connector.toml",
+            "[source] server_id has a README row but is not in connector.toml",
+            "line 15",
+        ]
+    );
 }
