@@ -9,6 +9,7 @@ pub mod charset;
 pub mod column_types;
 pub mod decode;
 pub mod files;
+pub mod grants;
 pub mod history;
 pub mod key_order;
 pub mod managed;
