@@ -605,7 +605,16 @@ async fn session_grants(conn: &mut Conn, flavor: Flavor) -> Result<Grants> {
             }
         }
     };
-    let lines: Vec<String> = conn.query(sql).await.map_err(q)?;
+    let lines: Vec<String> = match conn.query(&sql).await {
+        Ok(lines) => lines,
+        // A role MySQL will not expand (one that is active but not granted to the account, such as a
+        // mandatory role): the account's own grants, which may then lack what only that role holds.
+        Err(e) if sql != "SHOW GRANTS" && classify_mysql(&e).is_definite() => {
+            tracing::warn!(statement = %sql, error = %e, "refused: reading the account's own grants, without its roles");
+            conn.query("SHOW GRANTS").await.map_err(q)?
+        }
+        Err(e) => return Err(q(e)),
+    };
     Ok(Grants::parse(lines.iter().map(String::as_str)))
 }
 
