@@ -7,11 +7,21 @@
 //! the encoding is ours. Its own path (`serde_json::Value` → `apache_avro::types::Value` → validate →
 //! write) would build a second tree per record and read decimals through `f64`; Avro's binary encoding is a
 //! page of the specification (zig-zag varints, length-prefixed bytes, blocked arrays and maps), and writing
-//! it here lets a mismatch name the field path where it happened.
+//! it here lets a mismatch name the field path where it happened. What apache-avro's model drops (the
+//! logical type of a named `fixed`, defaults in the underlying type's encoding) is read from the schema
+//! text before apache-avro parses it ([`meaning`]), so the writer never relies on apache-avro's model for
+//! it; tests/avro_corpus.rs proves the datums against two readers of the schema text.
 //!
 //! # How JSON meets the schema
 //! - A record field absent from the object takes the field's default; absent without a default, or a key
 //!   the record does not have, is a mismatch (a payload is never published with part of it dropped).
+//! - A key that is one of a field's `aliases` is that field (a producer still writing a renamed field's
+//!   old name means that field); a field named twice (by its name and an alias, or two aliases) is a
+//!   mismatch at the second key.
+//! - A default is written as the specification reads it: in the underlying type's JSON encoding (a
+//!   decimal's default is its bytes, `"\u0000"`; a date's is its day count), a union's as its first
+//!   branch. Every default is written once when the schema is parsed: one that does not fit refuses the
+//!   schema.
 //! - A union takes Avro's JSON encoding (`{"string": "x"}`, `{"com.acme.Money": {…}}`, named types by full
 //!   or simple name) or a plain value that fits exactly one branch (`null` for the null branch); a plain
 //!   value fitting two branches (`5` for `["int", "long"]`) is a mismatch saying how to write it.
@@ -20,21 +30,42 @@
 //!   scale must hold them, the precision must hold the whole.
 //! - date: `"2026-12-03"` or days since the epoch; time-millis/micros: `"12:34:56.789"` or the count;
 //!   timestamp-*/local-timestamp-*: ISO-8601 text (`2026-12-03T12:34:56.123456Z`, an offset, or none,
-//!   read as UTC) or the count. Text more precise than the type holds is a mismatch, never truncated.
-//! - uuid: its canonical text; duration: `{"months": m, "days": d, "millis": n}`.
+//!   read as UTC) or the count. Text more precise than the type holds is a mismatch, never truncated; so is
+//!   a leap second (`23:59:60`).
+//! - uuid (on `string` or on a `fixed` of 16): its canonical text; duration: `{"months": m, "days": d,
+//!   "millis": n}`.
+//! - float: a number within ±3.4028235e38 (rounded to the nearest float); beyond, a mismatch, never
+//!   infinity. double: the number as its text says, exactly (serde_json's `float_roundtrip`).
 
 use std::collections::HashMap;
 use std::fmt;
 
-use apache_avro::schema::{DecimalSchema, RecordSchema, Schema, UnionSchema};
+use apache_avro::schema::{FixedSchema, Name, RecordField, RecordSchema, Schema, UnionSchema};
 use num_bigint::BigInt;
 use serde_json::Value;
+
+mod from_text;
+mod meaning;
+
+use from_text::{parse_date, time_of_day, timestamp, unscaled_decimal};
+use meaning::{FixedMeaning, Meaning};
 
 /// A parsed Avro schema with its named types (its own and those of the schemas it references).
 #[derive(Debug)]
 pub struct AvroCodec {
     schema: Schema,
     names: HashMap<String, Schema>,
+    /// What apache-avro's model does not carry, from the schema texts ([`Meaning`]), by apache-avro's
+    /// `Name` of the type: looked up on the hot path without building a full name.
+    fixed: HashMap<Name, FixedMeaning>,
+    defaults: HashMap<Name, HashMap<String, Value>>,
+}
+
+/// Whose JSON a value is: a payload's, or a schema's default (in the underlying type's JSON encoding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Payload,
+    Default,
 }
 
 /// Where in the payload a value does not fit its schema, and why.
@@ -111,22 +142,55 @@ impl AvroCodec {
     /// dependency order).
     ///
     /// # Errors
-    /// apache-avro's reason when a schema does not parse.
+    /// apache-avro's reason when a schema does not parse; a logical type readers would not agree on
+    /// ([`meaning`]); a field default that does not fit its field.
     pub fn parse(schema: &str, references: &[String]) -> Result<Self, String> {
+        let mut meaning = Meaning::default();
+        let references: Vec<String> =
+            references.iter().map(|r| meaning::amend(r, &mut meaning)).collect::<Result<_, _>>()?;
+        let schema = meaning::amend(schema, &mut meaning)?;
         let (schema, referenced) = match references.is_empty() {
-            true => (Schema::parse_str(schema).map_err(|e| e.to_string())?, Vec::new()),
-            false => Schema::parse_str_with_list(schema, references).map_err(|e| e.to_string())?,
+            true => (Schema::parse_str(&schema).map_err(|e| e.to_string())?, Vec::new()),
+            false => Schema::parse_str_with_list(&schema, &references).map_err(|e| e.to_string())?,
         };
         let mut names = HashMap::new();
         for s in referenced.iter().chain(std::iter::once(&schema)) {
             collect_names(s, &mut names);
         }
-        Ok(AvroCodec { schema, names })
+        let name = |full: String| Name::new(&full).map_err(|e| format!("{full:?} is not an Avro name: {e}"));
+        let Meaning { fixed, defaults } = meaning;
+        let fixed = fixed.into_iter().map(|(full, m)| Ok((name(full)?, m))).collect::<Result<_, String>>()?;
+        let defaults = defaults.into_iter().map(|(full, d)| Ok((name(full)?, d))).collect::<Result<_, String>>()?;
+        let codec = AvroCodec { schema, names, fixed, defaults };
+        codec.check_defaults()?;
+        Ok(codec)
+    }
+
+    /// Writes every field default once, so that a default that does not fit refuses the schema instead of
+    /// the rows that would need it.
+    fn check_defaults(&self) -> Result<(), String> {
+        let mut scratch = Vec::new();
+        for named in self.names.values() {
+            let Schema::Record(record) = named else { continue };
+            for field in &record.fields {
+                if let Some(default) = self.default_of(record, field) {
+                    scratch.clear();
+                    self.write(&field.schema, default, Mode::Default, &mut scratch).map_err(|m| {
+                        format!("the default of field `{}` of record {}: {m}", field.name, record.name.fullname(None))
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn default_of(&self, record: &RecordSchema, field: &RecordField) -> Option<&Value> {
+        self.defaults.get(&record.name)?.get(&field.name)
     }
 
     /// A codec for the Avro `string` schema (`kafka.key_format = "avro"`).
     pub fn string() -> Self {
-        AvroCodec { schema: Schema::String, names: HashMap::new() }
+        AvroCodec { schema: Schema::String, names: HashMap::new(), fixed: HashMap::new(), defaults: HashMap::new() }
     }
 
     /// Whether the schema is the plain `string` schema.
@@ -139,10 +203,10 @@ impl AvroCodec {
     /// # Errors
     /// The first place `value` does not fit the schema; `out` then holds a partial datum.
     pub fn encode(&self, value: &Value, out: &mut Vec<u8>) -> Fit {
-        self.write(&self.schema, value, out)
+        self.write(&self.schema, value, Mode::Payload, out)
     }
 
-    fn write(&self, schema: &Schema, value: &Value, out: &mut Vec<u8>) -> Fit {
+    fn write(&self, schema: &Schema, value: &Value, mode: Mode, out: &mut Vec<u8>) -> Fit {
         match schema {
             Schema::Null => match value {
                 Value::Null => Ok(()),
@@ -159,7 +223,11 @@ impl AvroCodec {
             Schema::Long => write_long(out, long(value)?),
             Schema::Float => {
                 let n = value.as_f64().ok_or_else(|| expected("a number (float)", value))?;
-                out.extend_from_slice(&(n as f32).to_le_bytes());
+                let float = n as f32;
+                if float.is_infinite() {
+                    return Err(Mismatch::new(format!("{n} is out of the range of float (±{:e})", f32::MAX)));
+                }
+                out.extend_from_slice(&float.to_le_bytes());
                 Ok(())
             }
             Schema::Double => {
@@ -186,7 +254,7 @@ impl AvroCodec {
                 if !items.is_empty() {
                     write_long(out, items.len() as i64)?;
                     for (i, item) in items.iter().enumerate() {
-                        self.write(&array.items, item, out).map_err(|m| m.in_item(i))?;
+                        self.write(&array.items, item, mode, out).map_err(|m| m.in_item(i))?;
                     }
                 }
                 out.push(0);
@@ -198,14 +266,14 @@ impl AvroCodec {
                     write_long(out, entries.len() as i64)?;
                     for (key, item) in entries {
                         write_str(out, key)?;
-                        self.write(&map.types, item, out).map_err(|m| m.at(Segment::Key(key.clone())))?;
+                        self.write(&map.types, item, mode, out).map_err(|m| m.at(Segment::Key(key.clone())))?;
                     }
                 }
                 out.push(0);
                 Ok(())
             }
-            Schema::Union(union) => self.write_union(union, value, out),
-            Schema::Record(record) => self.write_record(record, value, out),
+            Schema::Union(union) => self.write_union(union, value, mode, out),
+            Schema::Record(record) => self.write_record(record, value, mode, out),
             Schema::Enum(e) => {
                 let symbol = text(value, "an enum symbol")?;
                 match e.symbols.iter().position(|s| s == symbol) {
@@ -217,20 +285,30 @@ impl AvroCodec {
                     ))),
                 }
             }
-            Schema::Fixed(fixed) => {
-                let bytes = latin1(value)?;
-                if bytes.len() != fixed.size {
-                    return Err(Mismatch::new(format!(
-                        "{} bytes for fixed {} of {} bytes",
-                        bytes.len(),
-                        fixed.name.fullname(None),
-                        fixed.size
-                    )));
+            Schema::Fixed(fixed) => self.write_fixed(fixed, value, mode, out),
+            Schema::Decimal(decimal) => match (mode, self.resolve(&decimal.inner)) {
+                (Mode::Payload, Schema::Fixed(fixed)) => {
+                    write_decimal(decimal.precision, decimal.scale, Some(fixed.size), value, out)
                 }
-                out.extend_from_slice(&bytes);
-                Ok(())
+                (Mode::Payload, _) => write_decimal(decimal.precision, decimal.scale, None, value, out),
+                (Mode::Default, inner) => {
+                    check_decimal_default(value, decimal.precision, decimal.scale)?;
+                    self.write(inner, value, mode, out)
+                }
+            },
+            // A default of a date, time or timestamp is in the underlying type's encoding: a count, never text.
+            Schema::Date | Schema::TimeMillis if mode == Mode::Default => write_long(out, count(value, int)?.into()),
+            Schema::TimeMicros
+            | Schema::TimestampMillis
+            | Schema::TimestampMicros
+            | Schema::TimestampNanos
+            | Schema::LocalTimestampMillis
+            | Schema::LocalTimestampMicros
+            | Schema::LocalTimestampNanos
+                if mode == Mode::Default =>
+            {
+                write_long(out, count(value, long)?)
             }
-            Schema::Decimal(decimal) => self.write_decimal(decimal, value, out),
             Schema::Date => match value {
                 Value::String(s) => {
                     let days =
@@ -256,19 +334,11 @@ impl AvroCodec {
             }
             Schema::LocalTimestampMicros => write_long(out, timestamp(value, 1_000, "local-timestamp-micros", false)?),
             Schema::LocalTimestampNanos => write_long(out, timestamp(value, 1, "local-timestamp-nanos", false)?),
-            Schema::Duration => {
-                let object = value.as_object().ok_or_else(|| expected("{\"months\", \"days\", \"millis\"}", value))?;
-                for part in ["months", "days", "millis"] {
-                    let n = object.get(part).and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok());
-                    let n =
-                        n.ok_or_else(|| Mismatch::new(format!("duration needs {part} as a number 0-4294967295")))?;
-                    out.extend_from_slice(&n.to_le_bytes());
-                }
-                Ok(())
-            }
+            // Not from a parsed schema (a `fixed`'s logical type is ours: `write_fixed`), kept for completeness.
+            Schema::Duration => write_duration(value, out),
             Schema::BigDecimal => Err(Mismatch::new("the big-decimal logical type is not supported; use decimal")),
             Schema::Ref { name } => match self.names.get(&name.fullname(None)) {
-                Some(named) => self.write(named, value, out),
+                Some(named) => self.write(named, value, mode, out),
                 None => {
                     Err(Mismatch::new(format!("the schema names the type {} but defines none", name.fullname(None))))
                 }
@@ -276,29 +346,29 @@ impl AvroCodec {
         }
     }
 
-    fn write_record(&self, record: &RecordSchema, value: &Value, out: &mut Vec<u8>) -> Fit {
+    fn write_record(&self, record: &RecordSchema, value: &Value, mode: Mode, out: &mut Vec<u8>) -> Fit {
         let object = value
             .as_object()
             .ok_or_else(|| expected(&format!("an object (record {})", record.name.fullname(None)), value))?;
+        // apache-avro's lookup holds every field's name and aliases: longer than the fields, some have aliases.
+        let aliased = record.lookup.len() > record.fields.len();
         for field in &record.fields {
-            match (object.get(&field.name), &field.default) {
-                (Some(value), _) => self.write(&field.schema, value, out),
-                // A union's default is a value of its first branch.
-                (None, Some(default)) => match &field.schema {
-                    Schema::Union(union) => {
-                        out.push(0);
-                        let first = union.variants().first().expect("a union has a branch");
-                        self.write(first, default, out)
-                    }
-                    schema => self.write(schema, default, out),
-                },
-                (None, None) => Err(Mismatch::new(format!(
-                    "missing, and field `{}` of record {} has no default",
-                    field.name,
-                    record.name.fullname(None)
-                ))),
+            let given = match aliased {
+                false => object.get(&field.name).map(|value| (&field.name, value)),
+                true => given_once(record, field, object)?,
+            };
+            match given {
+                Some((key, value)) => self.write(&field.schema, value, mode, out).map_err(|m| m.in_field(key))?,
+                None => match self.default_of(record, field) {
+                    Some(default) => self.write(&field.schema, default, Mode::Default, out),
+                    None => Err(Mismatch::new(format!(
+                        "missing, and field `{}` of record {} has no default",
+                        field.name,
+                        record.name.fullname(None)
+                    ))),
+                }
+                .map_err(|m| m.in_field(&field.name))?,
             }
-            .map_err(|m| m.in_field(&field.name))?;
         }
         if let Some(extra) = object.keys().find(|key| !record.lookup.contains_key(*key)) {
             return Err(Mismatch::new(format!(
@@ -310,15 +380,23 @@ impl AvroCodec {
         Ok(())
     }
 
-    fn write_union(&self, union: &UnionSchema, value: &Value, out: &mut Vec<u8>) -> Fit {
+    fn write_union(&self, union: &UnionSchema, value: &Value, mode: Mode, out: &mut Vec<u8>) -> Fit {
         let branches = union.variants();
+        // A default is a value of the union's first branch.
+        if mode == Mode::Default {
+            let first = branches.first().ok_or_else(|| Mismatch::new("an empty union holds no value"))?;
+            out.push(0);
+            return self.write(first, value, mode, out);
+        }
         // Avro's JSON encoding: {"<branch name>": value}.
         if let Value::Object(object) = value {
             if object.len() == 1 {
                 let (name, inner) = object.iter().next().expect("one entry");
                 if let Some(index) = branches.iter().position(|b| self.branch_names(b).iter().any(|n| n == name)) {
                     write_long(out, index as i64)?;
-                    return self.write(&branches[index], inner, out).map_err(|m| m.at(Segment::Key(name.clone())));
+                    return self
+                        .write(&branches[index], inner, mode, out)
+                        .map_err(|m| m.at(Segment::Key(name.clone())));
                 }
             }
         }
@@ -329,7 +407,7 @@ impl AvroCodec {
         for (index, branch) in branches.iter().enumerate() {
             let mark = out.len();
             write_long(out, index as i64)?;
-            let fit = self.write(branch, value, out).is_ok();
+            let fit = self.write(branch, value, mode, out).is_ok();
             if fit {
                 fits.push(index);
             }
@@ -358,25 +436,33 @@ impl AvroCodec {
         }
     }
 
-    fn write_decimal(&self, decimal: &DecimalSchema, value: &Value, out: &mut Vec<u8>) -> Fit {
-        let unscaled = unscaled_decimal(value, decimal.scale, decimal.precision)?;
-        let bytes = unscaled.to_signed_bytes_be();
-        match self.resolve(&decimal.inner) {
-            Schema::Fixed(fixed) => {
-                if bytes.len() > fixed.size {
-                    return Err(Mismatch::new(format!(
-                        "the decimal needs {} bytes, fixed holds {}",
-                        bytes.len(),
-                        fixed.size
-                    )));
-                }
-                let fill = if unscaled.sign() == num_bigint::Sign::Minus { 0xff } else { 0 };
-                out.extend(std::iter::repeat_n(fill, fixed.size - bytes.len()));
+    /// A fixed, as what its logical type means ([`FixedMeaning`]), or as its bytes.
+    fn write_fixed(&self, fixed: &FixedSchema, value: &Value, mode: Mode, out: &mut Vec<u8>) -> Fit {
+        match (mode, self.fixed.get(&fixed.name)) {
+            (Mode::Payload, Some(FixedMeaning::Decimal { precision, scale })) => {
+                write_decimal(*precision, *scale, Some(fixed.size), value, out)
+            }
+            (Mode::Payload, Some(FixedMeaning::Uuid)) => {
+                let s = text(value, "a uuid string")?;
+                let bytes = uuid_bytes(s)
+                    .ok_or_else(|| Mismatch::new(format!("{s:?} is not a UUID (8-4-4-4-12 hex digits)")))?;
                 out.extend_from_slice(&bytes);
                 Ok(())
             }
-            _ => {
-                write_long(out, bytes.len() as i64)?;
+            (Mode::Payload, Some(FixedMeaning::Duration)) => write_duration(value, out),
+            (Mode::Default, meaning) | (Mode::Payload, meaning @ None) => {
+                if let Some(FixedMeaning::Decimal { precision, scale }) = meaning {
+                    check_decimal_default(value, *precision, *scale)?;
+                }
+                let bytes = latin1(value)?;
+                if bytes.len() != fixed.size {
+                    return Err(Mismatch::new(format!(
+                        "{} bytes for fixed {} of {} bytes",
+                        bytes.len(),
+                        fixed.name.fullname(None),
+                        fixed.size
+                    )));
+                }
                 out.extend_from_slice(&bytes);
                 Ok(())
             }
@@ -418,6 +504,37 @@ impl AvroCodec {
             Schema::Union(_) => vec!["union".into()],
             _ => vec!["long".into()],
         }
+    }
+}
+
+/// The field's value by its name or one of its aliases, and which key gave it; a field given by two keys
+/// is a mismatch at the second.
+fn given_once<'v>(
+    record: &RecordSchema,
+    field: &'v RecordField,
+    object: &'v serde_json::Map<String, Value>,
+) -> Result<Option<(&'v String, &'v Value)>, Mismatch> {
+    let mut given = object.get(&field.name).map(|value| (&field.name, value));
+    for alias in field.aliases.iter().flatten() {
+        let Some(value) = object.get(alias) else { continue };
+        if let Some((first, _)) = given {
+            return Err(Mismatch::new(format!(
+                "{alias:?} names field `{}` of record {}, which {first:?} already gives: write the field once",
+                field.name,
+                record.name.fullname(None),
+            ))
+            .in_field(alias));
+        }
+        given = Some((alias, value));
+    }
+    Ok(given)
+}
+
+/// A default's count of a date, time or timestamp (text, which a payload may use, is refused).
+fn count<T>(value: &Value, read: fn(&Value) -> Result<T, Mismatch>) -> Result<T, Mismatch> {
+    match value {
+        Value::String(_) => Err(expected("a count (a default is in the underlying type's JSON encoding)", value)),
+        _ => read(value),
     }
 }
 
@@ -504,6 +621,67 @@ fn write_str(out: &mut Vec<u8>, s: &str) -> Fit {
     Ok(())
 }
 
+/// A decimal's default is its two's-complement bytes (Avro's JSON encoding of `bytes`): the number they
+/// hold must fit the precision (`"12.00"` as a default is five bytes of text, not twelve).
+///
+/// # Errors
+/// Bytes that hold more digits than the precision.
+fn check_decimal_default(value: &Value, precision: usize, scale: usize) -> Fit {
+    let unscaled = BigInt::from_signed_bytes_be(&latin1(value)?);
+    let digits = unscaled.magnitude().to_string().len();
+    if digits > precision {
+        let one = BigInt::from(10).pow(scale as u32).to_signed_bytes_be();
+        let example: String = one.iter().map(|b| format!("\\u{b:04x}")).collect();
+        return Err(Mismatch::new(format!(
+            "the default's bytes hold an unscaled {unscaled}, more digits than its precision {precision}: a \
+             decimal's default is its two's-complement bytes (\"{example}\" for 1 at scale {scale})"
+        )));
+    }
+    Ok(())
+}
+
+/// A duration from `{"months", "days", "millis"}`: three little-endian `u32`.
+fn write_duration(value: &Value, out: &mut Vec<u8>) -> Fit {
+    let object = value.as_object().ok_or_else(|| expected("{\"months\", \"days\", \"millis\"}", value))?;
+    for part in ["months", "days", "millis"] {
+        let n = object.get(part).and_then(Value::as_u64).and_then(|n| u32::try_from(n).ok());
+        let n = n.ok_or_else(|| Mismatch::new(format!("duration needs {part} as a number 0-4294967295")))?;
+        out.extend_from_slice(&n.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// A decimal's two's-complement unscaled integer: in `fixed` bytes sign-extended, or length-prefixed.
+fn write_decimal(precision: usize, scale: usize, fixed: Option<usize>, value: &Value, out: &mut Vec<u8>) -> Fit {
+    let unscaled = unscaled_decimal(value, scale, precision)?;
+    let bytes = unscaled.to_signed_bytes_be();
+    match fixed {
+        Some(size) => {
+            if bytes.len() > size {
+                return Err(Mismatch::new(format!("the decimal needs {} bytes, fixed holds {size}", bytes.len())));
+            }
+            let fill = if unscaled.sign() == num_bigint::Sign::Minus { 0xff } else { 0 };
+            out.extend(std::iter::repeat_n(fill, size - bytes.len()));
+        }
+        None => write_long(out, bytes.len() as i64)?,
+    }
+    out.extend_from_slice(&bytes);
+    Ok(())
+}
+
+/// The 16 bytes of a UUID's canonical text.
+fn uuid_bytes(s: &str) -> Option<[u8; 16]> {
+    if !is_uuid(s) {
+        return None;
+    }
+    let hex: Vec<u8> = s.bytes().filter(|b| *b != b'-').collect();
+    let mut bytes = [0u8; 16];
+    for (byte, pair) in bytes.iter_mut().zip(hex.chunks(2)) {
+        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(bytes)
+}
+
 fn is_uuid(s: &str) -> bool {
     let b = s.as_bytes();
     b.len() == 36
@@ -511,159 +689,6 @@ fn is_uuid(s: &str) -> bool {
             8 | 13 | 18 | 23 => *c == b'-',
             _ => c.is_ascii_hexdigit(),
         })
-}
-
-/// The unscaled integer of a decimal written as text (`"-199.5"`) or a JSON integer, at `scale`.
-fn unscaled_decimal(value: &Value, scale: usize, precision: usize) -> Result<BigInt, Mismatch> {
-    let owned;
-    let text = match value {
-        Value::String(s) => s.as_str(),
-        Value::Number(n) if n.is_i64() || n.is_u64() => {
-            owned = n.to_string();
-            owned.as_str()
-        }
-        Value::Number(n) => {
-            return Err(Mismatch::new(format!(
-                "the decimal {n} is a JSON float, which cannot hold every decimal exactly: write it as a string, \
-                 e.g. \"{n}\""
-            )))
-        }
-        _ => return Err(expected("a decimal as a string such as \"199.00\"", value)),
-    };
-    let bad = || Mismatch::new(format!("{text:?} is not a decimal number (digits, an optional sign and point)"));
-    let (negative, unsigned) = match text.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, text.strip_prefix('+').unwrap_or(text)),
-    };
-    let (whole, fraction) = unsigned.split_once('.').unwrap_or((unsigned, ""));
-    if whole.is_empty() && fraction.is_empty() || !(whole.bytes().chain(fraction.bytes())).all(|b| b.is_ascii_digit()) {
-        return Err(bad());
-    }
-    if fraction.len() > scale {
-        let (kept, dropped) = fraction.split_at(scale);
-        if dropped.bytes().any(|b| b != b'0') {
-            return Err(Mismatch::new(format!(
-                "{text:?} has {} digits after the point, the schema's scale is {scale}",
-                fraction.len()
-            )));
-        }
-        return unscaled_decimal(
-            &Value::String(format!("{}{whole}.{kept}", if negative { "-" } else { "" })),
-            scale,
-            precision,
-        );
-    }
-    let mut digits = String::with_capacity(whole.len() + scale);
-    digits.push_str(whole);
-    digits.push_str(fraction);
-    digits.extend(std::iter::repeat_n('0', scale - fraction.len()));
-    let significant = digits.trim_start_matches('0').len();
-    if significant > precision {
-        return Err(Mismatch::new(format!("{text:?} has {significant} digits, the schema's precision is {precision}")));
-    }
-    let magnitude: BigInt = if digits.is_empty() { BigInt::from(0) } else { digits.parse().map_err(|_| bad())? };
-    Ok(if negative { -magnitude } else { magnitude })
-}
-
-/// Days since the epoch of `YYYY-MM-DD`.
-fn parse_date(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
-        return None;
-    }
-    let (y, m, d) = (digits(&b[0..4])?, digits(&b[5..7])?, digits(&b[8..10])?);
-    if !(1..=12).contains(&m) || !(1..=days_in_month(y, m)).contains(&d) {
-        return None;
-    }
-    Some(crate::time::days_from_civil(y, m, d))
-}
-
-fn days_in_month(year: i64, month: i64) -> i64 {
-    match month {
-        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-fn digits(b: &[u8]) -> Option<i64> {
-    match !b.is_empty() && b.iter().all(u8::is_ascii_digit) {
-        true => std::str::from_utf8(b).ok()?.parse().ok(),
-        false => None,
-    }
-}
-
-/// `HH:MM[:SS[.fraction]]` in nanoseconds after midnight, and what is left after it.
-fn parse_time(s: &str) -> Option<(i64, &str)> {
-    let b = s.as_bytes();
-    if b.len() < 5 || b[2] != b':' {
-        return None;
-    }
-    let (h, m) = (digits(&b[0..2])?, digits(&b[3..5])?);
-    let (mut sec, mut nanos, mut rest) = (0, 0, 5);
-    if b.len() >= 8 && b[5] == b':' {
-        sec = digits(&b[6..8])?;
-        rest = 8;
-        if b.get(8) == Some(&b'.') {
-            let end = b[9..].iter().position(|c| !c.is_ascii_digit()).map_or(b.len(), |p| p + 9);
-            let fraction = &b[9..end];
-            if fraction.is_empty() || fraction.len() > 9 {
-                return None;
-            }
-            nanos = digits(fraction)? * 10i64.pow(9 - fraction.len() as u32);
-            rest = end;
-        }
-    }
-    if h > 23 || m > 59 || sec > 60 {
-        return None;
-    }
-    Some((((h * 60 + m) * 60 + sec) * 1_000_000_000 + nanos, &s[rest..]))
-}
-
-fn time_of_day(s: &str, unit_nanos: i64, type_name: &str) -> Result<i64, Mismatch> {
-    match parse_time(s) {
-        Some((nanos, "")) => in_unit(nanos.into(), unit_nanos, s, type_name),
-        _ => Err(Mismatch::new(format!("{s:?} is not a time of day (HH:MM:SS[.fraction]) for {type_name}"))),
-    }
-}
-
-/// A timestamp from ISO-8601 text (zone `Z`, `±HH:MM`, or none: UTC) or a count of the type's unit.
-fn timestamp(value: &Value, unit_nanos: i64, type_name: &str, zoned: bool) -> Result<i64, Mismatch> {
-    let s = match value {
-        Value::String(s) => s,
-        _ => return long(value),
-    };
-    let bad = || {
-        Mismatch::new(format!(
-            "{s:?} is not an ISO-8601 timestamp (YYYY-MM-DDTHH:MM:SS[.fraction]{}) for {type_name}",
-            if zoned { "[Z|±HH:MM]" } else { ", no zone" }
-        ))
-    };
-    if s.len() < 16 || !matches!(s.as_bytes()[10], b'T' | b't' | b' ') {
-        return Err(bad());
-    }
-    let days = parse_date(&s[..10]).ok_or_else(bad)?;
-    let (nanos_of_day, zone) = parse_time(&s[11..]).ok_or_else(bad)?;
-    let offset_s: i64 = match zone.as_bytes() {
-        [] => 0,
-        [b'Z' | b'z'] if zoned => 0,
-        [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2] if zoned => {
-            let (h, m) = (digits(&[*h1, *h2]).ok_or_else(bad)?, digits(&[*m1, *m2]).ok_or_else(bad)?);
-            (h * 3600 + m * 60) * if *sign == b'-' { -1 } else { 1 }
-        }
-        _ => return Err(bad()),
-    };
-    let nanos = (i128::from(days) * 86_400 - i128::from(offset_s)) * 1_000_000_000 + i128::from(nanos_of_day);
-    in_unit(nanos, unit_nanos, s, type_name)
-}
-
-fn in_unit(nanos: i128, unit_nanos: i64, text: &str, type_name: &str) -> Result<i64, Mismatch> {
-    let unit = i128::from(unit_nanos);
-    if nanos % unit != 0 {
-        return Err(Mismatch::new(format!("{text:?} is more precise than {type_name} holds")));
-    }
-    i64::try_from(nanos / unit).map_err(|_| Mismatch::new(format!("{text:?} is out of the range of {type_name}")))
 }
 
 #[cfg(test)]

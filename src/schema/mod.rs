@@ -82,7 +82,8 @@ pub struct Resolved {
 
 #[derive(Debug)]
 enum Codec {
-    Avro(AvroCodec),
+    /// Boxed: a parsed Avro schema is several times the size of the other codecs.
+    Avro(Box<AvroCodec>),
     JsonSchema(JsonSchemaCodec),
     Protobuf(ProtobufCodec),
 }
@@ -289,7 +290,9 @@ impl Schemas {
         let codec = match (format, schema_type) {
             (ValueFormat::Avro, "AVRO") => {
                 let texts: Vec<String> = references.into_iter().map(|(_, r)| r.schema).collect();
-                Codec::Avro(AvroCodec::parse(&registered.schema, &texts).map_err(|e| unusable("an Avro schema", e))?)
+                Codec::Avro(Box::new(
+                    AvroCodec::parse(&registered.schema, &texts).map_err(|e| unusable("an Avro schema", e))?,
+                ))
             }
             (ValueFormat::JsonSchema, "JSON") => {
                 let named: Vec<(String, String)> = references.into_iter().map(|(name, r)| (name, r.schema)).collect();
