@@ -5,11 +5,14 @@
 //!
 //! protox compiles the registered `.proto` and the files it imports at run time (the registry's
 //! references, each under the import path it names; Google's well-known types built in), prost-reflect
-//! reads the JSON into a dynamic message. The message written is the schema's top-level message named
-//! like the row's `event_type` (`message OrderCreated` for `OrderCreated`), else its first top-level
-//! message; the message-index array before it says which, as Confluent's serializers write it (`[k]`:
-//! zigzag varints of the count 1 and of `k`; `[0]` as the single byte `0x00`). Nested and imported
-//! messages are fields of it. Unknown JSON fields are a mismatch (never dropped).
+//! reads the JSON into a dynamic message. The message written is the schema's only top-level message, or,
+//! when it defines several, the one the row's `event_type` names by its simple or full name
+//! (`OrderCreated` or `acme.orders.OrderCreated`, as the `record_name` subject preset has it); an event
+//! type that names none of several is a mismatch, never a guess (issue 44: the first message was taken,
+//! and consumers got the wrong message type). The message-index array before it says which, as
+//! Confluent's serializers write it (`[k]`: zigzag varints of the count 1 and of `k`; `[0]` as the single
+//! byte `0x00`). Nested and imported messages are fields of it. Unknown JSON fields are a mismatch (never
+//! dropped); numbers are read exactly (serde_json's `float_roundtrip`).
 
 use std::collections::HashMap;
 
@@ -64,23 +67,38 @@ impl ProtobufCodec {
     }
 
     /// The message a row of `event_type` is written as, and its index among the top-level messages: the
-    /// one named `event_type`, else the first.
-    fn message_for(&self, event_type: &str) -> (usize, &MessageDescriptor) {
-        self.messages.iter().enumerate().find(|(_, m)| m.name() == event_type).unwrap_or((0, &self.messages[0]))
+    /// only one, else the one `event_type` names by its simple or full name.
+    fn message_for(&self, event_type: &str) -> Result<(usize, &MessageDescriptor), Mismatch> {
+        if let [only] = self.messages.as_slice() {
+            return Ok((0, only));
+        }
+        let named = |m: &&MessageDescriptor| m.name() == event_type || m.full_name() == event_type;
+        self.messages.iter().enumerate().find(|(_, m)| named(m)).ok_or_else(|| {
+            let names: Vec<&str> = self.messages.iter().map(MessageDescriptor::full_name).collect();
+            Mismatch::new(format!(
+                "the event type {event_type:?} names none of the schema's messages ({}): a schema of several \
+                 messages writes the one the row's event type names, by its simple or full name",
+                names.join(", ")
+            ))
+        })
     }
 
     /// The full name of the message a row of `event_type` is written as.
-    pub fn message_name(&self, event_type: &str) -> &str {
-        self.message_for(event_type).1.full_name()
+    ///
+    /// # Errors
+    /// As [`ProtobufCodec::encode`] when the event type names none of several messages.
+    pub fn message_name(&self, event_type: &str) -> Result<&str, Mismatch> {
+        Ok(self.message_for(event_type)?.1.full_name())
     }
 
     /// Appends the message-index array and the message read from `text` to `out`, as the message for
     /// `event_type`.
     ///
     /// # Errors
-    /// Where the JSON does not fit the message, with prost-reflect's reason.
+    /// Where the JSON does not fit the message, with prost-reflect's reason; at `$` when the schema
+    /// defines several messages and `event_type` names none of them.
     pub fn encode(&self, event_type: &str, text: &str, out: &mut Vec<u8>) -> Result<(), Mismatch> {
-        let (index, message) = self.message_for(event_type);
+        let (index, message) = self.message_for(event_type)?;
         let mut json = serde_json::Deserializer::from_str(text);
         let mut track = serde_path_to_error::Track::new();
         let read =
@@ -147,16 +165,16 @@ mod tests {
         ProtobufCodec::parse(ORDER, &[("acme/money.proto".to_string(), MONEY.to_string())]).unwrap()
     }
 
-    /// The first message, nested and imported messages, a well-known type, from canonical JSON; the
-    /// bytes read back with prost-reflect's decoder equal the JSON.
+    /// The message the event type names, nested and imported messages, a well-known type, from canonical
+    /// JSON; the bytes read back with prost-reflect's decoder equal the JSON.
     #[test]
-    fn canonical_json_becomes_the_first_message() {
+    fn canonical_json_becomes_the_named_message() {
         let codec = codec();
-        assert_eq!(codec.message_name("OrderPlaced"), "acme.orders.OrderCreated", "no message of that name");
+        assert_eq!(codec.message_name("OrderCreated").unwrap(), "acme.orders.OrderCreated");
         let json = r#"{"orderId": "o-1", "lines": [{"sku": "A", "qty": 2}], "total": {"currency": "CHF", "units": "12"},
             "status": "PAID", "placedAt": "2026-12-03T12:34:56.123Z", "attributes": {"k": "v"}}"#;
         let mut out = Vec::new();
-        codec.encode("OrderPlaced", json, &mut out).unwrap();
+        codec.encode("OrderCreated", json, &mut out).unwrap();
         assert_eq!(out[0], 0, "message index [0]");
         let read = DynamicMessage::decode(codec.messages[0].clone(), &out[1..]).unwrap();
         let back: serde_json::Value = serde_json::to_value(&read).unwrap();
@@ -169,7 +187,7 @@ mod tests {
     #[test]
     fn the_event_type_names_the_message() {
         let codec = codec();
-        assert_eq!(codec.message_name("Other"), "acme.orders.Other");
+        assert_eq!(codec.message_name("Other").unwrap(), "acme.orders.Other");
         let mut out = Vec::new();
         codec.encode("Other", r#"{"x": "y"}"#, &mut out).unwrap();
         assert_eq!(out[..2], [2, 2], "message index [1]");
@@ -177,6 +195,36 @@ mod tests {
         assert_eq!(serde_json::to_value(&read).unwrap(), serde_json::json!({"x": "y"}));
         let wrong = codec.encode("Other", r#"{"orderId": "o-1"}"#, &mut Vec::new()).unwrap_err();
         assert!(wrong.reason().contains("orderId"), "{wrong}");
+    }
+
+    /// Issue 44: an event type that names none of several messages was written as the first message,
+    /// and a full name (the `record_name` preset's event type) found none. The only message of a schema
+    /// is written whatever the event type.
+    #[test]
+    fn the_event_type_picks_among_several_messages_or_is_refused() {
+        let codec = codec();
+        assert_eq!(codec.message_name("acme.orders.Other").unwrap(), "acme.orders.Other");
+        let mut out = Vec::new();
+        codec.encode("acme.orders.Other", r#"{"x": "y"}"#, &mut out).unwrap();
+        assert_eq!(out[..2], [2, 2], "message index [1]");
+        let refused = codec.encode("OrderPlaced", r#"{"orderId": "o-1"}"#, &mut Vec::new()).unwrap_err();
+        assert_eq!(refused.path(), "$");
+        assert!(refused.reason().contains("names none of the schema's messages"), "{refused}");
+        assert!(refused.reason().contains("acme.orders.OrderCreated, acme.orders.Other"), "{refused}");
+        let single = ProtobufCodec::parse(MONEY, &[]).unwrap();
+        assert_eq!(single.message_name("MoneyMoved").unwrap(), "acme.Money");
+    }
+
+    /// Issue 44: a double was read through serde_json's fast float parser, one unit in the last place off.
+    #[test]
+    fn doubles_are_read_exactly() {
+        let codec = ProtobufCodec::parse(r#"syntax = "proto3"; message M { double d = 1; }"#, &[]).unwrap();
+        let mut out = Vec::new();
+        codec.encode("M", r#"{"d": 0.9999999999999999}"#, &mut out).unwrap();
+        // Message index [0], then field 1 as a fixed64 (tag 0x09) and the double's little-endian bits.
+        let mut want = vec![0, 0x09];
+        want.extend(0.9999999999999999f64.to_le_bytes());
+        assert_eq!(out, want);
     }
 
     #[test]
