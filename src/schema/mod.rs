@@ -160,23 +160,13 @@ impl Schemas {
     /// The version a row names: `Some(n)`, or `None` for the latest.
     ///
     /// # Errors
-    /// Why the row names no version of a registry (no `schema_version`, or not a positive integer).
+    /// Why the row names no version of a registry (no `schema_version`, or not an integer from 1 to
+    /// 2147483647): the row's poison, never a question to the registry.
     pub fn version_of(&self, row: &OutboxRow) -> std::result::Result<Option<i64>, String> {
         if self.config.version == RegistryVersion::Latest {
             return Ok(None);
         }
-        let number = match &row.schema_version {
-            Some(SchemaVersion::Integer(n)) => i64::try_from(*n).ok(),
-            Some(SchemaVersion::Text(text)) => text.trim().parse::<i64>().ok(),
-            None => return Err("the row has no schema_version, which names its schema's version".into()),
-        };
-        match number {
-            Some(n) if n >= 1 => Ok(Some(n)),
-            _ => Err(format!(
-                "schema_version {:?} is not a registry version (a positive integer)",
-                row.schema_version.as_ref().map(|v| format!("{v:?}")).unwrap_or_default()
-            )),
-        }
+        registry_version(row.schema_version.as_ref()).map(Some)
     }
 
     /// What is cached for `subject` at `version` (`None`: latest).
@@ -201,6 +191,17 @@ impl Schemas {
 
     fn resolve_as(&self, subject: &str, version: Option<i64>, format: ValueFormat) -> Result<()> {
         let key = (subject.to_string(), version);
+        if subject.is_empty() {
+            // `GET /subjects//versions/1` is a bare 404 (no Confluent error code), which is not "not found"
+            // and stopped the connector for one row (issue 44: an empty event type under `record_name`).
+            let reason = format!(
+                "the row's subject is empty: schema_registry.subject {:?} rendered with its topic, aggregate \
+                 type and event type names no subject",
+                self.config.subject_template()
+            );
+            self.cache.lock().expect("cache lock").insert(key, Entry::Missing { reason, at: Instant::now() });
+            return Ok(());
+        }
         let stale = match self.cache.lock().expect("cache lock").get(&key) {
             Some(Entry::Known { at, .. }) => version.is_none() && at.elapsed() >= self.config.latest_refresh,
             Some(Entry::Missing { at, .. }) => at.elapsed() >= MISSING_RETRY,
@@ -318,6 +319,24 @@ impl Schemas {
     }
 }
 
+/// The registry version a row's `schema_version` names. Registries number versions with 32-bit integers:
+/// a larger number was answered 422 ("invalid version"), which is not "not found", and stopped the
+/// connector for one row (issue 44); it is that row's poison instead.
+fn registry_version(version: Option<&SchemaVersion>) -> std::result::Result<i64, String> {
+    let number = match version {
+        Some(SchemaVersion::Integer(n)) => i64::try_from(*n).ok(),
+        Some(SchemaVersion::Text(text)) => text.trim().parse::<i64>().ok(),
+        None => return Err("the row has no schema_version, which names its schema's version".into()),
+    };
+    match number {
+        Some(n) if (1..=i64::from(i32::MAX)).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "schema_version {:?} is not a registry version (an integer from 1 to 2147483647)",
+            version.map(|v| format!("{v:?}")).unwrap_or_default()
+        )),
+    }
+}
+
 /// The subject of a topic's keys.
 pub fn key_subject(topic: &str) -> String {
     format!("{topic}-key")
@@ -376,6 +395,49 @@ fn blocking<T>(call: impl FnOnce() -> T) -> T {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 44: a version beyond the registry's 32 bits was asked for, answered 422, and stopped the
+    /// connector; it is now the row's poison, like every version that is not one.
+    #[test]
+    fn a_version_is_an_integer_from_1_to_i32_max() {
+        let ok = |v: SchemaVersion| registry_version(Some(&v));
+        assert_eq!(ok(SchemaVersion::Integer(1)), Ok(1));
+        assert_eq!(ok(SchemaVersion::Integer(2_147_483_647)), Ok(2_147_483_647));
+        assert_eq!(ok(SchemaVersion::Text(" 7 ".into())), Ok(7));
+        for bad in [
+            SchemaVersion::Integer(0),
+            SchemaVersion::Integer(2_147_483_648),
+            SchemaVersion::Integer(-1),
+            SchemaVersion::Integer(i128::MAX),
+            SchemaVersion::Text("v3".into()),
+            SchemaVersion::Text("4294967296".into()),
+        ] {
+            let why = registry_version(Some(&bad)).unwrap_err();
+            assert!(why.contains("an integer from 1 to 2147483647"), "{bad:?}: {why}");
+        }
+        assert!(registry_version(None).unwrap_err().contains("no schema_version"));
+    }
+
+    /// Issue 44: an empty subject (an empty event type under `record_name`) was asked for, answered a bare
+    /// 404, and stopped the connector; it is now "missing" without asking (the registry's URL here answers
+    /// nothing, so a question would be a transient error).
+    #[test]
+    fn an_empty_subject_is_missing_without_asking_the_registry() {
+        let config = Config::parse(
+            "[source]\nhost = \"h\"\nuser = \"u\"\nserver_id = 1\n[outbox]\ntable = \"s.t\"\n\
+             [kafka]\nbootstrap_servers = \"k:9092\"\nvalue_format = \"avro\"\n\
+             [schema_registry]\nurl = \"http://127.0.0.1:9\"\nsubject = \"record_name\"\n",
+        )
+        .unwrap();
+        let schemas = Schemas::for_config(&config).unwrap();
+        let subject = schemas.value_subject("t", "order", "");
+        assert_eq!(subject, "");
+        schemas.resolve(&subject, Some(1)).unwrap();
+        match schemas.cached(&subject, Some(1)) {
+            Cached::Missing(why) => assert!(why.contains("subject is empty"), "{why}"),
+            _ => panic!("an empty subject must be missing"),
+        }
+    }
 
     #[test]
     fn subjects_render_from_presets_and_templates() {
