@@ -3,8 +3,9 @@
 //!
 //! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2.
 //!
-//! The `jsonschema` crate validates (drafts 4 to 2020-12, the draft the schema's `$schema` names, 2020-12
-//! otherwise). Referenced schemas come from the registry, each under the name its reference gives
+//! The `jsonschema` crate validates (drafts 4 to 2020-12, the draft the schema's `$schema` names, draft-07
+//! otherwise: the draft Confluent's serializers and registry assume for a schema that names none, where
+//! `items: [...]` is a tuple and `definitions` the place for subschemas). Referenced schemas come from the registry, each under the name its reference gives
 //! (the `$ref` URL); nothing is fetched from the network or the disk on a schema's say-so.
 
 use serde_json::Value;
@@ -30,6 +31,9 @@ impl JsonSchemaCodec {
     pub fn parse(schema: &str, references: &[(String, String)]) -> Result<Self, String> {
         let schema: Value = serde_json::from_str(schema).map_err(|e| format!("not JSON: {e}"))?;
         let mut options = jsonschema::options();
+        if schema.get("$schema").is_none() {
+            options = options.with_draft(jsonschema::Draft::Draft7);
+        }
         for (name, text) in references {
             let contents: Value =
                 serde_json::from_str(text).map_err(|e| format!("reference {name:?} is not JSON: {e}"))?;
@@ -116,5 +120,22 @@ mod tests {
             let mismatch = codec().encode(&bad, &bad.to_string(), &mut Vec::new()).unwrap_err();
             assert_eq!(mismatch.path(), path, "{bad}: {mismatch}");
         }
+    }
+
+    /// Issue 44: a schema without `$schema` was read as 2020-12, where Confluent reads draft-07: a
+    /// draft-07 tuple (`items` as an array, `additionalItems`) did not compile, and the subject was
+    /// unusable. It is draft-07 now; a schema that names its draft keeps it.
+    #[test]
+    fn a_schema_without_its_draft_is_draft_07() {
+        let tuple = json!({"type": "array", "items": [{"type": "integer"}], "additionalItems": false});
+        let codec = JsonSchemaCodec::parse(&tuple.to_string(), &[]).unwrap();
+        codec.encode(&json!([1]), "[1]", &mut Vec::new()).unwrap();
+        let extra = codec.encode(&json!([1, "x"]), r#"[1, "x"]"#, &mut Vec::new()).unwrap_err();
+        assert_eq!(extra.path(), "$", "{extra}");
+        let named = json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "array",
+            "prefixItems": [{"type": "integer"}], "items": false});
+        let codec = JsonSchemaCodec::parse(&named.to_string(), &[]).unwrap();
+        codec.encode(&json!([1]), "[1]", &mut Vec::new()).unwrap();
+        assert!(codec.encode(&json!([1, 2]), "[1, 2]", &mut Vec::new()).is_err());
     }
 }
