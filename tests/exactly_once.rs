@@ -621,15 +621,18 @@ async fn a_release_reads_the_hold_past_another_writers_open_transaction() {
     assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 
     write(&connector, 100_000);
-    // The foreign transaction ends while the release waits for it.
-    let ender = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(12));
-        rdkafka::producer::Producer::abort_transaction(&foreign, Duration::from_secs(30)).expect("abort");
-    });
-    let (status, out, err) = connector.command(&["quarantine", "release", "order", "P-1"], PROGRESS_TIMEOUT).unwrap();
-    ender.join().unwrap();
+    // The foreign transaction ends once the release said that it waits for it (or ended without saying so,
+    // which fails below): never at a time, which a slow machine may reach before the release does.
+    const WAITS: &str = "waiting for a transaction another producer left open";
+    let release = ["quarantine", "release", "order", "P-1"];
+    let (status, out, err) = connector
+        .command_during(&release, PROGRESS_TIMEOUT, move |running| {
+            running.wait_for_stderr(WAITS);
+            rdkafka::producer::Producer::abort_transaction(&foreign, Duration::from_secs(30)).expect("abort");
+        })
+        .unwrap();
+    assert!(err.contains(WAITS), "the release did not say that it waits:\n{out}\n{err}");
     assert!(status.success() && out.contains("4 event(s) republished"), "{out}\n{err}");
-    assert!(err.contains("waiting for a transaction another producer left open"), "{err}");
     let live = broker.read_to_end("outbox.event.order", common::Isolation::ReadCommitted, PROGRESS_TIMEOUT);
     let p1: Vec<_> = live.iter().filter(|r| r.key_str() == Some("P-1")).filter_map(|r| r.header_str("id")).collect();
     let want: Vec<&str> = std::iter::once(&poison).chain(&held).map(|r| r.id.as_str()).collect();

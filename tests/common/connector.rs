@@ -336,6 +336,63 @@ impl Connector {
         Ok((status, out.join().unwrap_or_default(), err.join().unwrap_or_default()))
     }
 
+    /// Like [`Connector::command`], with `during` run on another thread while the command runs: it gets the
+    /// command's [`Running`] output so far, so that a test can act on a line the command logs (end a
+    /// transaction the command said it waits for) instead of at a time. The command's result is returned
+    /// after both the command and `during` ended.
+    ///
+    /// # Errors
+    /// When the command does not finish within `timeout`.
+    pub fn command_during(
+        &self,
+        args: &[&str],
+        timeout: Duration,
+        during: impl FnOnce(&Running) + Send,
+    ) -> Result<(ExitStatus, String, String), String> {
+        use std::sync::atomic::Ordering;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-cdc"));
+        cmd.args(args)
+            .arg("--config")
+            .arg(self.config_path())
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = process::spawn(cmd).expect("start outbox-cdc");
+        let running = Running::default();
+        let collect = |pipe: Box<dyn std::io::Read + Send>, into: &std::sync::Mutex<Vec<u8>>| {
+            let mut pipe = pipe;
+            let mut buf = [0u8; 8192];
+            while let Ok(n @ 1..) = pipe.read(&mut buf) {
+                into.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(&buf[..n]);
+            }
+        };
+        let (stdout, stderr) = (child.stdout.take().expect("piped"), child.stderr.take().expect("piped"));
+        std::thread::scope(|s| {
+            let out = s.spawn(|| collect(Box::new(stdout), &running.stdout));
+            let err = s.spawn(|| collect(Box::new(stderr), &running.stderr));
+            let acting = s.spawn(|| during(&running));
+            let status = process::wait_timeout(&mut child, timeout);
+            if status.is_none() {
+                process::kill_now(&mut child);
+            }
+            // The pipes are drained once the readers end: then everything the command wrote is in `running`.
+            let _ = (out.join(), err.join());
+            running.finished.store(true, Ordering::Release);
+            if let Err(panic) = acting.join() {
+                std::panic::resume_unwind(panic);
+            }
+            match status {
+                Some(status) => Ok((status, running.stdout(), running.stderr())),
+                None => Err(format!(
+                    "outbox-cdc {args:?} did not finish within {timeout:?}\nstdout: {}\nstderr: {}",
+                    running.stdout(),
+                    running.stderr()
+                )),
+            }
+        })
+    }
+
     /// The stored checkpoint record as printed by `outbox-cdc status --json --config <config_path>`,
     /// run as a separate short-lived process (the connector process, running or not, is not touched);
     /// `None` when no checkpoint has been stored yet.
@@ -395,6 +452,50 @@ impl Connector {
     /// stderr of all runs (tracing logs go here by default).
     pub fn stderr(&self) -> String {
         read_lossy(&self.dir.path().join("stderr.log"))
+    }
+}
+
+/// What a command started by [`Connector::command_during`] printed so far, and whether it ended.
+#[derive(Debug, Default)]
+pub struct Running {
+    /// Its stdout so far.
+    stdout: std::sync::Mutex<Vec<u8>>,
+    /// Its stderr (logs) so far.
+    stderr: std::sync::Mutex<Vec<u8>>,
+    /// Set once the command exited (or was killed at its timeout) and its pipes are drained.
+    finished: std::sync::atomic::AtomicBool,
+}
+
+impl Running {
+    /// Its stdout so far.
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.stdout.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+    }
+
+    /// Its stderr (logs) so far.
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+    }
+
+    /// Whether the command has ended: nothing more will come.
+    pub fn finished(&self) -> bool {
+        self.finished.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Waits until the command's stderr contains `text` (true) or the command ended without it (false).
+    /// No deadline of its own: the command's timeout bounds the wait.
+    pub fn wait_for_stderr(&self, text: &str) -> bool {
+        loop {
+            // `finished` first: once it is set, everything the command wrote is in the buffer.
+            let ended = self.finished();
+            if self.stderr().contains(text) {
+                return true;
+            }
+            if ended {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
