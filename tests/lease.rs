@@ -61,6 +61,13 @@ async fn holder_of(conn: &mut mysql_async::Conn, lock: &str) -> Option<u64> {
     conn.exec_first::<Option<u64>, _, _>("SELECT IS_USED_LOCK(?)", (lock,)).await.expect("IS_USED_LOCK").flatten()
 }
 
+/// The ids of the sessions of user `cdc` open on the server.
+async fn cdc_sessions(conn: &mut mysql_async::Conn) -> std::collections::BTreeSet<u64> {
+    let ids: Vec<u64> =
+        conn.query("SELECT ID FROM information_schema.PROCESSLIST WHERE USER = 'cdc'").await.expect("PROCESSLIST");
+    ids.into_iter().collect()
+}
+
 /// The second instance with the same name waits while the first holds the lease and takes over once the
 /// first's connection is killed; the killed holder reports the loss; other names are not blocked (also names
 /// MySQL would confuse or refuse: differing only in case, longer than its 64 characters; this MariaDB does
@@ -103,12 +110,19 @@ async fn a_standby_waits_while_the_holder_lives_and_takes_over_when_it_is_killed
 
     // An acquire shut down while it waits returns no lease.
     let source = SourceConn::from_config(&orders).unwrap();
+    let before = cdc_sessions(&mut root).await;
     let shut = Lease::acquire(&source, "orders", f, tokio::time::sleep(Duration::from_millis(1500))).await.unwrap();
     assert!(shut.is_none(), "shutdown ends the wait without a lease");
     // Its last GET_LOCK ends on the server within its 1-second wait (the module's docs: it may be granted
-    // the lock in that second, and its connection then closes); wait it out, so that the hand-overs below
-    // are between the two instances only.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // the lock in that second, and its connection then closes); wait until its session is gone (not for a
+    // time, which a loaded server can overrun), so that the hand-overs below are between the two instances
+    // only.
+    let its: Vec<u64> = cdc_sessions(&mut root).await.difference(&before).copied().collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cdc_sessions(&mut root).await.iter().any(|id| its.contains(id)) {
+        assert!(Instant::now() < deadline, "the shut-down acquire's session {its:?} stays open");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     let killed = Instant::now();
     root.query_drop(format!("KILL {}", active.connection_id())).await.expect("KILL the holder's connection");

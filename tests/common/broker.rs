@@ -432,7 +432,31 @@ impl Broker {
             .unwrap_or_else(|e| panic!("watermarks of {topic}/{partition} ({isolation:?}): {e}\n{}", self.log_tail(20)))
     }
 
+    /// [`Broker::read_all`] that, once `expected_min` records are in, reads on until nothing new came for
+    /// `quiet` (instead of 1 s): "these records, and no more within `quiet`" while a producer still runs, with
+    /// a `timeout` as long as a loaded machine needs to read the first `expected_min`.
+    pub fn read_all_quiet(
+        &self,
+        topic: &str,
+        expected_min: usize,
+        quiet: Duration,
+        timeout: Duration,
+    ) -> Vec<Received> {
+        self.read_until_quiet(topic, expected_min, timeout, Isolation::ReadCommitted, quiet)
+    }
+
     fn read(&self, topic: &str, expected_min: usize, timeout: Duration, isolation: Isolation) -> Vec<Received> {
+        self.read_until_quiet(topic, expected_min, timeout, isolation, QUIET_PERIOD)
+    }
+
+    fn read_until_quiet(
+        &self,
+        topic: &str,
+        expected_min: usize,
+        timeout: Duration,
+        isolation: Isolation,
+        quiet: Duration,
+    ) -> Vec<Received> {
         let deadline = Instant::now() + timeout;
         let consumer: BaseConsumer = self.reader_config(isolation).create().expect("create rdkafka reader");
         let partitions = loop {
@@ -462,7 +486,7 @@ impl Broker {
                 None => {}
             }
             let now = Instant::now();
-            if (out.len() >= expected_min && now.duration_since(last_new) >= QUIET_PERIOD) || now >= deadline {
+            if (out.len() >= expected_min && now.duration_since(last_new) >= quiet) || now >= deadline {
                 return out;
             }
         }
