@@ -38,7 +38,6 @@
 //!   infinity. double: the number as its text says, exactly (serde_json's `float_roundtrip`).
 
 use std::collections::HashMap;
-use std::fmt;
 
 use apache_avro::schema::{FixedSchema, Name, RecordField, RecordSchema, Schema, UnionSchema};
 use num_bigint::BigInt;
@@ -46,9 +45,12 @@ use serde_json::Value;
 
 mod from_text;
 mod meaning;
+mod mismatch;
 
 use from_text::{parse_date, time_of_day, timestamp, unscaled_decimal};
 use meaning::{FixedMeaning, Meaning};
+pub use mismatch::Mismatch;
+use mismatch::{describe, expected, long, Segment};
 
 /// A parsed Avro schema with its named types (its own and those of the schemas it references).
 #[derive(Debug)]
@@ -66,73 +68,6 @@ pub struct AvroCodec {
 enum Mode {
     Payload,
     Default,
-}
-
-/// Where in the payload a value does not fit its schema, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mismatch {
-    path: Vec<Segment>,
-    reason: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Segment {
-    Field(String),
-    Index(usize),
-    Key(String),
-}
-
-impl Mismatch {
-    /// A mismatch at the current value.
-    pub fn new(reason: impl Into<String>) -> Self {
-        Mismatch { path: Vec::new(), reason: reason.into() }
-    }
-
-    fn at(mut self, segment: Segment) -> Self {
-        self.path.push(segment);
-        self
-    }
-
-    /// An object key on the way to the mismatch, outermost last.
-    pub fn in_field(self, name: &str) -> Self {
-        self.at(Segment::Field(name.to_string()))
-    }
-
-    /// An array index on the way to the mismatch.
-    pub fn in_item(self, index: usize) -> Self {
-        self.at(Segment::Index(index))
-    }
-
-    /// The JSON path of the value, e.g. `$.lines[2].price`.
-    pub fn path(&self) -> String {
-        let mut path = String::from("$");
-        for segment in self.path.iter().rev() {
-            match segment {
-                Segment::Field(name) if name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') => {
-                    path.push('.');
-                    path.push_str(name);
-                }
-                Segment::Field(name) | Segment::Key(name) => {
-                    path.push('[');
-                    path.push_str(&serde_json::to_string(name).expect("a string serializes"));
-                    path.push(']');
-                }
-                Segment::Index(i) => path.push_str(&format!("[{i}]")),
-            }
-        }
-        path
-    }
-
-    /// Why the value does not fit.
-    pub fn reason(&self) -> &str {
-        &self.reason
-    }
-}
-
-impl fmt::Display for Mismatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path(), self.reason)
-    }
 }
 
 type Fit = Result<(), Mismatch>;
@@ -561,35 +496,9 @@ fn collect_names(schema: &Schema, names: &mut HashMap<String, Schema>) {
     }
 }
 
-fn expected(what: &str, value: &Value) -> Mismatch {
-    Mismatch::new(format!("expected {what}, found {}", describe(value)))
-}
-
-/// A short description of a JSON value for a mismatch (its type, and a short value).
-fn describe(value: &Value) -> String {
-    match value {
-        Value::Null => "null".into(),
-        Value::Bool(b) => format!("the boolean {b}"),
-        Value::Number(n) => format!("the number {n}"),
-        Value::String(s) if s.chars().count() <= 40 => format!("the string {s:?}"),
-        Value::String(s) => format!("a string of {} characters", s.chars().count()),
-        Value::Array(a) => format!("an array of {}", a.len()),
-        Value::Object(_) => "an object".into(),
-    }
-}
-
 fn int(value: &Value) -> Result<i32, Mismatch> {
     let n = value.as_i64().ok_or_else(|| expected("an integer (int)", value))?;
     i32::try_from(n).map_err(|_| Mismatch::new(format!("{n} is out of the range of int (32 bits)")))
-}
-
-fn long(value: &Value) -> Result<i64, Mismatch> {
-    match value {
-        Value::Number(n) => {
-            n.as_i64().ok_or_else(|| Mismatch::new(format!("{n} is not an integer in the range of long")))
-        }
-        _ => Err(expected("an integer (long)", value)),
-    }
 }
 
 fn text<'v>(value: &'v Value, what: &str) -> Result<&'v str, Mismatch> {

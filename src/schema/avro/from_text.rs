@@ -1,10 +1,12 @@
 //! Numbers from a payload's text: a decimal's unscaled integer, and the counts of dates, times and
 //! timestamps from ISO-8601, each exact or a mismatch (never truncated, never moved).
+//!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2.
 
 use num_bigint::BigInt;
 use serde_json::Value;
 
-use super::{expected, long, Mismatch};
+use super::mismatch::{expected, long, Mismatch};
 
 /// The unscaled integer of a decimal written as text (`"-199.5"`) or a JSON integer, at `scale`.
 pub(super) fn unscaled_decimal(value: &Value, scale: usize, precision: usize) -> Result<BigInt, Mismatch> {

@@ -1,5 +1,7 @@
 //! What apache-avro's schema model does not carry, read from the schema text before apache-avro parses it.
 //!
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2.
+//!
 //! apache-avro 0.21 turns a `fixed` with a logical type into a type without the fixed's name (`Decimal`
 //! over it, `Uuid`, `Duration`): a second reference to the name then finds the plain fixed, and a decimal
 //! was written there as raw text (issue 44, finding 1); a uuid `fixed(16)` became the string-based `Uuid`,
