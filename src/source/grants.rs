@@ -153,31 +153,13 @@ fn covers(scope: &Scope, target: &Scope, case: NameCase) -> bool {
     match (scope, target) {
         (Scope::Global, _) => true,
         (Scope::Database(pattern), Scope::Database(database) | Scope::Table { database, .. }) => {
-            like(pattern, database, case)
+            case.like(pattern, database)
         }
         (Scope::Table { database: d, table: t }, Scope::Table { database, table }) => {
             same(d, database) && same(t, table)
         }
         _ => false,
     }
-}
-
-/// The server's match of a database name in a grant: `%` any run, `_` one character, `\` escapes either.
-fn like(pattern: &str, name: &str, case: NameCase) -> bool {
-    let fold = |s: &str| match case {
-        NameCase::Sensitive => s.chars().collect::<Vec<_>>(),
-        NameCase::Insensitive | NameCase::Unknown => s.to_lowercase().chars().collect(),
-    };
-    fn go(p: &[char], n: &[char]) -> bool {
-        match p.split_first() {
-            None => n.is_empty(),
-            Some(('%', rest)) => (0..=n.len()).any(|i| go(rest, &n[i..])),
-            Some(('_', rest)) => !n.is_empty() && go(rest, &n[1..]),
-            Some(('\\', rest)) if !rest.is_empty() => n.first() == Some(&rest[0]) && go(&rest[1..], &n[1..]),
-            Some((c, rest)) => n.first() == Some(c) && go(rest, &n[1..]),
-        }
-    }
-    go(&fold(pattern), &fold(name))
 }
 
 /// `*.*`, `` `db`.* ``, `` `db`.`table` `` (a `TABLE` keyword allowed); routines and the rest are `Other`.

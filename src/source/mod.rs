@@ -172,6 +172,30 @@ impl NameCase {
             NameCase::Insensitive
         }
     }
+
+    /// Whether `name` matches a name pattern as the server matches one (a database in a `GRANT`, a
+    /// `replicate-wild-*-table` filter): `%` any run, `_` one character, `\` escapes either; characters
+    /// compared by this rule (`Unknown` case-insensitively).
+    pub fn like(self, pattern: &str, name: &str) -> bool {
+        let same = |a: char, b: char| match self {
+            NameCase::Sensitive => a == b,
+            NameCase::Insensitive | NameCase::Unknown => a.to_lowercase().eq(b.to_lowercase()),
+        };
+        fn go(p: &[char], n: &[char], same: &dyn Fn(char, char) -> bool) -> bool {
+            match p.split_first() {
+                None => n.is_empty(),
+                Some(('%', rest)) => (0..=n.len()).any(|i| go(rest, &n[i..], same)),
+                Some(('_', rest)) => !n.is_empty() && go(rest, &n[1..], same),
+                Some(('\\', rest)) if !rest.is_empty() => {
+                    n.first().is_some_and(|&c| same(rest[0], c)) && go(&rest[1..], &n[1..], same)
+                }
+                Some((&c, rest)) => n.first().is_some_and(|&d| same(c, d)) && go(rest, &n[1..], same),
+            }
+        }
+        let p: Vec<char> = pattern.chars().collect();
+        let n: Vec<char> = name.chars().collect();
+        go(&p, &n, &same)
+    }
 }
 
 /// A configured outbox table and the name the server knows it by.

@@ -374,24 +374,6 @@ fn listed(list: &str, name: &str, case: NameCase, loose: bool) -> bool {
     })
 }
 
-/// `replicate-wild-*-table` matching: `%` any run, `_` one character, `\` escapes; case-insensitive.
-fn wild_match(pattern: &str, name: &str) -> bool {
-    fn go(p: &[char], n: &[char]) -> bool {
-        match p.split_first() {
-            None => n.is_empty(),
-            Some(('%', rest)) => (0..=n.len()).any(|i| go(rest, &n[i..])),
-            Some(('_', rest)) => !n.is_empty() && go(rest, &n[1..]),
-            Some(('\\', rest)) if !rest.is_empty() => {
-                n.first().is_some_and(|c| c.to_lowercase().eq(rest[0].to_lowercase())) && go(&rest[1..], &n[1..])
-            }
-            Some((c, rest)) => n.first().is_some_and(|d| d.to_lowercase().eq(c.to_lowercase())) && go(rest, &n[1..]),
-        }
-    }
-    let p: Vec<char> = pattern.chars().collect();
-    let n: Vec<char> = name.chars().collect();
-    go(&p, &n)
-}
-
 /// Why a database filter of the binlog (`binlog-do-db` / `binlog-ignore-db`) keeps `table`'s rows out of
 /// it, if it does. In ROW format both filter on the database of the changed table.
 fn binlog_filter_hides(do_db: &str, ignore_db: &str, table: &TableName, case: NameCase) -> Option<String> {
@@ -432,13 +414,13 @@ impl ReplicaFilters {
         let patterns = |list: &str| {
             list.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::to_string).collect::<Vec<_>>()
         };
-        if let Some(p) = patterns(&self.wild_ignore_table).iter().find(|p| wild_match(p, &full)) {
+        if let Some(p) = patterns(&self.wild_ignore_table).iter().find(|p| NameCase::Insensitive.like(p, &full)) {
             return Some(format!("replicate-wild-ignore-table = {p} matches {full}"));
         }
         let do_tables = !self.do_table.trim().is_empty() || !self.wild_do_table.trim().is_empty();
         if do_tables
             && !listed(&self.do_table, &full, case, false)
-            && !patterns(&self.wild_do_table).iter().any(|p| wild_match(p, &full))
+            && !patterns(&self.wild_do_table).iter().any(|p| NameCase::Insensitive.like(p, &full))
         {
             return Some(format!(
                 "replicate-do-table = {} / replicate-wild-do-table = {} do not name {full}",
