@@ -308,32 +308,7 @@ impl Connector {
     /// # Errors
     /// When the command does not finish within `timeout`.
     pub fn command(&self, args: &[&str], timeout: Duration) -> Result<(ExitStatus, String, String), String> {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-cdc"));
-        cmd.args(args)
-            .arg("--config")
-            .arg(self.config_path())
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = process::spawn(cmd).expect("start outbox-cdc");
-        let mut stdout = child.stdout.take().expect("piped");
-        let mut stderr = child.stderr.take().expect("piped");
-        let out = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
-            s
-        });
-        let err = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
-            s
-        });
-        let Some(status) = process::wait_timeout(&mut child, timeout) else {
-            process::kill_now(&mut child);
-            return Err(format!("outbox-cdc {args:?} did not finish within {timeout:?}"));
-        };
-        Ok((status, out.join().unwrap_or_default(), err.join().unwrap_or_default()))
+        self.command_during(args, timeout, |_| {})
     }
 
     /// Like [`Connector::command`], with `during` run on another thread while the command runs: it gets the
