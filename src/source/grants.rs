@@ -83,26 +83,9 @@ struct Line {
     revoke: bool,
 }
 
-/// The privilege lines of an account and of its active roles.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Grants {
-    lines: Vec<Line>,
-    /// The roles granted by `GRANT role TO …` lines, as written there (quoted).
-    roles: Vec<String>,
-}
-
-impl Grants {
-    /// Parses `SHOW GRANTS` lines; lines it does not understand hold nothing.
-    pub fn parse<'a>(lines: impl IntoIterator<Item = &'a str>) -> Grants {
-        let mut grants = Grants::default();
-        for line in lines {
-            grants.add(line);
-        }
-        grants
-    }
-
-    /// Adds one `SHOW GRANTS` line.
-    pub fn add(&mut self, line: &str) {
+impl Line {
+    /// One `SHOW GRANTS` line's privileges and scope; `None` for any other line.
+    fn parse(line: &str) -> Option<Line> {
         let line = line.trim();
         let upper = line.to_ascii_uppercase();
         let (revoke, body, to) = if upper.starts_with("GRANT ") {
@@ -110,28 +93,30 @@ impl Grants {
         } else if upper.starts_with("REVOKE ") {
             (true, &line[7..], " FROM ")
         } else {
-            return;
+            return None;
         };
-        let Some(end) = find_outside_quotes(body, to) else { return };
-        let head = &body[..end];
-        match find_outside_quotes(head, " ON ") {
-            Some(on) => {
-                let privileges = split_outside(&head[..on], ',')
-                    .into_iter()
-                    .filter(|p| !p.contains('('))
-                    .map(|p| p.trim().to_ascii_uppercase())
-                    .collect();
-                self.lines.push(Line { privileges, scope: parse_scope(head[on + 4..].trim()), revoke });
-            }
-            // `GRANT role[, role] TO …`: a role grant (MariaDB `role`, MySQL `role`@`host`).
-            None if !revoke => self.roles.extend(split_outside(head, ',').into_iter().map(|r| r.trim().to_string())),
-            None => {}
-        }
+        let head = &body[..find_outside_quotes(body, to)?];
+        let on = find_outside_quotes(head, " ON ")?;
+        let privileges = split_outside(&head[..on], ',')
+            .into_iter()
+            .filter(|p| !p.contains('('))
+            .map(|p| p.trim().to_ascii_uppercase())
+            .collect();
+        Some(Line { privileges, scope: parse_scope(head[on + 4..].trim()), revoke })
     }
+}
 
-    /// The roles these lines grant, as `SHOW GRANTS` wrote them (quoted, ready for `SHOW GRANTS FOR`).
-    pub fn roles(&self) -> &[String] {
-        &self.roles
+/// The privilege lines of an account and of its active roles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grants {
+    lines: Vec<Line>,
+}
+
+impl Grants {
+    /// Parses `SHOW GRANTS` lines; lines it does not understand, and role grants (`GRANT role TO …`, no
+    /// `ON`), hold nothing.
+    pub fn parse<'a>(lines: impl IntoIterator<Item = &'a str>) -> Grants {
+        Grants { lines: lines.into_iter().filter_map(Line::parse).collect() }
     }
 
     /// Whether `privilege` (upper case, e.g. `LOCK TABLES`) is held at `target` (`*.*`, a database or a
@@ -290,16 +275,6 @@ mod tests {
         }
         let grants = Grants::parse(["GRANT LOCK TABLES ON `Shop`.* TO `cdc`@`%`"]);
         assert!(grants.holds("LOCK TABLES", &db("shop"), NameCase::Insensitive), "lower_case_table_names=1");
-    }
-
-    #[test]
-    fn roles_are_named_as_written() {
-        let grants = Grants::parse([
-            "GRANT `cdc_role` TO `cdc`@`%`",
-            "GRANT `r1`@`%`,`r2`@`localhost` TO `cdc`@`%`",
-            "GRANT SELECT ON `shop`.* TO `cdc`@`%`",
-        ]);
-        assert_eq!(grants.roles(), ["`cdc_role`", "`r1`@`%`", "`r2`@`localhost`"]);
     }
 
     #[test]
