@@ -24,6 +24,10 @@
 #   - confluent-kafka 2.16.1 with its Avro, Protobuf, JSON Schema and schema-registry extras (pip, each
 #     package pinned): tests/schema_registry.rs decodes every record the connector framed with its
 #     deserializers and their own registry client, an implementation independent of the connector's.
+#   - grpcio-tools 1.85.4 (pip, pinned, with its grpcio and confluent-kafka's protobuf pin): Google's protoc
+#     in a Python package (`python3 -m grpc_tools.protoc`). tests/protobuf_corpus.rs compiles every corpus
+#     schema from its text with it, not with the connector's own compiler (protox), and decodes the
+#     connector's messages with Python's protobuf runtime from those descriptors.
 #   - noida-db 0.2.3 (pip, pinned; a prebuilt binary in a Python package): its Kafka service is the
 #     broker of the exactly-once tests, the only one here with working transactions. Not durable across
 #     its own restart, so never used where the broker restarts. tests/noida_smoke.rs pins its behaviour.
@@ -33,6 +37,7 @@ TANSU_VERSION=0.6.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
 NOIDA_DB_VERSION=0.2.3
 CONFLUENT_KAFKA_VERSION=2.16.1
+GRPCIO_TOOLS_VERSION=1.85.4
 # The extras' packages, pinned so that a provisioned machine decodes with the code the tests were run with.
 CONFLUENT_KAFKA_EXTRAS=(fastavro==1.13.1 avro==1.12.2 protobuf==7.36.2 googleapis-common-protos==1.76.0
     jsonschema==4.26.0 referencing==0.37.0 requests==2.34.2 attrs==26.1.0 cachetools==8.0.2 authlib==1.9.10
@@ -88,6 +93,18 @@ else
     log "pip install confluent-kafka[avro,protobuf,json,schemaregistry]==$CONFLUENT_KAFKA_VERSION"
     pip_install "confluent-kafka[avro,protobuf,json,schemaregistry]==$CONFLUENT_KAFKA_VERSION" \
         "${CONFLUENT_KAFKA_EXTRAS[@]}"
+fi
+
+# --- grpcio-tools (Python): protoc for the Protobuf corpus --------------------------------------
+if python3 -c 'import importlib.metadata as m, sys
+import grpc_tools.protoc
+sys.exit(m.version("grpcio-tools") != sys.argv[1])' "$GRPCIO_TOOLS_VERSION" 2>/dev/null; then
+    log "grpcio-tools $GRPCIO_TOOLS_VERSION already installed"
+else
+    log "pip install grpcio-tools==$GRPCIO_TOOLS_VERSION (protoc for tests/protobuf_corpus.rs)"
+    # The protobuf runtime stays at the version confluent-kafka's extras pin.
+    pip_install "grpcio-tools==$GRPCIO_TOOLS_VERSION" "grpcio==$GRPCIO_TOOLS_VERSION" \
+        "$(printf '%s\n' "${CONFLUENT_KAFKA_EXTRAS[@]}" | grep '^protobuf==')"
 fi
 
 # --- noida-db (Python package with a prebuilt broker binary) ------------------------------------
