@@ -8,7 +8,7 @@
 //! See [`pipeline`] for the data flow. The same path also reads binlog files from disk instead of a server
 //! (`[source] kind = "files"`, [`source::files`]) for forensics and disaster recovery.
 //! For servers whose binlog the connector may not read, a polling relay (`[source] kind = "poll"`,
-//! [`source::poll`]) reads unpublished rows of the table in the order of its sequence column, publishes them
+//! [`relay`]) reads unpublished rows of the table in the order of its sequence column, publishes them
 //! through the same router and sink, and marks them `published_at`; one relay of a connector publishes at a
 //! time, under the same lease as the binlog source's standby.
 //!
@@ -65,6 +65,7 @@ pub mod position;
 pub mod progress;
 pub mod publish;
 pub mod quarantine;
+pub mod relay;
 pub mod router;
 pub mod scheduling;
 pub mod schema;

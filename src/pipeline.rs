@@ -45,7 +45,6 @@ use crate::source::{preflight, SourceConn, SourceReader};
 
 mod commit;
 mod plan;
-mod poll;
 mod read_ahead;
 mod run;
 mod shutdown;
@@ -99,7 +98,7 @@ impl Pipeline {
             (Source::Files(files), _) => return self.run_files(files, store, shutdown).await,
             (Source::Server(server), Some(source)) => (source, server),
             (Source::Poll(_), Some(source)) => {
-                return poll::run(
+                return crate::relay::run::run(
                     config,
                     source,
                     self.router.clone(),

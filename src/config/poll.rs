@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 /// that the binlog source's standby uses ([`crate::lease`]); the others wait and take over within
 /// `[delivery] failover_timeout_ms`. The active relay reads unpublished rows (`published_at IS NULL`) in the
 /// order of the table's sequence column, publishes them, and once Kafka acknowledged them sets
-/// `published_at`, one statement per batch (see `source::poll`).
+/// `published_at`, one statement per batch (see `relay`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(from = "PollConfigToml")]
 pub struct PollConfig {

@@ -488,9 +488,9 @@ async fn scan_table(
         let id_column = IdColumn::require(conn, t, &c.id).await?;
         let sequence = match (&config.source.kind, config.poll.order) {
             (crate::config::Source::Poll(_), crate::config::PollOrder::Sequence) => {
-                let found = crate::source::poll::columns_of(conn, t).await?;
-                match crate::source::poll::order_key(&found, c, config.poll.order) {
-                    Some(crate::source::poll::OrderKey::Sequence(column)) => Some(column),
+                let found = crate::relay::columns_of(conn, t).await?;
+                match crate::relay::order_key(&found, c, config.poll.order) {
+                    Some(crate::relay::OrderKey::Sequence(column)) => Some(column),
                     _ => None,
                 }
             }

@@ -84,7 +84,7 @@ use crate::config::{ColumnNames, Config, Connection, OnUpdate, PollOrder};
 use crate::error::{classify_mysql, Error, Result};
 use crate::outbox::{quote_ident, TableName};
 use crate::position::{Gtids, Position};
-use crate::source::poll::HELD_AT;
+use crate::relay::HELD_AT;
 use crate::source::{self, preflight, snapshot, SourceConn};
 
 /// What to prune, besides the `[prune]` config.
@@ -411,7 +411,7 @@ pub async fn prune_published(config: &Config, options: &PruneOptions) -> Result<
     let id = quote_ident(&config.outbox.columns.id);
     let batch = config.prune.batch_rows;
     let pause = config.prune.pause;
-    let progress = crate::source::poll::progress_table_name(config);
+    let progress = crate::relay::progress_table_name(config);
     for table in config.tables() {
         let (not_held, held_params) = not_held(&config.outbox.columns, table, &mut conn, &held).await?;
         // With a progress table, rows up to its number are published too (their `published_at` stays
@@ -421,11 +421,11 @@ pub async fn prune_published(config: &Config, options: &PruneOptions) -> Result<
         let (published, published_params) = match &progress {
             None => (marked, vec![Value::from(cutoff.as_str())]),
             Some(progress) => {
-                let through = crate::source::poll::read_frontier(&mut conn, progress, table).await?;
+                let through = crate::relay::read_frontier(&mut conn, progress, table).await?;
                 let occurred_at = quote_ident(&config.outbox.columns.occurred_at);
-                let found = crate::source::poll::columns_of(&mut conn, table).await?;
-                let order = crate::source::poll::order_key(&found, &config.outbox.columns, PollOrder::Sequence);
-                let Some(crate::source::poll::OrderKey::Sequence(seq)) = order else {
+                let found = crate::relay::columns_of(&mut conn, table).await?;
+                let order = crate::relay::order_key(&found, &config.outbox.columns, PollOrder::Sequence);
+                let Some(crate::relay::OrderKey::Sequence(seq)) = order else {
                     return Err(Error::definite(format!(
                         "{table} has no AUTO_INCREMENT column for [poll] progress_table"
                     )));

@@ -225,7 +225,7 @@ async fn release_from(
     Ok(report)
 }
 
-/// The polling relay parks a hold's rows (unpublished, never due: `source::poll`), which holds the
+/// The polling relay parks a hold's rows (unpublished, never due: `relay`), which holds the
 /// aggregate in every relay; once their events are republished (or skipped), they are marked published, so
 /// the aggregate's later rows follow them. Before the hold is removed: a failure keeps the hold, and running
 /// the release again is safe.
@@ -237,7 +237,7 @@ async fn unpark(config: &Config, letters: &[DeadLetter], ids: &[String]) -> Resu
     }
     for (table, ids) in by_table {
         let table = TableName::parse(table).map_err(Error::definite)?;
-        let marked = crate::source::poll::mark_released(&mut conn, &table, &config.outbox.columns, &ids).await?;
+        let marked = crate::relay::mark_released(&mut conn, &table, &config.outbox.columns, &ids).await?;
         tracing::info!(%table, rows = marked, "released rows marked published: the aggregate's later rows follow");
     }
     let _ = conn.disconnect().await;
@@ -264,9 +264,9 @@ async fn hold_of_parked_row(
             Some(family) => crate::source::column_types::text_sql(family, &quote_ident(&c.id)),
             None => quote_ident(&c.id),
         };
-        let found = crate::source::poll::columns_of(&mut conn, table).await?;
-        let order = match crate::source::poll::order_key(&found, c, config.poll.order) {
-            Some(crate::source::poll::OrderKey::Sequence(column)) => quote_ident(&column),
+        let found = crate::relay::columns_of(&mut conn, table).await?;
+        let order = match crate::relay::order_key(&found, c, config.poll.order) {
+            Some(crate::relay::OrderKey::Sequence(column)) => quote_ident(&column),
             _ => format!("{}, {}", quote_ident(&c.occurred_at), quote_ident(&c.id)),
         };
         parked = conn
@@ -275,8 +275,8 @@ async fn hold_of_parked_row(
                     "SELECT {id_text} FROM {} WHERE {} AND next_attempt_at = '{}' AND {} = ? \
                      AND {} = ? ORDER BY {order} LIMIT 1",
                     table.quoted(),
-                    crate::source::poll::NOT_PUBLISHED,
-                    crate::source::poll::PARKED_UNTIL,
+                    crate::relay::NOT_PUBLISHED,
+                    crate::relay::PARKED_UNTIL,
                     quote_ident(&c.aggregate_type),
                     quote_ident(&c.aggregate_id)
                 ),

@@ -8,7 +8,7 @@ use crate::checkpoint::{Checkpoint, Store};
 use crate::config::{Config, Source};
 use crate::error::Result;
 use crate::metrics::POLL_BACKLOG_CAP;
-use crate::source::poll::Relay;
+use crate::relay::Relay;
 use crate::source::{self, preflight, SourceConn};
 use crate::time::utc_text;
 

@@ -14,7 +14,6 @@ pub mod history;
 pub mod key_order;
 pub mod managed;
 pub mod overlap;
-pub mod poll;
 pub mod preflight;
 pub mod purge;
 pub mod rows;

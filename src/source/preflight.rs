@@ -929,7 +929,7 @@ async fn check_snapshot_index(
 }
 
 /// `check` for the polling relay (`source.kind = "poll"`): per outbox table, the columns (the outbox roles
-/// and the relay's, [`super::poll::POLL_COLUMNS`]), how an aggregate's events are ordered, the index the
+/// and the relay's, [`crate::relay::POLL_COLUMNS`]), how an aggregate's events are ordered, the index the
 /// claim query reads (`published_at, next_attempt_at`: refused without it, with the `ALTER TABLE` that adds
 /// it), the index of the order rule's look-up (a warning), and the privileges: `SELECT` and `UPDATE` on
 /// the table, nothing on the binlog.
@@ -941,25 +941,25 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
     let account = current_account(conn).await?;
     for table in config.tables() {
         check_table(conn, table, &config.outbox.columns, &account, &mut report).await?;
-        let found = super::poll::columns_of(conn, table).await?;
+        let found = crate::relay::columns_of(conn, table).await?;
         if found.is_empty() {
             continue;
         }
         let progress = config.poll.progress_table.is_some();
-        let problems = super::poll::poll_column_problems(table, &found, progress);
+        let problems = crate::relay::poll_column_problems(table, &found, progress);
         report.push(
             &format!("table {table} relay columns"),
-            &super::poll::POLL_COLUMNS
+            &crate::relay::POLL_COLUMNS
                 .iter()
-                .zip(super::poll::POLL_COLUMN_DEFINITIONS)
+                .zip(crate::relay::POLL_COLUMN_DEFINITIONS)
                 .map(|(name, definition)| format!("{name} {definition}"))
                 .collect::<Vec<_>>()
                 .join(", "),
             &if problems.is_empty() { "present".to_string() } else { problems.join("; ") },
             problems.is_empty(),
-            &super::poll::poll_columns_ddl(table, &found, progress).unwrap_or_default(),
+            &crate::relay::poll_columns_ddl(table, &found, progress).unwrap_or_default(),
         );
-        let order = super::poll::order_key(&found, &config.outbox.columns, config.poll.order);
+        let order = crate::relay::order_key(&found, &config.outbox.columns, config.poll.order);
         report.push(
             &format!("table {table} event order"),
             match config.poll.order {
@@ -967,8 +967,8 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
                 PollOrder::OccurredAt => "occurred_at, then id ([poll] order = \"occurred_at\")",
             },
             &match &order {
-                Some(super::poll::OrderKey::Sequence(c)) => format!("by {}", quote_ident(c)),
-                Some(super::poll::OrderKey::OccurredAtThenId) => format!(
+                Some(crate::relay::OrderKey::Sequence(c)) => format!("by {}", quote_ident(c)),
+                Some(crate::relay::OrderKey::OccurredAtThenId) => format!(
                     "by {}, then {}",
                     quote_ident(&config.outbox.columns.occurred_at),
                     quote_ident(&config.outbox.columns.id)
@@ -976,7 +976,7 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
                 None => "none".to_string(),
             },
             order.is_some(),
-            &super::poll::no_order_key(table, &config.outbox.columns, config.poll.order),
+            &crate::relay::no_order_key(table, &config.outbox.columns, config.poll.order),
         );
         let indexes = index_columns(conn, table).await?;
         let starts_with = |wanted: &[&str]| {
@@ -984,9 +984,9 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
                 cols.len() >= wanted.len() && cols.iter().zip(wanted).all(|(c, w)| c.eq_ignore_ascii_case(w))
             })
         };
-        let order_or_default = order.clone().unwrap_or(super::poll::OrderKey::OccurredAtThenId);
-        let wanted = super::poll::read_index_columns(&order_or_default, &config.outbox.columns);
-        let ddl = super::poll::read_index_ddl(table, &order_or_default, &config.outbox.columns);
+        let order_or_default = order.clone().unwrap_or(crate::relay::OrderKey::OccurredAtThenId);
+        let wanted = crate::relay::read_index_columns(&order_or_default, &config.outbox.columns);
+        let ddl = crate::relay::read_index_ddl(table, &order_or_default, &config.outbox.columns);
         let ready = starts_with(&wanted);
         report.push(
             &format!("table {table} read index"),
@@ -1036,7 +1036,7 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
             &format!("GRANT SELECT, UPDATE ON {table} TO {account} (no REPLICATION privilege is needed)"),
         );
     }
-    if let Some(progress) = super::poll::progress_table_name(config) {
+    if let Some(progress) = crate::relay::progress_table_name(config) {
         check_progress_table(conn, &progress, &account, &mut report).await?;
     }
     Ok(report)
@@ -1050,7 +1050,7 @@ async fn check_progress_table(
     account: &Account,
     report: &mut Report,
 ) -> Result<()> {
-    let found = super::poll::columns_of(conn, progress).await?;
+    let found = crate::relay::columns_of(conn, progress).await?;
     let columns = ["outbox_table", "published_through", "updated_at"];
     let ready = columns.iter().all(|c| found.iter().any(|f| f.0.eq_ignore_ascii_case(c)));
     report.push(
@@ -1062,7 +1062,7 @@ async fn check_progress_table(
             (false, false) => "lacks some of them",
         },
         ready,
-        &super::poll::progress_table_ddl(progress),
+        &crate::relay::progress_table_ddl(progress),
     );
     if ready {
         // Privileges are checked at prepare time: statements that match nothing tell without writing.
@@ -1088,7 +1088,7 @@ async fn check_progress_table(
             &format!("GRANT SELECT, INSERT, UPDATE ON {progress} TO {account}"),
         );
     }
-    let process = match super::poll::Relay::open_transactions(conn).await {
+    let process = match crate::relay::open_transactions(conn).await {
         Ok(_) => true,
         Err(e) if e.is_definite() => false,
         Err(e) => return Err(e),

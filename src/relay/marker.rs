@@ -1,0 +1,86 @@
+//! The marker task: marks the rows Kafka acknowledged published on a connection of its own, so that reading
+//! and producing never wait for the marks, and sends their keys back to the run ([`MarkRequest`]).
+//!
+//! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use mysql_async::{Conn, Value};
+
+use super::table::Relay;
+use crate::error::Result;
+use crate::metrics::metrics;
+
+/// Rows of one table acknowledged by Kafka, for the marker task ([`marker`]) to mark published.
+#[derive(Default)]
+pub(super) struct MarkRequest {
+    pub(super) t: usize,
+    pub(super) keys: Vec<Value>,
+    pub(super) seqs: Vec<u64>,
+    /// Their keys as bytes, sent back once marked (the run keeps them in flight until then, so that no
+    /// read takes an acknowledged row that is not marked yet for a new one).
+    pub(super) done: Vec<Vec<u8>>,
+    /// `[poll] progress_table`: the new frontier, written after the marks; the rows of `done` not in
+    /// `keys` are published by it.
+    pub(super) frontier: Option<u64>,
+    /// `[poll] progress_table`: rows of held aggregates to mark `HELD_AT` (by sequence number), first.
+    pub(super) held: Vec<u64>,
+    /// How many rows of `done` the frontier publishes.
+    pub(super) by_frontier: u64,
+}
+
+impl MarkRequest {
+    pub(super) fn new(t: usize) -> MarkRequest {
+        MarkRequest { t, ..MarkRequest::default() }
+    }
+}
+
+/// The marker task: marks the rows it is given published, on its own connection, one statement per table
+/// for all the requests waiting, and sends their keys back.
+///
+/// # Errors
+/// Classified query errors (the rows stay unpublished: the next run publishes them again).
+pub(super) async fn marker(
+    relay: Arc<Relay>,
+    mut conn: Conn,
+    mut requests: tokio::sync::mpsc::Receiver<MarkRequest>,
+    done: tokio::sync::mpsc::UnboundedSender<(usize, Vec<Vec<u8>>)>,
+) -> Result<()> {
+    while let Some(first) = requests.recv().await {
+        let mut waiting = vec![first];
+        while let Ok(more) = requests.try_recv() {
+            waiting.push(more);
+        }
+        // One statement per table for all the requests waiting (their `done` stays with each request).
+        let mut by_table: BTreeMap<usize, MarkRequest> = BTreeMap::new();
+        for request in &waiting {
+            let merged = by_table.entry(request.t).or_insert_with(|| MarkRequest::new(request.t));
+            merged.keys.extend(request.keys.iter().cloned());
+            merged.seqs.extend(&request.seqs);
+            merged.frontier = merged.frontier.max(request.frontier);
+            merged.held.extend(&request.held);
+            merged.by_frontier += request.by_frontier;
+        }
+        for (t, merged) in by_table {
+            // Held rows first: the frontier written below may pass them, and rows marked on their own
+            // may be among them (released since).
+            if !merged.held.is_empty() {
+                relay.mark_held(&mut conn, t, &merged.held).await?;
+            }
+            if !merged.keys.is_empty() {
+                relay.mark_published(&mut conn, t, &merged.keys, &merged.seqs).await?;
+            }
+            if let Some(frontier) = merged.frontier {
+                relay.write_frontier(&mut conn, t, frontier).await?;
+            }
+            metrics().poll_published(merged.by_frontier);
+        }
+        for request in waiting {
+            // The run may have ended meanwhile: nothing to tell then.
+            let _ = done.send((request.t, request.done));
+        }
+    }
+    let _ = conn.disconnect().await;
+    Ok(())
+}

@@ -1,0 +1,622 @@
+//! One run of the polling relay (`source.kind = "poll"`): read unpublished rows in order, publish them,
+//! and mark each batch published once Kafka acknowledged all of it, while the next batches are read and
+//! produced.
+//!
+//! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4, and the pipeline's shutdown.
+//!
+//! The reads, the order and the gaps are in [`super::reads`] and [`super::gaps`]; rows become records
+//! through the same [`Publisher`] (router, dead letters) and [`KafkaSink`] as the binlog source's. There is
+//! no checkpoint: `published_at` is the relay's progress, written only after every record of the batch (and
+//! of every batch before it) was acknowledged. A run starts reading from the first unpublished row, so a
+//! crash republishes at most what was acknowledged and not yet marked: the batches in flight.
+//!
+//! # Who publishes
+//! Only the holder of the lease ([`crate::lease`], taken in [`crate::app`]): the sink refuses every record
+//! once the lease is not provably held, and the app stops the run when it is lost. Like the binlog sink's,
+//! the producer never gives up on a record (`message.timeout.ms = 0`): a record given up while later ones
+//! of its partition land would come back after them on the retry, out of order. So records a paused relay
+//! had handed over and not yet sent can still land after its successor's when it resumes: duplicates of
+//! its last batches, each a step back for a consumer that applies events in order.
+//!
+//! `poll.transactional` closes that gap with Kafka's own fencing. The relays of a connector share one
+//! `transactional.id`; the run's producer starts with `init_transactions`, which aborts the transaction
+//! the relay before it left open and fences that relay's producer, so nothing it sends after the
+//! takeover is written. Its records are produced in transactions that commit back to back (each holds
+//! what was produced while the one before committed, [`super::commit`]), and a batch is marked only once
+//! the transaction holding it committed: a `read_committed` consumer sees each row's record once the row
+//! is, or is about to be, marked, and never a fenced relay's.
+//!
+//! # Errors
+//! - A delivery failure ends the run; nothing is written for it (an outage, a timeout, a restart never
+//!   counts against a row). The next run reads again from the first unpublished row.
+//! - A record the broker refused for good (`Error::refused_record`) also ends the run: its row's `attempts`
+//!   and `last_error` record the refusal, and the pipeline remembers the event as poison, so the next run
+//!   dead-letters it, parks its row and holds its aggregate.
+//!
+//! # Load on the database
+//! Per batch: the read, the read of the sequence gaps when there are any, and one `UPDATE` marking every
+//! batch acknowledged since the last one, as ranges of sequence numbers. The marks go through a second
+//! connection ([`super::marker`]), so reading and producing never wait for them; a row stays in flight (and
+//! no read takes it for a new one) until its mark returned. Idle: one read per `poll.poll_interval_ms`;
+//! every [`FULL_SWEEP_EVERY`] a sweep of the unpublished rows' keys; with parked rows, one read of them
+//! every [`BACKLOG_EVERY`]. `outbox_cdc_poll_queries_total` counts them by kind.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mysql_async::{Conn, Value};
+use rangemap::RangeInclusiveSet;
+
+use super::columns::OrderKey;
+use super::marker::{marker, MarkRequest};
+use super::ranges::fill_gap;
+use super::table::{key_bytes, sequence_value, Aggregate, Glimpse, Polled, Position, Relay, FULL_SWEEP_EVERY};
+use crate::checkpoint::{Store, TxId, Watermark};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::health::health;
+use crate::lease::Holding;
+use crate::metrics::metrics;
+use crate::pipeline::Shutdown;
+use crate::pipeline::SHUTDOWN_GRACE;
+use crate::publish::{Publisher, SourceRow};
+use crate::quarantine::headers;
+use crate::router::Router;
+use crate::sink::{KafkaSink, Transactional};
+use crate::source::SourceConn;
+
+/// How often the relay counts its backlog (`outbox_cdc_poll_backlog_rows`) while it is busy, and reads
+/// which aggregates are parked while some are (a `quarantine release` lifts a hold that way).
+pub const BACKLOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Batches produced and not yet marked, at most; past it the relay waits for acknowledgements.
+pub(super) const MAX_PENDING_BATCHES: usize = 32;
+
+/// A row handed to the producer.
+pub(super) struct Sent {
+    pub(super) key: Value,
+    pub(super) key_bytes: Vec<u8>,
+    pub(super) seq: Option<u64>,
+    pub(super) event_id: Option<String>,
+    pub(super) aggregate: Aggregate,
+    /// Why it was dead-lettered, when it was: parked once acknowledged.
+    pub(super) dead: Option<String>,
+    /// `[poll] progress_table`: its `published_at` is (or is about to be) `HELD_AT`, so it is marked on
+    /// its own once acknowledged, wherever the number is.
+    pub(super) held_at: bool,
+}
+
+/// The rows of one table produced together.
+pub(super) struct Batch {
+    pub(super) tx: TxId,
+    pub(super) t: usize,
+    pub(super) rows: Vec<Sent>,
+}
+
+/// What a run knows of one table.
+#[derive(Default)]
+pub(super) struct TableState {
+    /// The position of the last row read in order; `None` before the first.
+    pub(super) cursor: Option<Position>,
+    /// Sequence ranges (inclusive) a read skipped, by first number: their last number and when they were
+    /// seen first (sequence order only).
+    pub(super) gaps: BTreeMap<u64, (u64, Instant)>,
+    /// Aggregates a parked row holds, or a dead letter in flight.
+    pub(super) held: HashSet<Aggregate>,
+    /// Of those, the ones whose dead letter is not yet acknowledged (and so not yet parked).
+    pub(super) parking: HashSet<Aggregate>,
+    /// Keys of the rows produced and not yet marked.
+    pub(super) in_flight: HashSet<Vec<u8>>,
+    /// When all unpublished rows below the cursor were last looked at.
+    pub(super) swept_at: Option<Instant>,
+    /// `[poll] progress_table` (the rest of these fields too): the frontier as last handed to the marker,
+    /// which writes it once the marks handed before it are written.
+    pub(super) frontier: u64,
+    /// Sequence numbers above the frontier known published (acknowledged; marked or not) or free (no
+    /// row, and no transaction left that could commit one): the frontier moves through them.
+    pub(super) covered: RangeInclusiveSet<u64>,
+    /// Sequence numbers a read passed without a row, not yet proven free, by first number: the last
+    /// number and when they were passed. Never given up: the frontier waits for them.
+    pub(super) unproven: BTreeMap<u64, (u64, Instant)>,
+    /// Ranges no open transaction can commit a row in any more: read once more, then covered except the
+    /// rows found there.
+    pub(super) proven: Vec<(u64, u64)>,
+    /// The sequence numbers of parked rows, by aggregate: looked at again when the hold lifts (the
+    /// parked row is published then, by `quarantine release`).
+    pub(super) parked_seqs: HashMap<Aggregate, Vec<u64>>,
+    /// Acknowledged rows above the frontier, waiting up to `MARK_DELAY` for it to pass them.
+    pub(super) unmarked: VecDeque<Unmarked>,
+    /// Sequence numbers of rows of held aggregates (parked rows among them) to mark `HELD_AT`: covered
+    /// once handed to the marker, which writes them before the frontier that passes them.
+    pub(super) to_hold: Vec<u64>,
+    /// Keys of the rows marked (or handed to the marker to mark) `HELD_AT` in this run.
+    pub(super) hold_marked: HashSet<Vec<u8>>,
+}
+
+/// An acknowledged row above the frontier (`[poll] progress_table`).
+pub(super) struct Unmarked {
+    pub(super) acknowledged: Instant,
+    pub(super) key: Value,
+    pub(super) key_bytes: Vec<u8>,
+    pub(super) seq: u64,
+}
+
+/// `[poll] progress_table`: ranges of sequence numbers a read passed without a row, waiting for every
+/// transaction that was open after they were passed to end.
+pub(super) struct Proof {
+    /// Those transactions (connection id, start time) still open when last looked.
+    pub(super) open: HashSet<(u64, String)>,
+    /// The ranges (table, first, last).
+    pub(super) ranges: Vec<(usize, u64, u64)>,
+    /// When the transactions were last listed.
+    pub(super) listed: Instant,
+}
+
+impl TableState {
+    /// Sorts rows a sweep or a gap's proof glimpsed: each one's number goes to `found`; a row in flight
+    /// is left to its acknowledgement; a held aggregate's row is held (`progress`: [`TableState::hold`]);
+    /// any other's key goes to `new`, to be read in full.
+    pub(super) fn sort_glimpsed(
+        &mut self,
+        page: &[Glimpse],
+        progress: bool,
+        found: &mut Vec<u64>,
+        new: &mut Vec<Value>,
+    ) {
+        for g in page {
+            let seq = g.position.first().and_then(sequence_value);
+            found.extend(seq);
+            let key = key_bytes(&g.key);
+            if self.in_flight.contains(&key) {
+                continue;
+            }
+            match self.held.contains(&g.aggregate) {
+                true if progress => self.hold(seq, &key),
+                true => {}
+                false => new.push(g.key.clone()),
+            }
+        }
+    }
+
+    /// `[poll] progress_table`: a row of a held aggregate, found by a read: marked `HELD_AT` (once), so
+    /// that the frontier may pass it.
+    pub(super) fn hold(&mut self, seq: Option<u64>, key_bytes: &[u8]) {
+        let Some(seq) = seq.filter(|s| *s > self.frontier) else { return };
+        if self.hold_marked.insert(key_bytes.to_vec()) {
+            self.to_hold.push(seq);
+        }
+    }
+
+    /// `[poll] progress_table`: moves the frontier through the covered numbers after it (the held rows
+    /// to mark `HELD_AT` among them, handed over in `request` first), and adds to `request` the new
+    /// frontier, the acknowledged rows it publishes, and those that waited `delay` for it in vain (marked
+    /// on their own).
+    pub(super) fn advance(&mut self, request: &mut MarkRequest, delay: Duration, now: Instant) {
+        for seq in self.to_hold.drain(..) {
+            if seq > self.frontier {
+                self.covered.insert(seq..=seq);
+            }
+            request.held.push(seq);
+        }
+        let through = match self.covered.get(&(self.frontier + 1)) {
+            Some(range) => *range.end(),
+            None => self.frontier,
+        };
+        if through > self.frontier {
+            self.covered.remove(0..=through);
+            self.frontier = through;
+            request.frontier = Some(through);
+        }
+        while let Some(row) = self.unmarked.front() {
+            if row.seq > self.frontier && now.duration_since(row.acknowledged) < delay {
+                break;
+            }
+            let row = self.unmarked.pop_front().expect("front exists");
+            if row.seq <= self.frontier {
+                request.by_frontier += 1;
+            } else {
+                request.keys.push(row.key);
+                request.seqs.push(row.seq);
+            }
+            request.done.push(row.key_bytes);
+        }
+        if request.frontier.is_none() {
+            return;
+        }
+        // Rows behind the first that still waits: published by the frontier, or waiting less long.
+        let frontier = self.frontier;
+        let mut kept = VecDeque::with_capacity(self.unmarked.len());
+        for row in self.unmarked.drain(..) {
+            match row.seq <= frontier {
+                true => {
+                    request.by_frontier += 1;
+                    request.done.push(row.key_bytes);
+                }
+                false => kept.push_back(row),
+            }
+        }
+        self.unmarked = kept;
+    }
+}
+
+/// The parts of a relay run.
+pub(super) struct PollRun<'a> {
+    pub(super) config: &'a Config,
+    pub(super) router: Router,
+    pub(super) store: Arc<Store>,
+    pub(super) relay: Arc<Relay>,
+    pub(super) conn: Conn,
+    /// To the marker task; `None` once the run closed it.
+    pub(super) marks: Option<tokio::sync::mpsc::Sender<MarkRequest>>,
+    /// From the marker task: the rows it marked.
+    pub(super) marked: tokio::sync::mpsc::UnboundedReceiver<(usize, Vec<Vec<u8>>)>,
+    pub(super) marker: tokio::task::JoinHandle<Result<()>>,
+    pub(super) sink: KafkaSink,
+    pub(super) publisher: Publisher,
+    pub(super) watermark: Arc<Watermark>,
+    pub(super) shutdown: &'a Shutdown,
+    pub(super) tables: Vec<TableState>,
+    pub(super) pending: VecDeque<Batch>,
+    /// `poll.transactional`: batches before this transaction id are in committed Kafka transactions (set
+    /// by each commit's callback). `None`: records count once Kafka acknowledged them.
+    pub(super) committed: Option<Arc<AtomicU64>>,
+    /// `[poll] progress_table`: the gaps being proven free.
+    pub(super) proof: Option<Proof>,
+}
+
+/// Runs the relay until shutdown (Ok) or the first error.
+///
+/// # Errors
+/// Transient errors are worth a retry; definite ones are not.
+pub async fn run(
+    config: &Config,
+    source: &SourceConn,
+    router: Router,
+    store: Arc<Store>,
+    lease: Option<Holding>,
+    shutdown: &Shutdown,
+) -> Result<()> {
+    let ignored = config.poll.ignored_keys();
+    if !ignored.is_empty() {
+        tracing::warn!(keys = ?ignored, "[poll] keys that no longer do anything (see README, the polling relay): remove them");
+    }
+    let mut conn = source.connect().await?;
+    let relay = Arc::new(Relay::load(&mut conn, config).await?);
+    // The marks go through a connection of their own, so that reading and producing never wait for them.
+    let (marks, requests) = tokio::sync::mpsc::channel(MAX_PENDING_BATCHES);
+    let (done, marked) = tokio::sync::mpsc::unbounded_channel();
+    // It ends when the run drops `marks`; marking rows Kafka acknowledged is right whenever it happens.
+    let mut marker_conn = source.connect().await?;
+    Relay::ready_marker(&mut marker_conn).await?;
+    let marker = tokio::spawn(marker(relay.clone(), marker_conn, requests, done));
+    let watermark = Arc::new(Watermark::new(None));
+    let (mut sink, committed) = if config.poll.transactional {
+        // Its start fences the producer of the relay before, and aborts what that one left open.
+        let settings = Transactional { id: config.transactional_id().to_string(), checkpoint: None };
+        let sink = KafkaSink::transactional(&config.kafka, watermark.clone(), settings).await?;
+        (sink, Some(Arc::new(AtomicU64::new(0))))
+    } else {
+        (KafkaSink::new(&config.kafka, watermark.clone())?, None)
+    };
+    if let Some(lease) = lease {
+        sink.publish_while(lease);
+    }
+    let mut tables: Vec<TableState> = Vec::new();
+    for t in 0..relay.tables().len() {
+        let frontier = relay.frontier(t);
+        let mut state = TableState { frontier, ..TableState::default() };
+        if frontier > 0 {
+            // Everything up to it is published: the reads start after it.
+            state.cursor = Some(vec![Value::UInt(frontier)]);
+        }
+        for (aggregate, seq) in relay.parked_rows(&mut conn, t, None).await? {
+            state.parked_seqs.entry(aggregate.clone()).or_default().extend(seq);
+            state.held.insert(aggregate);
+        }
+        // Rows the number passed while their aggregate was held: held until its parked rows are found
+        // released (at once, when that happened while no relay ran).
+        state.held.extend(relay.held_aggregates(&mut conn, t).await?);
+        tables.push(state);
+    }
+    forget_lifted_holds(&store, &tables)?;
+    let publisher = Publisher::new(config, router.clone(), store.clone())?;
+    health().set_source_connected(true);
+    tracing::info!(relay = relay.id(), tables = relay.tables().len(), "polling the outbox table");
+    let mut run = PollRun {
+        config,
+        router,
+        store,
+        relay,
+        conn,
+        marks: Some(marks),
+        marked,
+        marker,
+        sink,
+        publisher,
+        watermark,
+        shutdown,
+        tables,
+        pending: VecDeque::new(),
+        committed,
+        proof: None,
+    };
+    let interval = config.poll.poll_interval;
+    let mut idle_wait = interval / 16;
+    let mut backlog_due = Instant::now();
+    let requested = shutdown.requested();
+    tokio::pin!(requested);
+    loop {
+        if shutdown.is_requested() {
+            return run.finish().await;
+        }
+        run.commit().await?;
+        run.settle().await?;
+        let mut busy = false;
+        for t in 0..run.tables.len() {
+            busy |= run.poll_table(t).await?;
+        }
+        run.prove_gaps().await?;
+        if Instant::now() >= backlog_due {
+            run.lift_released_holds().await?;
+            // Idle with nothing held, nothing is unpublished: no statement needed to say so.
+            if busy || run.tables.iter().any(|s| !s.held.is_empty()) {
+                run.count_backlog().await?;
+            } else {
+                metrics().poll_backlog(0, 0.0);
+            }
+            backlog_due = Instant::now() + BACKLOG_EVERY;
+        }
+        if busy {
+            idle_wait = interval / 16;
+            if run.pending.len() >= MAX_PENDING_BATCHES {
+                run.wait_in_flight(Duration::from_millis(100)).await;
+            }
+            continue;
+        }
+        metrics().poll_idle();
+        if !run.pending.is_empty() {
+            // Nothing new: wait for what is in flight, then mark it.
+            run.wait_in_flight(idle_wait).await;
+            continue;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(idle_wait) => {}
+            _ = &mut requested => return run.finish().await,
+        }
+        idle_wait = (idle_wait * 2).min(interval);
+    }
+}
+
+/// Holds in the store whose aggregate no table parks any more were released by another relay (or its
+/// rows were marked published by hand): removed, so that the publisher does not divert their rows.
+pub(super) fn forget_lifted_holds(store: &Store, tables: &[TableState]) -> Result<bool> {
+    let mut forgot = false;
+    for hold in store.holds()? {
+        let aggregate = (hold.aggregate_type.as_bytes().to_vec(), hold.aggregate_id.as_bytes().to_vec());
+        if !tables.iter().any(|s| s.held.contains(&aggregate)) {
+            store.remove_hold(&hold, &[])?;
+            forgot = true;
+        }
+    }
+    Ok(forgot)
+}
+
+impl PollRun<'_> {
+    /// One read of table `t` (and of its gaps, and a sweep when due), and the rows it found produced.
+    /// Returns whether it found any.
+    async fn poll_table(&mut self, t: usize) -> Result<bool> {
+        let fast = self.relay.read_after(&mut self.conn, t, self.tables[t].cursor.as_ref()).await?;
+        let sequence = matches!(self.relay.tables()[t].order, OrderKey::Sequence(_));
+        if sequence {
+            self.note_gaps(t, &fast);
+        }
+        // After the read in order, not before: a row whose transaction committed before that read's
+        // snapshot is seen by these later statements (module doc of `relay`).
+        let mut late = if sequence { self.read_gaps(t).await? } else { Vec::new() };
+        late.extend(self.read_proven(t).await?);
+        let sweep_due = !sequence || self.tables[t].swept_at.is_none_or(|at| at.elapsed() >= FULL_SWEEP_EVERY);
+        if sweep_due && self.tables[t].cursor.is_some() {
+            late.extend(self.sweep(t).await?);
+            self.tables[t].swept_at = Some(Instant::now());
+        }
+        if let Some(last) = fast.last() {
+            self.tables[t].cursor = Some(last.position.clone());
+        }
+        if late.is_empty() && fast.is_empty() {
+            return Ok(false);
+        }
+        self.produce(t, late.into_iter().chain(fast)).await?;
+        Ok(true)
+    }
+
+    /// Produces `rows` of table `t` in order as one batch: rows of held aggregates and parked rows are left
+    /// in the table; a row that becomes a dead letter holds its aggregate from there on.
+    pub(super) async fn produce(&mut self, t: usize, rows: impl Iterator<Item = Polled>) -> Result<()> {
+        let tx = self.watermark.open();
+        let mut batch = Batch { tx, t, rows: Vec::new() };
+        let result = self.produce_rows(t, tx, rows, &mut batch).await;
+        self.watermark.abandon(tx);
+        metrics().poll_claimed(batch.rows.len() as u64, 0);
+        self.pending.push_back(batch);
+        result
+    }
+
+    async fn produce_rows(
+        &mut self,
+        t: usize,
+        tx: TxId,
+        rows: impl Iterator<Item = Polled>,
+        batch: &mut Batch,
+    ) -> Result<()> {
+        let progress = self.relay.has_progress_table();
+        for polled in rows {
+            let state = &mut self.tables[t];
+            if let Some(seq) = polled.seq() {
+                fill_gap(&mut state.unproven, seq);
+            }
+            let key_bytes = key_bytes(&polled.key);
+            if polled.parked {
+                let parked = state.parked_seqs.entry(polled.aggregate.clone()).or_default();
+                if let Some(seq) = polled.seq().filter(|s| !parked.contains(s)) {
+                    parked.push(seq);
+                }
+                state.held.insert(polled.aggregate.clone());
+            }
+            // A row produced before its aggregate became held is in flight, published once acknowledged.
+            if state.in_flight.contains(&key_bytes) {
+                continue;
+            }
+            if state.held.contains(&polled.aggregate) {
+                if progress && !polled.held_at {
+                    state.hold(polled.seq(), &key_bytes);
+                }
+                continue;
+            }
+            let row = match &polled.row {
+                Ok(row) => SourceRow::Decoded(row),
+                Err(bad) => SourceRow::Undecodable(bad),
+            };
+            let relay = &self.relay;
+            let sink = &mut self.sink;
+            let prepared = self.publisher.prepare(row, || relay.origin(t), |r| sink.fits(r))?;
+            let dead = (prepared.record.topic == self.config.kafka.dead_letter_topic).then(|| {
+                let header = |name: &str| {
+                    prepared.record.headers.iter().find(|(k, _)| k == name).map(|(_, v)| String::from_utf8_lossy(v))
+                };
+                format!(
+                    "{}: {}",
+                    header(headers::KIND).unwrap_or_default(),
+                    header(headers::REASON).unwrap_or_default()
+                )
+            });
+            let send = sink.send(tx, prepared.record, prepared.occurred_at_ms);
+            // The sink waits for in-flight budget while the broker is slow or away: a shutdown ends the wait.
+            tokio::select! {
+                sent = send => sent?,
+                _ = self.shutdown.requested() => return Ok(()),
+            }
+            crate::failpoint!("poll_row_produced");
+            let state = &mut self.tables[t];
+            if dead.is_some() {
+                state.held.insert(polled.aggregate.clone());
+                state.parking.insert(polled.aggregate.clone());
+            }
+            state.in_flight.insert(key_bytes.clone());
+            let held_at = polled.held_at || state.hold_marked.remove(&key_bytes);
+            let (event_id, seq) = (polled.id().map(String::from), polled.seq());
+            let aggregate = polled.aggregate;
+            batch.rows.push(Sent { key: polled.key, key_bytes, seq, event_id, aggregate, dead, held_at });
+        }
+        Ok(())
+    }
+
+    /// The marker task's end, as the run's error.
+    pub(super) async fn marker_ended(&mut self) -> Error {
+        self.marks = None;
+        match (&mut self.marker).await {
+            Ok(Err(error)) => error,
+            Ok(Ok(())) => Error::transient("poll: the marker task ended"),
+            Err(e) => Error::transient(format!("poll: the marker task failed: {e}")),
+        }
+    }
+
+    /// A delivery failed: nothing is counted against the rows, except a record the broker refused for good
+    /// (its row's `attempts` and `last_error`). What is in flight is purged; the run ends with the failure.
+    pub(super) async fn failed(&mut self, error: Error) -> Error {
+        self.sink.abort();
+        if let Some(refused) = error.refused() {
+            let row = self.pending.iter().find_map(|b| {
+                b.rows.iter().find(|r| r.event_id.as_deref() == Some(refused.id.as_str())).map(|r| (b.t, r.key.clone()))
+            });
+            if let Some((t, key)) = row {
+                if let Err(e) = self.relay.refused(&mut self.conn, t, &key, &refused.message).await {
+                    tracing::warn!(error = %e, "cannot record the refused record in its row");
+                }
+            }
+        }
+        error
+    }
+
+    /// Counts the unpublished rows of every table that are not parked, and the age of the first
+    /// (`outbox_cdc_poll_backlog_rows`, `outbox_cdc_poll_oldest_due_seconds`).
+    async fn count_backlog(&mut self) -> Result<()> {
+        let (mut due, mut waited_s) = (0, 0.0f64);
+        for t in 0..self.tables.len() {
+            let (rows, seconds) = self.relay.backlog(&mut self.conn, t).await?;
+            due += rows;
+            waited_s = waited_s.max(seconds);
+        }
+        metrics().poll_backlog(due, waited_s);
+        Ok(())
+    }
+
+    /// Graceful shutdown: waits up to [`SHUTDOWN_GRACE`] for what is in flight, marks it, and returns.
+    async fn finish(&mut self) -> Result<()> {
+        let acknowledged = match self.committed.is_some() {
+            false => self.sink.drain(SHUTDOWN_GRACE).await,
+            true => tokio::time::timeout(SHUTDOWN_GRACE, self.commit_all()).await.is_ok_and(|c| c.is_ok()),
+        };
+        if !acknowledged {
+            self.sink.abort();
+            tracing::warn!("Kafka did not acknowledge everything within the shutdown grace period; the rows not marked are published again by the next run");
+        }
+        if let Some(error) = self.watermark.take_failure() {
+            return Err(self.failed(error).await);
+        }
+        self.settle_with(true).await?;
+        // Closing the channel ends the marker task once it marked what it was given.
+        self.marks = None;
+        match (&mut self.marker).await {
+            Ok(result) => result,
+            Err(e) => Err(Error::transient(format!("poll: the marker task failed: {e}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The frontier moves through covered numbers only up to the first that is not; the acknowledged rows
+    /// it passes are done by number, those above it wait `delay`, then are marked on their own.
+    #[test]
+    fn the_frontier_moves_through_covered_numbers_only() {
+        let now = Instant::now();
+        let mut state = TableState { frontier: 10, ..TableState::default() };
+        for seq in [11, 12, 14] {
+            state.covered.insert(seq..=seq);
+            let key = seq.to_string().into_bytes();
+            state.unmarked.push_back(Unmarked { acknowledged: now, key: Value::from(seq), key_bytes: key, seq });
+        }
+        let mut request = MarkRequest::new(0);
+        state.advance(&mut request, Duration::from_secs(1), now);
+        assert_eq!((request.frontier, request.by_frontier, request.keys.len()), (Some(12), 2, 0));
+        assert_eq!(state.unmarked.len(), 1, "14 waits for 13");
+        let mut request = MarkRequest::new(0);
+        state.advance(&mut request, Duration::from_secs(1), now + Duration::from_secs(2));
+        assert_eq!((request.frontier, request.seqs.as_slice(), request.done.len()), (None, &[14][..], 1));
+        state.covered.insert(13..=13);
+        let mut request = MarkRequest::new(0);
+        state.advance(&mut request, Duration::from_secs(1), now);
+        assert_eq!((request.frontier, state.covered.iter().count()), (Some(14), 0));
+    }
+
+    /// Rows of held aggregates are handed to the marker to mark `HELD_AT` in the request whose frontier
+    /// passes them (the marker writes them first); each is handed once, and none at or below the frontier.
+    #[test]
+    fn held_rows_are_marked_before_the_frontier_passes_them() {
+        let now = Instant::now();
+        let mut state = TableState { frontier: 10, ..TableState::default() };
+        state.covered.insert(11..=11);
+        for (seq, key) in [(12, "a"), (13, "b"), (12, "a"), (9, "c")] {
+            state.hold(Some(seq), key.as_bytes());
+        }
+        assert_eq!(state.to_hold, [12, 13]);
+        let mut request = MarkRequest::new(0);
+        state.advance(&mut request, Duration::from_secs(1), now);
+        assert_eq!((request.frontier, request.held.as_slice()), (Some(13), &[12, 13][..]));
+        assert!(state.to_hold.is_empty() && state.hold_marked.len() == 2);
+    }
+}
