@@ -33,7 +33,7 @@ pub use self::delivery::{DeliveryConfig, Guarantee};
 pub use self::kafka::{KafkaConfig, KeyFormat, RecordTimestamp, ValueFormat, DEFAULT_TRANSACTION_TIMEOUT_MS};
 pub use self::metrics::MetricsConfig;
 pub use self::outbox::{ColumnNames, OnPoison, OnUpdate, OutboxConfig, PayloadEncoding, Placement, PlacementTarget};
-pub use self::poll::{PollConfig, PollOrder};
+pub use self::poll::{PollConfig, PollOrder, PollProgress};
 pub use self::prune::PruneConfig;
 pub use self::schema_registry::{RegistryAuth, RegistryVersion, SchemaRegistryConfig};
 pub use self::snapshot::{SnapshotConfig, SnapshotLock, SnapshotMode};
@@ -251,7 +251,7 @@ impl ConfigFile {
         let tables = self.outbox.tables()?;
         let kind = self.source.kind;
         let source = self.source.validate(self.snapshot.mode)?;
-        self.poll.validate(kind, &self.kafka)?;
+        self.poll.validate(kind, &self.kafka, &tables)?;
         self.state.validate(kind)?;
         self.delivery.validate(&self.state, kind, &self.kafka)?;
         let topic = TopicTemplate::parse(&self.kafka.topic)?;

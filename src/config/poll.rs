@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use super::{millis, KafkaConfig, SourceKind};
 use crate::error::{Error, Result};
+use crate::outbox::TableName;
 
 /// `[poll]`: the polling relay (`source.kind = "poll"`), for servers whose binlog the connector may not read.
 ///
@@ -63,7 +64,10 @@ pub struct PollConfig {
     /// still marked one by one. Needs the sequence order, the table (`check` prints its `CREATE TABLE`),
     /// and the `PROCESS` privilege: the relay reads `information_schema.INNODB_TRX` to know when every
     /// transaction that could still commit a skipped number has ended. See README, the polling relay.
-    pub progress_table: Option<String>,
+    /// Parsed once, by [`PollConfig::validate`]; written `progress_table`.
+    pub progress: PollProgress,
+    /// `progress_table` as written, until [`PollConfig::validate`] parses it into `progress`.
+    progress_table: Option<String>,
     /// Whether the file has a `[poll]` table (only meaningful with `source.kind = "poll"`).
     set: bool,
 }
@@ -77,6 +81,28 @@ pub enum PollOrder {
     Sequence,
     /// `occurred_at`, then the event id.
     OccurredAt,
+}
+
+/// `[poll] progress_table`, parsed: how the relay records what it published. The relay gives each its
+/// behaviour (`relay::progress::Progress`); nothing else asks which it is but for the table's name.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PollProgress {
+    /// No progress table (the default): the relay marks every row it published (`published_at`).
+    #[default]
+    Marking,
+    /// The progress table, its bare name resolved to the first outbox table's database: one number per
+    /// outbox table, every row with a sequence number up to which is published.
+    Table(TableName),
+}
+
+impl PollProgress {
+    /// The progress table, when there is one.
+    pub fn table(&self) -> Option<&TableName> {
+        match self {
+            PollProgress::Marking => None,
+            PollProgress::Table(table) => Some(table),
+        }
+    }
 }
 
 /// `[poll]` as written.
@@ -111,6 +137,7 @@ impl From<PollConfigToml> for PollConfig {
             max_attempts: t.max_attempts,
             relay_id: t.relay_id,
             transactional: t.transactional,
+            progress: PollProgress::Marking,
             progress_table: t.progress_table,
             set: true,
         }
@@ -127,6 +154,7 @@ impl Default for PollConfig {
             max_attempts: None,
             relay_id: None,
             transactional: false,
+            progress: PollProgress::Marking,
             progress_table: None,
             set: false,
         }
@@ -168,8 +196,9 @@ fn default_poll_batch_rows() -> usize {
 
 impl PollConfig {
     /// `[poll]`: only with `source.kind = "poll"` (a `[poll]` table elsewhere is a misunderstanding), and
-    /// with bounds that keep the relay's load and its lease meaningful.
-    pub(super) fn validate(&self, kind: SourceKind, kafka: &KafkaConfig) -> Result<()> {
+    /// with bounds that keep the relay's load and its lease meaningful. Parses `progress_table` into
+    /// `progress`: a bare name is in the first of `tables` (the outbox tables, never empty).
+    pub(super) fn validate(&mut self, kind: SourceKind, kafka: &KafkaConfig, tables: &[TableName]) -> Result<()> {
         if kind != SourceKind::Poll {
             if self.set {
                 return Err(Error::definite("[poll] applies only with source.kind = \"poll\""));
@@ -198,6 +227,10 @@ impl PollConfig {
                     "poll.progress_table = {table:?}: write it as \"database.table\" or \"table\""
                 )));
             }
+            self.progress = PollProgress::Table(match table.split_once('.') {
+                Some((database, table)) => TableName { database: database.into(), table: table.into() },
+                None => TableName { database: tables[0].database.clone(), table: table.clone() },
+            });
         }
         match &self.relay_id {
             Some(id) if id.is_empty() || id.len() > 128 => {
@@ -252,8 +285,14 @@ mod tests {
         );
         assert_eq!(c.poll.ignored_keys(), ["lease_ms", "max_attempts"], "older files load, with a warning");
         assert!(!p.transactional && with("transactional = true").unwrap().poll.transactional);
-        assert_eq!(p.progress_table, None);
-        assert_eq!(with("progress_table = \"shop.p\"").unwrap().poll.progress_table.as_deref(), Some("shop.p"));
+        assert_eq!(p.progress, PollProgress::Marking);
+        let named = |database: &str, table: &str| TableName { database: database.into(), table: table.into() };
+        assert_eq!(
+            with("progress_table = \"other.p\"").unwrap().poll.progress,
+            PollProgress::Table(named("other", "p"))
+        );
+        // A bare name is in the first outbox table's database.
+        assert_eq!(with("progress_table = \"p\"").unwrap().poll.progress, PollProgress::Table(named("shop", "p")));
         let timeout = POLL.replace("[kafka]", "[kafka]\nproperties = { \"transaction.timeout.ms\" = \"soon\" }");
         let e = Config::parse(&format!("{timeout}\n[poll]\ntransactional = true\n")).unwrap_err().to_string();
         assert!(e.contains("\"transaction.timeout.ms\" = \"soon\" is not a number"), "{e}");

@@ -68,7 +68,7 @@ pub async fn run_prune(config: &Config, options: &PruneOptions) -> Result<()> {
     let verb = if options.dry_run { "would delete" } else { "deleted" };
     if matches!(config.source.kind, crate::config::Source::Poll(_)) {
         let report = prune::prune_published(config, options).await?;
-        let by_number = match config.poll.progress_table {
+        let by_number = match config.poll.progress.table() {
             Some(_) => ", or up to the progress table's sequence number and with occurred_at,",
             None => "",
         };

@@ -411,7 +411,7 @@ pub async fn prune_published(config: &Config, options: &PruneOptions) -> Result<
     let id = quote_ident(&config.outbox.columns.id);
     let batch = config.prune.batch_rows;
     let pause = config.prune.pause;
-    let progress = crate::relay::progress_table_name(config);
+    let progress = config.poll.progress.table();
     for table in config.tables() {
         let (not_held, held_params) = not_held(&config.outbox.columns, table, &mut conn, &held).await?;
         // With a progress table, rows up to its number are published too (their `published_at` stays

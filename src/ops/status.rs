@@ -156,7 +156,7 @@ async fn print_relay(config: &Config, json: bool) -> Result<()> {
             due_rows_capped,
             oldest_due_s,
             parked_rows,
-            published_through: relay.has_progress_table().then(|| relay.frontier(t)),
+            published_through: relay.progress().published_through(t),
         });
     }
     let inspection = Store::inspect_for(config).await?;
@@ -167,7 +167,7 @@ async fn print_relay(config: &Config, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
         return Ok(());
     }
-    let progress = match relay.progress_table() {
+    let progress = match relay.progress().table() {
         Some(table) => format!("the progress table {table} and each row's published_at are its progress"),
         None => "each row's published_at is its progress".to_string(),
     };

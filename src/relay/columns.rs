@@ -6,7 +6,7 @@
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
-use crate::config::{ColumnNames, PollOrder};
+use crate::config::{ColumnNames, PollOrder, PollProgress};
 use crate::error::{classify_mysql, Result};
 use crate::outbox::{quote_ident, TableName};
 
@@ -48,19 +48,18 @@ const POLL_COLUMN_TYPES: [&[&str]; 4] = [
     &["varchar", "char", "text", "tinytext", "mediumtext", "longtext"],
 ];
 
-/// The types relay column `i` ([`POLL_COLUMNS`] order) may have. With a progress table `published_at`
-/// holds `HELD_AT`, outside `TIMESTAMP`'s range, so it must be a `DATETIME` too.
-fn poll_column_types(i: usize, progress: bool) -> &'static [&'static str] {
-    if progress && i == 0 {
-        &["datetime"]
-    } else {
-        POLL_COLUMN_TYPES[i]
+/// The types relay column `i` ([`POLL_COLUMNS`] order) may have under `progress`. With a progress table
+/// `published_at` holds `HELD_AT`, outside `TIMESTAMP`'s range, so it must be a `DATETIME` too.
+fn poll_column_types(i: usize, progress: &PollProgress) -> &'static [&'static str] {
+    match progress {
+        PollProgress::Table(_) if i == 0 => &["datetime"],
+        _ => POLL_COLUMN_TYPES[i],
     }
 }
 
 /// Each relay column of a table ([`POLL_COLUMNS`] order): `None` when usable, else `Some(None)` when it is
 /// missing, `Some(Some(type))` when it has a type the relay cannot use.
-fn poll_column_faults(found: &[(String, String, String)], progress: bool) -> [Option<Option<String>>; 4] {
+fn poll_column_faults(found: &[(String, String, String)], progress: &PollProgress) -> [Option<Option<String>>; 4] {
     std::array::from_fn(|i| match found.iter().find(|c| c.0.eq_ignore_ascii_case(POLL_COLUMNS[i])) {
         None => Some(None),
         Some((_, data_type, _))
@@ -74,8 +73,12 @@ fn poll_column_faults(found: &[(String, String, String)], progress: bool) -> [Op
 
 /// What is wrong with the relay's columns of a table (missing, or of a type the relay cannot use), one
 /// finding each; empty when they are usable. Also what `check` reports. `progress`: `[poll]
-/// progress_table` is set.
-pub fn poll_column_problems(table: &TableName, found: &[(String, String, String)], progress: bool) -> Vec<String> {
+/// progress_table`.
+pub fn poll_column_problems(
+    table: &TableName,
+    found: &[(String, String, String)],
+    progress: &PollProgress,
+) -> Vec<String> {
     POLL_COLUMNS
         .iter()
         .zip(poll_column_faults(found, progress))
@@ -99,7 +102,11 @@ pub fn poll_column_problems(table: &TableName, found: &[(String, String, String)
 
 /// The `ALTER TABLE` that gives a table the relay's columns it lacks (`ADD COLUMN`) or has with a type the
 /// relay cannot use (`MODIFY COLUMN`: check what the column holds first); `None` when they are all usable.
-pub fn poll_columns_ddl(table: &TableName, found: &[(String, String, String)], progress: bool) -> Option<String> {
+pub fn poll_columns_ddl(
+    table: &TableName,
+    found: &[(String, String, String)],
+    progress: &PollProgress,
+) -> Option<String> {
     let clauses: Vec<String> = POLL_COLUMNS
         .iter()
         .zip(POLL_COLUMN_DEFINITIONS)
@@ -209,6 +216,12 @@ mod tests {
         (name.into(), data_type.into(), extra.into())
     }
 
+    const MARKING: &PollProgress = &PollProgress::Marking;
+
+    fn progress_table() -> PollProgress {
+        PollProgress::Table(TableName { database: "shop".into(), table: "outbox_relay_progress".into() })
+    }
+
     /// The reference schema passes; a missing or mistyped relay column is named, a TIMESTAMP
     /// next_attempt_at among them (it cannot hold the parked date); the order key is the auto-increment
     /// column, or (occurred_at, id) only when chosen, else none with the ALTER TABLE that adds one.
@@ -224,8 +237,8 @@ mod tests {
             col("next_attempt_at", "datetime", ""),
             col("last_error", "varchar", ""),
         ];
-        assert!(poll_column_problems(&table, &reference, false).is_empty());
-        assert!(poll_column_problems(&table, &reference, true).is_empty());
+        assert!(poll_column_problems(&table, &reference, MARKING).is_empty());
+        assert!(poll_column_problems(&table, &reference, &progress_table()).is_empty());
         let columns = ColumnNames::default();
         assert_eq!(order_key(&reference, &columns, PollOrder::Sequence), Some(OrderKey::Sequence("seq".into())));
         assert_eq!(order_key(&reference, &columns, PollOrder::OccurredAt), Some(OrderKey::OccurredAtThenId));
@@ -237,28 +250,28 @@ mod tests {
 
         let mut broken: Vec<_> = reference.iter().filter(|c| c.0 != "last_error").cloned().collect();
         broken.iter_mut().find(|c| c.0 == "next_attempt_at").unwrap().1 = "timestamp".into();
-        let problems = poll_column_problems(&table, &broken, false);
+        let problems = poll_column_problems(&table, &broken, MARKING);
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].contains("next_attempt_at is timestamp"), "{problems:?}");
         assert!(problems[1].contains("no `last_error` column"), "{problems:?}");
         assert_eq!(
-            poll_columns_ddl(&table, &broken, false).as_deref(),
+            poll_columns_ddl(&table, &broken, MARKING).as_deref(),
             Some(
                 "ALTER TABLE `shop`.`outbox_events` MODIFY COLUMN `next_attempt_at` DATETIME(6) NOT NULL DEFAULT \
                  CURRENT_TIMESTAMP(6), ADD COLUMN `last_error` VARCHAR(1000) NULL"
             )
         );
-        assert_eq!(poll_columns_ddl(&table, &reference, false), None);
+        assert_eq!(poll_columns_ddl(&table, &reference, MARKING), None);
 
         // `published_at TIMESTAMP` serves without a progress table, not with one (HELD_AT is out of range).
         let mut stamped = reference.clone();
         stamped.iter_mut().find(|c| c.0 == "published_at").unwrap().1 = "timestamp".into();
-        assert!(poll_column_problems(&table, &stamped, false).is_empty());
-        let problems = poll_column_problems(&table, &stamped, true);
+        assert!(poll_column_problems(&table, &stamped, MARKING).is_empty());
+        let problems = poll_column_problems(&table, &stamped, &progress_table());
         assert!(problems.len() == 1 && problems[0].contains("published_at is timestamp"), "{problems:?}");
         assert!(problems[0].contains("progress_table"), "{problems:?}");
         assert_eq!(
-            poll_columns_ddl(&table, &stamped, true).as_deref(),
+            poll_columns_ddl(&table, &stamped, &progress_table()).as_deref(),
             Some("ALTER TABLE `shop`.`outbox_events` MODIFY COLUMN `published_at` DATETIME(6) NULL")
         );
     }

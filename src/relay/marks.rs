@@ -109,12 +109,10 @@ impl Relay {
     /// # Errors
     /// Classified query errors.
     pub async fn held_aggregates(&self, conn: &mut Conn, t: usize) -> Result<Vec<Aggregate>> {
-        if self.progress.is_none() {
-            return Ok(Vec::new());
-        }
+        let Some(held_at) = self.progress.held_at() else { return Ok(Vec::new()) };
         let (at, ai) = (quote_ident(&self.columns.aggregate_type), quote_ident(&self.columns.aggregate_id));
         let rows: Vec<(Value, Value)> = conn
-            .query(format!("SELECT DISTINCT {at}, {ai} FROM {} WHERE published_at = '{HELD_AT}'", self.from(t, true)))
+            .query(format!("SELECT DISTINCT {at}, {ai} FROM {} WHERE published_at = '{held_at}'", self.from(t, true)))
             .await
             .map_err(|e| {
                 classify_mysql(&e).context(format_args!("poll: reading the held rows of {}", self.tables[t].table))
@@ -132,10 +130,7 @@ impl Relay {
         let pt = &self.tables[t];
         let table = pt.table.quoted();
         let id = quote_ident(&self.columns.id);
-        let held = match self.progress {
-            Some(_) => format!(", published_at = '{HELD_AT}'"),
-            None => String::new(),
-        };
+        let held = self.progress.held_at().map(|held_at| format!(", published_at = '{held_at}'")).unwrap_or_default();
         conn.exec_drop(
             format!(
                 "UPDATE {table} SET next_attempt_at = '{PARKED_UNTIL}', last_error = LEFT(?, {}){held} \
@@ -221,16 +216,9 @@ impl Relay {
         Ok(rows.iter().map(|(a, b, seq)| ((key_bytes(a), key_bytes(b)), *seq)).collect())
     }
 
-    /// The rows of table `t` not yet published: `published_at IS NULL`; with a progress table, above its
-    /// number, or [`HELD_AT`].
+    /// The rows of table `t` not yet published ([`super::progress::Progress::unpublished`]).
     pub(super) fn unpublished(&self, t: usize) -> String {
-        match (&self.tables[t].order, self.frontier(t)) {
-            (OrderKey::Sequence(c), frontier) if frontier > 0 => {
-                format!("((published_at IS NULL AND {} > {frontier}) OR published_at = '{HELD_AT}')", quote_ident(c))
-            }
-            _ if self.progress.is_some() => NOT_PUBLISHED.into(),
-            _ => "published_at IS NULL".into(),
-        }
+        self.progress.unpublished(t, &self.tables[t].order)
     }
 
     /// The backlog of table `t`: its unpublished rows that are not parked (counted up to

@@ -9,8 +9,9 @@
 //! parked, refused, released), [`progress`] (`[poll] progress_table`), [`columns`] (the columns, indexes
 //! and order it needs, and the `ALTER TABLE` that adds them), [`ranges`] (sequence-number arithmetic).
 //! The run is on floor 5, beside `pipeline`, whose shutdown it shares: [`run`] (the loop), [`gaps`] (rows
-//! a read in order can miss), [`settle`] (acknowledged batches, lifted holds), [`marker`] (the task that
-//! marks), [`commit`] (`poll.transactional`).
+//! a read in order can miss), [`settle`] (acknowledged batches, lifted holds), [`ledger`] (the run's side
+//! of [`Progress`]: what the progress table's number may pass), [`marker`] (the task that marks),
+//! [`commit`] (`poll.transactional`).
 //!
 //! # One relay at a time, and no lease per row
 //! Relays of one connector (`[state] name`) take the same lease on the source server ([`crate::lease`]):
@@ -49,6 +50,7 @@
 pub mod columns;
 mod commit;
 mod gaps;
+mod ledger;
 mod marker;
 pub mod marks;
 pub mod progress;
@@ -64,7 +66,7 @@ pub use columns::{
 };
 pub use marks::mark_released;
 pub use progress::{
-    check_progress_table, open_transactions, progress_table_ddl, progress_table_name, read_frontier, HELD_AT,
+    check_progress_table, open_transactions, progress_table_ddl, read_frontier, Progress, ProgressTable, HELD_AT,
     NOT_PUBLISHED,
 };
 pub use table::{

@@ -47,12 +47,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mysql_async::{Conn, Value};
-use rangemap::RangeInclusiveSet;
 
 use super::columns::OrderKey;
+use super::ledger::Ledger;
 use super::marker::{marker, MarkRequest};
-use super::ranges::fill_gap;
-use super::table::{key_bytes, sequence_value, Aggregate, Glimpse, Polled, Position, Relay, FULL_SWEEP_EVERY};
+use super::table::{key_bytes, Aggregate, Polled, Position, Relay, FULL_SWEEP_EVERY};
 use crate::checkpoint::{Store, TxId, Watermark};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -111,134 +110,9 @@ pub(super) struct TableState {
     pub(super) in_flight: HashSet<Vec<u8>>,
     /// When all unpublished rows below the cursor were last looked at.
     pub(super) swept_at: Option<Instant>,
-    /// `[poll] progress_table` (the rest of these fields too): the frontier as last handed to the marker,
-    /// which writes it once the marks handed before it are written.
-    pub(super) frontier: u64,
-    /// Sequence numbers above the frontier known published (acknowledged; marked or not) or free (no
-    /// row, and no transaction left that could commit one): the frontier moves through them.
-    pub(super) covered: RangeInclusiveSet<u64>,
-    /// Sequence numbers a read passed without a row, not yet proven free, by first number: the last
-    /// number and when they were passed. Never given up: the frontier waits for them.
-    pub(super) unproven: BTreeMap<u64, (u64, Instant)>,
-    /// Ranges no open transaction can commit a row in any more: read once more, then covered except the
-    /// rows found there.
-    pub(super) proven: Vec<(u64, u64)>,
     /// The sequence numbers of parked rows, by aggregate: looked at again when the hold lifts (the
-    /// parked row is published then, by `quarantine release`).
+    /// parked row is published then, by `quarantine release`; [`Ledger::released`]).
     pub(super) parked_seqs: HashMap<Aggregate, Vec<u64>>,
-    /// Acknowledged rows above the frontier, waiting up to `MARK_DELAY` for it to pass them.
-    pub(super) unmarked: VecDeque<Unmarked>,
-    /// Sequence numbers of rows of held aggregates (parked rows among them) to mark `HELD_AT`: covered
-    /// once handed to the marker, which writes them before the frontier that passes them.
-    pub(super) to_hold: Vec<u64>,
-    /// Keys of the rows marked (or handed to the marker to mark) `HELD_AT` in this run.
-    pub(super) hold_marked: HashSet<Vec<u8>>,
-}
-
-/// An acknowledged row above the frontier (`[poll] progress_table`).
-pub(super) struct Unmarked {
-    pub(super) acknowledged: Instant,
-    pub(super) key: Value,
-    pub(super) key_bytes: Vec<u8>,
-    pub(super) seq: u64,
-}
-
-/// `[poll] progress_table`: ranges of sequence numbers a read passed without a row, waiting for every
-/// transaction that was open after they were passed to end.
-pub(super) struct Proof {
-    /// Those transactions (connection id, start time) still open when last looked.
-    pub(super) open: HashSet<(u64, String)>,
-    /// The ranges (table, first, last).
-    pub(super) ranges: Vec<(usize, u64, u64)>,
-    /// When the transactions were last listed.
-    pub(super) listed: Instant,
-}
-
-impl TableState {
-    /// Sorts rows a sweep or a gap's proof glimpsed: each one's number goes to `found`; a row in flight
-    /// is left to its acknowledgement; a held aggregate's row is held (`progress`: [`TableState::hold`]);
-    /// any other's key goes to `new`, to be read in full.
-    pub(super) fn sort_glimpsed(
-        &mut self,
-        page: &[Glimpse],
-        progress: bool,
-        found: &mut Vec<u64>,
-        new: &mut Vec<Value>,
-    ) {
-        for g in page {
-            let seq = g.position.first().and_then(sequence_value);
-            found.extend(seq);
-            let key = key_bytes(&g.key);
-            if self.in_flight.contains(&key) {
-                continue;
-            }
-            match self.held.contains(&g.aggregate) {
-                true if progress => self.hold(seq, &key),
-                true => {}
-                false => new.push(g.key.clone()),
-            }
-        }
-    }
-
-    /// `[poll] progress_table`: a row of a held aggregate, found by a read: marked `HELD_AT` (once), so
-    /// that the frontier may pass it.
-    pub(super) fn hold(&mut self, seq: Option<u64>, key_bytes: &[u8]) {
-        let Some(seq) = seq.filter(|s| *s > self.frontier) else { return };
-        if self.hold_marked.insert(key_bytes.to_vec()) {
-            self.to_hold.push(seq);
-        }
-    }
-
-    /// `[poll] progress_table`: moves the frontier through the covered numbers after it (the held rows
-    /// to mark `HELD_AT` among them, handed over in `request` first), and adds to `request` the new
-    /// frontier, the acknowledged rows it publishes, and those that waited `delay` for it in vain (marked
-    /// on their own).
-    pub(super) fn advance(&mut self, request: &mut MarkRequest, delay: Duration, now: Instant) {
-        for seq in self.to_hold.drain(..) {
-            if seq > self.frontier {
-                self.covered.insert(seq..=seq);
-            }
-            request.held.push(seq);
-        }
-        let through = match self.covered.get(&(self.frontier + 1)) {
-            Some(range) => *range.end(),
-            None => self.frontier,
-        };
-        if through > self.frontier {
-            self.covered.remove(0..=through);
-            self.frontier = through;
-            request.frontier = Some(through);
-        }
-        while let Some(row) = self.unmarked.front() {
-            if row.seq > self.frontier && now.duration_since(row.acknowledged) < delay {
-                break;
-            }
-            let row = self.unmarked.pop_front().expect("front exists");
-            if row.seq <= self.frontier {
-                request.by_frontier += 1;
-            } else {
-                request.keys.push(row.key);
-                request.seqs.push(row.seq);
-            }
-            request.done.push(row.key_bytes);
-        }
-        if request.frontier.is_none() {
-            return;
-        }
-        // Rows behind the first that still waits: published by the frontier, or waiting less long.
-        let frontier = self.frontier;
-        let mut kept = VecDeque::with_capacity(self.unmarked.len());
-        for row in self.unmarked.drain(..) {
-            match row.seq <= frontier {
-                true => {
-                    request.by_frontier += 1;
-                    request.done.push(row.key_bytes);
-                }
-                false => kept.push_back(row),
-            }
-        }
-        self.unmarked = kept;
-    }
 }
 
 /// The parts of a relay run.
@@ -262,8 +136,8 @@ pub(super) struct PollRun<'a> {
     /// `poll.transactional`: batches before this transaction id are in committed Kafka transactions (set
     /// by each commit's callback). `None`: records count once Kafka acknowledged them.
     pub(super) committed: Option<Arc<AtomicU64>>,
-    /// `[poll] progress_table`: the gaps being proven free.
-    pub(super) proof: Option<Proof>,
+    /// What is published beyond each row's mark (`[poll] progress_table`).
+    pub(super) ledger: Ledger,
 }
 
 /// Runs the relay until shutdown (Ok) or the first error.
@@ -303,10 +177,11 @@ pub async fn run(
     if let Some(lease) = lease {
         sink.publish_while(lease);
     }
+    let ledger = Ledger::of(&relay);
     let mut tables: Vec<TableState> = Vec::new();
     for t in 0..relay.tables().len() {
         let frontier = relay.frontier(t);
-        let mut state = TableState { frontier, ..TableState::default() };
+        let mut state = TableState::default();
         if frontier > 0 {
             // Everything up to it is published: the reads start after it.
             state.cursor = Some(vec![Value::UInt(frontier)]);
@@ -340,7 +215,7 @@ pub async fn run(
         tables,
         pending: VecDeque::new(),
         committed,
-        proof: None,
+        ledger,
     };
     let interval = config.poll.poll_interval;
     let mut idle_wait = interval / 16;
@@ -357,7 +232,7 @@ pub async fn run(
         for t in 0..run.tables.len() {
             busy |= run.poll_table(t).await?;
         }
-        run.prove_gaps().await?;
+        run.ledger.prove(&mut run.conn).await?;
         if Instant::now() >= backlog_due {
             run.lift_released_holds().await?;
             // Idle with nothing held, nothing is unpublished: no statement needed to say so.
@@ -450,11 +325,10 @@ impl PollRun<'_> {
         rows: impl Iterator<Item = Polled>,
         batch: &mut Batch,
     ) -> Result<()> {
-        let progress = self.relay.has_progress_table();
         for polled in rows {
             let state = &mut self.tables[t];
             if let Some(seq) = polled.seq() {
-                fill_gap(&mut state.unproven, seq);
+                self.ledger.filled(t, seq);
             }
             let key_bytes = key_bytes(&polled.key);
             if polled.parked {
@@ -469,8 +343,8 @@ impl PollRun<'_> {
                 continue;
             }
             if state.held.contains(&polled.aggregate) {
-                if progress && !polled.held_at {
-                    state.hold(polled.seq(), &key_bytes);
+                if !polled.held_at {
+                    self.ledger.hold(t, polled.seq(), &key_bytes);
                 }
                 continue;
             }
@@ -504,7 +378,7 @@ impl PollRun<'_> {
                 state.parking.insert(polled.aggregate.clone());
             }
             state.in_flight.insert(key_bytes.clone());
-            let held_at = polled.held_at || state.hold_marked.remove(&key_bytes);
+            let held_at = polled.held_at || self.ledger.unhold(t, &key_bytes);
             let (event_id, seq) = (polled.id().map(String::from), polled.seq());
             let aggregate = polled.aggregate;
             batch.rows.push(Sent { key: polled.key, key_bytes, seq, event_id, aggregate, dead, held_at });
@@ -572,51 +446,5 @@ impl PollRun<'_> {
             Ok(result) => result,
             Err(e) => Err(Error::transient(format!("poll: the marker task failed: {e}"))),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The frontier moves through covered numbers only up to the first that is not; the acknowledged rows
-    /// it passes are done by number, those above it wait `delay`, then are marked on their own.
-    #[test]
-    fn the_frontier_moves_through_covered_numbers_only() {
-        let now = Instant::now();
-        let mut state = TableState { frontier: 10, ..TableState::default() };
-        for seq in [11, 12, 14] {
-            state.covered.insert(seq..=seq);
-            let key = seq.to_string().into_bytes();
-            state.unmarked.push_back(Unmarked { acknowledged: now, key: Value::from(seq), key_bytes: key, seq });
-        }
-        let mut request = MarkRequest::new(0);
-        state.advance(&mut request, Duration::from_secs(1), now);
-        assert_eq!((request.frontier, request.by_frontier, request.keys.len()), (Some(12), 2, 0));
-        assert_eq!(state.unmarked.len(), 1, "14 waits for 13");
-        let mut request = MarkRequest::new(0);
-        state.advance(&mut request, Duration::from_secs(1), now + Duration::from_secs(2));
-        assert_eq!((request.frontier, request.seqs.as_slice(), request.done.len()), (None, &[14][..], 1));
-        state.covered.insert(13..=13);
-        let mut request = MarkRequest::new(0);
-        state.advance(&mut request, Duration::from_secs(1), now);
-        assert_eq!((request.frontier, state.covered.iter().count()), (Some(14), 0));
-    }
-
-    /// Rows of held aggregates are handed to the marker to mark `HELD_AT` in the request whose frontier
-    /// passes them (the marker writes them first); each is handed once, and none at or below the frontier.
-    #[test]
-    fn held_rows_are_marked_before_the_frontier_passes_them() {
-        let now = Instant::now();
-        let mut state = TableState { frontier: 10, ..TableState::default() };
-        state.covered.insert(11..=11);
-        for (seq, key) in [(12, "a"), (13, "b"), (12, "a"), (9, "c")] {
-            state.hold(Some(seq), key.as_bytes());
-        }
-        assert_eq!(state.to_hold, [12, 13]);
-        let mut request = MarkRequest::new(0);
-        state.advance(&mut request, Duration::from_secs(1), now);
-        assert_eq!((request.frontier, request.held.as_slice()), (Some(13), &[12, 13][..]));
-        assert!(state.to_hold.is_empty() && state.hold_marked.len() == 2);
     }
 }

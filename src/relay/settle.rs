@@ -5,18 +5,14 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::marker::MarkRequest;
-use super::run::{forget_lifted_holds, Batch, PollRun, Unmarked};
+use super::run::{forget_lifted_holds, Batch, PollRun};
 use super::table::{Aggregate, Position};
 use crate::checkpoint::TxId;
 use crate::error::Result;
 use crate::publish::Publisher;
-
-/// `[poll] progress_table`: how long an acknowledged row above the frontier waits for the frontier to
-/// pass it before it is marked on its own (a crash in between publishes it again).
-const MARK_DELAY: Duration = Duration::from_secs(1);
 
 impl PollRun<'_> {
     /// Hands every batch Kafka acknowledged (with all before it) to the marker task, parks its
@@ -27,7 +23,7 @@ impl PollRun<'_> {
     }
 
     /// [`PollRun::settle`]; `flush`: rows acknowledged above the frontier are marked at once rather than
-    /// after [`MARK_DELAY`] (at shutdown).
+    /// after a delay (at shutdown; [`super::ledger::Ledger::advance`]).
     pub(super) async fn settle_with(&mut self, flush: bool) -> Result<()> {
         if let Some(error) = self.watermark.take_failure() {
             return Err(self.failed(error).await);
@@ -48,10 +44,6 @@ impl PollRun<'_> {
         while self.pending.front().is_some_and(|b| b.tx < settled) {
             done.extend(self.pending.pop_front());
         }
-        let progress = self.relay.has_progress_table();
-        if done.is_empty() && !progress {
-            return Ok(());
-        }
         if !done.is_empty() {
             crate::failpoint!("poll_batch_acked");
         }
@@ -60,42 +52,29 @@ impl PollRun<'_> {
         for batch in &done {
             let request = requests.entry(batch.t).or_insert_with(|| MarkRequest::new(batch.t));
             for row in &batch.rows {
-                match (&row.dead, row.seq) {
-                    (None, Some(seq)) if progress && !row.held_at => {
-                        let state = &mut self.tables[batch.t];
-                        state.covered.insert(seq..=seq);
-                        state.unmarked.push_back(Unmarked {
-                            acknowledged: now,
-                            key: row.key.clone(),
-                            key_bytes: row.key_bytes.clone(),
-                            seq,
-                        });
+                match &row.dead {
+                    None => {
+                        let key = (&row.key, row.key_bytes.as_slice());
+                        if !self.ledger.acknowledged(batch.t, row.seq, row.held_at, key, now) {
+                            request.keys.push(row.key.clone());
+                            request.seqs.extend(row.seq);
+                            request.done.push(row.key_bytes.clone());
+                        }
                     }
-                    (None, _) => {
-                        request.keys.push(row.key.clone());
-                        request.seqs.extend(row.seq);
-                        request.done.push(row.key_bytes.clone());
-                    }
-                    (Some(reason), seq) => {
+                    Some(reason) => {
                         self.relay.park(&mut self.conn, batch.t, &row.key, reason).await?;
                         let state = &mut self.tables[batch.t];
                         state.parking.remove(&row.aggregate);
                         state.in_flight.remove(&row.key_bytes);
-                        state.parked_seqs.entry(row.aggregate.clone()).or_default().extend(seq);
-                        if let Some(seq) = seq.filter(|s| progress && *s > state.frontier) {
-                            // Parked with `HELD_AT`: the frontier may pass it.
-                            state.covered.insert(seq..=seq);
+                        state.parked_seqs.entry(row.aggregate.clone()).or_default().extend(row.seq);
+                        if let Some(seq) = row.seq {
+                            self.ledger.parked(batch.t, seq);
                         }
                     }
                 }
             }
         }
-        if progress {
-            for t in 0..self.tables.len() {
-                let request = requests.entry(t).or_insert_with(|| MarkRequest::new(t));
-                self.tables[t].advance(request, if flush { Duration::ZERO } else { MARK_DELAY }, now);
-            }
-        }
+        self.ledger.advance(&mut requests, flush, now);
         let Some(marks) = &self.marks else { return Ok(()) };
         for request in
             requests.into_values().filter(|r| !r.done.is_empty() || r.frontier.is_some() || !r.held.is_empty())
@@ -132,9 +111,7 @@ impl PollRun<'_> {
                 state.held.remove(aggregate);
                 // Its parked rows are published now (or unparked by hand): looked at once more.
                 let seqs = state.parked_seqs.remove(aggregate).unwrap_or_default();
-                if self.relay.has_progress_table() {
-                    state.proven.extend(seqs.into_iter().map(|seq| (seq, seq)));
-                }
+                self.ledger.released(t, seqs);
             }
             if forget_lifted_holds(&self.store, &self.tables)? {
                 self.publisher = Publisher::new(self.config, self.router.clone(), self.store.clone())?;

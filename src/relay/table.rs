@@ -5,7 +5,6 @@
 //!
 //! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,10 +15,9 @@ use super::columns::{
     columns_of, last_error_chars, no_order_key, order_key, poll_column_problems, poll_columns_ddl, read_index_columns,
     read_index_ddl, OrderKey,
 };
-use super::progress::{check_progress_table, progress_table_name, read_frontier};
+use super::progress::Progress;
 use crate::config::{ColumnNames, Config};
 use crate::error::{classify_mysql, Error, Result};
-use crate::metrics::{metrics, PollQuery};
 use crate::outbox::{OutboxRow, TableName};
 use crate::poison::Origin;
 use crate::source::decode::Undecodable;
@@ -102,9 +100,6 @@ pub struct PollTable {
     /// filtered by `seq > ?`, stepping over every unpublished row below the cursor (MariaDB 10.11, 600,000
     /// rows into a 1M-row backlog: 57 ms per read, 1.5 ms with the index named).
     pub(super) read_index: String,
-    /// `[poll] progress_table`: the sequence number every row up to which is published, as last written
-    /// (0 without a progress table). Statements that could reach below it are bounded by it.
-    pub(super) frontier: AtomicU64,
 }
 
 /// The relay: its settings and the tables it reads.
@@ -114,8 +109,8 @@ pub struct Relay {
     pub(super) batch_rows: usize,
     pub(super) columns: ColumnNames,
     pub(super) tables: Vec<PollTable>,
-    /// `[poll] progress_table`, resolved.
-    pub(super) progress: Option<TableName>,
+    /// How it records what it published: marks, or the progress table's numbers.
+    pub(super) progress: Progress,
 }
 
 impl Relay {
@@ -129,13 +124,7 @@ impl Relay {
         for table in config.tables() {
             tables.push(load_table(conn, table, config).await?);
         }
-        let progress = progress_table_name(config);
-        if let Some(progress) = &progress {
-            check_progress_table(conn, progress, config.tables()).await?;
-            for pt in &tables {
-                pt.frontier.store(read_frontier(conn, progress, &pt.table).await?, Ordering::Release);
-            }
-        }
+        let progress = Progress::load(conn, &config.poll.progress, config.tables()).await?;
         Ok(Relay {
             id: config.poll.relay_id(),
             batch_rows: config.poll.batch_rows,
@@ -145,44 +134,24 @@ impl Relay {
         })
     }
 
-    /// Whether the relay records its progress as a number per table (`[poll] progress_table`) rather than
-    /// in each row.
-    pub fn has_progress_table(&self) -> bool {
-        self.progress.is_some()
-    }
-
-    /// `[poll] progress_table`, when set.
-    pub fn progress_table(&self) -> Option<&TableName> {
-        self.progress.as_ref()
+    /// How the relay records what it published (`[poll] progress_table`).
+    pub fn progress(&self) -> &Progress {
+        &self.progress
     }
 
     /// The sequence number of table `t` every row up to which is published, as last written (0 without a
     /// progress table).
     pub fn frontier(&self, t: usize) -> u64 {
-        self.tables[t].frontier.load(Ordering::Acquire)
+        self.progress.frontier(t)
     }
 
-    /// Records that every row of table `t` with a sequence number up to `through` is published (never
-    /// lowers it: a relay that lost its lease may still write a lower one).
+    /// Records that every row of table `t` with a sequence number up to `through` is published
+    /// ([`Progress::write_frontier`]).
     ///
     /// # Errors
     /// Classified query errors.
     pub async fn write_frontier(&self, conn: &mut Conn, t: usize, through: u64) -> Result<()> {
-        let Some(progress) = &self.progress else { return Ok(()) };
-        let pt = &self.tables[t];
-        conn.exec_drop(
-            format!(
-                "UPDATE {} SET published_through = GREATEST(published_through, ?), updated_at = UTC_TIMESTAMP(6) \
-                 WHERE outbox_table = ?",
-                progress.quoted()
-            ),
-            (through, pt.table.to_string()),
-        )
-        .await
-        .map_err(|e| classify_mysql(&e).context(format_args!("poll: writing how far {} is published", pt.table)))?;
-        metrics().poll_queries(PollQuery::Mark, 1);
-        pt.frontier.fetch_max(through, Ordering::AcqRel);
-        Ok(())
+        self.progress.write_frontier(conn, t, &self.tables[t].table, through).await
     }
 
     /// This relay's name, for logs.
@@ -229,7 +198,7 @@ impl Relay {
 }
 
 async fn load_table(conn: &mut Conn, table: &TableName, config: &Config) -> Result<PollTable> {
-    let (columns, order, progress) = (&config.outbox.columns, config.poll.order, config.poll.progress_table.is_some());
+    let (columns, order, progress) = (&config.outbox.columns, config.poll.order, &config.poll.progress);
     let present = crate::source::snapshot::present_roles(conn, table, columns).await?;
     let found = columns_of(conn, table).await?;
     let problems = poll_column_problems(table, &found, progress);
@@ -252,14 +221,7 @@ async fn load_table(conn: &mut Conn, table: &TableName, config: &Config) -> Resu
                 read_index_ddl(table, &order, columns)
             ))
         })?;
-    Ok(PollTable {
-        table: Arc::new(table.clone()),
-        present,
-        order,
-        last_error_chars,
-        read_index,
-        frontier: AtomicU64::new(0),
-    })
+    Ok(PollTable { table: Arc::new(table.clone()), present, order, last_error_chars, read_index })
 }
 
 /// A key's bytes, to compare keys read by different statements (text and binary protocol).

@@ -945,7 +945,7 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
         if found.is_empty() {
             continue;
         }
-        let progress = config.poll.progress_table.is_some();
+        let progress = &config.poll.progress;
         let problems = crate::relay::poll_column_problems(table, &found, progress);
         report.push(
             &format!("table {table} relay columns"),
@@ -1036,8 +1036,8 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
             &format!("GRANT SELECT, UPDATE ON {table} TO {account} (no REPLICATION privilege is needed)"),
         );
     }
-    if let Some(progress) = crate::relay::progress_table_name(config) {
-        check_progress_table(conn, &progress, &account, &mut report).await?;
+    if let Some(progress) = config.poll.progress.table() {
+        check_progress_table(conn, progress, &account, &mut report).await?;
     }
     Ok(report)
 }
