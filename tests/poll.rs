@@ -555,7 +555,7 @@ async fn killed_relays(progress: bool) {
     let records = broker.read_all(TOPIC, written.len(), CATCH_UP);
     let report = audit(&written.expected, &records);
     assert!(report.is_clean(), "{}", report.summary());
-    let in_flight = 32 * batch; // pipeline::poll's MAX_PENDING_BATCHES batches
+    let in_flight = 32 * batch; // relay::run's MAX_PENDING_BATCHES batches
     assert!(report.duplicates <= kills * in_flight, "{} duplicates for {kills} kills", report.duplicates);
     let run = closing_audit(&relays[0]);
     let (scenario, how) = match progress {

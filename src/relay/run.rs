@@ -42,13 +42,13 @@
 //! every [`BACKLOG_EVERY`]. `outbox_cdc_poll_queries_total` counts them by kind.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mysql_async::{Conn, Value};
 
 use super::columns::OrderKey;
+use super::commit::RelayCommit;
 use super::ledger::Ledger;
 use super::marker::{marker, MarkRequest};
 use super::table::{key_bytes, Aggregate, Polled, Position, Relay, FULL_SWEEP_EVERY};
@@ -59,11 +59,10 @@ use crate::health::health;
 use crate::lease::Holding;
 use crate::metrics::metrics;
 use crate::pipeline::Shutdown;
-use crate::pipeline::SHUTDOWN_GRACE;
 use crate::publish::{Publisher, SourceRow};
 use crate::quarantine::headers;
 use crate::router::Router;
-use crate::sink::{KafkaSink, Transactional};
+use crate::sink::KafkaSink;
 use crate::source::SourceConn;
 
 /// How often the relay counts its backlog (`outbox_cdc_poll_backlog_rows`) while it is busy, and reads
@@ -71,7 +70,7 @@ use crate::source::SourceConn;
 pub const BACKLOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Batches produced and not yet marked, at most; past it the relay waits for acknowledgements.
-pub(super) const MAX_PENDING_BATCHES: usize = 32;
+const MAX_PENDING_BATCHES: usize = 32;
 
 /// A row handed to the producer.
 pub(super) struct Sent {
@@ -133,9 +132,8 @@ pub(super) struct PollRun<'a> {
     pub(super) shutdown: &'a Shutdown,
     pub(super) tables: Vec<TableState>,
     pub(super) pending: VecDeque<Batch>,
-    /// `poll.transactional`: batches before this transaction id are in committed Kafka transactions (set
-    /// by each commit's callback). `None`: records count once Kafka acknowledged them.
-    pub(super) committed: Option<Arc<AtomicU64>>,
+    /// When its records count as published: acknowledged, or (`poll.transactional`) committed.
+    pub(super) commits: RelayCommit,
     /// What is published beyond each row's mark (`[poll] progress_table`).
     pub(super) ledger: Ledger,
 }
@@ -166,14 +164,7 @@ pub async fn run(
     Relay::ready_marker(&mut marker_conn).await?;
     let marker = tokio::spawn(marker(relay.clone(), marker_conn, requests, done));
     let watermark = Arc::new(Watermark::new(None));
-    let (mut sink, committed) = if config.poll.transactional {
-        // Its start fences the producer of the relay before, and aborts what that one left open.
-        let settings = Transactional { id: config.transactional_id().to_string(), checkpoint: None };
-        let sink = KafkaSink::transactional(&config.kafka, watermark.clone(), settings).await?;
-        (sink, Some(Arc::new(AtomicU64::new(0))))
-    } else {
-        (KafkaSink::new(&config.kafka, watermark.clone())?, None)
-    };
+    let (commits, mut sink) = RelayCommit::start(config, &watermark).await?;
     if let Some(lease) = lease {
         sink.publish_while(lease);
     }
@@ -214,7 +205,7 @@ pub async fn run(
         shutdown,
         tables,
         pending: VecDeque::new(),
-        committed,
+        commits,
         ledger,
     };
     let interval = config.poll.poll_interval;
@@ -226,7 +217,7 @@ pub async fn run(
         if shutdown.is_requested() {
             return run.finish().await;
         }
-        run.commit().await?;
+        run.commits.commit(&mut run.sink, run.pending.back().map(|b| b.tx)).await?;
         run.settle().await?;
         let mut busy = false;
         for t in 0..run.tables.len() {
@@ -246,14 +237,14 @@ pub async fn run(
         if busy {
             idle_wait = interval / 16;
             if run.pending.len() >= MAX_PENDING_BATCHES {
-                run.wait_in_flight(Duration::from_millis(100)).await;
+                run.commits.wait_in_flight(&mut run.sink, Duration::from_millis(100)).await;
             }
             continue;
         }
         metrics().poll_idle();
         if !run.pending.is_empty() {
             // Nothing new: wait for what is in flight, then mark it.
-            run.wait_in_flight(idle_wait).await;
+            run.commits.wait_in_flight(&mut run.sink, idle_wait).await;
             continue;
         }
         tokio::select! {
@@ -426,12 +417,9 @@ impl PollRun<'_> {
         Ok(())
     }
 
-    /// Graceful shutdown: waits up to [`SHUTDOWN_GRACE`] for what is in flight, marks it, and returns.
+    /// Graceful shutdown: waits up to [`crate::pipeline::SHUTDOWN_GRACE`] for what is in flight ([`RelayCommit::finish`]), marks it, and returns.
     async fn finish(&mut self) -> Result<()> {
-        let acknowledged = match self.committed.is_some() {
-            false => self.sink.drain(SHUTDOWN_GRACE).await,
-            true => tokio::time::timeout(SHUTDOWN_GRACE, self.commit_all()).await.is_ok_and(|c| c.is_ok()),
-        };
+        let acknowledged = self.commits.finish(&mut self.sink, self.pending.back().map(|b| b.tx)).await;
         if !acknowledged {
             self.sink.abort();
             tracing::warn!("Kafka did not acknowledge everything within the shutdown grace period; the rows not marked are published again by the next run");

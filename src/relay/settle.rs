@@ -4,13 +4,11 @@
 //! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4 (its methods are the run's, [`PollRun`]).
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::marker::MarkRequest;
 use super::run::{forget_lifted_holds, Batch, PollRun};
 use super::table::{Aggregate, Position};
-use crate::checkpoint::TxId;
 use crate::error::Result;
 use crate::publish::Publisher;
 
@@ -36,10 +34,7 @@ impl PollRun<'_> {
         if self.marker.is_finished() {
             return Err(self.marker_ended().await);
         }
-        let mut settled = self.watermark.settled_before();
-        if let Some(committed) = &self.committed {
-            settled = settled.min(TxId(committed.load(Ordering::Acquire)));
-        }
+        let settled = self.commits.settled_before(&self.watermark);
         let mut done: Vec<Batch> = Vec::new();
         while self.pending.front().is_some_and(|b| b.tx < settled) {
             done.extend(self.pending.pop_front());
