@@ -3,18 +3,46 @@
 //!
 //! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2.
 //!
-//! The `jsonschema` crate validates (drafts 4 to 2020-12, the draft the schema's `$schema` names, draft-07
-//! otherwise: the draft Confluent's serializers and registry assume for a schema that names none, where
-//! `items: [...]` is a tuple and `definitions` the place for subschemas). Referenced schemas come from the registry, each under the name its reference gives
-//! (the `$ref` URL); nothing is fetched from the network or the disk on a schema's say-so.
+//! The `jsonschema` crate validates, in the draft the schema's `$schema` names, draft-07 otherwise
+//! ([`dialect`]: Confluent's registry and serializers read a schema so). Referenced schemas come from the
+//! registry, each under the name its reference gives it and, under a root `$id`, under that name resolved
+//! against it (where Confluent's Java serializers register it); a reference without its own `$schema` is
+//! read in the root's draft. Nothing is fetched from the network or the disk on a schema's say-so.
+//!
+//! # What a consumer's validator decides, the connector decides first
+//! confluent-kafka's consumers validate every record with Python's jsonschema (its JSONDeserializer's
+//! default), Confluent's Java ones on request. Where the crate's defaults depart from the draft or from
+//! those validators, the codec sets them right (each found by tests/json_schema_corpus.rs, which reads
+//! every case with jsonschema and confluent-kafka's JSONDeserializer):
+//! - `format`, `contentMediaType` and `contentEncoding` are annotations, in every draft: confluent-kafka
+//!   validates without a format checker (the crate asserted formats in drafts 4 to 7);
+//! - `multipleOf` holds in decimal and in the arithmetic Python's jsonschema divides with
+//!   ([`numbers`]); an integer literal beyond 64 bits is refused, `-0` is the integer 0;
+//! - `pattern` is ECMA-262 ([`pattern`]); `dependencies` is no keyword in 2019-09 and 2020-12.
+//!
+//! The corpus lists where Python's readings still depart from the connector's, and why (`\d` matching any
+//! digit in Python's `re`, a schema without `$schema` read as 2020-12 by confluent-kafka, …).
 
-use serde_json::Value;
+mod dialect;
+mod numbers;
+mod pattern;
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use jsonschema::error::ValidationErrorKind;
+use jsonschema::paths::Location;
+use jsonschema::{Draft, Keyword, ValidationError};
+use serde_json::{Map, Value};
 
 use super::avro::Mismatch;
 
 /// A compiled JSON Schema.
 pub struct JsonSchemaCodec {
     validator: jsonschema::Validator,
+    /// The registered text of each pattern the validator compiled rewritten ([`pattern`]), by the
+    /// rewritten text its refusals name.
+    patterns: HashMap<String, String>,
 }
 
 impl std::fmt::Debug for JsonSchemaCodec {
@@ -27,32 +55,80 @@ impl JsonSchemaCodec {
     /// Compiles `schema`; `references` are (name, schema text) of the schemas it may `$ref`.
     ///
     /// # Errors
-    /// Why the schema or a reference is not a JSON Schema the validator accepts.
+    /// Why the schema or a reference is not a JSON Schema the validator accepts, and where.
     pub fn parse(schema: &str, references: &[(String, String)]) -> Result<Self, String> {
-        let schema: Value = serde_json::from_str(schema).map_err(|e| format!("not JSON: {e}"))?;
-        let mut options = jsonschema::options();
-        if schema.get("$schema").is_none() {
-            options = options.with_draft(jsonschema::Draft::Draft7);
-        }
+        let mut schema: Value = serde_json::from_str(schema).map_err(|e| format!("not JSON: {e}"))?;
+        let draft = dialect::named_draft(&schema).unwrap_or(Draft::Draft7);
+        let mut patterns = HashMap::new();
+        dialect::adapt(&mut schema, draft, &mut patterns);
+        let mut options = jsonschema::options()
+            .with_draft(draft)
+            .should_validate_formats(false)
+            .with_keyword("contentMediaType", annotation)
+            .with_keyword("contentEncoding", annotation)
+            .with_keyword("multipleOf", numbers::multiple_of);
+        let base = dialect::base_url(&schema, draft);
         for (name, text) in references {
-            let contents: Value =
+            let mut contents: Value =
                 serde_json::from_str(text).map_err(|e| format!("reference {name:?} is not JSON: {e}"))?;
-            options = options.with_resource(name.clone(), jsonschema::Resource::from_contents(contents));
+            let own = dialect::named_draft(&contents).unwrap_or(draft);
+            dialect::adapt(&mut contents, own, &mut patterns);
+            let resource = own.create_resource(contents);
+            if let Some(url) = base.and_then(|base| dialect::resolve(base, name)) {
+                options = options.with_resource(url, resource.clone());
+            }
+            options = options.with_resource(name.clone(), resource);
         }
-        let validator = options.build(&schema).map_err(|e| e.to_string())?;
-        Ok(JsonSchemaCodec { validator })
+        let validator = options.build(&schema).map_err(|e| match e.instance_path().as_str() {
+            "" => e.to_string(),
+            at => format!("{e} (at {at})"),
+        })?;
+        Ok(JsonSchemaCodec { validator, patterns })
     }
 
-    /// Validates `payload` and appends `text` (its JSON as the row holds it) to `out`.
+    /// Validates `payload` (read from `text`) and appends `text`, the row's JSON as it is, to `out`.
     ///
     /// # Errors
-    /// The first place the payload breaks the schema, with the validator's reason.
+    /// The first place the payload breaks the schema, with the validator's reason; an integer literal of
+    /// `text` beyond 64 bits, where it is.
     pub fn encode(&self, payload: &Value, text: &str, out: &mut Vec<u8>) -> Result<(), Mismatch> {
-        if let Some(error) = self.validator.iter_errors(payload).next() {
-            return Err(at_pointer(payload, error.instance_path().as_str(), error.to_string()));
+        let zeros = numbers::negative_zeros(text)?;
+        let payload = match zeros.is_empty() {
+            true => Cow::Borrowed(payload),
+            false => Cow::Owned(numbers::with_integer_zeros(payload, &zeros)),
+        };
+        if let Some(error) = self.validator.iter_errors(&payload).next() {
+            let reason = match error.kind() {
+                ValidationErrorKind::Pattern { pattern } if self.patterns.contains_key(pattern) => {
+                    format!(r#"{} does not match "{}""#, error.instance(), self.patterns[pattern])
+                }
+                _ => error.to_string(),
+            };
+            return Err(at_pointer(&payload, error.instance_path().as_str(), reason));
         }
         out.extend_from_slice(text.as_bytes());
         Ok(())
+    }
+}
+
+/// A keyword that only annotates: every instance meets it.
+fn annotation<'a>(
+    _: &'a Map<String, Value>,
+    _: &'a Value,
+    _: Location,
+) -> Result<Box<dyn Keyword>, ValidationError<'a>> {
+    Ok(Box::new(Annotation))
+}
+
+struct Annotation;
+
+impl Keyword for Annotation {
+    fn validate<'i>(&self, _: &'i Value) -> Result<(), ValidationError<'i>> {
+        Ok(())
+    }
+
+    fn is_valid(&self, _: &Value) -> bool {
+        true
     }
 }
 
@@ -120,6 +196,17 @@ mod tests {
             let mismatch = codec().encode(&bad, &bad.to_string(), &mut Vec::new()).unwrap_err();
             assert_eq!(mismatch.path(), path, "{bad}: {mismatch}");
         }
+    }
+
+    /// A pattern rewritten for the regex engine (ECMA-262's `.` matches no `\r`) is named as registered
+    /// when it refuses a payload, never as the engine's spelling.
+    #[test]
+    fn a_refusing_pattern_is_named_as_registered() {
+        let codec = JsonSchemaCodec::parse(r#"{"properties": {"code": {"pattern": "^a.c$"}}}"#, &[]).unwrap();
+        let text = r#"{"code": "a\rc"}"#;
+        let mismatch = codec.encode(&serde_json::from_str(text).unwrap(), text, &mut Vec::new()).unwrap_err();
+        assert_eq!(mismatch.path(), "$.code");
+        assert!(mismatch.reason().ends_with(r#"does not match "^a.c$""#), "{mismatch}");
     }
 
     /// Issue 44: a schema without `$schema` was read as 2020-12, where Confluent reads draft-07: a
