@@ -2,7 +2,7 @@
 //!
 //! Floor 2 (docs/ARCHITECTURE.md): imports floors 0-1 (vocabulary, error, metrics).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -38,16 +38,21 @@ pub struct SchemaRegistryConfig {
     pub username: Option<String>,
     /// Basic auth password (Confluent Cloud: the API secret). Better `password_env` or `password_file`.
     pub password: Option<Secret>,
-    /// Environment variable holding the basic auth password, read when a command connects.
+    /// Environment variable holding the basic auth password, read once, when a command first talks to the
+    /// registry.
     pub password_env: Option<String>,
-    /// File holding the basic auth password (a mounted secret), read when a command connects.
+    /// File holding the basic auth password (a mounted secret), read again at every registry request, so a
+    /// password a sidecar rewrites is used from the next request on, without a restart. Unreadable or empty
+    /// at a request: a definite error naming the file.
     pub password_file: Option<PathBuf>,
     /// Bearer token (`Authorization: Bearer …`), instead of basic auth. Better `bearer_token_env` or
     /// `bearer_token_file`.
     pub bearer_token: Option<Secret>,
-    /// Environment variable holding the bearer token.
+    /// Environment variable holding the bearer token, read once, when a command first talks to the registry.
     pub bearer_token_env: Option<String>,
-    /// File holding the bearer token (re-read at each connection, so a rotated token is picked up on restart).
+    /// File holding the bearer token, read again at every registry request: a token that a sidecar (Vault
+    /// agent, a Kubernetes projected token) rewrites is used from the next request on, without a restart.
+    /// Unreadable or empty at a request: a definite error naming the file.
     pub bearer_token_file: Option<PathBuf>,
     /// PEM file of the CA certificates that sign the registry's certificate; default: the Mozilla roots
     /// built into the connector.
@@ -56,7 +61,9 @@ pub struct SchemaRegistryConfig {
     /// (transient: the run waits and starts again).
     #[serde(rename = "timeout_ms", default = "default_registry_timeout", deserialize_with = "millis")]
     pub timeout: Duration,
-    /// With `version = "latest"`: how old a subject's latest version may be before it is looked up again.
+    /// With `version = "latest"`: how old a subject's latest version may be before it is looked up again, in
+    /// the background: rows go on with the cached one until the answer replaces it (and keep it when the
+    /// registry cannot be asked).
     #[serde(rename = "latest_refresh_ms", default = "default_latest_refresh", deserialize_with = "millis")]
     pub latest_refresh: Duration,
 }
@@ -99,7 +106,7 @@ impl SchemaRegistryConfig {
         }
     }
 
-    /// The credentials, read from the environment or files where configured so.
+    /// The credentials, read from the environment or files where configured so (each call reads them again).
     ///
     /// # Errors
     /// A definite error naming an unset variable or an unreadable or empty file.
@@ -119,6 +126,17 @@ impl SchemaRegistryConfig {
             (_, _, Some(token)) => RegistryAuth::Bearer(token),
             _ => RegistryAuth::None,
         })
+    }
+
+    /// The setting and the file the credentials come from (`password_file` or `bearer_token_file`), if a
+    /// file holds them: the registry client reads it at every request ([`SchemaRegistryConfig::auth`]).
+    /// Inline and environment credentials are fixed for the process.
+    pub fn auth_file(&self) -> Option<(&'static str, &Path)> {
+        match (&self.password_env, &self.password_file, &self.bearer_token_env, &self.bearer_token_file) {
+            (None, Some(path), _, _) => Some(("schema_registry.password_file", path)),
+            (_, _, None, Some(path)) => Some(("schema_registry.bearer_token_file", path)),
+            _ => None,
+        }
     }
 
     /// Checks the section on its own: URLs, one way to authenticate, the subject template.
@@ -283,5 +301,31 @@ mod tests {
             with("value_format = \"avro\"", &format!("{registry}\nusername = \"u\"\npassword = \"p\"")).unwrap();
         let auth = basic.schema_registry.unwrap().auth().unwrap();
         assert_eq!(auth, RegistryAuth::Basic { username: "u".into(), password: Secret::new("p") });
+    }
+
+    /// Which credentials the registry client reads again at every request: those of a file, and no others.
+    #[test]
+    fn only_file_credentials_are_read_per_request() {
+        let file = |section: &str| {
+            let text = format!(
+                "{}
+value_format = \"avro\"\n[schema_registry]\nurl = \"http://r\"\n{section}",
+                MINIMAL.trim_end()
+            );
+            let config = Config::parse(&text).unwrap().schema_registry.unwrap();
+            config.auth_file().map(|(setting, path)| (setting, path.to_path_buf()))
+        };
+        let at = |setting: &'static str, path: &str| Some((setting, std::path::PathBuf::from(path)));
+        assert_eq!(file("username = \"u\"\npassword_file = \"/run/p\""), at("schema_registry.password_file", "/run/p"));
+        assert_eq!(file("bearer_token_file = \"/run/t\""), at("schema_registry.bearer_token_file", "/run/t"));
+        for fixed in [
+            "",
+            "username = \"u\"\npassword = \"p\"",
+            "username = \"u\"\npassword_env = \"P\"",
+            "bearer_token = \"t\"",
+            "bearer_token_env = \"T\"",
+        ] {
+            assert_eq!(file(fixed), None, "{fixed}");
+        }
     }
 }

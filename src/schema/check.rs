@@ -3,7 +3,8 @@
 //!
 //! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2.
 
-use super::{key_subject, registry::Lookup, render_subject, Schemas};
+use super::registry::{Lookup, Why};
+use super::{key_subject, render_subject, Schemas};
 use crate::config::{Config, RegistryVersion};
 use crate::findings::Report;
 
@@ -57,31 +58,35 @@ pub fn check(config: &Config, topics: &[String]) -> Option<Report> {
             (RegistryVersion::SchemaVersion, false) => "registered (the rows name its versions)",
             _ => "registered",
         };
-        match client.version(&subject, "latest") {
-            Ok(latest) => report.push(
-                &format!("subject {subject}"),
-                expected,
-                &format!("latest version {} (id {})", latest.version, latest.id),
-                true,
-                "",
-            ),
-            Err(Lookup::NotFound(message) | Lookup::Unusable(message)) => {
-                let fix = match (subject.ends_with("-key"), registry.auto_register) {
-                    (true, true) => "auto_register registers \"string\" at the first key",
-                    (true, false) => "register the schema \"string\" under it, or set schema_registry.auto_register",
-                    _ => {
-                        "register the event's schema under it (the application's CI does); rows published before \
-                          are dead-lettered as schema_missing until then"
-                    }
-                };
-                match subject.ends_with("-key") && registry.auto_register {
-                    true => report.warn(&format!("subject {subject}"), expected, &message, fix),
-                    false => report.push(&format!("subject {subject}"), expected, &message, false, fix),
-                }
+        let message = match client.version(&subject, "latest") {
+            Ok(latest) => {
+                let found = format!("latest version {} (id {})", latest.version, latest.id);
+                report.push(&format!("subject {subject}"), expected, &found, true, "");
+                continue;
             }
             Err(Lookup::Failed(e)) => {
-                report.push(&format!("subject {subject}"), expected, "not looked up", false, &e.to_string())
+                report.push(&format!("subject {subject}"), expected, "not looked up", false, &e.to_string());
+                continue;
             }
+            // Invalid, a conflict, denied: the refusal says what to do.
+            Err(Lookup::Refused(refusal)) if refusal.why != Why::NotFound => {
+                report.push(&format!("subject {subject}"), expected, &refusal.to_string(), false, "");
+                continue;
+            }
+            Err(Lookup::Refused(refusal)) => refusal.to_string(),
+            Err(Lookup::Unusable(message)) => message,
+        };
+        let fix = match (subject.ends_with("-key"), registry.auto_register) {
+            (true, true) => "auto_register registers \"string\" at the first key",
+            (true, false) => "register the schema \"string\" under it, or set schema_registry.auto_register",
+            _ => {
+                "register the event's schema under it (the application's CI does); rows published before \
+                  are dead-lettered as schema_missing until then"
+            }
+        };
+        match subject.ends_with("-key") && registry.auto_register {
+            true => report.warn(&format!("subject {subject}"), expected, &message, fix),
+            false => report.push(&format!("subject {subject}"), expected, &message, false, fix),
         }
     }
     Some(report)

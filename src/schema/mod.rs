@@ -11,15 +11,22 @@
 //! version and the registry's agree) or the subject's latest. The key's subject is `<topic>-key`, latest.
 //!
 //! # Invariants
-//! - The hot path never waits on the registry for a known (subject, version): [`Schemas::resolve`] looks
-//!   a pair up once and caches it for the run (a numbered version never changes in a registry; `latest`
-//!   is looked up again after `latest_refresh_ms`, keeping the cached one while the registry is away).
-//! - A record is never published without its schema: a subject or version the registry does not have is
-//!   poison ([`crate::poison::PoisonKind::SchemaMissing`]), which holds that aggregate only; the
-//!   answer is remembered for [`MISSING_RETRY`], then asked again, so a schema registered meanwhile is
-//!   found by the next row that needs it, and `quarantine release` republishes the held ones.
-//! - A registry that cannot be reached is a transient error from [`Schemas::resolve`] (the run waits and
-//!   starts again from its checkpoint), never poison; refused credentials are definite.
+//! - The hot path never waits on the registry for a schema it holds: [`Schemas::resolve`] looks a
+//!   (subject, version) up once and caches it for the run (a numbered version never changes in a registry).
+//!   A `latest` older than `latest_refresh_ms` is returned at once and looked up again in the background
+//!   (`Schemas::refresh_in_background`: one lookup in flight per subject, on its own thread); its answer
+//!   replaces the entry, and a lookup that fails keeps the cached one, with a warning, until the next
+//!   refresh. Only a first lookup blocks: without a schema there is nothing to publish with.
+//! - A record is never published without its schema: an answer about the row's subject or version (not
+//!   found, invalid, a conflict, denied to these credentials: [`registry::Lookup::Refused`], the rule table is
+//!   in [`registry`]) is poison ([`crate::poison::PoisonKind::SchemaMissing`], the reason quoting the
+//!   registry), which holds that aggregate only; the answer is remembered for [`MISSING_RETRY`], then asked
+//!   again, so a schema registered meanwhile is found by the next row that needs it, and `quarantine
+//!   release` republishes the held ones.
+//! - An answer about the registry itself is the same for every row, so it is never poison: one that cannot
+//!   be reached is a transient error from [`Schemas::resolve`] (the run waits and starts again from its
+//!   checkpoint); refused credentials, a URL that does not serve the API, a certificate the CA does not
+//!   verify are definite.
 
 pub mod avro;
 pub mod check;
@@ -38,7 +45,7 @@ use crate::outbox::{OutboxRow, SchemaVersion};
 use avro::{AvroCodec, Mismatch};
 use json_schema::JsonSchemaCodec;
 use protobuf::ProtobufCodec;
-use registry::{Lookup, Registered, Registry};
+use registry::{Lookup, Registered, Registry, Why};
 
 /// How long a "no such subject or version" answer stands before the registry is asked again.
 pub const MISSING_RETRY: Duration = Duration::from_secs(5);
@@ -51,10 +58,15 @@ pub struct Schemas {
     config: SchemaRegistryConfig,
     format: ValueFormat,
     key_avro: bool,
-    /// Built on first use: credentials are read when the connector first talks to the registry.
-    client: OnceLock<Registry>,
-    cache: Mutex<HashMap<(String, Option<i64>), Entry>>,
+    /// Built on first use: credentials are read when the connector first talks to the registry. Shared with
+    /// the background refreshes of `latest`.
+    client: OnceLock<Arc<Registry>>,
+    /// What the registry answered for each (subject, version); shared with the background refreshes.
+    cache: Arc<Mutex<HashMap<CacheKey, Entry>>>,
 }
+
+/// A subject and a version (`None`: the latest).
+type CacheKey = (String, Option<i64>);
 
 impl std::fmt::Debug for Schemas {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -64,8 +76,20 @@ impl std::fmt::Debug for Schemas {
 
 #[derive(Clone)]
 enum Entry {
-    Known { schema: Arc<Resolved>, at: Instant },
+    /// The schema, looked up `at`; `refreshing` while a background lookup of a stale `latest` is in flight.
+    Known { schema: Arc<Resolved>, at: Instant, refreshing: bool },
+    /// The registry's no about this subject or version (the row's poison), answered `at`.
     Missing { reason: String, at: Instant },
+}
+
+impl Entry {
+    fn known(schema: Resolved) -> Entry {
+        Entry::Known { schema: Arc::new(schema), at: Instant::now(), refreshing: false }
+    }
+
+    fn missing(reason: String) -> Entry {
+        Entry::Missing { reason, at: Instant::now() }
+    }
 }
 
 /// A registered schema, ready to encode with.
@@ -123,7 +147,8 @@ impl Resolved {
 pub enum Cached {
     /// The schema.
     Known(Arc<Resolved>),
-    /// The registry has no such subject or version: why.
+    /// The registry's answer about the subject or version is no (not found, invalid, a conflict, denied), or
+    /// what it holds cannot be used: why.
     Missing(String),
     /// Not looked up (a caller skipped [`Schemas::resolve`]).
     Unknown,
@@ -138,7 +163,7 @@ impl Schemas {
             format: config.kafka.value_format,
             key_avro: config.kafka.key_format == KeyFormat::Avro,
             client: OnceLock::new(),
-            cache: Mutex::new(HashMap::new()),
+            cache: Arc::new(Mutex::new(HashMap::new())),
         }))
     }
 
@@ -180,11 +205,12 @@ impl Schemas {
     }
 
     /// Makes sure the cache answers for `subject` at `version` (`None`: latest), asking the registry when
-    /// it does not yet (or no longer: a stale `latest`, an old "missing").
+    /// it does not yet (or no longer: an old "missing"). A cached `latest` older than `latest_refresh_ms` is
+    /// kept, and looked up again in the background: this call never waits for it.
     ///
     /// # Errors
-    /// Transient when the registry cannot be reached, definite when it refuses the credentials or answers
-    /// something else than a schema or "not found".
+    /// Transient when the registry cannot be reached, definite when its answer concerns the registry itself
+    /// (refused credentials, a URL that does not serve the API, an answer the API does not describe).
     pub fn resolve(&self, subject: &str, version: Option<i64>) -> Result<()> {
         self.resolve_as(subject, version, self.format)
     }
@@ -199,61 +225,95 @@ impl Schemas {
                  type and event type names no subject",
                 self.config.subject_template()
             );
-            self.cache.lock().expect("cache lock").insert(key, Entry::Missing { reason, at: Instant::now() });
+            self.cache.lock().expect("cache lock").insert(key, Entry::missing(reason));
             return Ok(());
         }
-        let stale = match self.cache.lock().expect("cache lock").get(&key) {
-            Some(Entry::Known { at, .. }) => version.is_none() && at.elapsed() >= self.config.latest_refresh,
-            Some(Entry::Missing { at, .. }) => at.elapsed() >= MISSING_RETRY,
-            None => true,
-        };
-        if !stale {
+        if !self.needs_lookup(&key, format)? {
             return Ok(());
         }
-        let answer = blocking(|| self.fetch(subject, version, format));
-        let entry = match answer {
-            Ok(schema) => Entry::Known { schema: Arc::new(schema), at: Instant::now() },
-            Err(Lookup::Unusable(reason)) => Entry::Missing { reason, at: Instant::now() },
-            Err(Lookup::NotFound(reason)) => {
-                let version = version.map_or("latest".to_string(), |v| format!("version {v}"));
-                Entry::Missing {
-                    reason: format!("the schema registry has no subject {subject:?} {version}: {reason}"),
-                    at: Instant::now(),
-                }
-            }
-            Err(Lookup::Failed(error)) => {
-                let mut cache = self.cache.lock().expect("cache lock");
-                if let (false, Some(Entry::Known { at, .. })) = (error.is_definite(), cache.get_mut(&key)) {
-                    // A stale `latest` while the registry is away: keep using it, ask again later.
-                    tracing::warn!(subject, %error, "keeping the cached latest schema while the registry is away");
-                    *at = Instant::now();
-                    return Ok(());
-                }
-                return Err(error);
-            }
-        };
+        let answer = blocking(|| fetch(self.client()?, subject, version, format));
+        let entry = entry_of(answer)?;
         self.cache.lock().expect("cache lock").insert(key, entry);
         Ok(())
     }
 
+    /// Whether `key` must be looked up before a row can use it: not yet asked, or an old "missing". A
+    /// stale `latest` needs none: its background refresh starts here, unless one is in flight.
+    fn needs_lookup(&self, key: &CacheKey, format: ValueFormat) -> Result<bool> {
+        let mut cache = self.cache.lock().expect("cache lock");
+        match cache.get_mut(key) {
+            None => Ok(true),
+            Some(Entry::Missing { at, .. }) => Ok(at.elapsed() >= MISSING_RETRY),
+            Some(Entry::Known { at, refreshing, .. }) => {
+                if key.1.is_none() && !*refreshing && at.elapsed() >= self.config.latest_refresh {
+                    // A Known entry came from the client, so it is built.
+                    if let Some(client) = self.client.get() {
+                        *refreshing = true;
+                        drop(cache);
+                        self.refresh_in_background(Arc::clone(client), key.clone(), format);
+                    }
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    /// Looks `key`'s latest version up again on a thread of its own; its answer replaces the entry, a
+    /// failure keeps it (with a warning) until the next refresh.
+    fn refresh_in_background(&self, client: Arc<Registry>, key: CacheKey, format: ValueFormat) {
+        let cache = Arc::clone(&self.cache);
+        let spawned = std::thread::Builder::new().name("registry-refresh".into()).spawn({
+            let (cache, key) = (Arc::clone(&cache), key.clone());
+            move || {
+                let answer = fetch(&client, &key.0, key.1, format);
+                refreshed(&cache, key, answer);
+            }
+        });
+        if let Err(error) = spawned {
+            let error = Error::transient(format!("no thread to look it up on: {error}"));
+            refreshed(&cache, key, Err(Lookup::Failed(error)));
+        }
+    }
+
     /// Makes sure the key schema of `topic` is cached (`<topic>-key`, latest; registered as `"string"`
-    /// with `auto_register`).
+    /// with `auto_register`). A registration the registry refuses for this subject (409 incompatible, 422,
+    /// 403) is the poison of that topic's rows, as a missing key schema is.
     ///
     /// # Errors
     /// As [`Schemas::resolve`], and definite when the key subject holds another schema than `"string"`.
     pub fn resolve_key(&self, topic: &str) -> Result<()> {
         let subject = key_subject(topic);
-        if matches!(self.cached(&subject, None), Cached::Known(_)) {
-            return Ok(());
+        let key = (subject.clone(), None);
+        // A key schema, once found, is kept for the run: it is "string", or the connector stopped.
+        if matches!(self.cached(&subject, None), Cached::Known(_)) || !self.needs_lookup(&key, ValueFormat::Avro)? {
+            return self.key_is_string(&subject);
         }
-        self.resolve_as(&subject, None, ValueFormat::Avro)?;
-        if let (Cached::Missing(_), true) = (self.cached(&subject, None), self.config.auto_register) {
-            let id = blocking(|| self.client()?.register(&subject, "\"string\""))?;
-            tracing::info!(subject, id, "registered the key schema \"string\" (schema_registry.auto_register)");
-            self.cache.lock().expect("cache lock").remove(&(subject.clone(), None));
-            self.resolve_as(&subject, None, ValueFormat::Avro)?;
-        }
-        match self.cached(&subject, None) {
+        let entry = match blocking(|| fetch(self.client()?, &subject, None, ValueFormat::Avro)) {
+            Err(Lookup::Refused(refusal)) if refusal.why == Why::NotFound && self.config.auto_register => {
+                match blocking(|| self.client()?.register(&subject, "\"string\"")) {
+                    Ok(id) => {
+                        tracing::info!(
+                            subject,
+                            id,
+                            "registered the key schema \"string\" (schema_registry.auto_register)"
+                        );
+                        entry_of(blocking(|| fetch(self.client()?, &subject, None, ValueFormat::Avro)))?
+                    }
+                    Err(Lookup::Refused(refusal)) => Entry::missing(format!(
+                        "schema_registry.auto_register could not register the key schema \"string\": {refusal}"
+                    )),
+                    Err(other) => entry_of(Err(other))?,
+                }
+            }
+            answer => entry_of(answer)?,
+        };
+        self.cache.lock().expect("cache lock").insert(key, entry);
+        self.key_is_string(&subject)
+    }
+
+    /// Definite when the cached key schema of `subject` is another than the Avro `"string"`.
+    fn key_is_string(&self, subject: &str) -> Result<()> {
+        match self.cached(subject, None) {
             Cached::Known(schema) if !schema.is_string() => Err(Error::definite(format!(
                 "kafka.key_format = \"avro\" writes keys as the Avro schema \"string\", but subject {subject:?} \
                  version {} (id {}) holds another schema: register \"string\" as its new version",
@@ -271,52 +331,97 @@ impl Schemas {
         if let Some(client) = self.client.get() {
             return Ok(client);
         }
-        let client = Registry::new(&self.config)?;
+        let client = Arc::new(Registry::new(&self.config)?);
         Ok(self.client.get_or_init(|| client))
     }
+}
 
-    fn fetch(&self, subject: &str, version: Option<i64>, format: ValueFormat) -> std::result::Result<Resolved, Lookup> {
-        let client = self.client()?;
-        let version_text = version.map_or_else(|| "latest".to_string(), |v| v.to_string());
-        let registered = client.version(subject, &version_text)?;
-        let schema_type = registered.schema_type.as_deref().unwrap_or("AVRO");
-        let mut references = Vec::new();
-        collect_references(client, &registered, &mut references, 0)?;
-        let unusable = |what: &str, e: String| {
-            Lookup::Unusable(format!(
-                "subject {subject:?} version {} (id {}) is not {what} the connector can read: {e}",
-                registered.version, registered.id
+/// The cache entry of a lookup's answer: the schema, or the row's poison; an error about the registry
+/// itself is returned.
+fn entry_of(answer: std::result::Result<Resolved, Lookup>) -> Result<Entry> {
+    match answer {
+        Ok(schema) => Ok(Entry::known(schema)),
+        Err(Lookup::Refused(refusal)) => Ok(Entry::missing(refusal.to_string())),
+        Err(Lookup::Unusable(reason)) => Ok(Entry::missing(reason)),
+        Err(Lookup::Failed(error)) => Err(error),
+    }
+}
+
+/// Stores the answer of a background refresh of `key`: a schema or a no replaces the entry; a failure
+/// keeps the cached schema, and it is looked up again after `latest_refresh_ms`.
+fn refreshed(cache: &Mutex<HashMap<CacheKey, Entry>>, key: CacheKey, answer: std::result::Result<Resolved, Lookup>) {
+    let subject = key.0.clone();
+    let mut cache = cache.lock().expect("cache lock");
+    match entry_of(answer) {
+        Ok(entry) => {
+            match (&entry, cache.get(&key)) {
+                (Entry::Known { schema, .. }, Some(Entry::Known { schema: old, .. })) if schema.id != old.id => {
+                    tracing::info!(subject, id = schema.id, version = schema.version, "a new latest schema");
+                }
+                (Entry::Missing { reason, .. }, _) => {
+                    tracing::warn!(subject, reason, "the latest schema is no longer usable: its rows are poison");
+                }
+                _ => {}
+            }
+            cache.insert(key, entry);
+        }
+        Err(error) => {
+            if let Some(Entry::Known { at, refreshing, .. }) = cache.get_mut(&key) {
+                *at = Instant::now();
+                *refreshing = false;
+            }
+            tracing::warn!(subject, %error, "keeping the cached latest schema: the registry's latest cannot be looked up");
+        }
+    }
+}
+
+/// Looks `subject` at `version` (`None`: latest) up, with the schemas it references, and makes the codec
+/// `format` writes with.
+fn fetch(
+    client: &Registry,
+    subject: &str,
+    version: Option<i64>,
+    format: ValueFormat,
+) -> std::result::Result<Resolved, Lookup> {
+    let version_text = version.map_or_else(|| "latest".to_string(), |v| v.to_string());
+    let registered = client.version(subject, &version_text)?;
+    let schema_type = registered.schema_type.as_deref().unwrap_or("AVRO");
+    let mut references = Vec::new();
+    collect_references(client, &registered, &mut references, 0)?;
+    let unusable = |what: &str, e: String| {
+        Lookup::Unusable(format!(
+            "subject {subject:?} version {} (id {}) is not {what} the connector can read: {e}",
+            registered.version, registered.id
+        ))
+    };
+    let codec = match (format, schema_type) {
+        (ValueFormat::Avro, "AVRO") => {
+            let texts: Vec<String> = references.into_iter().map(|(_, r)| r.schema).collect();
+            Codec::Avro(Box::new(
+                AvroCodec::parse(&registered.schema, &texts).map_err(|e| unusable("an Avro schema", e))?,
             ))
-        };
-        let codec = match (format, schema_type) {
-            (ValueFormat::Avro, "AVRO") => {
-                let texts: Vec<String> = references.into_iter().map(|(_, r)| r.schema).collect();
-                Codec::Avro(Box::new(
-                    AvroCodec::parse(&registered.schema, &texts).map_err(|e| unusable("an Avro schema", e))?,
-                ))
-            }
-            (ValueFormat::JsonSchema, "JSON") => {
-                let named: Vec<(String, String)> = references.into_iter().map(|(name, r)| (name, r.schema)).collect();
-                Codec::JsonSchema(
-                    JsonSchemaCodec::parse(&registered.schema, &named).map_err(|e| unusable("a JSON Schema", e))?,
-                )
-            }
-            (ValueFormat::Protobuf, "PROTOBUF") => {
-                let named: Vec<(String, String)> = references.into_iter().map(|(name, r)| (name, r.schema)).collect();
-                Codec::Protobuf(
-                    ProtobufCodec::parse(&registered.schema, &named).map_err(|e| unusable("a Protobuf schema", e))?,
-                )
-            }
-            (format, found) => {
-                return Err(Lookup::Unusable(format!(
+        }
+        (ValueFormat::JsonSchema, "JSON") => {
+            let named: Vec<(String, String)> = references.into_iter().map(|(name, r)| (name, r.schema)).collect();
+            Codec::JsonSchema(
+                JsonSchemaCodec::parse(&registered.schema, &named).map_err(|e| unusable("a JSON Schema", e))?,
+            )
+        }
+        (ValueFormat::Protobuf, "PROTOBUF") => {
+            let named: Vec<(String, String)> = references.into_iter().map(|(name, r)| (name, r.schema)).collect();
+            Codec::Protobuf(
+                ProtobufCodec::parse(&registered.schema, &named).map_err(|e| unusable("a Protobuf schema", e))?,
+            )
+        }
+        (format, found) => {
+            return Err(Lookup::Unusable(format!(
                 "subject {subject:?} version {} (id {}) holds a {found} schema, and the connector writes {format:?} \
-                     there",
+                 there",
                 registered.version, registered.id
             )))
-            }
-        };
-        Ok(Resolved { id: registered.id, subject: registered.subject, version: registered.version, codec })
-    }
+        }
+    };
+    Ok(Resolved { id: registered.id, subject: registered.subject, version: registered.version, codec })
 }
 
 /// The registry version a row's `schema_version` names. Registries number versions with 32-bit integers:
@@ -369,10 +474,13 @@ fn collect_references(
             continue;
         }
         let found = client.version(&reference.subject, &reference.version.to_string()).map_err(|e| match e {
-            Lookup::NotFound(m) => Lookup::NotFound(format!(
-                "its reference {:?} (subject {:?} version {}): {m}",
-                reference.name, reference.subject, reference.version
-            )),
+            Lookup::Refused(mut refusal) => {
+                refusal.referenced_by = Some(format!(
+                    "which subject {:?} version {} references as {:?}",
+                    registered.subject, registered.version, reference.name
+                ));
+                Lookup::Refused(refusal)
+            }
             failed => failed,
         })?;
         collect_references(client, &found, into, depth + 1)?;
@@ -381,8 +489,8 @@ fn collect_references(
     Ok(())
 }
 
-/// Runs a registry call from async code: off the runtime's worker where the runtime allows it (a lookup
-/// happens once per subject and version, and the run's one task must wait for it anyway).
+/// Runs a registry call from async code: off the runtime's worker where the runtime allows it (a first
+/// lookup happens once per subject and version, and the run's one task must wait for it anyway).
 fn blocking<T>(call: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
