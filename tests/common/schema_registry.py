@@ -2,17 +2,35 @@
 """A Schema Registry for the tests: the REST subset the connector and confluent-kafka's clients use, as a
 real HTTP server on a port.
 
-    schema_registry.py serve PORT STATE_FILE [USER:PASSWORD]
+    schema_registry.py serve PORT STATE_FILE [USER:PASSWORD | --bearer-file PATH] [--tls CERT KEY]
+                             [--unavailable]
         Serves until killed. Every write is saved to STATE_FILE and read back at start, so a registry
         killed and started again on the same port answers as before (the "registry down and back" tests).
-        With USER:PASSWORD every request needs that HTTP basic auth (401 otherwise).
+        With USER:PASSWORD every request needs that HTTP basic auth; with --bearer-file every request
+        needs `Authorization: Bearer T`, T being PATH's content when the request arrives (less one
+        trailing line break), so that a test rotates the token by replacing the file; 401 otherwise.
+        With --tls it serves HTTPS (Python's ssl module) with the PEM certificate CERT and its key KEY.
+        With --unavailable it answers every request 503 (up, but serving nothing: a registry that
+        lost its backing store, or a load balancer in front of none).
 
-    schema_registry.py decode URL [USER:PASSWORD] < lines
+    schema_registry.py decode URL [USER:PASSWORD | --bearer-file PATH] [--ca-file PEM] < lines
         Reads JSON lines {"topic", "format": "avro" | "protobuf" | "json", "field": "value" | "key",
         "hex"} and writes one JSON line per record: the value decoded by confluent-kafka's own
         deserializer (AvroDeserializer, ProtobufDeserializer, JSONDeserializer) with its own
         SchemaRegistryClient pointed at URL, and the schema id from the frame. Decimals, dates, times,
-        UUIDs and bytes come out as text so that the test compares them exactly.
+        UUIDs and bytes come out as text so that the test compares them exactly. The client sends
+        USER:PASSWORD as basic auth, or PATH's content (read once, at start) as its static bearer
+        token, and trusts the CA certificates in PEM (its `ssl.ca.location`).
+
+    schema_registry.py subject STRATEGY TOPIC FORMAT SCHEMA_FILE [PROTO_NAME]
+        Prints the value subject that confluent-kafka's own serializer computes for a schema under
+        its STRATEGY (record_name: record_subject_name_strategy, topic_record_name:
+        topic_record_subject_name_strategy) for a record in TOPIC, one line per record type: FORMAT
+        avro: SCHEMA_FILE holds the schema's JSON, one line (AvroSerializer's record name, the full
+        name); FORMAT protobuf: SCHEMA_FILE is protoc's FileDescriptorSet (--include_imports), one
+        line for each top-level message of its file PROTO_NAME, in the file's order, which is the
+        message-index order (ProtobufSerializer's record name, the message's full name). The
+        serializer is stopped where its strategy answers: no registry is asked.
 
 Why Python: the independent decoder the issue asks for is confluent-kafka's Python package, already
 installed beside the registry; http.server is in the standard library. Implemented endpoints, as
@@ -21,7 +39,8 @@ Confluent documents them:
     GET  /subjects/{s}/versions/{v|latest}      POST /subjects/{s}/versions   (register; same schema: same id)
     GET  /schemas/ids/{id}[?subject=…]          GET  /schemas/ids/{id}/versions
     POST /subjects/{s}   (look a schema up)     GET  /config, /config/{s}
-Errors are Confluent's: 40401 subject not found, 40402 version not found, 40403 schema not found.
+Errors are Confluent's: 40101 unauthorized, 40401 subject not found, 40402 version not found, 40403
+schema not found; --unavailable's 503 carries 50301, a code of ours.
 `?format=serialized` (what confluent-kafka's Protobuf deserializer asks for) answers a Protobuf schema as
 its base64 FileDescriptorProto, which this registry cannot compute from .proto text (that takes protoc): a
 test registering a Protobuf schema also sends it, in the body's `serialized` field (an extension of ours).
@@ -115,14 +134,44 @@ def formatted(body, schema, query):
     return body
 
 
-def serve(port, state_file, credentials):
+def secret_in_file(path):
+    """PATH's content less one trailing line break, as the connector reads a secret file."""
+    with open(path) as f:
+        text = f.read()
+    if text.endswith("\n"):
+        text = text[:-1]
+        if text.endswith("\r"):
+            text = text[:-1]
+    return text
+
+
+def serve(port, state_file, credentials, bearer_file, tls, unavailable):
     store = Store(state_file)
-    expected = None
-    if credentials:
-        expected = "Basic " + base64.b64encode(credentials.encode()).decode()
+
+    def expected():
+        """The Authorization header a request needs, read now (None: any request is served)."""
+        if credentials:
+            return "Basic " + base64.b64encode(credentials.encode()).decode()
+        if bearer_file:
+            return "Bearer " + secret_in_file(bearer_file)
+        return None
+
+    context = None
+    if tls:
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(certfile=tls[0], keyfile=tls[1])
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+
+        def setup(self):
+            # The handshake happens here, on the request's own thread: a client that refuses the
+            # certificate (or a port probe) fails alone, and never stalls the accepting thread.
+            if context:
+                self.request = context.wrap_socket(self.request, server_side=True)
+            super().setup()
 
         def log_message(self, fmt, *args):
             sys.stderr.write("registry: " + (fmt % args) + "\n")
@@ -139,7 +188,11 @@ def serve(port, state_file, credentials):
             self.reply(status, {"error_code": code, "message": message})
 
         def authorized(self):
-            if expected and self.headers.get("Authorization") != expected:
+            if unavailable:
+                self.error(503, 50301, "Service Unavailable")
+                return False
+            wanted = expected()
+            if wanted and self.headers.get("Authorization") != wanted:
                 self.error(401, 40101, "Unauthorized")
                 return False
             return True
@@ -205,9 +258,16 @@ def serve(port, state_file, credentials):
                 return self.error(404, 40403, "Schema not found")
             return self.error(404, 404, f"no route {self.path}")
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    server.daemon_threads = True
-    print(f"registry: serving on {port}", file=sys.stderr, flush=True)
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def handle_error(self, request, client_address):
+            # One line (a refused handshake, a closed connection), not a traceback per port probe.
+            print(f"registry: {client_address}: {sys.exc_info()[1]!r}", file=sys.stderr, flush=True)
+
+    server = Server(("127.0.0.1", port), Handler)
+    scheme = "https" if context else "http"
+    print(f"registry: serving {scheme} on {port}", file=sys.stderr, flush=True)
     server.serve_forever()
 
 
@@ -270,7 +330,7 @@ def protobuf(client, data, ctx):
     return json_format.MessageToDict(message)
 
 
-def decode(url, credentials):
+def decode(url, credentials, bearer_file, ca_file):
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.schema_registry.json_schema import JSONDeserializer
@@ -279,6 +339,13 @@ def decode(url, credentials):
     conf = {"url": url}
     if credentials:
         conf["basic.auth.user.info"] = credentials
+    if bearer_file:
+        # A static token needs a logical cluster (Confluent Cloud's header); this registry ignores it.
+        conf["bearer.auth.credentials.source"] = "STATIC_TOKEN"
+        conf["bearer.auth.token"] = secret_in_file(bearer_file)
+        conf["bearer.auth.logical.cluster"] = "lsrc-test"
+    if ca_file:
+        conf["ssl.ca.location"] = ca_file
     client = SchemaRegistryClient(conf)
     deserializers = {
         "avro": AvroDeserializer(client),
@@ -300,10 +367,96 @@ def decode(url, credentials):
         print(json.dumps(out), flush=True)
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "serve":
-        serve(int(sys.argv[2]), sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)
-    elif sys.argv[1] == "decode":
-        decode(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+class Computed(Exception):
+    """The subject a serializer's strategy answered: raised to stop the serializer there."""
+
+
+def subject(strategy, topic, fmt, schema_file, proto_name):
+    """The subjects confluent-kafka's serializer computes (see the module docs): each serializer is
+    given the strategy wrapped so that its answer stops the serialization before any registry call."""
+    import confluent_kafka.schema_registry as sr
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    strategies = {
+        "record_name": sr.record_subject_name_strategy,
+        "topic_record_name": sr.topic_record_subject_name_strategy,
+    }
+    chosen = strategies[strategy]
+
+    def stop(ctx, record_name):
+        raise Computed(chosen(ctx, record_name))
+
+    conf = {"auto.register.schemas": False, "subject.name.strategy": stop}
+    # Never asked: the serializer stops at the strategy.
+    client = sr.SchemaRegistryClient({"url": "http://127.0.0.1:9"})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+
+    def computed(serializer, value):
+        try:
+            serializer(value, ctx)
+        except Computed as answer:
+            return answer.args[0]
+        raise SystemExit("the serializer never asked its subject name strategy")
+
+    if fmt == "avro":
+        from confluent_kafka.schema_registry.avro import AvroSerializer
+
+        with open(schema_file) as f:
+            text = f.read()
+        print(computed(AvroSerializer(client, text, conf=conf), {}))
+    elif fmt == "protobuf":
+        from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+        from google.protobuf import descriptor_pb2
+        from google.protobuf.descriptor_pool import DescriptorPool
+        from google.protobuf.message_factory import GetMessageClass
+
+        with open(schema_file, "rb") as f:
+            descriptor_set = descriptor_pb2.FileDescriptorSet.FromString(f.read())
+        pool = DescriptorPool()
+        for fd in descriptor_set.file:  # --include_imports: each file after the files it imports
+            pool.Add(fd)
+        (fd,) = [fd for fd in descriptor_set.file if fd.name == proto_name]
+        for message in fd.message_type:
+            name = ".".join(filter(None, [fd.package, message.name]))
+            message_class = GetMessageClass(pool.FindMessageTypeByName(name))
+            print(computed(ProtobufSerializer(message_class, client, conf=conf), message_class()))
     else:
-        sys.exit(f"unknown command {sys.argv[1]}")
+        sys.exit(f"subject: unknown format {fmt}")
+
+
+def main():
+    import argparse
+
+    parser = argparse.ArgumentParser(description="A Schema Registry for the tests (see the module docs).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_args = commands.add_parser("serve")
+    serve_args.add_argument("port", type=int)
+    serve_args.add_argument("state_file")
+    serve_auth = serve_args.add_mutually_exclusive_group()
+    serve_auth.add_argument("credentials", nargs="?")
+    serve_auth.add_argument("--bearer-file")
+    serve_args.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
+    serve_args.add_argument("--unavailable", action="store_true")
+    decode_args = commands.add_parser("decode")
+    decode_args.add_argument("url")
+    decode_auth = decode_args.add_mutually_exclusive_group()
+    decode_auth.add_argument("credentials", nargs="?")
+    decode_auth.add_argument("--bearer-file")
+    decode_args.add_argument("--ca-file")
+    subject_args = commands.add_parser("subject")
+    subject_args.add_argument("strategy", choices=["record_name", "topic_record_name"])
+    subject_args.add_argument("topic")
+    subject_args.add_argument("format", choices=["avro", "protobuf"])
+    subject_args.add_argument("schema_file")
+    subject_args.add_argument("proto_name", nargs="?")
+    args = parser.parse_args()
+    if args.command == "serve":
+        serve(args.port, args.state_file, args.credentials, args.bearer_file, args.tls, args.unavailable)
+    elif args.command == "decode":
+        decode(args.url, args.credentials, args.bearer_file, args.ca_file)
+    else:
+        subject(args.strategy, args.topic, args.format, args.schema_file, args.proto_name)
+
+
+if __name__ == "__main__":
+    main()
