@@ -1,13 +1,21 @@
-//! `value_format = "avro"` and `key_format = "avro"` end to end: MariaDB, the broker, a Schema Registry
+//! The Schema Registry formats end to end: MariaDB, the broker, a Schema Registry
 //! (tests/common/schema_registry.py), and every record decoded by confluent-kafka's own deserializers with
 //! their own registry client, not by anything of ours.
+//!
+//! Avro values and keys, JSON Schema and Protobuf (descriptors compiled by protoc, not by the connector's
+//! protox); missing versions and mismatches dead-lettered; a registry that is down, refuses credentials,
+//! takes a bearer token that is rotated on disk, serves TLS with a private CA, or is the second of several
+//! URLs; subjects named by the `record_name` and `topic_record_name` strategies as confluent-kafka names them.
 
 mod common;
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::registry::{Framed, SchemaRegistry};
+use common::connector::toml_str;
+use common::pki::Pki;
+use common::registry::{confluent_subjects, replace_file, Framed, SchemaRegistry};
 use common::{insert_event, Broker, Connector, Engine, MariaDb, OutboxRow, Received};
 use serde_json::{json, Value};
 
@@ -16,6 +24,8 @@ const SUBJECT: &str = "outbox.event.order-value";
 const DLQ: &str = "outbox-cdc.dead-letter";
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
 const CLI_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a connector stopped by a definite error may take to exit: connecting and classifying, no retries.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Version 1 of the order event: every Avro type the connector reads from JSON.
 fn order_v1() -> Value {
@@ -386,19 +396,42 @@ const ORDER_PROTO: &str = "syntax = \"proto3\";\npackage acme.orders;\nimport \"
     Status status = 4;\n  map<string, string> attributes = 5;\n}\n\
     message OrderCancelled {\n  string order_id = 1;\n  string reason = 2;\n}\n";
 
-/// The files' FileDescriptorProtos, base64, by name: what confluent-kafka's deserializer asks the registry
-/// for (compiled here with protox; the bytes are decoded by Python's protobuf runtime).
-fn descriptors(dir: &std::path::Path) -> std::collections::HashMap<String, String> {
+/// The `.proto` files compiled by protoc (grpcio-tools' `python3 -m grpc_tools.protoc`), not by protox, the
+/// connector's own compiler: what the consumer side reads is not ours.
+struct Protoc {
+    /// protoc's FileDescriptorSet (`--include_imports`: each file after those it imports).
+    set_file: PathBuf,
+    /// Each file's FileDescriptorProto, base64, by name: what confluent-kafka's deserializer asks the
+    /// registry for (`?format=serialized`).
+    serialized: HashMap<String, String>,
+}
+
+/// [`MONEY_PROTO`] as `acme/money.proto` and [`ORDER_PROTO`] as `order.proto`, compiled by protoc in `dir`.
+fn descriptors(dir: &Path) -> Protoc {
     use base64::Engine as _;
     use prost::Message as _;
     std::fs::create_dir_all(dir.join("acme")).unwrap();
     std::fs::write(dir.join("acme/money.proto"), MONEY_PROTO).unwrap();
     std::fs::write(dir.join("order.proto"), ORDER_PROTO).unwrap();
-    let set = protox::compile(["order.proto"], [dir]).unwrap();
-    set.file
+    let set_file = dir.join("descriptors.pb");
+    let output = std::process::Command::new("python3")
+        .args(["-m", "grpc_tools.protoc", "--include_imports"])
+        .arg(format!("--proto_path={}", dir.display()))
+        .arg(format!("--descriptor_set_out={}", set_file.display()))
+        .arg("order.proto")
+        .output()
+        .expect("run python3 -m grpc_tools.protoc (grpcio-tools)");
+    assert!(output.status.success(), "protoc: {}", String::from_utf8_lossy(&output.stderr));
+    let bytes = std::fs::read(&set_file).unwrap();
+    let set = prost_reflect::prost_types::FileDescriptorSet::decode(bytes.as_slice()).expect("protoc's descriptor set");
+    // Encoded again, the set is protoc's bytes exactly: each file's bytes below are protoc's own.
+    assert_eq!(set.encode_to_vec(), bytes, "prost dropped or reordered something of protoc's descriptors");
+    let serialized = set
+        .file
         .iter()
         .map(|f| (f.name().to_string(), base64::engine::general_purpose::STANDARD.encode(f.encode_to_vec())))
-        .collect()
+        .collect();
+    Protoc { set_file, serialized }
 }
 
 /// `value_format = "protobuf"`: the payload as canonical JSON becomes the schema's message named like the
@@ -411,7 +444,7 @@ async fn protobuf_with_nested_messages_and_a_referenced_proto() {
     let broker = Broker::start(Engine::Memory);
     let registry = SchemaRegistry::start();
     let scratch = tempfile::tempdir().unwrap();
-    let serialized = descriptors(scratch.path());
+    let serialized = descriptors(scratch.path()).serialized;
     registry.register_protobuf("acme.money", MONEY_PROTO, &serialized["acme/money.proto"], &[]);
     let id = registry.register_protobuf(
         SUBJECT,
@@ -480,4 +513,289 @@ async fn check_reaches_the_registry_and_names_each_subject() {
     let (status, out, err) = connector.command(&["check"], CLI_TIMEOUT).unwrap();
     assert_eq!(status.code(), Some(2), "{out}{err}");
     assert!(out.contains("[FAIL] schema registry") && out.contains("refused the connector's credentials"), "{out}");
+}
+
+/// `[schema_registry]` listing `urls` in order, and `extra`.
+fn registry_toml_at(urls: &[String], extra: &str) -> String {
+    let urls: Vec<String> = urls.iter().map(|u| toml_str(u)).collect();
+    format!("\n[schema_registry]\nurl = [{}]\n{extra}\n", urls.join(", "))
+}
+
+/// `bearer_token_file`: the token is read from its file; when it is rotated on disk (the registry then
+/// refuses the old one), the running process uses the new one for its next lookup: a version registered
+/// after the rotation is looked up, and its row is published and decoded, with no exit and no restart.
+///
+/// Guards against the token being read once per process (issue 44): the lookup after the rotation still
+/// sent the old token, was refused (HTTP 401, a definite error) and the connector stopped with exit 2.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bearer_token_rotated_on_disk_is_used_without_a_restart() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let registry = SchemaRegistry::builder().bearer("tok3n-one-8f2c").start();
+    assert_eq!(registry.status("/subjects", None), 401, "the registry must want a token");
+    let v1 = registry.register(SUBJECT, "AVRO", &order_v1().to_string(), &[]);
+    let mut conn = db.conn().await;
+    let first = OutboxRow::new("A-1").schema_version(1).payload(payload(1));
+    insert_event(&mut conn, &first).await.unwrap();
+    let mut connector = Connector::new();
+    let token_file = connector.dir().join("registry-token");
+    replace_file(&token_file, "tok3n-one-8f2c\n");
+    let auth = format!("bearer_token_file = {}", toml_str(&token_file.to_string_lossy()));
+    let path = config(&connector, &db, &broker, "", &registry_toml(&registry, &auth));
+    connector.run(&path);
+    assert_eq!(broker.read_all(TOPIC, 1, READ_TIMEOUT).len(), 1, "{}", connector.logs());
+    let pid = connector.pid();
+
+    // The rotation: the registry takes only the new token, then the connector's file holds it. Each file
+    // is replaced whole, as a mounted secret is.
+    registry.rotate_bearer("tok3n-two-51ad");
+    assert_eq!(registry.status("/subjects", Some("Bearer tok3n-one-8f2c")), 401, "the old token must be refused");
+    assert_eq!(registry.status("/subjects", Some("Bearer tok3n-two-51ad")), 200, "the new token must be taken");
+    replace_file(&token_file, "tok3n-two-51ad\n");
+    let v2 = registry.register(SUBJECT, "AVRO", &order_v2().to_string(), &[]);
+    let mut v2_payload = payload(2);
+    v2_payload["channel"] = json!("app");
+    // Version 2 was never looked up: the first request after the rotation. Version 1 is known.
+    let second = OutboxRow::new("A-1").schema_version(2).payload(v2_payload);
+    let third = OutboxRow::new("A-2").schema_version(1).payload(payload(3));
+    for row in [&second, &third] {
+        insert_event(&mut conn, row).await.unwrap();
+    }
+    let published = || broker.read_all(TOPIC, 3, Duration::from_secs(2)).len() >= 3;
+    common::wait_until(READ_TIMEOUT, || !connector.is_running() || published());
+    assert!(
+        connector.is_running(),
+        "the connector stopped after the token rotation (did it send the old token?):\n{}",
+        connector.logs()
+    );
+    assert_eq!(connector.pid(), pid, "the same process");
+    let records = broker.read_all(TOPIC, 3, READ_TIMEOUT);
+    assert_eq!(records.len(), 3, "each row once:\n{}", connector.logs());
+    let ordered: Vec<Received> =
+        [&first.id, &second.id, &third.id].iter().map(|id| by_id(&records, id).clone()).collect();
+    let mut want_v2 = decoded(2);
+    want_v2["channel"] = json!("app");
+    assert_eq!(
+        decode(&registry, &ordered),
+        [
+            json!({"id": v1, "value": decoded(1)}),
+            json!({"id": v2, "value": want_v2}),
+            json!({"id": v1, "value": decoded(3)})
+        ]
+    );
+    assert!(!connector.logs().contains("tok3n"), "a token is never logged:\n{}", connector.logs());
+    assert!(connector.terminate().success(), "{}", connector.logs());
+}
+
+/// `url = "https://…"` with `tls_ca_file`: a registry whose certificate a private CA signed is trusted,
+/// and the records are decoded by a client trusting the same CA (confluent-kafka's `ssl.ca.location`).
+/// Without `tls_ca_file` (the public CAs only) `run` and `check` stop with a definite error naming the
+/// certificate problem and the setting; nothing is published or dead-lettered.
+///
+/// Guards against the refused handshake being classified transient: the connector waited for the
+/// registry forever, saying only that it "cannot be reached".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_registry_behind_tls_with_a_private_ca() {
+    let pki = Pki::new();
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let registry = SchemaRegistry::builder().tls(pki.server_tls()).start();
+    assert!(registry.url().starts_with("https://127.0.0.1:"), "{}", registry.url());
+    let id = registry.register(SUBJECT, "AVRO", &order_v1().to_string(), &[]);
+    let mut conn = db.conn().await;
+    let row = OutboxRow::new("A-1").schema_version(1).payload(payload(1));
+    insert_event(&mut conn, &row).await.unwrap();
+
+    let mut connector = Connector::new();
+    let ca = format!("tls_ca_file = {}", toml_str(&pki.ca_pem().to_string_lossy()));
+    let path = config(&connector, &db, &broker, "", &registry_toml(&registry, &ca));
+    connector.run(&path);
+    let records = broker.read_all(TOPIC, 1, READ_TIMEOUT);
+    assert_eq!(records.len(), 1, "{}", connector.logs());
+    assert_eq!(decode(&registry, &records), [json!({"id": id, "value": decoded(1)})]);
+    assert!(connector.terminate().success(), "{}", connector.logs());
+
+    // Without tls_ca_file only the public CAs are trusted: waiting cannot fix that, so `run` and `check`
+    // stop (exit 2) and say which certificate and which setting.
+    let mut untrusting = Connector::new();
+    let path = config(&untrusting, &db, &broker, "", &registry_toml(&registry, ""));
+    untrusting.run(&path);
+    let status = untrusting.wait_exit(EXIT_TIMEOUT).unwrap_or_else(|| {
+        panic!("an untrusted certificate must stop the connector, not be waited out:\n{}", untrusting.logs())
+    });
+    assert_eq!(status.code(), Some(2), "{}", untrusting.logs());
+    let refusal = ["invalid peer certificate: UnknownIssuer", "schema_registry.tls_ca_file"];
+    for text in refusal {
+        assert!(untrusting.stderr().contains(text), "run must say {text:?}:\n{}", untrusting.logs());
+    }
+    let (status, out, err) = untrusting.command(&["check"], CLI_TIMEOUT).unwrap();
+    assert_eq!(status.code(), Some(2), "{out}{err}");
+    for text in refusal {
+        assert!(out.contains(text) || err.contains(text), "check must say {text:?}:\n{out}{err}");
+    }
+    assert_eq!(broker.read_all(TOPIC, 1, Duration::from_secs(2)).len(), 1, "published without its schema");
+    assert!(broker.read_all(DLQ, 0, Duration::from_secs(2)).is_empty(), "nothing is dead-lettered");
+}
+
+/// Runs a connector whose `url` lists `first`, then the working `registry`, over rows naming two versions
+/// (two lookups, each through the list), and returns it with what it published.
+async fn published_past(first: &str, registry: &SchemaRegistry) -> (Connector, Vec<Value>, [u32; 2]) {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let v1 = registry.register(SUBJECT, "AVRO", &order_v1().to_string(), &[]);
+    let v2 = registry.register(SUBJECT, "AVRO", &order_v2().to_string(), &[]);
+    let mut conn = db.conn().await;
+    let old = OutboxRow::new("A-1").schema_version(1).payload(payload(1));
+    let new = OutboxRow::new("A-1").schema_version(2).payload(payload(2));
+    for row in [&old, &new] {
+        insert_event(&mut conn, row).await.unwrap();
+    }
+    let mut connector = Connector::new();
+    let urls = [first.to_string(), registry.url()];
+    let path = config(&connector, &db, &broker, "", &registry_toml_at(&urls, ""));
+    connector.run(&path);
+    let records = broker.read_all(TOPIC, 2, READ_TIMEOUT);
+    assert_eq!(records.len(), 2, "{}", connector.logs());
+    let ordered: Vec<Received> = [&old.id, &new.id].iter().map(|id| by_id(&records, id).clone()).collect();
+    let values = decode(registry, &ordered);
+    assert!(connector.terminate().success(), "{}", connector.logs());
+    (connector, values, [v1, v2])
+}
+
+/// `url = [a, b]` where nothing listens at `a`: each lookup goes on to `b` within the request (no
+/// "cannot be reached", no wait), and the records carry `b`'s ids.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_first_url_where_nothing_listens_is_passed_over() {
+    let registry = SchemaRegistry::start();
+    let down = common::free_port();
+    assert!(common::port_is_free(down), "nothing may listen on {down}");
+    let (connector, values, [v1, v2]) = published_past(&format!("http://127.0.0.1:{down}"), &registry).await;
+    let mut want_v2 = decoded(2);
+    want_v2["channel"] = json!("web");
+    assert_eq!(values, [json!({"id": v1, "value": decoded(1)}), json!({"id": v2, "value": want_v2})]);
+    assert!(!connector.logs().contains("cannot be reached"), "{}", connector.logs());
+    assert!(common::port_is_free(down), "nothing listened on {down} meanwhile");
+}
+
+/// `url = [a, b]` where `a` answers every request 503: `a` is asked and passed over for `b` within the
+/// request, for each lookup.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_first_url_answering_503_is_passed_over() {
+    let registry = SchemaRegistry::start();
+    let unavailable = SchemaRegistry::builder().unavailable().start();
+    let (connector, values, [v1, v2]) = published_past(&unavailable.url(), &registry).await;
+    let mut want_v2 = decoded(2);
+    want_v2["channel"] = json!("web");
+    assert_eq!(values, [json!({"id": v1, "value": decoded(1)}), json!({"id": v2, "value": want_v2})]);
+    assert!(!connector.logs().contains("cannot be reached"), "{}", connector.logs());
+    for version in [1, 2] {
+        let asked = format!("\"GET /subjects/{SUBJECT}/versions/{version} HTTP/1.1\"");
+        assert!(unavailable.log().contains(&format!("{asked} 503")), "{asked} first: {}", unavailable.log());
+        assert!(registry.log().contains(&format!("{asked} 200")), "{asked} then: {}", registry.log());
+    }
+}
+
+/// The order events as two Avro records in one namespace: `com.acme.orders.OrderCreated` ([`order_v1`])
+/// and `com.acme.orders.OrderCancelled`.
+fn cancelled_avro() -> Value {
+    json!({"type": "record", "name": "OrderCancelled", "namespace": "com.acme.orders", "fields": [
+        {"name": "order_id", "type": "string"}, {"name": "reason", "type": "string"}]})
+}
+
+/// `subject = strategy` with `value_format = format` ("avro" or "protobuf"): each event type's schema is
+/// registered under the subject that confluent-kafka's own serializer computes for it with the same
+/// strategy (asked of confluent-kafka, not written here), the rows' event types are the records' full names
+/// (what `record_name` documents), and every record of two event types carries its subject's schema id
+/// and is decoded by confluent-kafka.
+async fn subjects_are_confluents(format: &str, strategy: &str) {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let registry = SchemaRegistry::start();
+    let scratch = tempfile::tempdir().unwrap();
+    // Per event type: (its full name, the subject confluent-kafka computes, the id registered there), and
+    // the payloads of the two types with what confluent-kafka decodes the first to.
+    let mut types: Vec<(String, String, u32)> = Vec::new();
+    let (created, created_decoded, cancelled) = match format {
+        "avro" => {
+            for schema in [order_v1(), cancelled_avro()] {
+                let file = scratch.path().join(format!("{}.avsc", schema["name"].as_str().unwrap()));
+                std::fs::write(&file, schema.to_string()).unwrap();
+                let [subject]: [String; 1] = confluent_subjects(strategy, TOPIC, "avro", &file, None)
+                    .try_into()
+                    .expect("one subject for one record");
+                let id = registry.register(&subject, "AVRO", &schema.to_string(), &[]);
+                let name = format!("{}.{}", schema["namespace"].as_str().unwrap(), schema["name"].as_str().unwrap());
+                types.push((name, subject, id));
+            }
+            (payload(1), decoded(1), json!({"order_id": "o-2", "reason": "out of stock"}))
+        }
+        "protobuf" => {
+            let protoc = descriptors(scratch.path());
+            registry.register_protobuf("acme.money", MONEY_PROTO, &protoc.serialized["acme/money.proto"], &[]);
+            let subjects = confluent_subjects(strategy, TOPIC, "protobuf", &protoc.set_file, Some("order.proto"));
+            let names = ["acme.orders.OrderCreated", "acme.orders.OrderCancelled"];
+            assert_eq!(subjects.len(), names.len(), "one subject per message of order.proto: {subjects:?}");
+            for (name, subject) in names.into_iter().zip(subjects) {
+                let references = [("acme/money.proto", "acme.money", 1)];
+                let id =
+                    registry.register_protobuf(&subject, ORDER_PROTO, &protoc.serialized["order.proto"], &references);
+                types.push((name.to_string(), subject, id));
+            }
+            let created = json!({"orderId": "o-1", "lines": [{"sku": "A", "qty": 2}],
+                "total": {"currency": "CHF", "units": "19", "nanos": 900000000}, "status": "PAID"});
+            (created.clone(), created, json!({"orderId": "o-2", "reason": "out of stock"}))
+        }
+        other => panic!("no format {other}"),
+    };
+    assert!(types.iter().all(|(_, subject, _)| subject != SUBJECT), "the strategy is not topic_name: {types:?}");
+    let rows = [
+        OutboxRow::new("A-1").event_type(&types[0].0).schema_version(1).payload(created.clone()),
+        OutboxRow::new("A-1").event_type(&types[1].0).schema_version(1).payload(cancelled.clone()),
+        OutboxRow::new("B-1").event_type(&types[0].0).schema_version(1).payload(created),
+        OutboxRow::new("B-1").event_type(&types[1].0).schema_version(1).payload(cancelled.clone()),
+    ];
+    let mut conn = db.conn().await;
+    for row in &rows {
+        insert_event(&mut conn, row).await.unwrap();
+    }
+    let mut connector = Connector::new();
+    let kafka = format!("value_format = \"{format}\"");
+    let path =
+        config(&connector, &db, &broker, &kafka, &registry_toml(&registry, &format!("subject = \"{strategy}\"")));
+    connector.run(&path);
+    let records = broker.read_all(TOPIC, rows.len(), READ_TIMEOUT);
+    assert_eq!(records.len(), rows.len(), "{types:?}\n{}", connector.logs());
+    let ordered: Vec<Received> = rows.iter().map(|row| by_id(&records, &row.id).clone()).collect();
+    let want = |i: usize, value: &Value| json!({"id": types[i].2, "value": value});
+    assert_eq!(
+        decode_as(&registry, format, &ordered),
+        [want(0, &created_decoded), want(1, &cancelled), want(0, &created_decoded), want(1, &cancelled)],
+        "{types:?}"
+    );
+    assert!(connector.terminate().success(), "{}", connector.logs());
+}
+
+/// `subject = "record_name"`, Avro: the records' full names.
+#[tokio::test(flavor = "multi_thread")]
+async fn record_name_subjects_are_confluents_for_avro() {
+    subjects_are_confluents("avro", "record_name").await;
+}
+
+/// `subject = "topic_record_name"`, Avro: the topic, then the records' full names.
+#[tokio::test(flavor = "multi_thread")]
+async fn topic_record_name_subjects_are_confluents_for_avro() {
+    subjects_are_confluents("avro", "topic_record_name").await;
+}
+
+/// `subject = "record_name"`, Protobuf: the messages' full names; one `.proto` of two messages registered
+/// under each, the row's event type picking the message.
+#[tokio::test(flavor = "multi_thread")]
+async fn record_name_subjects_are_confluents_for_protobuf() {
+    subjects_are_confluents("protobuf", "record_name").await;
+}
+
+/// `subject = "topic_record_name"`, Protobuf: the topic, then the messages' full names.
+#[tokio::test(flavor = "multi_thread")]
+async fn topic_record_name_subjects_are_confluents_for_protobuf() {
+    subjects_are_confluents("protobuf", "topic_record_name").await;
 }
