@@ -1265,3 +1265,85 @@ async fn a_progress_table_the_relay_cannot_use_is_refused() {
     assert!(!exited.success(), "{}", relay.logs());
     assert!(relay.stderr().contains(fix), "{}", relay.logs());
 }
+
+/// The statement a refusal prints after `then run: `, up to `; and start the relay`: executed as printed.
+fn printed_statement(text: &str) -> String {
+    let start = text.rfind("then run: ").expect("the refusal prints what to run") + "then run: ".len();
+    let end = start + text[start..].find("; and start the relay").expect("the statement's end");
+    text[start..end].to_string()
+}
+
+/// Issue 45, finding 4: a table truncated under the progress table's number numbers its new rows below it,
+/// where the relay took them as published (before: 100 events published, the relay stopped, `TRUNCATE`, 50
+/// new events, the relay started: none published, the relay silent; prune would have deleted them). Now
+/// the relay refuses to start, naming the counter and the number, and prints the statement that resets the
+/// number; `check` and `prune` refuse the same. Run as printed, the relay publishes the 50. A `TRUNCATE`
+/// while it runs ends the run the same way, within a counter check.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sequence_started_again_below_the_number_is_refused_with_the_reset() {
+    let db = MariaDb::start();
+    create_relay_user(&db);
+    create_progress_table(&db);
+    let broker = Broker::start(Engine::Memory);
+    let first = insert_interleaved(&db, &["A", "B"], 50).await;
+    let mut relay = relay(&db, &broker, &format!("poll_interval_ms = 50\n{PROGRESS}"));
+    wait_through(&db, 100, &[&relay]).await;
+    assert!(relay.terminate().success(), "{}", relay.logs());
+    db.sql("TRUNCATE TABLE shop.outbox_events");
+    let second = insert_interleaved(&db, &["A", "B"], 25).await;
+
+    relay.restart();
+    let exited = relay.wait_exit(Duration::from_secs(60)).expect("a relay whose table started again stops");
+    assert!(!exited.success(), "{}", relay.logs());
+    let stderr = relay.stderr();
+    for part in ["shop.outbox_events", "AUTO_INCREMENT 51", "MAX(seq) 50", "every row up to 100 is published"] {
+        assert!(stderr.contains(part), "{part}:\n{}", relay.logs());
+    }
+    let statement = printed_statement(&stderr);
+    assert!(statement.starts_with("UPDATE `shop`.`outbox_relay_progress` SET published_through = 0"), "{statement}");
+    let (status, stdout, _) = relay.command(&["check"], Duration::from_secs(60)).expect("check runs");
+    assert!(!status.success() && stdout.contains("sequence counter") && stdout.contains(&statement), "{stdout}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, stdout, stderr) =
+        relay.command(&["prune", "--older-than", "1s", "--dry-run"], Duration::from_secs(60)).expect("prune runs");
+    assert!(!status.success() && stderr.contains(&statement), "prune must not count them: {stdout}\n{stderr}");
+
+    db.sql(&statement);
+    relay.restart();
+    wait_through(&db, 50, &[&relay]).await;
+    let records = broker.read_all(TOPIC, 150, CATCH_UP);
+    let report = audit(&first.merged(&second), &records);
+    assert!(report.is_clean() && report.duplicates == 0, "{}", report.summary());
+
+    db.sql("TRUNCATE TABLE shop.outbox_events");
+    insert_interleaved(&db, &["C"], 10).await;
+    let exited = relay.wait_exit(Duration::from_secs(60)).expect("refused while running");
+    assert!(!exited.success(), "{}", relay.logs());
+    let tail = common::tail_file(&relay.dir().join("stderr.log"), 20);
+    assert!(tail.contains("AUTO_INCREMENT 11") && tail.contains("every row up to 50 is published"), "{tail}");
+}
+
+/// Issue 45, finding 4, without a progress table: rows written after a `TRUNCATE` while the relay runs are
+/// numbered below its cursor, where only the 30 s sweep looked (before). The relay sees the sequence start
+/// again within a counter check, says so, and reads the table again from its first unpublished row.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_truncated_table_is_read_again_from_its_first_row() {
+    let db = MariaDb::start();
+    create_relay_user(&db);
+    let broker = Broker::start(Engine::Memory);
+    let first = insert_interleaved(&db, &["A", "B"], 50).await;
+    let relay = relay(&db, &broker, "poll_interval_ms = 50");
+    broker.read_all(TOPIC, 100, CATCH_UP);
+    wait_all_published(&db, &[&relay]).await;
+    db.sql("TRUNCATE TABLE shop.outbox_events");
+    let second = insert_interleaved(&db, &["A", "B"], 25).await;
+    assert!(
+        wait_until(CATCH_UP, || relay.stderr().contains("sequence started again below the last row read")),
+        "{}",
+        relay.logs()
+    );
+    wait_all_published(&db, &[&relay]).await;
+    let records = broker.read_all(TOPIC, 150, CATCH_UP);
+    let report = audit(&first.merged(&second), &records);
+    assert!(report.is_clean() && report.duplicates == 0, "{}", report.summary());
+}

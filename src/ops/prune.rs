@@ -395,7 +395,9 @@ pub struct PublishedPruneReport {
 /// `options.older_than`, in batches of `prune.batch_rows` with `prune.pause_ms` between them.
 ///
 /// No binlog proof is needed: the relay sets `published_at` only after Kafka acknowledged the row's event,
-/// so `published_at` is the proof. Unpublished rows (due, leased, failed, or parked after a dead letter)
+/// so `published_at` is the proof. With a progress table, its number is: a table whose sequence started
+/// again at or below it (truncated, re-created, restored) is refused ([`crate::relay::CounterReset`]), as
+/// the relay refuses it, since its new rows there would be deleted unpublished. Unpublished rows (due, leased, failed, or parked after a dead letter)
 /// are never candidates, and rows of aggregates held in this state store are kept as with the binlog
 /// source. The relay's session and this cutoff are both UTC.
 ///
@@ -430,6 +432,9 @@ pub async fn prune_published(config: &Config, options: &PruneOptions) -> Result<
                         "{table} has no AUTO_INCREMENT column for [poll] progress_table"
                     )));
                 };
+                // A sequence that started again has new, unpublished rows at or below the number.
+                crate::relay::fresh_counters(&mut conn).await?;
+                crate::relay::refuse_reset(&mut conn, progress, table, &seq, through).await?;
                 let seq = quote_ident(&seq);
                 (
                     format!("({marked} OR (`published_at` IS NULL AND {seq} <= ? AND {occurred_at} < ?))"),

@@ -1,6 +1,7 @@
 //! Rows a read in order can miss, found again: the sequence numbers a read passed without a row (*gaps*,
 //! read again until they fill or [`GAP_GRACE`] passes), the sweep of every unpublished row below the
-//! cursor, and (`[poll] progress_table`) the gaps the ledger proved to hold what they will ever hold.
+//! cursor, (`[poll] progress_table`) the gaps the ledger proved to hold what they will ever hold, and rows
+//! numbered again below the cursor by a sequence that started again ([`PollRun::check_counters`]).
 //!
 //! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4 (its methods are the run's, [`PollRun`]).
 
@@ -91,6 +92,31 @@ impl PollRun<'_> {
             fill_gap(&mut state.gaps, seq);
         }
         Ok(rows.into_iter().filter(|r| !state.in_flight.contains(&key_bytes(&r.key))).collect())
+    }
+
+    /// Reads each table's sequence counter ([`super::table::Relay::counter_started_again`]). A sequence that
+    /// started again below the cursor (the table was truncated, re-created or restored) has its new rows
+    /// below it, where only the sweep would find them: the table is read again from its first unpublished
+    /// row. With a progress table the run ends instead, refused: they are below the number too.
+    ///
+    /// # Errors
+    /// The refusal (definite); classified query errors.
+    pub(super) async fn check_counters(&mut self) -> Result<()> {
+        for t in 0..self.tables.len() {
+            let cursor = self.tables[t].cursor.as_ref().and_then(|p| p.first()).and_then(sequence_value);
+            if self.relay.counter_started_again(&mut self.conn, t, cursor).await? {
+                tracing::warn!(
+                    table = %self.relay.tables()[t].table,
+                    cursor = cursor.unwrap_or(0),
+                    "the table's sequence started again below the last row read (truncated, re-created or \
+                     restored): reading it again from its first unpublished row"
+                );
+                let state = &mut self.tables[t];
+                state.cursor = None;
+                state.gaps.clear();
+            }
+        }
+        Ok(())
     }
 
     /// All unpublished rows below the cursor that are neither in flight nor held: rows committed long

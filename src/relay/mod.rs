@@ -5,9 +5,10 @@
 //! Floor 3 (docs/ARCHITECTURE.md): this file is the front door only (it imports nothing); each room says
 //! its own floor. The rooms that face the tables are on floor 3, beside `source`, because
 //! `source::preflight` (`check`) and the operator commands (`ops`: prune, audit, release, status) use
-//! them: [`table`] (the relay's view of its tables, [`Relay`]), [`reads`], [`marks`] (marked, held,
-//! parked, refused, released), [`progress`] (`[poll] progress_table`), [`columns`] (the columns, indexes
-//! and order it needs, and the `ALTER TABLE` that adds them), [`ranges`] (sequence-number arithmetic).
+//! them: [`table`] (the relay's view of its tables, [`Relay`]), [`reads`], [`marks`] (marked, held, parked,
+//! refused, released), [`progress`] (`[poll] progress_table`), [`counter`] (a sequence that started again
+//! below what was published), [`columns`] (the columns, indexes and order it needs, and the `ALTER TABLE`
+//! that adds them), [`ranges`] (sequence-number arithmetic).
 //! The run is on floor 5, beside `pipeline`, whose shutdown it shares: [`run`] (the loop), [`gaps`] (rows
 //! a read in order can miss), [`settle`] (acknowledged batches, lifted holds), [`ledger`] (the run's side
 //! of [`Progress`]: what the progress table's number may pass), [`marker`] (the task that marks),
@@ -49,6 +50,7 @@
 
 pub mod columns;
 mod commit;
+pub mod counter;
 mod gaps;
 mod ledger;
 mod marker;
@@ -64,6 +66,7 @@ pub use columns::{
     columns_of, no_order_key, order_key, poll_column_problems, poll_columns_ddl, read_index_columns, read_index_ddl,
     sequence_ddl, OrderKey, PARKED_UNTIL, POLL_COLUMNS, POLL_COLUMN_DEFINITIONS, SEQUENCE_COLUMN,
 };
+pub use counter::{fresh_counters, refuse_reset, reset_statement, Counter, CounterReset, COUNTER_CHECK_EVERY};
 pub use marks::mark_released;
 pub use progress::{
     check_progress_table, open_transactions, progress_table_ddl, read_frontier, Progress, ProgressTable, HELD_AT,

@@ -35,11 +35,12 @@
 //!
 //! # Load on the database
 //! Per batch: the read, the read of the sequence gaps when there are any, and one `UPDATE` marking every
-//! batch acknowledged since the last one, as ranges of sequence numbers. The marks go through a second
-//! connection ([`super::marker`]), so reading and producing never wait for them; a row stays in flight (and
-//! no read takes it for a new one) until its mark returned. Idle: one read per `poll.poll_interval_ms`;
-//! every [`FULL_SWEEP_EVERY`] a sweep of the unpublished rows' keys; with parked rows, one read of them
-//! every [`BACKLOG_EVERY`]. `outbox_cdc_poll_queries_total` counts them by kind.
+//! batch acknowledged since the last one, as ranges of sequence numbers. Every [`COUNTER_CHECK_EVERY`] a read
+//! of each table's sequence counter ([`super::counter`]). The marks go through a second connection ([`super::marker`]), so reading and
+//! producing never wait for them; a row stays in flight (and no read takes it for a new one) until its mark
+//! returned. Idle: one read per `poll.poll_interval_ms`; every [`FULL_SWEEP_EVERY`] a sweep of the
+//! unpublished rows' keys; with parked rows, one read of them every [`BACKLOG_EVERY`].
+//! `outbox_cdc_poll_queries_total` counts them by kind.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -49,6 +50,7 @@ use mysql_async::{Conn, Value};
 
 use super::columns::OrderKey;
 use super::commit::RelayCommit;
+use super::counter::{fresh_counters, COUNTER_CHECK_EVERY};
 use super::ledger::Ledger;
 use super::marker::{marker, MarkRequest};
 use super::table::{key_bytes, Aggregate, Polled, Position, Relay, FULL_SWEEP_EVERY};
@@ -155,7 +157,12 @@ pub async fn run(
         tracing::warn!(keys = ?ignored, "[poll] keys that no longer do anything (see README, the polling relay): remove them");
     }
     let mut conn = source.connect().await?;
+    fresh_counters(&mut conn).await?;
     let relay = Arc::new(Relay::load(&mut conn, config).await?);
+    // A sequence that started again below the progress table's number is refused before anything is read.
+    for t in 0..relay.tables().len() {
+        relay.counter_started_again(&mut conn, t, None).await?;
+    }
     // The marks go through a connection of their own, so that reading and producing never wait for them.
     let (marks, requests) = tokio::sync::mpsc::channel(MAX_PENDING_BATCHES);
     let (done, marked) = tokio::sync::mpsc::unbounded_channel();
@@ -211,6 +218,7 @@ pub async fn run(
     let interval = config.poll.poll_interval;
     let mut idle_wait = interval / 16;
     let mut backlog_due = Instant::now();
+    let mut counters_due = Instant::now() + COUNTER_CHECK_EVERY;
     let requested = shutdown.requested();
     tokio::pin!(requested);
     loop {
@@ -224,6 +232,10 @@ pub async fn run(
             busy |= run.poll_table(t).await?;
         }
         run.ledger.prove(&mut run.conn).await?;
+        if Instant::now() >= counters_due {
+            run.check_counters().await?;
+            counters_due = Instant::now() + COUNTER_CHECK_EVERY;
+        }
         if Instant::now() >= backlog_due {
             run.lift_released_holds().await?;
             // Idle with nothing held, nothing is unpublished: no statement needed to say so.

@@ -939,6 +939,7 @@ async fn check_snapshot_index(
 pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
     let mut report = Report::default();
     let account = current_account(conn).await?;
+    let mut sequences: Vec<(&TableName, String)> = Vec::new();
     for table in config.tables() {
         check_table(conn, table, &config.outbox.columns, &account, &mut report).await?;
         let found = crate::relay::columns_of(conn, table).await?;
@@ -978,6 +979,9 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
             order.is_some(),
             &crate::relay::no_order_key(table, &config.outbox.columns, config.poll.order),
         );
+        if let Some(crate::relay::OrderKey::Sequence(seq)) = &order {
+            sequences.push((table, seq.clone()));
+        }
         let indexes = index_columns(conn, table).await?;
         let starts_with = |wanted: &[&str]| {
             indexes.iter().any(|(_, cols)| {
@@ -1037,19 +1041,54 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
         );
     }
     if let Some(progress) = config.poll.progress.table() {
-        check_progress_table(conn, progress, &account, &mut report).await?;
+        if check_progress_table(conn, progress, &account, &mut report).await? {
+            crate::relay::fresh_counters(conn).await?;
+            for (table, seq) in sequences {
+                check_counter(conn, progress, table, &seq, &mut report).await?;
+            }
+        }
     }
     Ok(report)
 }
 
+/// `check` of a table's sequence counter against `[poll] progress_table`'s number: a counter at or below
+/// it (the table was truncated, re-created or restored) is refused by the relay and `prune`
+/// ([`crate::relay::CounterReset`]), with the statement that resets the number.
+async fn check_counter(
+    conn: &mut Conn,
+    progress: &TableName,
+    table: &TableName,
+    seq: &str,
+    report: &mut Report,
+) -> Result<()> {
+    // Unreadable: the privileges' finding above says why.
+    let number = match crate::relay::read_frontier(conn, progress, table).await {
+        Ok(number) => number,
+        Err(e) if e.is_definite() => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let counter = crate::relay::Counter::read(conn, table, seq).await?;
+    let shown = counter.next.map_or("not reported".to_string(), |n| n.to_string());
+    let reset = crate::relay::CounterReset::judge(table, seq, progress, number, counter);
+    report.push(
+        &format!("table {table} sequence counter"),
+        &format!("above {progress}'s published_through ({number})"),
+        &format!("AUTO_INCREMENT {shown}"),
+        reset.is_none(),
+        &reset.map(|r| r.to_string()).unwrap_or_default(),
+    );
+    Ok(())
+}
+
 /// `check` of `[poll] progress_table`: the table with its columns, the relay's `INSERT` and `UPDATE` on it
-/// (probed without writing), and `PROCESS` (the relay lists the open transactions).
+/// (probed without writing), and `PROCESS` (the relay lists the open transactions). Returns whether the
+/// table is there with its columns.
 async fn check_progress_table(
     conn: &mut Conn,
     progress: &TableName,
     account: &Account,
     report: &mut Report,
-) -> Result<()> {
+) -> Result<bool> {
     let found = crate::relay::columns_of(conn, progress).await?;
     let columns = ["outbox_table", "published_through", "updated_at"];
     let ready = columns.iter().all(|c| found.iter().any(|f| f.0.eq_ignore_ascii_case(c)));
@@ -1101,7 +1140,7 @@ async fn check_progress_table(
         process,
         &format!("GRANT PROCESS ON *.* TO {account}"),
     );
-    Ok(())
+    Ok(ready)
 }
 
 #[cfg(test)]
