@@ -206,11 +206,17 @@ impl Shared {
 
 /// [`Lease::is_held`], apart from the lease: the publishing code's check, so that no record is handed to
 /// the producer past the lease's deadline even while the task that would see [`Lease::lost`] is busy (a
-/// state write blocks it for up to its timeout).
+/// state write blocks it for up to its timeout). It also names the lock and the connection holding it, so
+/// that a statement on the lease's server can check the lease itself (`IS_USED_LOCK(lock) = connection`:
+/// the polling relay's writes, `relay::fence`).
 #[derive(Debug, Clone)]
 pub struct Holding {
     shared: Arc<Shared>,
     timing: Timing,
+    /// The server-side lock name.
+    lock: String,
+    /// The server's id of the connection holding the lock.
+    connection_id: u64,
 }
 
 impl Holding {
@@ -218,6 +224,16 @@ impl Holding {
     pub fn is_held(&self) -> bool {
         !self.shared.lost.load(Ordering::Acquire)
             && Instant::now() < self.shared.last_ok() + self.timing.give_up_after()
+    }
+
+    /// As [`Lease::lock`].
+    pub fn lock(&self) -> &str {
+        &self.lock
+    }
+
+    /// As [`Lease::connection_id`].
+    pub fn connection_id(&self) -> u64 {
+        self.connection_id
     }
 }
 
@@ -453,7 +469,12 @@ impl Lease {
     /// A cloneable view of [`Lease::is_held`] for the code that publishes (the sink checks it before each
     /// record it hands to the producer).
     pub fn holding(&self) -> Holding {
-        Holding { shared: self.shared.clone(), timing: self.timing }
+        Holding {
+            shared: self.shared.clone(),
+            timing: self.timing,
+            lock: self.lock.clone(),
+            connection_id: self.connection_id,
+        }
     }
 
     /// Resolves with the reason once the lease can no longer be proven held: the connection failed, no

@@ -1347,3 +1347,69 @@ async fn a_truncated_table_is_read_again_from_its_first_row() {
     let report = audit(&first.merged(&second), &records);
     assert!(report.is_clean() && report.duplicates == 0, "{}", report.summary());
 }
+
+/// Issue 45, finding 7: a relay that lost its lease kept writing (its marker task was never stopped, and
+/// nothing in its statements named the lease), so a paused relay could mark a row its successor had
+/// published as held again. Here its mark of a published row is sent while it holds the lease and waits
+/// for the row's lock (a transaction of the test holds it); meanwhile the lease's connection is killed and
+/// another connection takes the lock, as a successor would. When the row's lock is released, the mark
+/// changes nothing: every write checks, row by row on the server, that the lease is still this relay's
+/// (before: the row was marked published by the relay that had lost its lease). Once the stand-in
+/// successor lets go, the relay takes the lease again and publishes the row (a duplicate, never a loss).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_that_lost_its_lease_writes_nothing_more() {
+    let db = MariaDb::start();
+    create_relay_user(&db);
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    insert_event(&mut conn, &OutboxRow::new("A")).await.unwrap();
+    let mut locker = db.conn().await;
+    let mut tx = locker.start_transaction(mysql_async::TxOpts::default()).await.unwrap();
+    tx.query_drop("SELECT * FROM outbox_events FOR UPDATE").await.unwrap();
+
+    let mut relay = relay_config(&db, &broker, "poll_interval_ms = 50");
+    let text = std::fs::read_to_string(relay.config_path()).unwrap();
+    std::fs::write(relay.config_path(), text.replace("[state]\n", "[state]\nname = \"fenced\"\n")).unwrap();
+    relay.run(&relay.config_path());
+    broker.read_all(TOPIC, 1, CATCH_UP);
+    let waiting = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'relay' \
+                   AND INFO LIKE 'UPDATE `shop`.`outbox_events`%'";
+    let deadline = Instant::now() + CATCH_UP;
+    while conn.query_first::<u64, _>(waiting).await.unwrap() != Some(1) {
+        assert!(Instant::now() < deadline, "the mark never waited for the row's lock:\n{}", relay.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The stand-in successor waits for the lock first, so that it gets it the moment it is free.
+    let lock = "outbox-cdc/fenced";
+    let holder: u64 = conn.query_first(format!("SELECT IS_USED_LOCK('{lock}')")).await.unwrap().unwrap();
+    let mut successor = db.conn().await;
+    let successor_id: u64 = successor.query_first("SELECT CONNECTION_ID()").await.unwrap().unwrap();
+    let take = tokio::spawn(async move {
+        let got: Option<i64> = successor.query_first(format!("SELECT GET_LOCK('{lock}', 60)")).await.unwrap();
+        (successor, got)
+    });
+    let queued = format!(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = {successor_id} AND INFO LIKE '%GET_LOCK%'"
+    );
+    while conn.query_first::<u64, _>(&queued).await.unwrap() != Some(1) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    conn.query_drop(format!("KILL {holder}")).await.unwrap();
+    let (successor, got) = take.await.unwrap();
+    assert_eq!(got, Some(1), "the stand-in successor holds the lease");
+    assert!(wait_until(CATCH_UP, || relay.stderr().contains("lease lost")), "{}", relay.logs());
+
+    tx.commit().await.unwrap();
+    let deadline = Instant::now() + CATCH_UP;
+    while conn.query_first::<u64, _>(waiting).await.unwrap() != Some(0) {
+        assert!(Instant::now() < deadline, "the mark never ended:\n{}", relay.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(count(&db, "published_at IS NOT NULL").await, 0, "written without the lease:\n{}", relay.logs());
+
+    drop(successor);
+    wait_all_published(&db, &[&relay]).await;
+    assert_eq!(broker.read_all(TOPIC, 2, CATCH_UP).len(), 2, "published again by the relay holding the lease");
+    assert!(relay.terminate().success(), "{}", relay.logs());
+}

@@ -1,5 +1,7 @@
 //! The marker task: marks the rows Kafka acknowledged published on a connection of its own, so that reading
-//! and producing never wait for the marks, and sends their keys back to the run ([`MarkRequest`]).
+//! and producing never wait for the marks, and sends their keys back to the run ([`MarkRequest`]). It ends
+//! with the run ([`MarkerTask`]), and each of its writes is fenced by the run's lease ([`super::fence`]): a
+//! relay that lost its lease writes nothing more.
 //!
 //! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4.
 
@@ -7,10 +9,50 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use mysql_async::{Conn, Value};
+use tokio::sync::mpsc::{Receiver, UnboundedSender};
+use tokio::task::JoinHandle;
 
 use super::table::Relay;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::metrics::metrics;
+
+/// The marker task of a run, aborted when dropped: a run dropped because its lease was lost (the app drops
+/// it at once) leaves no marker behind that writes what it was given.
+pub(super) struct MarkerTask(JoinHandle<Result<()>>);
+
+impl MarkerTask {
+    /// Starts [`marker`] on `conn`.
+    pub(super) fn spawn(
+        relay: Arc<Relay>,
+        conn: Conn,
+        requests: Receiver<MarkRequest>,
+        done: UnboundedSender<(usize, Vec<Vec<u8>>)>,
+    ) -> MarkerTask {
+        MarkerTask(tokio::spawn(marker(relay, conn, requests, done)))
+    }
+
+    /// Whether it ended.
+    pub(super) fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
+
+    /// Waits for its end (once: it ends when the run closed its channel, or failed).
+    ///
+    /// # Errors
+    /// Its error; transient when it panicked.
+    pub(super) async fn join(&mut self) -> Result<()> {
+        match (&mut self.0).await {
+            Ok(result) => result,
+            Err(e) => Err(Error::transient(format!("poll: the marker task failed: {e}"))),
+        }
+    }
+}
+
+impl Drop for MarkerTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// Rows of one table acknowledged by Kafka, for the marker task ([`marker`]) to mark published.
 #[derive(Default)]
@@ -40,12 +82,13 @@ impl MarkRequest {
 /// for all the requests waiting, and sends their keys back.
 ///
 /// # Errors
-/// Classified query errors (the rows stay unpublished: the next run publishes them again).
-pub(super) async fn marker(
+/// Classified query errors, and a lease no longer this run's (the rows stay unpublished: the next run
+/// publishes them again).
+async fn marker(
     relay: Arc<Relay>,
     mut conn: Conn,
-    mut requests: tokio::sync::mpsc::Receiver<MarkRequest>,
-    done: tokio::sync::mpsc::UnboundedSender<(usize, Vec<Vec<u8>>)>,
+    mut requests: Receiver<MarkRequest>,
+    done: UnboundedSender<(usize, Vec<Vec<u8>>)>,
 ) -> Result<()> {
     while let Some(first) = requests.recv().await {
         let mut waiting = vec![first];

@@ -1,6 +1,7 @@
 //! What the relay writes into its outbox tables, and the counts it asks of them: rows marked published (as
 //! ranges of sequence numbers, or by key), held (`HELD_AT`), parked (dead-lettered), refused; the parked
-//! rows and the backlog; and the rows `quarantine release` marks published after it republished them.
+//! rows and the backlog; and the rows `quarantine release` marks published after it republished them. Every
+//! write of a run is fenced by its lease ([`super::fence`]).
 //!
 //! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
 
@@ -27,27 +28,31 @@ impl Relay {
     /// Classified query errors (the rows stay unpublished and are published again by the next run).
     pub async fn mark_published(&self, conn: &mut Conn, t: usize, keys: &[Value], seqs: &[u64]) -> Result<u64> {
         let table = self.tables[t].table.quoted();
-        let failed =
-            |e: mysql_async::Error| classify_mysql(&e).context(format_args!("poll: marking rows of {table} published"));
+        let what = format!("poll: marking rows of {table} published");
         let marked = match &self.tables[t].order {
             OrderKey::Sequence(_) if seqs.len() == keys.len() => {
-                self.update_by_sequence(conn, t, "UTC_TIMESTAMP(6)", NOT_PUBLISHED, seqs).await.map_err(failed)?
+                self.update_by_sequence(conn, t, "UTC_TIMESTAMP(6)", NOT_PUBLISHED, seqs, &what).await?
             }
             _ => {
                 let mut marked = 0;
                 let id = quote_ident(&self.columns.id);
+                let fence = self.fence.condition(&self.columns.id);
                 for chunk in keys.chunks(5_000) {
+                    self.fence.before_write(conn).await?;
                     conn.exec_drop(
                         format!(
-                            "UPDATE {table} SET published_at = UTC_TIMESTAMP(6) WHERE {NOT_PUBLISHED} AND {id} IN ({})",
+                            "UPDATE {table} SET published_at = UTC_TIMESTAMP(6) WHERE {NOT_PUBLISHED} AND {id} IN ({}) \
+                             AND {fence}",
                             vec!["?"; chunk.len()].join(", ")
                         ),
                         chunk.to_vec(),
                     )
                     .await
-                    .map_err(failed)?;
+                    .map_err(|e| classify_mysql(&e).context(&what))?;
                     metrics().poll_queries(PollQuery::Mark, 1);
-                    marked += conn.affected_rows();
+                    let changed = conn.affected_rows();
+                    self.fence.after_write(conn, changed).await?;
+                    marked += changed;
                 }
                 marked
             }
@@ -63,14 +68,13 @@ impl Relay {
     /// # Errors
     /// Classified query errors.
     pub async fn mark_held(&self, conn: &mut Conn, t: usize, seqs: &[u64]) -> Result<u64> {
-        self.update_by_sequence(conn, t, &format!("'{HELD_AT}'"), "published_at IS NULL", seqs).await.map_err(|e| {
-            classify_mysql(&e).context(format_args!("poll: marking held rows of {}", self.tables[t].table))
-        })
+        let what = format!("poll: marking held rows of {}", self.tables[t].table);
+        self.update_by_sequence(conn, t, &format!("'{HELD_AT}'"), "published_at IS NULL", seqs, &what).await
     }
 
     /// Sets `published_at` to `value` in the rows of table `t` that meet `only` and whose sequence number
-    /// is one of `seqs` (as ranges, 1,000 to a statement); returns how many changed. Nothing without a
-    /// sequence order.
+    /// is one of `seqs` (as ranges, 1,000 to a statement), while the lease is this run's
+    /// ([`super::fence`]); returns how many changed. Nothing without a sequence order.
     async fn update_by_sequence(
         &self,
         conn: &mut Conn,
@@ -78,8 +82,10 @@ impl Relay {
         value: &str,
         only: &str,
         seqs: &[u64],
-    ) -> std::result::Result<u64, mysql_async::Error> {
+        what: &str,
+    ) -> Result<u64> {
         let OrderKey::Sequence(c) = &self.tables[t].order else { return Ok(0) };
+        let fence = self.fence.condition(c);
         let c = quote_ident(c);
         let mut changed = 0;
         for chunk in sequence_ranges(seqs).chunks(1_000) {
@@ -90,14 +96,18 @@ impl Relay {
                     false => format!("{c} BETWEEN {lo} AND {hi}"),
                 })
                 .collect();
+            self.fence.before_write(conn).await?;
             conn.query_drop(format!(
-                "UPDATE {} SET published_at = {value} WHERE {only} AND ({})",
+                "UPDATE {} SET published_at = {value} WHERE {only} AND ({}) AND {fence}",
                 self.tables[t].table.quoted(),
                 ranges.join(" OR ")
             ))
-            .await?;
+            .await
+            .map_err(|e| classify_mysql(&e).context(what))?;
             metrics().poll_queries(PollQuery::Mark, 1);
-            changed += conn.affected_rows();
+            let rows = conn.affected_rows();
+            self.fence.after_write(conn, rows).await?;
+            changed += rows;
         }
         Ok(changed)
     }
@@ -131,10 +141,12 @@ impl Relay {
         let table = pt.table.quoted();
         let id = quote_ident(&self.columns.id);
         let held = self.progress.held_at().map(|held_at| format!(", published_at = '{held_at}'")).unwrap_or_default();
+        let fence = self.fence.condition(&self.columns.id);
+        self.fence.before_write(conn).await?;
         conn.exec_drop(
             format!(
                 "UPDATE {table} SET next_attempt_at = '{PARKED_UNTIL}', last_error = LEFT(?, {}){held} \
-                 WHERE {NOT_PUBLISHED} AND {id} = ?",
+                 WHERE {NOT_PUBLISHED} AND {id} = ? AND {fence}",
                 pt.last_error_chars
             ),
             (format!("dead-lettered: {reason}"), key.clone()),
@@ -142,7 +154,9 @@ impl Relay {
         .await
         .map_err(|e| classify_mysql(&e).context(format_args!("poll: parking a dead-lettered row of {table}")))?;
         metrics().poll_queries(PollQuery::Park, 1);
-        if conn.affected_rows() > 0 {
+        let changed = conn.affected_rows();
+        self.fence.after_write(conn, changed).await?;
+        if changed > 0 {
             metrics().poll_parked();
         }
         Ok(())
@@ -157,10 +171,12 @@ impl Relay {
         let pt = &self.tables[t];
         let table = pt.table.quoted();
         let id = quote_ident(&self.columns.id);
+        let fence = self.fence.condition(&self.columns.id);
+        self.fence.before_write(conn).await?;
         conn.exec_drop(
             format!(
                 "UPDATE {table} SET attempts = attempts + 1, last_error = LEFT(?, {}) \
-                 WHERE {NOT_PUBLISHED} AND {id} = ?",
+                 WHERE {NOT_PUBLISHED} AND {id} = ? AND {fence}",
                 pt.last_error_chars
             ),
             (error, key.clone()),
@@ -168,7 +184,9 @@ impl Relay {
         .await
         .map_err(|e| classify_mysql(&e).context(format_args!("poll: recording a refused record of {table}")))?;
         metrics().poll_queries(PollQuery::Fail, 1);
-        metrics().poll_failed(conn.affected_rows());
+        let changed = conn.affected_rows();
+        self.fence.after_write(conn, changed).await?;
+        metrics().poll_failed(changed);
         Ok(())
     }
 

@@ -5,7 +5,8 @@
 //! published" means and what a held row carries; they never ask which it is. The run's side of the same
 //! choice (what it covers, proves and hands to the marker) is `relay::ledger`.
 //!
-//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config), and the fence
+//! beside it.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +15,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
 use super::columns::{columns_of, OrderKey};
+use super::fence::Fence;
 use crate::config::PollProgress;
 use crate::error::{classify_mysql, Error, Result};
 use crate::metrics::{metrics, PollQuery};
@@ -94,24 +96,35 @@ impl Progress {
     }
 
     /// Records that every row of outbox table `t` (`outbox`) with a sequence number up to `through` is
-    /// published (never lowers it: a relay that lost its lease may still write a lower one). Nothing
-    /// without a progress table: the marks are the progress.
+    /// published, while `fence`'s lease is this run's (never lowers it). Nothing without a progress table:
+    /// the marks are the progress.
     ///
     /// # Errors
-    /// Classified query errors.
-    pub async fn write_frontier(&self, conn: &mut Conn, t: usize, outbox: &TableName, through: u64) -> Result<()> {
+    /// Transient when the lease is lost ([`Fence::after_write`]); classified query errors.
+    pub async fn write_frontier(
+        &self,
+        conn: &mut Conn,
+        t: usize,
+        outbox: &TableName,
+        through: u64,
+        fence: &Fence,
+    ) -> Result<()> {
         let Progress::Table(table) = self else { return Ok(()) };
+        fence.before_write(conn).await?;
         conn.exec_drop(
             format!(
                 "UPDATE {} SET published_through = GREATEST(published_through, ?), updated_at = UTC_TIMESTAMP(6) \
-                 WHERE outbox_table = ?",
-                table.name.quoted()
+                 WHERE outbox_table = ? AND {}",
+                table.name.quoted(),
+                fence.condition("outbox_table")
             ),
             (through, outbox.to_string()),
         )
         .await
         .map_err(|e| classify_mysql(&e).context(format_args!("poll: writing how far {outbox} is published")))?;
         metrics().poll_queries(PollQuery::Mark, 1);
+        let changed = conn.affected_rows();
+        fence.after_write(conn, changed).await?;
         table.frontiers[t].fetch_max(through, Ordering::AcqRel);
         Ok(())
     }

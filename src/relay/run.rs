@@ -12,10 +12,12 @@
 //!
 //! # Who publishes
 //! Only the holder of the lease ([`crate::lease`], taken in [`crate::app`]): the sink refuses every record
-//! once the lease is not provably held, and the app stops the run when it is lost. Like the binlog sink's,
-//! the producer never gives up on a record (`message.timeout.ms = 0`): a record given up while later ones
-//! of its partition land would come back after them on the retry, out of order. So records a paused relay
-//! had handed over and not yet sent can still land after its successor's when it resumes: duplicates of
+//! once the lease is not provably held, and the app stops the run when it is lost. Every write into the
+//! tables checks the lease too, on the server, row by row ([`super::fence`]), and the marker task ends with
+//! the run: a relay that lost its lease writes nothing its successor could have to undo. Like the binlog
+//! sink's, the producer never gives up on a record (`message.timeout.ms = 0`): a record given up while later
+//! ones of its partition land would come back after them on the retry, out of order. So records a paused
+//! relay had handed over and not yet sent can still land after its successor's when it resumes: duplicates of
 //! its last batches, each a step back for a consumer that applies events in order.
 //!
 //! `poll.transactional` closes that gap with Kafka's own fencing. The relays of a connector share one
@@ -51,8 +53,9 @@ use mysql_async::{Conn, Value};
 use super::columns::OrderKey;
 use super::commit::RelayCommit;
 use super::counter::{fresh_counters, COUNTER_CHECK_EVERY};
+use super::fence::Fence;
 use super::ledger::Ledger;
-use super::marker::{marker, MarkRequest};
+use super::marker::{MarkRequest, MarkerTask};
 use super::table::{key_bytes, Aggregate, Polled, Position, Relay, FULL_SWEEP_EVERY};
 use crate::checkpoint::{Store, TxId, Watermark};
 use crate::config::Config;
@@ -127,7 +130,7 @@ pub(super) struct PollRun<'a> {
     pub(super) marks: Option<tokio::sync::mpsc::Sender<MarkRequest>>,
     /// From the marker task: the rows it marked.
     pub(super) marked: tokio::sync::mpsc::UnboundedReceiver<(usize, Vec<Vec<u8>>)>,
-    pub(super) marker: tokio::task::JoinHandle<Result<()>>,
+    pub(super) marker: MarkerTask,
     pub(super) sink: KafkaSink,
     pub(super) publisher: Publisher,
     pub(super) watermark: Arc<Watermark>,
@@ -157,8 +160,9 @@ pub async fn run(
         tracing::warn!(keys = ?ignored, "[poll] keys that no longer do anything (see README, the polling relay): remove them");
     }
     let mut conn = source.connect().await?;
+    let fence = Fence::for_run(&mut conn, lease.clone()).await?;
     fresh_counters(&mut conn).await?;
-    let relay = Arc::new(Relay::load(&mut conn, config).await?);
+    let relay = Arc::new(Relay::load(&mut conn, config).await?.fenced(fence));
     // A sequence that started again below the progress table's number is refused before anything is read.
     for t in 0..relay.tables().len() {
         relay.counter_started_again(&mut conn, t, None).await?;
@@ -166,10 +170,10 @@ pub async fn run(
     // The marks go through a connection of their own, so that reading and producing never wait for them.
     let (marks, requests) = tokio::sync::mpsc::channel(MAX_PENDING_BATCHES);
     let (done, marked) = tokio::sync::mpsc::unbounded_channel();
-    // It ends when the run drops `marks`; marking rows Kafka acknowledged is right whenever it happens.
+    // It ends when the run drops `marks`, and with the run; it writes only while the lease is this run's.
     let mut marker_conn = source.connect().await?;
     Relay::ready_marker(&mut marker_conn).await?;
-    let marker = tokio::spawn(marker(relay.clone(), marker_conn, requests, done));
+    let marker = MarkerTask::spawn(relay.clone(), marker_conn, requests, done);
     let watermark = Arc::new(Watermark::new(None));
     let (commits, mut sink) = RelayCommit::start(config, &watermark).await?;
     if let Some(lease) = lease {
@@ -392,10 +396,9 @@ impl PollRun<'_> {
     /// The marker task's end, as the run's error.
     pub(super) async fn marker_ended(&mut self) -> Error {
         self.marks = None;
-        match (&mut self.marker).await {
-            Ok(Err(error)) => error,
-            Ok(Ok(())) => Error::transient("poll: the marker task ended"),
-            Err(e) => Error::transient(format!("poll: the marker task failed: {e}")),
+        match self.marker.join().await {
+            Err(error) => error,
+            Ok(()) => Error::transient("poll: the marker task ended"),
         }
     }
 
@@ -442,9 +445,6 @@ impl PollRun<'_> {
         self.settle_with(true).await?;
         // Closing the channel ends the marker task once it marked what it was given.
         self.marks = None;
-        match (&mut self.marker).await {
-            Ok(result) => result,
-            Err(e) => Err(Error::transient(format!("poll: the marker task failed: {e}"))),
-        }
+        self.marker.join().await
     }
 }

@@ -3,7 +3,8 @@
 //! statements are in the rooms beside: reading ([`super::reads`]), marking and parking
 //! ([`super::marks`]), the progress table ([`super::progress`]).
 //!
-//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config), and the fence
+//! beside it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use super::columns::{
     columns_of, last_error_chars, no_order_key, order_key, poll_column_problems, poll_columns_ddl, read_index_columns,
     read_index_ddl, OrderKey,
 };
+use super::fence::Fence;
 use super::progress::Progress;
 use crate::config::{ColumnNames, Config};
 use crate::error::{classify_mysql, Error, Result};
@@ -111,6 +113,8 @@ pub struct Relay {
     pub(super) tables: Vec<PollTable>,
     /// How it records what it published: marks, or the progress table's numbers.
     pub(super) progress: Progress,
+    /// The lease its writes are fenced with ([`Relay::fenced`]; none as loaded).
+    pub(super) fence: Fence,
 }
 
 impl Relay {
@@ -131,7 +135,13 @@ impl Relay {
             columns: config.outbox.columns.clone(),
             tables,
             progress,
+            fence: Fence::Unleased,
         })
+    }
+
+    /// The relay with its writes fenced by `fence` (a run's lease).
+    pub fn fenced(self, fence: Fence) -> Relay {
+        Relay { fence, ..self }
     }
 
     /// How the relay records what it published (`[poll] progress_table`).
@@ -151,7 +161,7 @@ impl Relay {
     /// # Errors
     /// Classified query errors.
     pub async fn write_frontier(&self, conn: &mut Conn, t: usize, through: u64) -> Result<()> {
-        self.progress.write_frontier(conn, t, &self.tables[t].table, through).await
+        self.progress.write_frontier(conn, t, &self.tables[t].table, through, &self.fence).await
     }
 
     /// This relay's name, for logs.
