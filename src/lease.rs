@@ -217,6 +217,8 @@ pub struct Holding {
     lock: String,
     /// The server's id of the connection holding the lock.
     connection_id: u64,
+    /// The server the lock is held on.
+    server: LeaseServer,
 }
 
 impl Holding {
@@ -234,6 +236,17 @@ impl Holding {
     /// As [`Lease::connection_id`].
     pub fn connection_id(&self) -> u64 {
         self.connection_id
+    }
+
+    /// As [`Lease::server`].
+    pub fn server(&self) -> &LeaseServer {
+        &self.server
+    }
+
+    /// When the last renewal that came back was sent: the server named this instance's connection as the
+    /// lock's holder after that instant (and a lock lost is never held again by the same lease).
+    pub fn renewed_at(&self) -> Instant {
+        self.shared.last_ok()
     }
 }
 
@@ -474,6 +487,7 @@ impl Lease {
             timing: self.timing,
             lock: self.lock.clone(),
             connection_id: self.connection_id,
+            server: self.server.clone(),
         }
     }
 

@@ -1413,3 +1413,85 @@ async fn a_relay_that_lost_its_lease_writes_nothing_more() {
     assert_eq!(broker.read_all(TOPIC, 2, CATCH_UP).len(), 2, "published again by the relay holding the lease");
     assert!(relay.terminate().success(), "{}", relay.logs());
 }
+
+/// A read/write-splitting proxy as ProxySQL or MaxScale can be set up: the first connection (a relay's
+/// lease) goes to `primary`, every later one (its reads and marks) to `replica`. Returns its port.
+fn splitting_proxy(primary: u16, replica: u16) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+    tokio::spawn(async move {
+        let mut accepted = 0;
+        while let Ok((mut client, _)) = listener.accept().await {
+            accepted += 1;
+            let upstream = if accepted == 1 { primary } else { replica };
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Issue 45, finding 5: the relay's proofs assume one server, and it never checked which one its
+/// connections reached. Behind a read/write-splitting proxy that sends the lease's connection to the
+/// primary and the reads to a second server (here with the same `server_id`, as MariaDB has no
+/// `server_uuid`), the relay used to run on the second server's table in silence. Now every connection
+/// proves it reaches the server where the lease's lock is held by the lease's connection, and the relay
+/// stops with what to do. A read-only server (a replica) and `auto_increment_increment = 2` with a progress
+/// table are refused too, by `run` and by `check`.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_relay_connection_reaches_the_writable_primary_of_its_lease() {
+    let primary = MariaDb::start();
+    let replica = MariaDb::builder().server_id(primary.server_id()).start();
+    create_relay_user(&primary);
+    create_relay_user(&replica);
+    let broker = Broker::start(Engine::Memory);
+    let direct = "Connect the relay to the primary directly, not through a read/write-splitting proxy";
+
+    let mut relay = relay_config(&primary, &broker, "poll_interval_ms = 50");
+    let text = std::fs::read_to_string(relay.config_path()).unwrap();
+    let proxy = splitting_proxy(primary.port(), replica.port());
+    let proxied = text.replace(&format!("port = {}\n", primary.port()), &format!("port = {proxy}\n"));
+    std::fs::write(relay.config_path(), proxied).unwrap();
+    relay.run(&relay.config_path());
+    let exited = relay.wait_exit(Duration::from_secs(60)).expect("a relay behind a splitting proxy stops");
+    assert!(!exited.success(), "{}", relay.logs());
+    let stderr = relay.stderr();
+    assert!(stderr.contains("on which the lease is not held") && stderr.contains(direct), "{}", relay.logs());
+
+    std::fs::write(relay.config_path(), &text).unwrap();
+    primary.sql("SET GLOBAL read_only = 1");
+    let (status, stdout, _) = relay.command(&["check"], Duration::from_secs(60)).expect("check runs");
+    assert!(!status.success() && stdout.contains("[FAIL] server read_only"), "{stdout}");
+    relay.restart();
+    let exited = relay.wait_exit(Duration::from_secs(60)).expect("a relay on a read-only server stops");
+    assert!(!exited.success(), "{}", relay.logs());
+    let tail = common::tail_file(&relay.dir().join("stderr.log"), 20);
+    assert!(tail.contains("read-only (@@read_only = ON)") && tail.contains(direct), "{tail}");
+    primary.sql("SET GLOBAL read_only = 0");
+
+    create_progress_table(&primary);
+    let mut relay = relay_config(&primary, &broker, &format!("poll_interval_ms = 50\n{PROGRESS}"));
+    primary.sql("SET GLOBAL auto_increment_increment = 2");
+    let (status, stdout, _) = relay.command(&["check"], Duration::from_secs(60)).expect("check runs");
+    assert!(!status.success() && stdout.contains("[FAIL] auto_increment_increment"), "{stdout}");
+    relay.run(&relay.config_path());
+    let exited = relay.wait_exit(Duration::from_secs(60)).expect("a step of 2 with a progress table stops");
+    assert!(!exited.success(), "{}", relay.logs());
+    assert!(
+        relay.stderr().contains("needs @@GLOBAL.auto_increment_increment = 1, the server has 2"),
+        "{}",
+        relay.logs()
+    );
+
+    primary.sql("SET GLOBAL auto_increment_increment = 1");
+    let expected = insert_interleaved(&primary, &["A", "B"], 5).await;
+    relay.restart();
+    wait_through(&primary, max_seq(&primary).await, &[&relay]).await;
+    let report = audit(&expected, &broker.read_all(TOPIC, 10, CATCH_UP));
+    assert!(report.is_clean(), "{}", report.summary());
+}

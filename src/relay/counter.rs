@@ -7,7 +7,8 @@
 //! is lost (each row says whether it is published), but the new rows are below the run's cursor: the run
 //! reads the table again from its first unpublished row ([`Relay::counter_started_again`]).
 //!
-//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config).
+//! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config), and the lease
+//! and the server proof beside it (the statement that reads a counter also proves its server).
 //!
 //! # Why `AUTO_INCREMENT`, not `MAX(seq)`
 //! `AUTO_INCREMENT` is the number the next row gets, and it is above every number the relay ever read or
@@ -32,15 +33,17 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 
 use super::columns::OrderKey;
+use super::server::{self, Seen};
 use super::table::Relay;
 use crate::error::mysql_codes::UNKNOWN_SYSTEM_VARIABLE;
 use crate::error::{classify_mysql, Error, Result};
+use crate::lease::Holding;
 use crate::metrics::{metrics, PollQuery};
 use crate::outbox::{quote_ident, TableName};
 
-/// How often a run reads each table's counter (one statement per table): the bound within which it sees a
-/// counter that started again. Idle, it adds a statement every 2 s to the relay's one read per
-/// `poll_interval_ms`.
+/// How often a run reads each table's counter (one statement per table, which also proves the reading
+/// connection's server again: [`super::server`]): the bound within which it sees a counter that started
+/// again. Idle, it adds a statement every 2 s to the relay's one read per `poll_interval_ms`.
 pub const COUNTER_CHECK_EVERY: Duration = Duration::from_secs(2);
 
 /// A table's sequence counter, as read.
@@ -75,6 +78,27 @@ impl Counter {
         Ok(Counter { next, max })
     }
 
+    /// [`Counter::read`], with the columns that say which server answered ([`server::proof_columns`]).
+    async fn read_proven(conn: &mut Conn, table: &TableName, seq: &str, lease: &Holding) -> Result<(Seen, Counter)> {
+        let row: Option<ProvenCounter> = conn
+            .exec_first(
+                format!(
+                    "SELECT {}, (SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? \
+                     AND TABLE_NAME = ?), (SELECT MAX({}) FROM {})",
+                    server::proof_columns(lease),
+                    quote_ident(seq),
+                    table.quoted()
+                ),
+                (lease.lock(), table.database.as_str(), table.table.as_str()),
+            )
+            .await
+            .map_err(|e| classify_mysql(&e).context(format_args!("poll: reading the sequence counter of {table}")))?;
+        metrics().poll_queries(PollQuery::Backlog, 1);
+        let (id, uuid, read_only, increment, holder, next, max) =
+            row.ok_or_else(|| Error::transient(format!("poll: the sequence counter of {table} came back empty")))?;
+        Ok((Seen::of((id, uuid, read_only, increment, holder)), Counter { next, max }))
+    }
+
     /// Whether the numbering started again below `seen` (the highest number read or published): the next
     /// row's number is at or below it.
     pub fn started_again(&self, seen: u64) -> bool {
@@ -94,6 +118,9 @@ pub async fn fresh_counters(conn: &mut Conn) -> Result<()> {
         other => other.map_err(|e| classify_mysql(&e).context("poll: reading live sequence counters")),
     }
 }
+
+/// [`Counter::read_proven`]'s row: [`server::ProofRow`]'s columns, then `AUTO_INCREMENT` and `MAX`.
+type ProvenCounter = (u32, Option<String>, i64, u64, Option<u64>, Option<u64>, Option<u64>);
 
 /// A sequence counter at or below `[poll] progress_table`'s number: refused, with what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,7 +228,16 @@ impl Relay {
     pub async fn counter_started_again(&self, conn: &mut Conn, t: usize, cursor: Option<u64>) -> Result<bool> {
         let OrderKey::Sequence(seq) = &self.tables[t].order else { return Ok(false) };
         let table = &self.tables[t].table;
-        let counter = Counter::read(conn, table, seq).await?;
+        let counter = match self.fence.lease() {
+            None => Counter::read(conn, table, seq).await?,
+            Some(lease) => {
+                // The reading connection's server proven again, by the statement that read the counter.
+                let (seen, counter) = Counter::read_proven(conn, table, seq, lease).await?;
+                let looked = tokio::time::Instant::now();
+                server::judged(&seen, looked, lease, "reading", self.progress.table()).await?;
+                counter
+            }
+        };
         match self.progress.table() {
             None => Ok(cursor.is_some_and(|cursor| counter.started_again(cursor))),
             Some(progress) => {

@@ -94,13 +94,14 @@ impl PollRun<'_> {
         Ok(rows.into_iter().filter(|r| !state.in_flight.contains(&key_bytes(&r.key))).collect())
     }
 
-    /// Reads each table's sequence counter ([`super::table::Relay::counter_started_again`]). A sequence that
-    /// started again below the cursor (the table was truncated, re-created or restored) has its new rows
-    /// below it, where only the sweep would find them: the table is read again from its first unpublished
-    /// row. With a progress table the run ends instead, refused: they are below the number too.
+    /// Reads each table's sequence counter ([`super::table::Relay::counter_started_again`]), in a statement
+    /// that also proves the reading connection's server again ([`super::server`]). A sequence that started
+    /// again below the cursor (the table was truncated, re-created or restored) has its new rows below it,
+    /// where only the sweep would find them: the table is read again from its first unpublished row. With a
+    /// progress table the run ends instead, refused: they are below the number too.
     ///
     /// # Errors
-    /// The refusal (definite); classified query errors.
+    /// The refusals (definite); transient when the lease turns out lost; classified query errors.
     pub(super) async fn check_counters(&mut self) -> Result<()> {
         for t in 0..self.tables.len() {
             let cursor = self.tables[t].cursor.as_ref().and_then(|p| p.first()).and_then(sequence_value);

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use mysql_async::{Conn, Value};
 use rangemap::RangeInclusiveSet;
 
+use super::fence::Fence;
 use super::marker::MarkRequest;
 use super::progress::{open_transactions, Progress};
 use super::ranges::{fill_gap, take_range};
@@ -136,14 +137,14 @@ impl Ledger {
         }
     }
 
-    /// Lists the open transactions to prove gaps free. Gaps passed at least [`PROOF_LAG`] before a list
-    /// was read can only be filled by a transaction on it (the number was taken before a higher one was
-    /// committed and read); once none of those is open any more, each of these gaps holds what it will
-    /// ever hold, and is read once more ([`Ledger::take_proven`]).
+    /// Lists the open transactions to prove gaps free (on the lease's server, `fence`). Gaps passed at least
+    /// [`PROOF_LAG`] before a list was read can only be filled by a transaction on it (the number was taken
+    /// before a higher one was committed and read); once none of those is open any more, each of these gaps
+    /// holds what it will ever hold, and is read once more ([`Ledger::take_proven`]).
     ///
     /// # Errors
     /// Classified query errors.
-    pub(super) async fn prove(&mut self, conn: &mut Conn) -> Result<()> {
+    pub(super) async fn prove(&mut self, conn: &mut Conn, fence: &Fence) -> Result<()> {
         let Ledger::Numbers(numbers) = self else { return Ok(()) };
         let now = Instant::now();
         if numbers.proof.as_ref().is_some_and(|p| now.duration_since(p.listed) < PROOF_LAG) {
@@ -159,11 +160,11 @@ impl Ledger {
             if ranges.is_empty() {
                 return Ok(());
             }
-            let open = open_transactions(conn).await?;
+            let open = open_transactions(conn, fence).await?;
             numbers.proof = Some(Proof { open, ranges, listed: Instant::now() });
             return Ok(());
         };
-        let open = open_transactions(conn).await?;
+        let open = open_transactions(conn, fence).await?;
         proof.open.retain(|trx| open.contains(trx));
         proof.listed = Instant::now();
         if !proof.open.is_empty() {

@@ -7,9 +7,9 @@
 //! `source::preflight` (`check`) and the operator commands (`ops`: prune, audit, release, status) use
 //! them: [`table`] (the relay's view of its tables, [`Relay`]), [`reads`], [`marks`] (marked, held, parked,
 //! refused, released), [`progress`] (`[poll] progress_table`), [`counter`] (a sequence that started again
-//! below what was published), [`fence`] (every write checks the run's lease), [`columns`] (the columns,
-//! indexes and order it needs, and the `ALTER TABLE` that adds them), [`ranges`] (sequence-number
-//! arithmetic).
+//! below what was published), [`fence`] (every write checks the run's lease), [`server`] (every connection
+//! reaches the lease's server, writable), [`columns`] (the columns, indexes and order it needs, and the
+//! `ALTER TABLE` that adds them), [`ranges`] (sequence-number arithmetic).
 //! The run is on floor 5, beside `pipeline`, whose shutdown it shares: [`run`] (the loop), [`gaps`] (rows
 //! a read in order can miss), [`settle`] (acknowledged batches, lifted holds), [`ledger`] (the run's side
 //! of [`Progress`]: what the progress table's number may pass), [`marker`] (the task that marks),
@@ -61,6 +61,7 @@ pub mod progress;
 mod ranges;
 pub mod reads;
 pub mod run;
+pub mod server;
 mod settle;
 pub mod table;
 

@@ -201,7 +201,7 @@ pub async fn check_progress_table(conn: &mut Conn, progress: &TableName, outboxe
             }
         })?;
     }
-    open_transactions(conn).await.map_err(|e| match !e.is_definite() {
+    open_transactions(conn, &Fence::Unleased).await.map_err(|e| match !e.is_definite() {
         true => e,
         false => Error::definite(format!(
             "[poll] progress_table needs the PROCESS privilege, to read information_schema.INNODB_TRX ({e}): \
@@ -228,15 +228,45 @@ pub async fn read_frontier(conn: &mut Conn, progress: &TableName, outbox: &Table
 }
 
 /// The server's open transactions, each as (connection id, start time): a sequence number a read
-/// passed without a row can still be committed only by a transaction open when it was passed.
+/// passed without a row can still be committed only by a transaction open when it was passed. With a
+/// lease (`fence`), the statement also says who holds the lease's lock where it ran: a listing from
+/// another server than the lease's (a replica behind a proxy lists none of the primary's transactions)
+/// proves nothing, and is refused ([`super::server`]).
 ///
 /// # Errors
-/// Classified query errors (a definite one without the `PROCESS` privilege).
-pub async fn open_transactions(conn: &mut Conn) -> Result<HashSet<(u64, String)>> {
-    let rows: Vec<(Option<u64>, Option<String>)> = conn
-        .query("SELECT trx_mysql_thread_id, CAST(trx_started AS CHAR) FROM information_schema.INNODB_TRX")
+/// Transient when the listing is not from the lease's server (or the lease is lost); classified query
+/// errors (a definite one without the `PROCESS` privilege).
+pub async fn open_transactions(conn: &mut Conn, fence: &Fence) -> Result<HashSet<(u64, String)>> {
+    let failed = |e: mysql_async::Error| classify_mysql(&e).context("poll: reading the server's open transactions");
+    let Some(lease) = fence.lease() else {
+        let rows: Vec<(Option<u64>, Option<String>)> = conn
+            .query("SELECT trx_mysql_thread_id, CAST(trx_started AS CHAR) FROM information_schema.INNODB_TRX")
+            .await
+            .map_err(failed)?;
+        metrics().poll_queries(PollQuery::Transactions, 1);
+        return Ok(rows.into_iter().map(|(id, started)| (id.unwrap_or(0), started.unwrap_or_default())).collect());
+    };
+    // One row more than there are transactions (the row of `one`): the lock's holder comes with the list
+    // even when it is empty.
+    let rows: Vec<(Option<u64>, Option<u64>, Option<String>)> = conn
+        .exec(
+            "SELECT IS_USED_LOCK(?), t.trx_mysql_thread_id, CAST(t.trx_started AS CHAR) FROM (SELECT 1) one \
+             LEFT JOIN information_schema.INNODB_TRX t ON TRUE",
+            (lease.lock(),),
+        )
         .await
-        .map_err(|e| classify_mysql(&e).context("poll: reading the server's open transactions"))?;
+        .map_err(failed)?;
     metrics().poll_queries(PollQuery::Transactions, 1);
-    Ok(rows.into_iter().map(|(id, started)| (id.unwrap_or(0), started.unwrap_or_default())).collect())
+    if rows.iter().any(|(holder, _, _)| *holder != Some(lease.connection_id())) {
+        return Err(Error::transient(
+            "poll: the open transactions were listed on a server where this instance's lease is not held (the \
+             lease was lost, or a proxy sent the statement to another server): no sequence number is proven \
+             free by that list",
+        ));
+    }
+    Ok(rows
+        .into_iter()
+        .filter(|(_, id, started)| id.is_some() || started.is_some())
+        .map(|(_, id, started)| (id.unwrap_or(0), started.unwrap_or_default()))
+        .collect())
 }

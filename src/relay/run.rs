@@ -38,7 +38,8 @@
 //! # Load on the database
 //! Per batch: the read, the read of the sequence gaps when there are any, and one `UPDATE` marking every
 //! batch acknowledged since the last one, as ranges of sequence numbers. Every [`COUNTER_CHECK_EVERY`] a read
-//! of each table's sequence counter ([`super::counter`]). The marks go through a second connection ([`super::marker`]), so reading and
+//! of each table's sequence counter ([`super::counter`]) and the proof of the reading connection's server
+//! ([`super::server`]). The marks go through a second connection ([`super::marker`]), so reading and
 //! producing never wait for them; a row stays in flight (and no read takes it for a new one) until its mark
 //! returned. Idle: one read per `poll.poll_interval_ms`; every [`FULL_SWEEP_EVERY`] a sweep of the
 //! unpublished rows' keys; with parked rows, one read of them every [`BACKLOG_EVERY`].
@@ -56,6 +57,7 @@ use super::counter::{fresh_counters, COUNTER_CHECK_EVERY};
 use super::fence::Fence;
 use super::ledger::Ledger;
 use super::marker::{MarkRequest, MarkerTask};
+use super::server;
 use super::table::{key_bytes, Aggregate, Polled, Position, Relay, FULL_SWEEP_EVERY};
 use crate::checkpoint::{Store, TxId, Watermark};
 use crate::config::Config;
@@ -160,7 +162,10 @@ pub async fn run(
         tracing::warn!(keys = ?ignored, "[poll] keys that no longer do anything (see README, the polling relay): remove them");
     }
     let mut conn = source.connect().await?;
+    // Every connection of the run is proven to reach the lease's server before it reads or writes.
     let fence = Fence::for_run(&mut conn, lease.clone()).await?;
+    let progress = config.poll.progress.table();
+    server::prove(&mut conn, &fence, "reading", progress).await?;
     fresh_counters(&mut conn).await?;
     let relay = Arc::new(Relay::load(&mut conn, config).await?.fenced(fence));
     // A sequence that started again below the progress table's number is refused before anything is read.
@@ -172,6 +177,7 @@ pub async fn run(
     let (done, marked) = tokio::sync::mpsc::unbounded_channel();
     // It ends when the run drops `marks`, and with the run; it writes only while the lease is this run's.
     let mut marker_conn = source.connect().await?;
+    server::prove(&mut marker_conn, &relay.fence, "marking", progress).await?;
     Relay::ready_marker(&mut marker_conn).await?;
     let marker = MarkerTask::spawn(relay.clone(), marker_conn, requests, done);
     let watermark = Arc::new(Watermark::new(None));
@@ -235,7 +241,7 @@ pub async fn run(
         for t in 0..run.tables.len() {
             busy |= run.poll_table(t).await?;
         }
-        run.ledger.prove(&mut run.conn).await?;
+        run.ledger.prove(&mut run.conn, &run.relay.fence).await?;
         if Instant::now() >= counters_due {
             run.check_counters().await?;
             counters_due = Instant::now() + COUNTER_CHECK_EVERY;

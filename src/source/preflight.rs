@@ -940,6 +940,7 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
     let mut report = Report::default();
     let account = current_account(conn).await?;
     let mut sequences: Vec<(&TableName, String)> = Vec::new();
+    let read_only = check_relay_server(conn, config.poll.progress.table(), &mut report).await?;
     for table in config.tables() {
         check_table(conn, table, &config.outbox.columns, &account, &mut report).await?;
         let found = crate::relay::columns_of(conn, table).await?;
@@ -1021,6 +1022,11 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
             );
         }
         // Privileges are checked at prepare time: an UPDATE that matches nothing tells without changing a row.
+        // A read-only server refuses it whatever the grants (its own finding says so).
+        if read_only {
+            report.warn(&format!("privilege UPDATE on {table}"), "granted", "not probed: the server is read-only", "");
+            continue;
+        }
         let probe = format!("UPDATE {} SET `attempts` = `attempts` WHERE 1 = 0", table.quoted());
         let update = match conn.query_drop(probe).await {
             Ok(()) => true,
@@ -1041,7 +1047,7 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
         );
     }
     if let Some(progress) = config.poll.progress.table() {
-        if check_progress_table(conn, progress, &account, &mut report).await? {
+        if check_progress_table(conn, progress, &account, read_only, &mut report).await? {
             crate::relay::fresh_counters(conn).await?;
             for (table, seq) in sequences {
                 check_counter(conn, progress, table, &seq, &mut report).await?;
@@ -1049,6 +1055,40 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
         }
     }
     Ok(report)
+}
+
+/// `check` of the server the relay reaches ([`crate::relay::server`]): writable (a replica is read-only),
+/// and with `[poll] progress_table` (`progress`) numbering rows one by one. The relay also proves at run
+/// time that each of its connections reaches the server its lease is on, which a check without the lease
+/// cannot: the line names the server this connection reached. Returns whether the server is read-only.
+async fn check_relay_server(conn: &mut Conn, progress: Option<&TableName>, report: &mut Report) -> Result<bool> {
+    use crate::relay::server::{Refusal, Seen};
+    let seen = Seen::read(conn).await?;
+    let server = match &seen.server_uuid {
+        Some(uuid) => format!("server_id {} ({uuid})", seen.server_id),
+        None => format!("server_id {}", seen.server_id),
+    };
+    report.push(
+        "server read_only",
+        "OFF (the writable primary, not a replica or a read/write-splitting proxy's reader)",
+        &format!("{} on {server}", if seen.read_only { "ON" } else { "OFF" }),
+        !seen.read_only,
+        &if seen.read_only { Refusal::ReadOnly { server_id: seen.server_id }.to_string() } else { String::new() },
+    );
+    if let Some(progress) = progress {
+        let fine = seen.increment == 1;
+        report.push(
+            "auto_increment_increment",
+            "1 (GLOBAL; [poll] progress_table)",
+            &seen.increment.to_string(),
+            fine,
+            &match fine {
+                true => String::new(),
+                false => Refusal::Increment { progress: progress.clone(), increment: seen.increment }.to_string(),
+            },
+        );
+    }
+    Ok(seen.read_only)
 }
 
 /// `check` of a table's sequence counter against `[poll] progress_table`'s number: a counter at or below
@@ -1081,12 +1121,13 @@ async fn check_counter(
 }
 
 /// `check` of `[poll] progress_table`: the table with its columns, the relay's `INSERT` and `UPDATE` on it
-/// (probed without writing), and `PROCESS` (the relay lists the open transactions). Returns whether the
-/// table is there with its columns.
+/// (probed without writing, unless the server is `read_only`), and `PROCESS` (the relay lists the open
+/// transactions). Returns whether the table is there with its columns.
 async fn check_progress_table(
     conn: &mut Conn,
     progress: &TableName,
     account: &Account,
+    read_only: bool,
     report: &mut Report,
 ) -> Result<bool> {
     let found = crate::relay::columns_of(conn, progress).await?;
@@ -1103,7 +1144,7 @@ async fn check_progress_table(
         ready,
         &crate::relay::progress_table_ddl(progress),
     );
-    if ready {
+    if ready && !read_only {
         // Privileges are checked at prepare time: statements that match nothing tell without writing.
         let probes = [
             format!("UPDATE {t} SET published_through = published_through WHERE 1 = 0", t = progress.quoted()),
@@ -1127,7 +1168,7 @@ async fn check_progress_table(
             &format!("GRANT SELECT, INSERT, UPDATE ON {progress} TO {account}"),
         );
     }
-    let process = match crate::relay::open_transactions(conn).await {
+    let process = match crate::relay::open_transactions(conn, &crate::relay::fence::Fence::Unleased).await {
         Ok(_) => true,
         Err(e) if e.is_definite() => false,
         Err(e) => return Err(e),
