@@ -30,6 +30,7 @@ pub mod audit;
 pub mod broker;
 pub mod connector;
 pub mod mariadb;
+pub mod patterns;
 pub mod pki;
 pub mod process;
 pub mod proxy;
