@@ -1,9 +1,13 @@
 //! Outbox rows, business transactions (one `orders` row + one outbox row, one transaction) and a
-//! concurrent [`Writer`] that records what it committed, per aggregate, in commit order.
+//! concurrent [`Writer`] that records what it committed, per aggregate, in commit order; and a
+//! [`PatternWriter`] for the write patterns of `tests/relay_patterns.rs` (shared aggregates serialized by
+//! their row lock, rollbacks, `INSERT IGNORE` duplicates, bulk inserts).
 //!
 //! # Invariants
-//! - Each aggregate is written by exactly one writer task, one transaction at a time, so "the order
-//!   in which its commits returned" is a total order: the order the connector must keep.
+//! - Each aggregate of a [`Writer`] is written by exactly one writer task, one transaction at a time, so
+//!   "the order in which its commits returned" is a total order: the order the connector must keep.
+//! - A [`PatternWriter`]'s aggregates are shared by its tasks; each transaction first locks its aggregate's
+//!   row in `shop.aggregates` and bumps its version, so an aggregate's events are ordered by that version.
 //! - A transaction whose `COMMIT` failed (e.g. the server was killed) may or may not be committed:
 //!   its id stays in the order at the position it was attempted and is marked *uncertain*; resolve it
 //!   against the database after a restart with [`Written::resolve_uncertain`].
@@ -13,7 +17,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, TxOpts};
 use rand::Rng;
 use serde_json::{json, Value};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -477,5 +481,445 @@ impl WriterTask {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+/// How a [`PatternWriter`] transaction writes its events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InsertShape {
+    /// One `INSERT` per event.
+    OneByOne,
+    /// Bulk inserts, each transaction at random: one multi-row `INSERT … VALUES` of all its events, or one
+    /// `INSERT … SELECT` from MariaDB's `seq_1_to_<n>` (a statement whose row count InnoDB does not know in
+    /// advance: it reserves sequence numbers in growing chunks and loses the ones it did not use).
+    Bulk,
+}
+
+/// What a [`PatternWriter`] runs: transactions on a shared pool of aggregates, each serialized by its
+/// aggregate's row lock, as applications write them.
+#[derive(Debug, Clone)]
+pub struct PatternConfig {
+    /// Concurrent tasks, each with its own connection. Default 4.
+    pub tasks: usize,
+    /// Aggregates in the pool (every task picks one at random per transaction, so several tasks write each
+    /// aggregate). Default 64.
+    pub aggregates: usize,
+    /// Prefix of the aggregate ids (`<prefix><n>`); default a random run id and `-a`.
+    pub aggregate_prefix: String,
+    /// Stop after this many committed transactions in total. Default 1000.
+    pub max_transactions: usize,
+    /// Pause after each transaction, per task. Default 0.
+    pub pause: Duration,
+    /// Percentage of transactions rolled back after their outbox insert. Default 0.
+    pub rollback_percent: u32,
+    /// Percentage of transactions that, after their own events, `INSERT IGNORE` an event id already in the
+    /// table (their own first one, or one committed before): ignored, it burns a sequence number. With it,
+    /// every event insert is an `INSERT IGNORE`. Default 0.
+    pub duplicate_percent: u32,
+    /// Events per transaction, all of its aggregate. Default 1.
+    pub events_per_tx: usize,
+    /// How the events are inserted. Default [`InsertShape::OneByOne`].
+    pub shape: InsertShape,
+}
+
+impl Default for PatternConfig {
+    fn default() -> Self {
+        PatternConfig {
+            tasks: 4,
+            aggregates: 64,
+            aggregate_prefix: format!("{:06x}-a", rand::rng().random_range(0..0x100_0000u32)),
+            max_transactions: 1000,
+            pause: Duration::ZERO,
+            rollback_percent: 0,
+            duplicate_percent: 0,
+            events_per_tx: 1,
+            shape: InsertShape::OneByOne,
+        }
+    }
+}
+
+/// What a [`PatternWriter`] did.
+#[derive(Debug, Clone, Default)]
+pub struct Patterned {
+    /// Per aggregate: each committed transaction's version of the aggregate row and its event ids, in
+    /// the order the transaction inserted them.
+    pub committed: BTreeMap<String, Vec<(u64, Vec<String>)>>,
+    /// Event ids whose transaction rolled back: on purpose, or by an error before `COMMIT` (a deadlock).
+    pub rolled_back: Vec<String>,
+    /// `INSERT IGNORE`s of an id already in the table that the server ignored.
+    pub ignored_duplicates: usize,
+    /// Errors before `COMMIT` (the transaction rolled back), for diagnosis.
+    pub errors: Vec<String>,
+    /// Event ids whose `COMMIT` failed (outcome unknown).
+    pub uncertain: Vec<String>,
+}
+
+impl Patterned {
+    /// Committed transactions.
+    pub fn transactions(&self) -> usize {
+        self.committed.values().map(Vec::len).sum()
+    }
+
+    /// Committed events.
+    pub fn events(&self) -> usize {
+        self.committed.values().flatten().map(|(_, ids)| ids.len()).sum()
+    }
+
+    /// The committed events per aggregate in the order the aggregate's row lock gave them (by version):
+    /// the order the relay must keep.
+    pub fn expected(&self) -> Expected {
+        let mut expected = Expected::default();
+        for (aggregate, txs) in &self.committed {
+            let mut txs = txs.clone();
+            txs.sort_by_key(|(version, _)| *version);
+            expected.per_aggregate.insert(aggregate.clone(), txs.into_iter().flat_map(|(_, ids)| ids).collect());
+        }
+        expected.uncertain.extend(self.uncertain.iter().cloned());
+        expected
+    }
+
+    /// Merges another writer's record (distinct aggregates, or later transactions of the same ones).
+    pub fn merge(&mut self, other: Patterned) {
+        for (aggregate, txs) in other.committed {
+            self.committed.entry(aggregate).or_default().extend(txs);
+        }
+        self.rolled_back.extend(other.rolled_back);
+        self.ignored_duplicates += other.ignored_duplicates;
+        self.errors.extend(other.errors);
+        self.uncertain.extend(other.uncertain);
+    }
+}
+
+/// The business table whose row each [`PatternWriter`] transaction locks first (`UPDATE … SET version =
+/// version + 1`): writers of one aggregate are serialized by it, as an application's are by its
+/// aggregate's row, so an aggregate's sequence numbers follow its versions.
+pub const AGGREGATES_DDL: &str = "CREATE TABLE IF NOT EXISTS shop.aggregates (
+ id VARCHAR(128) NOT NULL PRIMARY KEY, version BIGINT UNSIGNED NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
+
+/// Creates [`AGGREGATES_DDL`] and a row for each of `ids` (version 0; existing rows kept).
+///
+/// # Errors
+/// The server's error.
+pub async fn create_aggregates(conn: &mut Conn, ids: &[String]) -> Result<(), mysql_async::Error> {
+    conn.query_drop(AGGREGATES_DDL).await?;
+    for chunk in ids.chunks(500) {
+        let values = vec!["(?, 0)"; chunk.len()].join(", ");
+        conn.exec_drop(format!("INSERT IGNORE INTO shop.aggregates (id, version) VALUES {values}"), chunk.to_vec())
+            .await?;
+    }
+    Ok(())
+}
+
+/// Locks `aggregate`'s business row (waiting behind any transaction that holds it) and returns its new
+/// version.
+///
+/// # Errors
+/// The server's error.
+pub async fn lock_aggregate<C: Queryable + Send>(conn: &mut C, aggregate: &str) -> Result<u64, mysql_async::Error> {
+    conn.exec_drop("UPDATE shop.aggregates SET version = version + 1 WHERE id = ?", (aggregate,)).await?;
+    let version: Option<u64> =
+        conn.exec_first("SELECT version FROM shop.aggregates WHERE id = ?", (aggregate,)).await?;
+    Ok(version.unwrap_or_else(|| panic!("no row for aggregate {aggregate} in shop.aggregates")))
+}
+
+/// Inserts `rows` with one multi-row `INSERT` (`INSERT IGNORE` with `ignore`); returns the rows inserted.
+///
+/// # Errors
+/// The server's error.
+pub async fn insert_events<C: Queryable + Send>(
+    conn: &mut C,
+    rows: &[OutboxRow],
+    ignore: bool,
+) -> Result<u64, mysql_async::Error> {
+    let mut params: Vec<mysql_async::Value> = Vec::with_capacity(rows.len() * 9);
+    for row in rows {
+        params.extend([
+            row.id.clone().into(),
+            row.aggregate_type.clone().into(),
+            row.aggregate_id.clone().into(),
+            row.event_type.clone().into(),
+            row.schema_version.into(),
+            row.payload.to_string().into(),
+            row.headers.as_ref().map(Value::to_string).into(),
+            row.occurred_at.clone().into(),
+            row.next_attempt_at.clone().into(),
+        ]);
+    }
+    let values = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ");
+    let result = conn
+        .exec_iter(
+            format!(
+                "INSERT {}INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
+                 payload, headers, occurred_at, next_attempt_at) VALUES {values}",
+                if ignore { "IGNORE " } else { "" }
+            ),
+            params,
+        )
+        .await?;
+    let inserted = result.affected_rows();
+    result.drop_result().await?;
+    Ok(inserted)
+}
+
+/// Inserts `n` events of `aggregate` with one `INSERT … SELECT … FROM seq_1_to_<n>`, ids `<prefix><NNNN>`
+/// (`prefix` 32 characters, so each id is 36), in that order; returns the ids.
+///
+/// # Errors
+/// The server's error.
+pub async fn insert_events_selected<C: Queryable + Send>(
+    conn: &mut C,
+    aggregate: &str,
+    version: u64,
+    n: usize,
+    ignore: bool,
+) -> Result<Vec<String>, mysql_async::Error> {
+    assert!((1..10_000).contains(&n), "1 to 9999 events per INSERT … SELECT");
+    let prefix: String = new_event_id().chars().take(32).collect();
+    let now = now_datetime6();
+    conn.exec_drop(
+        format!(
+            "INSERT {}INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, \
+             payload, headers, occurred_at, next_attempt_at) \
+             SELECT CONCAT(?, LPAD(s.seq, 4, '0')), 'order', ?, 'OrderCreated', 1, \
+             JSON_OBJECT('aggregate_id', ?, 'version', ?, 'n', s.seq), NULL, ?, ? FROM seq_1_to_{n} s ORDER BY s.seq",
+            if ignore { "IGNORE " } else { "" }
+        ),
+        (&prefix, aggregate, aggregate, version, &now, &now),
+    )
+    .await?;
+    Ok((1..=n).map(|i| format!("{prefix}{i:04}")).collect())
+}
+
+/// Concurrent transactions on shared aggregates, each serialized by its aggregate's row lock, with
+/// rollbacks, duplicate `INSERT IGNORE`s and bulk inserts as [`PatternConfig`] asks; until stopped or
+/// `max_transactions` committed. The order of an aggregate's events is its row's version order
+/// ([`Patterned::expected`]), whatever order the commits returned in.
+pub struct PatternWriter {
+    /// Set to stop the tasks after their current transaction.
+    stop: Arc<AtomicBool>,
+    /// Committed transactions so far.
+    committed: Arc<AtomicUsize>,
+    /// One per task.
+    handles: Vec<JoinHandle<Patterned>>,
+    /// The aggregate ids of the pool.
+    aggregates: Vec<String>,
+}
+
+impl PatternWriter {
+    /// Creates the aggregates' business rows ([`create_aggregates`]), then spawns the tasks on the current
+    /// tokio runtime, connecting with `opts`.
+    ///
+    /// # Panics
+    /// When the business rows cannot be created.
+    pub async fn start(opts: Opts, cfg: PatternConfig) -> PatternWriter {
+        assert!(cfg.tasks > 0 && cfg.aggregates > 0 && cfg.events_per_tx > 0, "a PatternWriter needs work");
+        let aggregates: Vec<String> = (0..cfg.aggregates).map(|a| format!("{}{a}", cfg.aggregate_prefix)).collect();
+        let mut conn = Conn::new(opts.clone()).await.expect("connect to create the aggregates");
+        create_aggregates(&mut conn, &aggregates).await.expect("create the aggregates' business rows");
+        let _ = conn.disconnect().await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let committed = Arc::new(AtomicUsize::new(0));
+        let handles = (0..cfg.tasks)
+            .map(|_| {
+                let task = PatternTask {
+                    opts: opts.clone(),
+                    cfg: cfg.clone(),
+                    aggregates: aggregates.clone(),
+                    stop: stop.clone(),
+                    committed: committed.clone(),
+                };
+                tokio::spawn(task.run())
+            })
+            .collect();
+        PatternWriter { stop, committed, handles, aggregates }
+    }
+
+    /// The aggregate ids of the pool.
+    pub fn aggregates(&self) -> &[String] {
+        &self.aggregates
+    }
+
+    /// Committed transactions so far.
+    pub fn committed(&self) -> usize {
+        self.committed.load(Ordering::SeqCst)
+    }
+
+    /// Waits until at least `n` transactions committed; false on timeout or when all tasks ended first.
+    pub async fn wait_committed(&self, n: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.committed() < n {
+            if Instant::now() >= deadline || self.handles.iter().all(JoinHandle::is_finished) {
+                return self.committed() >= n;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    /// Asks the tasks to stop after their current transaction (does not wait).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits until the tasks end by themselves (`max_transactions` reached), then merges.
+    pub async fn join(mut self) -> Patterned {
+        let mut all = Patterned::default();
+        for h in std::mem::take(&mut self.handles) {
+            all.merge(h.await.expect("pattern writer task panicked"));
+        }
+        all
+    }
+
+    /// [`PatternWriter::stop`] then [`PatternWriter::join`].
+    pub async fn finish(self) -> Patterned {
+        self.stop();
+        self.join().await
+    }
+}
+
+impl Drop for PatternWriter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+struct PatternTask {
+    opts: Opts,
+    cfg: PatternConfig,
+    aggregates: Vec<String>,
+    stop: Arc<AtomicBool>,
+    committed: Arc<AtomicUsize>,
+}
+
+/// What one [`PatternTask`] transaction left behind.
+enum Outcome {
+    Committed { version: u64, ids: Vec<String> },
+    RolledBack(Vec<String>),
+}
+
+impl PatternTask {
+    async fn run(self) -> Patterned {
+        let mut out = Patterned::default();
+        let mut conn: Option<Conn> = None;
+        // Ids this task committed, for duplicates of earlier events.
+        let mut earlier: Vec<(String, String)> = Vec::new();
+        while !self.stop.load(Ordering::SeqCst) && self.committed.load(Ordering::SeqCst) < self.cfg.max_transactions {
+            if conn.is_none() {
+                match Conn::new(self.opts.clone()).await {
+                    Ok(c) => conn = Some(c),
+                    Err(e) => {
+                        out.errors.push(format!("connect: {e}"));
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                }
+            }
+            let c = conn.as_mut().expect("connected above");
+            let (aggregate, roll_back, duplicate, bulk_select) = {
+                let mut rng = rand::rng();
+                (
+                    self.aggregates[rng.random_range(0..self.aggregates.len())].clone(),
+                    rng.random_range(0..100) < self.cfg.rollback_percent,
+                    rng.random_range(0..100) < self.cfg.duplicate_percent,
+                    rng.random_bool(0.5),
+                )
+            };
+            let duplicate_of = match duplicate {
+                true => earlier.iter().rev().find(|(a, _)| *a == aggregate).map(|(_, id)| id.clone()),
+                false => None,
+            };
+            let attempt = self.transaction(c, &aggregate, roll_back, (duplicate, duplicate_of), bulk_select, &mut out);
+            match attempt.await {
+                Ok(Outcome::Committed { version, ids }) => {
+                    earlier.extend(ids.iter().map(|id| (aggregate.clone(), id.clone())));
+                    if earlier.len() > 1_000 {
+                        earlier.drain(..500);
+                    }
+                    out.committed.entry(aggregate).or_default().push((version, ids));
+                    self.committed.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok(Outcome::RolledBack(ids)) => out.rolled_back.extend(ids),
+                Err((ids, at_commit, e)) => {
+                    match at_commit {
+                        true => out.uncertain.extend(ids),
+                        false => out.rolled_back.extend(ids),
+                    }
+                    out.errors.push(format!(
+                        "{} transaction of {aggregate}: {e}",
+                        if at_commit { "COMMIT of a" } else { "a" }
+                    ));
+                    conn = None;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            if !self.cfg.pause.is_zero() {
+                tokio::time::sleep(self.cfg.pause).await;
+            }
+        }
+        if let Some(c) = conn {
+            let _ = c.disconnect().await;
+        }
+        out
+    }
+
+    /// One transaction: lock the aggregate's row, insert its events (and a duplicate), commit or roll back.
+    /// An error returns the ids it was writing, whether it happened at `COMMIT`, and the error.
+    async fn transaction(
+        &self,
+        conn: &mut Conn,
+        aggregate: &str,
+        roll_back: bool,
+        (duplicate, duplicate_of): (bool, Option<String>),
+        bulk_select: bool,
+        out: &mut Patterned,
+    ) -> Result<Outcome, (Vec<String>, bool, mysql_async::Error)> {
+        let ignore = self.cfg.duplicate_percent > 0;
+        let mut ids: Vec<String> = Vec::new();
+        let mut tx = conn.start_transaction(TxOpts::default()).await.map_err(|e| (Vec::new(), false, e))?;
+        let version = lock_aggregate(&mut tx, aggregate).await.map_err(|e| (Vec::new(), false, e))?;
+        let n = self.cfg.events_per_tx;
+        let rows: Vec<OutboxRow> = (0..n)
+            .map(|i| {
+                OutboxRow::new(aggregate).payload(json!({ "aggregate_id": aggregate, "version": version, "n": i + 1 }))
+            })
+            .collect();
+        let inserted = match (self.cfg.shape, bulk_select) {
+            (InsertShape::Bulk, true) => {
+                insert_events_selected(&mut tx, aggregate, version, n, ignore).await.map(|s| {
+                    ids = s;
+                })
+            }
+            (InsertShape::Bulk, false) => {
+                ids = rows.iter().map(|r| r.id.clone()).collect();
+                insert_events(&mut tx, &rows, ignore).await.map(drop)
+            }
+            (InsertShape::OneByOne, _) => {
+                let mut result = Ok(());
+                for row in &rows {
+                    ids.push(row.id.clone());
+                    if let Err(e) = insert_events(&mut tx, std::slice::from_ref(row), ignore).await {
+                        result = Err(e);
+                        break;
+                    }
+                }
+                result
+            }
+        };
+        inserted.map_err(|e| (ids.clone(), false, e))?;
+        if duplicate {
+            // A retried command: its event id again (one committed before, else this transaction's first).
+            let id = duplicate_of.unwrap_or_else(|| ids[0].clone());
+            let again = OutboxRow::new(aggregate).id(id);
+            let inserted = insert_events(&mut tx, &[again], true).await.map_err(|e| (ids.clone(), false, e))?;
+            assert_eq!(inserted, 0, "INSERT IGNORE of an id already in the table inserted a row");
+            out.ignored_duplicates += 1;
+        }
+        if roll_back {
+            tx.rollback().await.map_err(|e| (ids.clone(), false, e))?;
+            return Ok(Outcome::RolledBack(ids));
+        }
+        tx.commit().await.map_err(|e| (ids.clone(), true, e))?;
+        Ok(Outcome::Committed { version, ids })
     }
 }
