@@ -28,6 +28,9 @@
 //! removed — neither changes the binary encoding of a writer's datum — and the fixed's meaning is read
 //! from the original text by this file's walker. fastavro reads the text as registered.
 
+#[path = "common/corpus.rs"]
+mod corpus;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -304,22 +307,7 @@ struct Encoded<'a> {
 
 #[test]
 fn every_corpus_datum_decodes_with_apache_avro_and_fastavro() {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(corpus_dir())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    paths.sort();
-    assert!(paths.len() >= 50, "the corpus has {} schemas", paths.len());
-    let corpus: Vec<(String, Corpus)> = paths
-        .iter()
-        .map(|path| {
-            let file = path.file_name().unwrap().to_string_lossy().to_string();
-            let text = std::fs::read_to_string(path).unwrap();
-            let corpus = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
-            (file, corpus)
-        })
-        .collect();
+    let corpus: Vec<(String, Corpus)> = corpus::read(&corpus_dir(), 50);
     let mut failures: Vec<String> = Vec::new();
     let mut encoded: Vec<Encoded> = Vec::new();
     let mut cases = 0;
@@ -411,5 +399,5 @@ fn every_corpus_datum_decodes_with_apache_avro_and_fastavro() {
         failures.len(),
         failures.join("\n")
     );
-    eprintln!("{cases} corpus cases in {} schemas: every datum read back by apache-avro and fastavro", paths.len());
+    eprintln!("{cases} corpus cases in {} schemas: every datum read back by apache-avro and fastavro", corpus.len());
 }

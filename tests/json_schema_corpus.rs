@@ -21,6 +21,9 @@
 //! `tests/fixtures/json_schema_corpus/generate.py`, whose verdicts are written by hand from the drafts and
 //! docs/CONTRACT.md, never taken from a validator.
 
+#[path = "common/corpus.rs"]
+mod corpus;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -96,22 +99,7 @@ struct ReferenceEntry<'a> {
 
 #[test]
 fn every_corpus_case_agrees_with_python_jsonschema_and_confluent_kafka() {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(corpus_dir())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    paths.sort();
-    assert!(paths.len() >= 40, "the corpus has {} schemas", paths.len());
-    let corpus: Vec<(String, Corpus)> = paths
-        .iter()
-        .map(|path| {
-            let file = path.file_name().unwrap().to_string_lossy().to_string();
-            let text = std::fs::read_to_string(path).unwrap();
-            let corpus = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
-            (file, corpus)
-        })
-        .collect();
+    let corpus: Vec<(String, Corpus)> = corpus::read(&corpus_dir(), 40);
     let mut failures: Vec<String> = Vec::new();
     let mut entries: Vec<Entry> = Vec::new();
     let mut cases = 0;
@@ -208,5 +196,5 @@ fn every_corpus_case_agrees_with_python_jsonschema_and_confluent_kafka() {
         failures.len(),
         failures.join("\n")
     );
-    eprintln!("{cases} corpus cases in {} schemas: the connector, jsonschema and confluent-kafka agree", paths.len());
+    eprintln!("{cases} corpus cases in {} schemas: the connector, jsonschema and confluent-kafka agree", corpus.len());
 }

@@ -29,6 +29,9 @@
 //! floats as the shortest text that reads back as the same float, NaN and the infinities as strings, and
 //! the well-known types in their JSON forms. The comparison tells -0.0 from 0.0.
 
+#[path = "common/corpus.rs"]
+mod corpus;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -118,22 +121,7 @@ struct Input<'a> {
 
 #[test]
 fn every_corpus_message_decodes_with_protoc_and_python_protobuf() {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(corpus_dir())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    paths.sort();
-    assert!(paths.len() >= 30, "the corpus has {} schemas", paths.len());
-    let corpus: Vec<(String, Corpus)> = paths
-        .iter()
-        .map(|path| {
-            let file = path.file_name().unwrap().to_string_lossy().to_string();
-            let text = std::fs::read_to_string(path).unwrap();
-            let corpus = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
-            (file, corpus)
-        })
-        .collect();
+    let corpus: Vec<(String, Corpus)> = corpus::read(&corpus_dir(), 30);
     let mut failures: Vec<String> = Vec::new();
     let mut input = Input {
         builtin_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("src/schema/protobuf/builtin"),
@@ -233,5 +221,5 @@ fn every_corpus_message_decodes_with_protoc_and_python_protobuf() {
         failures.len(),
         failures.join("\n")
     );
-    eprintln!("{cases} corpus cases in {} schemas: {stderr}", paths.len());
+    eprintln!("{cases} corpus cases in {} schemas: {stderr}", corpus.len());
 }
