@@ -177,8 +177,7 @@ impl Relay {
     /// Readies the connection the marks go through: `READ COMMITTED` (unless the binlog is in `STATEMENT`
     /// format, where InnoDB refuses writes at that level), so that a mark never waits for a transaction
     /// that inserted a row and has not committed. At the server's default, `REPEATABLE READ`, a mark that
-    /// scans past such a row (a small table is marked by a scan of its primary key; a range stops on the
-    /// row after it) waits for its lock: up to `innodb_lock_wait_timeout` (50 s), then the run failed.
+    /// scans past such a row (a small table is marked by a scan of its primary key) waits for its lock: up to `innodb_lock_wait_timeout` (50 s), then the run failed.
     ///
     /// # Errors
     /// Classified query errors.
