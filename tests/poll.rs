@@ -27,7 +27,8 @@ const CATCH_UP: Duration = Duration::from_secs(90);
 fn create_relay_user(db: &MariaDb) {
     db.sql(&format!(
         "CREATE USER 'relay'@'127.0.0.1' IDENTIFIED BY '{RELAY_PASSWORD}';
-         GRANT SELECT, UPDATE ON shop.outbox_events TO 'relay'@'127.0.0.1';"
+         GRANT SELECT, UPDATE ON shop.outbox_events TO 'relay'@'127.0.0.1';
+         GRANT PROCESS ON *.* TO 'relay'@'127.0.0.1';"
     ));
 }
 

@@ -1,8 +1,8 @@
 //! The run's side of how the relay records what it published ([`super::progress::Progress`]), as one type
 //! with the behaviour inside: [`Ledger::Marking`] keeps nothing (each acknowledged row is marked), and
 //! [`Ledger::Numbers`] (`[poll] progress_table`) keeps, per table, what the number may pass and moves it.
-//! The run tells it what happened (a read passed numbers, a row was acknowledged, parked, held, released)
-//! and never asks which it is.
+//! The run tells it what happened (gap numbers proven free, a row acknowledged, parked, held, a sweep) and
+//! never asks which it is.
 //!
 //! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4 (what it hands the marker is the run's
 //! [`MarkRequest`]).
@@ -10,7 +10,7 @@
 //! # Invariants (`[poll] progress_table`)
 //! - The number moves only through *covered* numbers: acknowledged rows (marked or not), rows marked
 //!   `HELD_AT` (handed to the marker before the number that passes them), and numbers *proven free* (no
-//!   row, and no transaction left open that was open when a read passed them).
+//!   row, and no transaction left open that was open when a read passed them: `relay::gaps`).
 //! - A number a read passed without a row is never given up: the number waits for its proof.
 //! - An acknowledged row above the number waits up to [`MARK_DELAY`] for the number to pass it, then is
 //!   marked on its own (at once at shutdown).
@@ -18,43 +18,24 @@
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use mysql_async::{Conn, Value};
+use mysql_async::Value;
 use rangemap::RangeInclusiveSet;
 
-use super::fence::Fence;
 use super::marker::MarkRequest;
-use super::progress::{open_transactions, Progress};
-use super::ranges::{fill_gap, take_range};
+use super::progress::Progress;
+use super::ranges::Gaps;
 use super::table::{sequence_value, Position, Relay};
-use crate::error::Result;
 
 /// `[poll] progress_table`: how long an acknowledged row above the frontier waits for the frontier to
 /// pass it before it is marked on its own (a crash in between publishes it again).
 const MARK_DELAY: Duration = Duration::from_secs(1);
 
-/// `[poll] progress_table`: how long after a read passed a sequence number the open transactions are
-/// listed to prove it free. `information_schema.INNODB_TRX` is a copy refreshed at most every 100 ms: a
-/// list read sooner could predate the transaction that took the number.
-const PROOF_LAG: Duration = Duration::from_millis(250);
-
-/// `[poll] progress_table`: the most ranges of numbers not yet proven free kept per table; past it the
-/// lowest two are joined (the rows between them are looked at again when the joined range is proven).
-const MAX_UNPROVEN: usize = 10_000;
-
 /// What a run keeps of what is published beyond each row's mark.
 pub(super) enum Ledger {
     /// Each acknowledged row is marked published: nothing to keep.
     Marking,
-    /// `[poll] progress_table`: the numbers, per table, and the gaps being proven free.
-    Numbers(Numbers),
-}
-
-/// `[poll] progress_table`: what the run knows of each table's number, and the proof under way.
-pub(super) struct Numbers {
-    /// Per table (the relay's order).
-    tables: Vec<Numbered>,
-    /// The gaps being proven free.
-    proof: Option<Proof>,
+    /// `[poll] progress_table`: the numbers, per table (the relay's order).
+    Numbers(Vec<Numbered>),
 }
 
 /// `[poll] progress_table`: what a run knows of one table's number.
@@ -66,12 +47,6 @@ pub(super) struct Numbered {
     /// Sequence numbers above the frontier known published (acknowledged; marked or not) or free (no
     /// row, and no transaction left that could commit one): the frontier moves through them.
     covered: RangeInclusiveSet<u64>,
-    /// Sequence numbers a read passed without a row, not yet proven free, by first number: the last
-    /// number and when they were passed. Never given up: the frontier waits for them.
-    unproven: BTreeMap<u64, (u64, Instant)>,
-    /// Ranges no open transaction can commit a row in any more: read once more, then covered except the
-    /// rows found there.
-    proven: Vec<(u64, u64)>,
     /// Acknowledged rows above the frontier, waiting up to [`MARK_DELAY`] for it to pass them.
     unmarked: VecDeque<Unmarked>,
     /// Sequence numbers of rows of held aggregates (parked rows among them) to mark `HELD_AT`: covered
@@ -89,147 +64,54 @@ struct Unmarked {
     seq: u64,
 }
 
-/// `[poll] progress_table`: ranges of sequence numbers a read passed without a row, waiting for every
-/// transaction that was open after they were passed to end.
-struct Proof {
-    /// Those transactions (connection id, start time) still open when last looked.
-    open: HashSet<(u64, String)>,
-    /// The ranges (table, first, last).
-    ranges: Vec<(usize, u64, u64)>,
-    /// When the transactions were last listed.
-    listed: Instant,
-}
-
 impl Ledger {
     /// The ledger of `relay`'s progress, each table's number as last written.
     pub(super) fn of(relay: &Relay) -> Ledger {
         match relay.progress() {
             Progress::Marking => Ledger::Marking,
-            Progress::Table(_) => Ledger::Numbers(Numbers {
-                tables: (0..relay.tables().len())
+            Progress::Table(_) => Ledger::Numbers(
+                (0..relay.tables().len())
                     .map(|t| Numbered { frontier: relay.frontier(t), ..Numbered::default() })
                     .collect(),
-                proof: None,
-            }),
+            ),
         }
     }
 
-    /// A read in order of table `t` passed the sequence ranges `gaps` (inclusive) without a row, `now`.
-    pub(super) fn passed(&mut self, t: usize, gaps: &[(u64, u64)], now: Instant) {
-        let Ledger::Numbers(numbers) = self else { return };
-        let state = &mut numbers.tables[t];
-        for (lo, hi) in gaps {
-            state.unproven.insert(*lo, (*hi, now));
-        }
-        while state.unproven.len() > MAX_UNPROVEN {
-            let (Some((lo, (_, a))), Some((_, (hi, b)))) = (state.unproven.pop_first(), state.unproven.pop_first())
-            else {
-                break;
-            };
-            state.unproven.insert(lo, (hi, a.max(b)));
-        }
-    }
-
-    /// A row of table `t` with sequence number `seq` was read: not a gap.
-    pub(super) fn filled(&mut self, t: usize, seq: u64) {
-        if let Ledger::Numbers(numbers) = self {
-            fill_gap(&mut numbers.tables[t].unproven, seq);
-        }
-    }
-
-    /// Lists the open transactions to prove gaps free (on the lease's server, `fence`). Gaps passed at least
-    /// [`PROOF_LAG`] before a list was read can only be filled by a transaction on it (the number was taken
-    /// before a higher one was committed and read); once none of those is open any more, each of these gaps
-    /// holds what it will ever hold, and is read once more ([`Ledger::take_proven`]).
-    ///
-    /// # Errors
-    /// Classified query errors.
-    pub(super) async fn prove(&mut self, conn: &mut Conn, fence: &Fence) -> Result<()> {
-        let Ledger::Numbers(numbers) = self else { return Ok(()) };
-        let now = Instant::now();
-        if numbers.proof.as_ref().is_some_and(|p| now.duration_since(p.listed) < PROOF_LAG) {
-            return Ok(());
-        }
-        let Some(proof) = &mut numbers.proof else {
-            let Some(cutoff) = now.checked_sub(PROOF_LAG) else { return Ok(()) };
-            let ranges: Vec<(usize, u64, u64)> = (numbers.tables.iter().enumerate())
-                .flat_map(|(t, s)| {
-                    s.unproven.iter().filter(|(_, (_, seen))| *seen <= cutoff).map(move |(lo, (hi, _))| (t, *lo, *hi))
-                })
-                .collect();
-            if ranges.is_empty() {
-                return Ok(());
-            }
-            let open = open_transactions(conn, fence).await?;
-            numbers.proof = Some(Proof { open, ranges, listed: Instant::now() });
-            return Ok(());
-        };
-        let open = open_transactions(conn, fence).await?;
-        proof.open.retain(|trx| open.contains(trx));
-        proof.listed = Instant::now();
-        if !proof.open.is_empty() {
-            return Ok(());
-        }
-        let proof = numbers.proof.take().expect("checked above");
-        for (t, lo, hi) in proof.ranges {
-            let state = &mut numbers.tables[t];
-            let taken = take_range(&mut state.unproven, lo, hi);
-            state.proven.extend(taken);
-        }
-        Ok(())
-    }
-
-    /// The ranges of table `t` proven free since last asked, to read once more; none when marking.
-    pub(super) fn take_proven(&mut self, t: usize) -> Vec<(u64, u64)> {
-        match self {
-            Ledger::Marking => Vec::new(),
-            Ledger::Numbers(numbers) => std::mem::take(&mut numbers.tables[t].proven),
-        }
-    }
-
-    /// Proven `ranges` of table `t` were read once more and held unpublished rows at `found`: the rest is
-    /// covered. Added, never removed: a row found in flight may be acknowledged (and covered) already;
-    /// one not yet acknowledged is covered when it is.
-    pub(super) fn proven_read(&mut self, t: usize, ranges: Vec<(u64, u64)>, found: Vec<u64>) {
-        let Ledger::Numbers(numbers) = self else { return };
-        let mut free = RangeInclusiveSet::new();
+    /// Numbers of table `t` in `ranges` (inclusive) hold no row and never will (proven gaps read once
+    /// more, without their rows' numbers): covered. A row found there in flight is covered when it is
+    /// acknowledged (or was already).
+    pub(super) fn free(&mut self, t: usize, ranges: Vec<(u64, u64)>) {
+        let Ledger::Numbers(tables) = self else { return };
         for (lo, hi) in ranges {
-            free.insert(lo..=hi);
+            tables[t].covered.insert(lo..=hi);
         }
-        for seq in found {
-            free.remove(seq..=seq);
-        }
-        numbers.tables[t].covered.extend(free);
     }
 
     /// A sweep of table `t` up to `upto`, which started with the number written at `frontier`, found
-    /// unpublished rows at `found`. Every number up to the cursor that has no unpublished row and is not a
-    /// gap still to be proven is published or free: a row the relay saw but could not publish by number (a
-    /// lifted hold's parked row, a row another relay marked) does not hold the frontier back for ever.
-    pub(super) fn swept(&mut self, t: usize, frontier: u64, upto: &Position, found: Vec<u64>) {
-        let Ledger::Numbers(numbers) = self else { return };
+    /// unpublished rows at `found`. Every number up to the cursor that has no unpublished row and is not
+    /// one of the table's `gaps` (still to be read) is published or free: a row the relay saw but could not
+    /// publish by number (a lifted hold's parked row, a row another relay marked) does not hold the
+    /// frontier back for ever.
+    pub(super) fn swept(&mut self, t: usize, frontier: u64, upto: &Position, found: Vec<u64>, gaps: &Gaps) {
+        let Ledger::Numbers(tables) = self else { return };
         if let Some(upto) = upto.first().and_then(sequence_value).filter(|u| *u > frontier) {
-            let state = &mut numbers.tables[t];
             let mut settled = RangeInclusiveSet::new();
             settled.insert(frontier + 1..=upto);
             for seq in found {
                 settled.remove(seq..=seq);
             }
-            for (lo, (hi, _)) in &state.unproven {
-                settled.remove(*lo..=*hi);
+            for (lo, hi) in gaps.ranges() {
+                settled.remove(lo..=hi);
             }
-            for (lo, hi) in &state.proven {
-                settled.remove(*lo..=*hi);
-            }
-            state.covered.extend(settled);
+            tables[t].covered.extend(settled);
         }
     }
 
     /// A row of a held aggregate of table `t`, found by a read: marked `HELD_AT` (once), so that the
     /// frontier may pass it ([`Numbered::hold`]). Nothing when marking: the row stays unpublished.
     pub(super) fn hold(&mut self, t: usize, seq: Option<u64>, key_bytes: &[u8]) {
-        if let Ledger::Numbers(numbers) = self {
-            numbers.tables[t].hold(seq, key_bytes);
+        if let Ledger::Numbers(tables) = self {
+            tables[t].hold(seq, key_bytes);
         }
     }
 
@@ -238,7 +120,7 @@ impl Ledger {
     pub(super) fn unhold(&mut self, t: usize, key_bytes: &[u8]) -> bool {
         match self {
             Ledger::Marking => false,
-            Ledger::Numbers(numbers) => numbers.tables[t].hold_marked.remove(key_bytes),
+            Ledger::Numbers(tables) => tables[t].hold_marked.remove(key_bytes),
         }
     }
 
@@ -253,10 +135,10 @@ impl Ledger {
         (key, key_bytes): (&Value, &[u8]),
         now: Instant,
     ) -> bool {
-        let Ledger::Numbers(numbers) = self else { return false };
+        let Ledger::Numbers(tables) = self else { return false };
         match seq {
             Some(seq) if !held_at => {
-                let state = &mut numbers.tables[t];
+                let state = &mut tables[t];
                 state.covered.insert(seq..=seq);
                 state.unmarked.push_back(Unmarked {
                     acknowledged: now,
@@ -273,26 +155,19 @@ impl Ledger {
     /// A dead-lettered row of table `t` with sequence number `seq` was parked (with `HELD_AT`): the
     /// frontier may pass it.
     pub(super) fn parked(&mut self, t: usize, seq: u64) {
-        let Ledger::Numbers(numbers) = self else { return };
-        let state = &mut numbers.tables[t];
+        let Ledger::Numbers(tables) = self else { return };
+        let state = &mut tables[t];
         if seq > state.frontier {
             state.covered.insert(seq..=seq);
         }
     }
 
-    /// A hold of table `t` lifted: its parked rows, at `seqs`, are published now (or unparked by hand),
-    /// and are looked at once more.
-    pub(super) fn released(&mut self, t: usize, seqs: Vec<u64>) {
-        if let Ledger::Numbers(numbers) = self {
-            numbers.tables[t].proven.extend(seqs.into_iter().map(|seq| (seq, seq)));
-        }
-    }
-
     /// Moves each table's frontier ([`Numbered::advance`]) into its request in `requests`, with the rows
-    /// it publishes and those that waited for it in vain; `flush`: none waits (at shutdown).
+    /// it publishes and those that waited for it in vain; `flush`: none waits (at shutdown, or when the run's
+    /// room is short).
     pub(super) fn advance(&mut self, requests: &mut BTreeMap<usize, MarkRequest>, flush: bool, now: Instant) {
-        let Ledger::Numbers(numbers) = self else { return };
-        for (t, state) in numbers.tables.iter_mut().enumerate() {
+        let Ledger::Numbers(tables) = self else { return };
+        for (t, state) in tables.iter_mut().enumerate() {
             let request = requests.entry(t).or_insert_with(|| MarkRequest::new(t));
             state.advance(request, if flush { Duration::ZERO } else { MARK_DELAY }, now);
         }

@@ -9,10 +9,11 @@
 //! refused, released), [`progress`] (`[poll] progress_table`), [`counter`] (a sequence that started again
 //! below what was published), [`fence`] (every write checks the run's lease), [`server`] (every connection
 //! reaches the lease's server, writable), [`columns`] (the columns, indexes and order it needs, and the
-//! `ALTER TABLE` that adds them), [`ranges`] (sequence-number arithmetic).
-//! The run is on floor 5, beside `pipeline`, whose shutdown it shares: [`run`] (the loop), [`gaps`] (rows
-//! a read in order can miss), [`settle`] (acknowledged batches, lifted holds), [`ledger`] (the run's side
-//! of [`Progress`]: what the progress table's number may pass), [`marker`] (the task that marks),
+//! `ALTER TABLE` that adds them), [`ranges`] (sequence-number arithmetic), [`proof`] (the listing of open
+//! writers that proves a gap free).
+//! The run is on floor 5, beside `pipeline`, whose shutdown it shares: [`run`] (the loop), [`gaps`] (rows a
+//! read in order can miss, and their proof), [`settle`] (acknowledged batches, lifted holds), [`ledger`] (the
+//! run's side of [`Progress`]: what the progress table's number may pass), [`marker`] (the task that marks),
 //! [`commit`] (`poll.transactional`).
 //!
 //! # One relay at a time, and no lease per row
@@ -36,10 +37,11 @@
 //! reads in that order from a cursor, so each unpublished row is read once while it publishes:
 //! - **A row committed after rows with higher sequence numbers** (its transaction took its number first and
 //!   committed later) is below the cursor when it becomes visible. Each read that skips numbers records
-//!   them as *gaps*; gaps are read again ([`Relay::read_gaps`]) until they fill or [`GAP_GRACE`] passes (a
-//!   rolled-back insert leaves a gap for ever), and every [`FULL_SWEEP_EVERY`] all unpublished rows below
-//!   the cursor are looked at (a transaction open longer than the grace). In `occurred_at` order there are
-//!   no gaps to know of: every read looks at all of them.
+//!   them as *gaps*; gaps are read again on every poll, after the read in order and produced before it
+//!   ([`gaps`]), until a row fills them or no transaction that could still commit one is open ([`proof`]),
+//!   then once more. So a row that commits late is published before every later row of its aggregate that
+//!   committed after it. In `occurred_at` order there are no gaps to know of: every read looks at all of
+//!   them.
 //! - **A parked row** holds its aggregate: the relay skips the aggregate's later rows (they stay
 //!   unpublished) until `quarantine release` marks the parked row published; then it reads the aggregate's
 //!   rows again ([`Relay::read_aggregate`]) and publishes them in order. Parking is in the table, so every
@@ -58,6 +60,7 @@ mod ledger;
 mod marker;
 pub mod marks;
 pub mod progress;
+pub mod proof;
 mod ranges;
 pub mod reads;
 pub mod run;
@@ -72,10 +75,9 @@ pub use columns::{
 pub use counter::{fresh_counters, refuse_reset, reset_statement, Counter, CounterReset, COUNTER_CHECK_EVERY};
 pub use marks::mark_released;
 pub use progress::{
-    check_progress_table, open_transactions, progress_table_ddl, read_frontier, Progress, ProgressTable, HELD_AT,
-    NOT_PUBLISHED,
+    check_progress_table, progress_table_ddl, read_frontier, Progress, ProgressTable, HELD_AT, NOT_PUBLISHED,
 };
+pub use proof::{open_transactions, Writers};
 pub use table::{
-    key_bytes, sequence_value, Aggregate, Glimpse, PollTable, Polled, Position, Relay, FULL_SWEEP_EVERY, GAP_GRACE,
-    SWEEP_PAGE,
+    key_bytes, sequence_value, Aggregate, Glimpse, PollTable, Polled, Position, Relay, FULL_SWEEP_EVERY, SWEEP_PAGE,
 };

@@ -8,7 +8,6 @@
 //! Floor 3 (docs/ARCHITECTURE.md): imports floors 0-2 (vocabulary, error, metrics, config), and the fence
 //! beside it.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mysql_async::prelude::Queryable;
@@ -138,6 +137,17 @@ impl Progress {
         }
     }
 
+    /// The rows of outbox table `t` (ordered by `order`) neither marked nor held nor passed by the number,
+    /// as a condition: `published_at IS NULL`; with a progress table, above its number.
+    pub fn due(&self, t: usize, order: &OrderKey) -> String {
+        match (self, order, self.frontier(t)) {
+            (Progress::Table(_), OrderKey::Sequence(c), frontier) if frontier > 0 => {
+                format!("published_at IS NULL AND {} > {frontier}", quote_ident(c))
+            }
+            _ => "published_at IS NULL".into(),
+        }
+    }
+
     /// The rows of outbox table `t` (ordered by `order`) not yet published, as a condition:
     /// `published_at IS NULL`; with a progress table, above its number, or [`HELD_AT`].
     pub fn unpublished(&self, t: usize, order: &OrderKey) -> String {
@@ -161,9 +171,8 @@ pub fn progress_table_ddl(progress: &TableName) -> String {
     )
 }
 
-/// What the relay needs for a progress table, refused with the fix when missing: the table, a row for
-/// each outbox table (added at 0: nothing is known published by number yet), and the `PROCESS` privilege
-/// ([`open_transactions`]).
+/// What the relay needs for a progress table, refused with the fix when missing: the table, and a row for
+/// each outbox table (added at 0: nothing is known published by number yet).
 ///
 /// # Errors
 /// Definite errors naming what is missing; classified query errors.
@@ -201,14 +210,6 @@ pub async fn check_progress_table(conn: &mut Conn, progress: &TableName, outboxe
             }
         })?;
     }
-    open_transactions(conn, &Fence::Unleased).await.map_err(|e| match !e.is_definite() {
-        true => e,
-        false => Error::definite(format!(
-            "[poll] progress_table needs the PROCESS privilege, to read information_schema.INNODB_TRX ({e}): \
-             a sequence number a read passed without a row is known free only once every transaction open \
-             then has ended. Grant it: GRANT PROCESS ON *.* TO <the relay's user>"
-        )),
-    })?;
     Ok(())
 }
 
@@ -225,48 +226,4 @@ pub async fn read_frontier(conn: &mut Conn, progress: &TableName, outbox: &Table
         .await
         .map_err(|e| classify_mysql(&e).context(format_args!("poll: reading how far {outbox} is published")))?;
     Ok(through.unwrap_or(0))
-}
-
-/// The server's open transactions, each as (connection id, start time): a sequence number a read
-/// passed without a row can still be committed only by a transaction open when it was passed. With a
-/// lease (`fence`), the statement also says who holds the lease's lock where it ran: a listing from
-/// another server than the lease's (a replica behind a proxy lists none of the primary's transactions)
-/// proves nothing, and is refused ([`super::server`]).
-///
-/// # Errors
-/// Transient when the listing is not from the lease's server (or the lease is lost); classified query
-/// errors (a definite one without the `PROCESS` privilege).
-pub async fn open_transactions(conn: &mut Conn, fence: &Fence) -> Result<HashSet<(u64, String)>> {
-    let failed = |e: mysql_async::Error| classify_mysql(&e).context("poll: reading the server's open transactions");
-    let Some(lease) = fence.lease() else {
-        let rows: Vec<(Option<u64>, Option<String>)> = conn
-            .query("SELECT trx_mysql_thread_id, CAST(trx_started AS CHAR) FROM information_schema.INNODB_TRX")
-            .await
-            .map_err(failed)?;
-        metrics().poll_queries(PollQuery::Transactions, 1);
-        return Ok(rows.into_iter().map(|(id, started)| (id.unwrap_or(0), started.unwrap_or_default())).collect());
-    };
-    // One row more than there are transactions (the row of `one`): the lock's holder comes with the list
-    // even when it is empty.
-    let rows: Vec<(Option<u64>, Option<u64>, Option<String>)> = conn
-        .exec(
-            "SELECT IS_USED_LOCK(?), t.trx_mysql_thread_id, CAST(t.trx_started AS CHAR) FROM (SELECT 1) one \
-             LEFT JOIN information_schema.INNODB_TRX t ON TRUE",
-            (lease.lock(),),
-        )
-        .await
-        .map_err(failed)?;
-    metrics().poll_queries(PollQuery::Transactions, 1);
-    if rows.iter().any(|(holder, _, _)| *holder != Some(lease.connection_id())) {
-        return Err(Error::transient(
-            "poll: the open transactions were listed on a server where this instance's lease is not held (the \
-             lease was lost, or a proxy sent the statement to another server): no sequence number is proven \
-             free by that list",
-        ));
-    }
-    Ok(rows
-        .into_iter()
-        .filter(|(_, id, started)| id.is_some() || started.is_some())
-        .map(|(_, id, started)| (id.unwrap_or(0), started.unwrap_or_default()))
-        .collect())
 }

@@ -69,8 +69,9 @@ impl Relay {
         }
     }
 
-    /// The rows of table `t` with `published_at IS NULL` that meet `condition`, in order, up to `limit`;
-    /// `along`: the condition is a range of the order columns.
+    /// The rows of table `t` still due (`published_at IS NULL`; with a progress table, above its number:
+    /// [`super::progress::Progress::due`]) that meet `condition`, in order, up to `limit`; `along`: the
+    /// condition is a range of the order columns.
     async fn read_full(
         &self,
         conn: &mut Conn,
@@ -79,7 +80,8 @@ impl Relay {
         (condition, params): (&str, Vec<Value>),
         limit: usize,
     ) -> Result<Vec<Polled>> {
-        self.read_full_where(conn, t, along, "published_at IS NULL", (condition, params), limit).await
+        let due = self.progress.due(t, &self.tables[t].order);
+        self.read_full_where(conn, t, along, &due, (condition, params), limit).await
     }
 
     /// [`Relay::read_full`] of the rows that meet `unpublished` instead.
@@ -118,20 +120,31 @@ impl Relay {
         self.read_full(conn, t, true, (&condition, params), self.batch_rows).await
     }
 
-    /// The unpublished rows of table `t` in the sequence ranges `gaps` (inclusive), in order, up to
-    /// `poll.batch_rows`: rows committed after the read that passed their numbers.
+    /// Up to `limit` rows of table `t` still due in the sequence ranges `gaps` (inclusive), after `after`,
+    /// in order: rows committed after the read that passed their numbers.
     ///
     /// # Errors
     /// Classified query errors.
-    pub async fn read_gaps(&self, conn: &mut Conn, t: usize, gaps: &[(u64, u64)]) -> Result<Vec<Polled>> {
+    pub async fn read_gaps(
+        &self,
+        conn: &mut Conn,
+        t: usize,
+        gaps: &[(u64, u64)],
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<Polled>> {
         let OrderKey::Sequence(c) = &self.tables[t].order else { return Ok(Vec::new()) };
         if gaps.is_empty() {
             return Ok(Vec::new());
         }
         let c = quote_ident(c);
-        let condition = format!("({})", vec![format!("{c} BETWEEN ? AND ?"); gaps.len()].join(" OR "));
-        let params = gaps.iter().flat_map(|(lo, hi)| [Value::from(*lo), Value::from(*hi)]).collect();
-        self.read_full(conn, t, true, (&condition, params), self.batch_rows).await
+        let mut condition = format!("({})", vec![format!("{c} BETWEEN ? AND ?"); gaps.len()].join(" OR "));
+        let mut params: Vec<Value> = gaps.iter().flat_map(|(lo, hi)| [Value::from(*lo), Value::from(*hi)]).collect();
+        if let Some(after) = after {
+            condition.push_str(&format!(" AND {c} > ?"));
+            params.push(Value::from(after));
+        }
+        self.read_full(conn, t, true, (&condition, params), limit).await
     }
 
     /// The position of the frontier of table `t` (`[poll] progress_table`), when it is above 0: nothing
@@ -168,32 +181,6 @@ impl Relay {
             let (c, p) = self.compare(t, true, &after);
             condition = format!("{condition} AND {c}");
             params.extend(p);
-        }
-        self.glimpse(t, conn, (condition, params)).await
-    }
-
-    /// A page of the unpublished rows of table `t` in the sequence ranges `ranges` (inclusive) after
-    /// `after`, light columns only.
-    ///
-    /// # Errors
-    /// Classified query errors.
-    pub async fn glimpse_ranges(
-        &self,
-        conn: &mut Conn,
-        t: usize,
-        ranges: &[(u64, u64)],
-        after: Option<u64>,
-    ) -> Result<Vec<Glimpse>> {
-        let OrderKey::Sequence(c) = &self.tables[t].order else { return Ok(Vec::new()) };
-        if ranges.is_empty() {
-            return Ok(Vec::new());
-        }
-        let c = quote_ident(c);
-        let mut condition = format!("({})", vec![format!("{c} BETWEEN ? AND ?"); ranges.len()].join(" OR "));
-        let mut params: Vec<Value> = ranges.iter().flat_map(|(lo, hi)| [Value::from(*lo), Value::from(*hi)]).collect();
-        if let Some(after) = after {
-            condition.push_str(&format!(" AND {c} > ?"));
-            params.push(Value::from(after));
         }
         self.glimpse(t, conn, (condition, params)).await
     }
@@ -244,8 +231,9 @@ impl Relay {
         self.read_full(conn, t, false, (&condition, keys.to_vec()), keys.len()).await
     }
 
-    /// Up to `poll.batch_rows` unpublished rows of `aggregate` in table `t`, after `after` and up to
-    /// `upto`, in order: the rows a lifted hold left behind, those the progress table's number passed
+    /// Up to `poll.batch_rows` unpublished rows of `aggregate` in table `t`, after `after`, in order: the
+    /// rows a lifted hold left behind, wherever they are (above the last row read too: a run that started
+    /// again reads from the number, which may be behind them), those the progress table's number passed
     /// ([`HELD_AT`]) among them. Along the `(aggregate_type, aggregate_id, ...)` index.
     ///
     /// # Errors
@@ -256,16 +244,13 @@ impl Relay {
         t: usize,
         aggregate: &Aggregate,
         after: Option<&Position>,
-        upto: &Position,
     ) -> Result<Vec<Polled>> {
-        let (c, p) = self.compare(t, false, upto);
         let mut condition = format!(
-            "{} = ? AND {} = ? AND {c}",
+            "{} = ? AND {} = ?",
             quote_ident(&self.columns.aggregate_type),
             quote_ident(&self.columns.aggregate_id)
         );
         let mut params = vec![Value::Bytes(aggregate.0.clone()), Value::Bytes(aggregate.1.clone())];
-        params.extend(p);
         if let Some(after) = after {
             let (c, p) = self.compare(t, true, after);
             condition = format!("{condition} AND {c}");

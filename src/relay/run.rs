@@ -8,7 +8,9 @@
 //! through the same [`Publisher`] (router, dead letters) and [`KafkaSink`] as the binlog source's. There is
 //! no checkpoint: `published_at` is the relay's progress, written only after every record of the batch (and
 //! of every batch before it) was acknowledged. A run starts reading from the first unpublished row, so a
-//! crash republishes at most what was acknowledged and not yet marked: the batches in flight.
+//! crash republishes what was produced and not yet marked: the rows in flight, which the run keeps at or
+//! below [`UNMARKED_READS`] reads' worth (`poll.batch_rows` each; 32,000 rows by default) by reading nothing
+//! more until marks come back ([`PollRun::room`]).
 //!
 //! # Who publishes
 //! Only the holder of the lease ([`crate::lease`], taken in [`crate::app`]): the sink refuses every record
@@ -36,16 +38,17 @@
 //!   dead-letters it, parks its row and holds its aggregate.
 //!
 //! # Load on the database
-//! Per batch: the read, the read of the sequence gaps when there are any, and one `UPDATE` marking every
-//! batch acknowledged since the last one, as ranges of sequence numbers. Every [`COUNTER_CHECK_EVERY`] a read
-//! of each table's sequence counter ([`super::counter`]) and the proof of the reading connection's server
-//! ([`super::server`]). The marks go through a second connection ([`super::marker`]), so reading and
+//! Per batch: the read, the read of the sequence gaps when there are any (and, while some wait for their
+//! proof, a listing of the open writers at most every 250 ms: [`super::gaps`]), and one `UPDATE` marking
+//! every batch acknowledged since the last one, as ranges of sequence numbers. Every [`COUNTER_CHECK_EVERY`]
+//! a read of each table's sequence counter ([`super::counter`]) and the proof of the reading connection's
+//! server ([`super::server`]). The marks go through a second connection ([`super::marker`]), so reading and
 //! producing never wait for them; a row stays in flight (and no read takes it for a new one) until its mark
 //! returned. Idle: one read per `poll.poll_interval_ms`; every [`FULL_SWEEP_EVERY`] a sweep of the
 //! unpublished rows' keys; with parked rows, one read of them every [`BACKLOG_EVERY`].
 //! `outbox_cdc_poll_queries_total` counts them by kind.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,8 +60,10 @@ use super::counter::{fresh_counters, COUNTER_CHECK_EVERY};
 use super::fence::Fence;
 use super::ledger::Ledger;
 use super::marker::{MarkRequest, MarkerTask};
+use super::proof::require_listing;
+use super::ranges::{GapProof, Gaps};
 use super::server;
-use super::table::{key_bytes, Aggregate, Polled, Position, Relay, FULL_SWEEP_EVERY};
+use super::table::{key_bytes, sequence_value, Aggregate, Polled, Position, Relay, FULL_SWEEP_EVERY};
 use crate::checkpoint::{Store, TxId, Watermark};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -76,8 +81,12 @@ use crate::source::SourceConn;
 /// which aggregates are parked while some are (a `quarantine release` lifts a hold that way).
 pub const BACKLOG_EVERY: Duration = Duration::from_secs(10);
 
-/// Batches produced and not yet marked, at most; past it the relay waits for acknowledgements.
+/// Batches produced and not yet acknowledged, at most; past it the relay waits for acknowledgements.
 const MAX_PENDING_BATCHES: usize = 32;
+
+/// Rows produced and not yet marked (or passed by the number), at most, in reads' worth (`poll.batch_rows`):
+/// what a crash publishes again. Past it the relay reads nothing until marks come back.
+pub const UNMARKED_READS: usize = 32;
 
 /// A row handed to the producer.
 pub(super) struct Sent {
@@ -105,9 +114,9 @@ pub(super) struct Batch {
 pub(super) struct TableState {
     /// The position of the last row read in order; `None` before the first.
     pub(super) cursor: Option<Position>,
-    /// Sequence ranges (inclusive) a read skipped, by first number: their last number and when they were
-    /// seen first (sequence order only).
-    pub(super) gaps: BTreeMap<u64, (u64, Instant)>,
+    /// Sequence numbers a read passed without a row (sequence order only), read again until filled or
+    /// proven ([`super::gaps`]).
+    pub(super) gaps: Gaps,
     /// Aggregates a parked row holds, or a dead letter in flight.
     pub(super) held: HashSet<Aggregate>,
     /// Of those, the ones whose dead letter is not yet acknowledged (and so not yet parked).
@@ -116,9 +125,6 @@ pub(super) struct TableState {
     pub(super) in_flight: HashSet<Vec<u8>>,
     /// When all unpublished rows below the cursor were last looked at.
     pub(super) swept_at: Option<Instant>,
-    /// The sequence numbers of parked rows, by aggregate: looked at again when the hold lifts (the
-    /// parked row is published then, by `quarantine release`; [`Ledger::released`]).
-    pub(super) parked_seqs: HashMap<Aggregate, Vec<u64>>,
 }
 
 /// The parts of a relay run.
@@ -143,6 +149,8 @@ pub(super) struct PollRun<'a> {
     pub(super) commits: RelayCommit,
     /// What is published beyond each row's mark (`[poll] progress_table`).
     pub(super) ledger: Ledger,
+    /// The proof under way that gaps hold what they will ever hold.
+    pub(super) proof: GapProof,
 }
 
 /// Runs the relay until shutdown (Ok) or the first error.
@@ -167,6 +175,7 @@ pub async fn run(
     let progress = config.poll.progress.table();
     server::prove(&mut conn, &fence, "reading", progress).await?;
     fresh_counters(&mut conn).await?;
+    require_listing(&mut conn).await?;
     let relay = Arc::new(Relay::load(&mut conn, config).await?.fenced(fence));
     // A sequence that started again below the progress table's number is refused before anything is read.
     for t in 0..relay.tables().len() {
@@ -194,8 +203,7 @@ pub async fn run(
             // Everything up to it is published: the reads start after it.
             state.cursor = Some(vec![Value::UInt(frontier)]);
         }
-        for (aggregate, seq) in relay.parked_rows(&mut conn, t, None).await? {
-            state.parked_seqs.entry(aggregate.clone()).or_default().extend(seq);
+        for (aggregate, _) in relay.parked_rows(&mut conn, t, None).await? {
             state.held.insert(aggregate);
         }
         // Rows the number passed while their aggregate was held: held until its parked rows are found
@@ -224,6 +232,7 @@ pub async fn run(
         pending: VecDeque::new(),
         commits,
         ledger,
+        proof: GapProof::default(),
     };
     let interval = config.poll.poll_interval;
     let mut idle_wait = interval / 16;
@@ -237,11 +246,16 @@ pub async fn run(
         }
         run.commits.commit(&mut run.sink, run.pending.back().map(|b| b.tx)).await?;
         run.settle().await?;
+        if run.room() < 2 * config.poll.batch_rows {
+            run.wait_for_room().await?;
+            continue;
+        }
         let mut busy = false;
         for t in 0..run.tables.len() {
-            busy |= run.poll_table(t).await?;
+            let room = run.room();
+            busy |= run.poll_table(t, room).await?;
         }
-        run.ledger.prove(&mut run.conn, &run.relay.fence).await?;
+        run.prove_gaps().await?;
         if Instant::now() >= counters_due {
             run.check_counters().await?;
             counters_due = Instant::now() + COUNTER_CHECK_EVERY;
@@ -292,22 +306,70 @@ pub(super) fn forget_lifted_holds(store: &Store, tables: &[TableState]) -> Resul
 }
 
 impl PollRun<'_> {
-    /// One read of table `t` (and of its gaps, and a sweep when due), and the rows it found produced.
-    /// Returns whether it found any.
-    async fn poll_table(&mut self, t: usize) -> Result<bool> {
+    /// Rows this run may still produce before what a crash would publish again reaches its bound
+    /// ([`UNMARKED_READS`] reads' worth): every row produced and not yet marked is in flight.
+    pub(super) fn room(&self) -> usize {
+        let in_flight: usize = self.tables.iter().map(|s| s.in_flight.len()).sum();
+        (UNMARKED_READS * self.config.poll.batch_rows).saturating_sub(in_flight)
+    }
+
+    /// Waits a moment for room ([`PollRun::room`]): for Kafka's acknowledgements, then for the marker to
+    /// return what it marked; acknowledged rows waiting for the number are marked on their own at once.
+    ///
+    /// # Errors
+    /// As [`PollRun::settle`]; the marker task's end.
+    pub(super) async fn wait_for_room(&mut self) -> Result<()> {
+        if !self.pending.is_empty() {
+            self.commits.commit(&mut self.sink, self.pending.back().map(|b| b.tx)).await?;
+            self.commits.wait_in_flight(&mut self.sink, Duration::from_millis(100)).await;
+        }
+        self.settle_with(true).await?;
+        if self.room() >= 2 * self.config.poll.batch_rows {
+            return Ok(());
+        }
+        match tokio::time::timeout(Duration::from_millis(100), self.marked.recv()).await {
+            Ok(Some((t, keys))) => {
+                for key in keys {
+                    self.tables[t].in_flight.remove(&key);
+                }
+                Ok(())
+            }
+            Ok(None) => Err(self.marker_ended().await),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// One read of table `t` in order, of its gaps, and a sweep when due, and the rows found produced, at
+    /// most `room` of them. Returns whether it found any.
+    async fn poll_table(&mut self, t: usize, room: usize) -> Result<bool> {
         let fast = self.relay.read_after(&mut self.conn, t, self.tables[t].cursor.as_ref()).await?;
         let sequence = matches!(self.relay.tables()[t].order, OrderKey::Sequence(_));
+        let read = self.tables[t].cursor.as_ref().and_then(|p| p.first()).and_then(sequence_value);
+        let read = read.unwrap_or(0).max(self.relay.frontier(t));
         if sequence {
             self.note_gaps(t, &fast);
         }
         // After the read in order, not before: a row whose transaction committed before that read's
-        // snapshot is seen by these later statements (module doc of `relay`).
-        let mut late = if sequence { self.read_gaps(t).await? } else { Vec::new() };
-        late.extend(self.read_proven(t).await?);
+        // snapshot is seen by these later statements (module doc of `relay::gaps`).
+        let room = room.saturating_sub(fast.len());
+        let (mut late, mut complete) = if sequence { self.read_gaps(t, room).await? } else { (Vec::new(), true) };
         let sweep_due = !sequence || self.tables[t].swept_at.is_none_or(|at| at.elapsed() >= FULL_SWEEP_EVERY);
-        if sweep_due && self.tables[t].cursor.is_some() {
-            late.extend(self.sweep(t).await?);
-            self.tables[t].swept_at = Some(Instant::now());
+        if complete && sweep_due && self.tables[t].cursor.is_some() {
+            let (swept, all) = self.sweep(t, room.saturating_sub(late.len())).await?;
+            late.extend(swept);
+            complete = all;
+            if all {
+                self.tables[t].swept_at = Some(Instant::now());
+            }
+        }
+        if !complete {
+            // The rows read in order wait for the next poll, with the gaps this read passed and the rows
+            // found in them: no row may overtake a row not yet read.
+            self.tables[t].gaps.forget_above(read);
+            late.retain(|r| r.seq().is_some_and(|seq| seq <= read));
+            late.sort_by_key(Polled::seq);
+            self.produce(t, late.into_iter()).await?;
+            return Ok(true);
         }
         if let Some(last) = fast.last() {
             self.tables[t].cursor = Some(last.position.clone());
@@ -315,7 +377,14 @@ impl PollRun<'_> {
         if late.is_empty() && fast.is_empty() {
             return Ok(false);
         }
-        self.produce(t, late.into_iter().chain(fast)).await?;
+        // In sequence order one order for all: the gaps' rows below the read in order, and those in the gaps
+        // it passed between its rows (committed since), each in its place.
+        let mut rows = late;
+        rows.extend(fast);
+        if sequence {
+            rows.sort_by_key(Polled::seq);
+        }
+        self.produce(t, rows.into_iter()).await?;
         Ok(true)
     }
 
@@ -340,15 +409,8 @@ impl PollRun<'_> {
     ) -> Result<()> {
         for polled in rows {
             let state = &mut self.tables[t];
-            if let Some(seq) = polled.seq() {
-                self.ledger.filled(t, seq);
-            }
             let key_bytes = key_bytes(&polled.key);
             if polled.parked {
-                let parked = state.parked_seqs.entry(polled.aggregate.clone()).or_default();
-                if let Some(seq) = polled.seq().filter(|s| !parked.contains(s)) {
-                    parked.push(seq);
-                }
                 state.held.insert(polled.aggregate.clone());
             }
             // A row produced before its aggregate became held is in flight, published once acknowledged.

@@ -23,7 +23,7 @@
 //! Every connection of a run when it is opened (the reader and the marker; a run that ends opens new ones,
 //! proven again); the reader again with each read of the sequence counters, every
 //! [`super::counter::COUNTER_CHECK_EVERY`], in the same statement ([`proof_columns`]); each listing of the
-//! open transactions carries the proof in its own statement ([`super::progress::open_transactions`]); the
+//! open transactions carries the proof in its own statement ([`super::proof::open_transactions`]); the
 //! marker's writes prove it row by row ([`super::fence`]). Reads between two proofs are not proven one by
 //! one: a proxy that routes single statements of a connection to another server is seen within
 //! [`super::counter::COUNTER_CHECK_EVERY`], not at once. Connect the relay to the primary directly, or pin

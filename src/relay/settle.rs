@@ -61,7 +61,6 @@ impl PollRun<'_> {
                         let state = &mut self.tables[batch.t];
                         state.parking.remove(&row.aggregate);
                         state.in_flight.remove(&row.key_bytes);
-                        state.parked_seqs.entry(row.aggregate.clone()).or_default().extend(row.seq);
                         if let Some(seq) = row.seq {
                             self.ledger.parked(batch.t, seq);
                         }
@@ -82,7 +81,10 @@ impl PollRun<'_> {
     }
 
     /// Reads which aggregates are parked; a held aggregate that is not any more (a `quarantine release`
-    /// marked its parked row published) has the rows it held read again and produced in order.
+    /// marked its parked row published) has the rows it held read again and produced in order: all its
+    /// unpublished rows, above the last row read too (a run started again reads from the number, which
+    /// may be behind rows held in an earlier run). The rows above the last row read stay in flight until
+    /// marked, so the read in order leaves them alone.
     pub(super) async fn lift_released_holds(&mut self) -> Result<()> {
         for t in 0..self.tables.len() {
             if self.tables[t].held.is_empty() {
@@ -104,14 +106,10 @@ impl PollRun<'_> {
             }
             for aggregate in &lifted {
                 state.held.remove(aggregate);
-                // Its parked rows are published now (or unparked by hand): looked at once more.
-                let seqs = state.parked_seqs.remove(aggregate).unwrap_or_default();
-                self.ledger.released(t, seqs);
             }
             if forget_lifted_holds(&self.store, &self.tables)? {
                 self.publisher = Publisher::new(self.config, self.router.clone(), self.store.clone())?;
             }
-            let Some(upto) = self.tables[t].cursor.clone() else { continue };
             for aggregate in lifted {
                 tracing::info!(
                     aggregate_type = %String::from_utf8_lossy(&aggregate.0),
@@ -120,7 +118,10 @@ impl PollRun<'_> {
                 );
                 let mut after: Option<Position> = None;
                 loop {
-                    let rows = self.relay.read_aggregate(&mut self.conn, t, &aggregate, after.as_ref(), &upto).await?;
+                    while self.room() < self.config.poll.batch_rows {
+                        self.wait_for_room().await?;
+                    }
+                    let rows = self.relay.read_aggregate(&mut self.conn, t, &aggregate, after.as_ref()).await?;
                     let full = rows.len() >= self.config.poll.batch_rows;
                     after = rows.last().map(|r| r.position.clone());
                     self.produce(t, rows.into_iter()).await?;

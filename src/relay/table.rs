@@ -24,12 +24,9 @@ use crate::outbox::{OutboxRow, TableName};
 use crate::poison::Origin;
 use crate::source::decode::Undecodable;
 
-/// How long a gap in the sequence is read again before it counts as a rolled-back insert. Rows of a
-/// transaction that commits later still than this are found by the next full sweep.
-pub const GAP_GRACE: Duration = Duration::from_secs(10);
-
-/// How often every unpublished row below the cursor is looked at (light columns only), for rows committed
-/// more than [`GAP_GRACE`] after their sequence number was taken.
+/// How often every unpublished row below the cursor is looked at (light columns only): rows no gap led to
+/// (a sequence number written by hand, a row marked unpublished again), and with a progress table the
+/// numbers of rows it can pass (a released hold's parked row, a row another relay marked).
 pub const FULL_SWEEP_EVERY: Duration = Duration::from_secs(30);
 
 /// The most rows one sweep statement returns; a sweep continues in pages.

@@ -75,18 +75,19 @@ impl Mode {
     }
 }
 
-/// Creates the `relay` user (`SELECT, UPDATE` on the outbox table) and, for [`Mode::ProgressTable`], the
-/// progress table with the grants it needs (`SELECT, INSERT, UPDATE` on it, `PROCESS`), as the README says.
+/// Creates the `relay` user with what every relay needs (`SELECT, UPDATE` on the outbox table, `PROCESS` to
+/// prove a gap free) and, for [`Mode::ProgressTable`], the progress table with `SELECT, INSERT, UPDATE` on
+/// it, as the README says.
 pub fn prepare(db: &MariaDb, mode: Mode) {
     db.sql(&format!(
         "CREATE USER 'relay'@'127.0.0.1' IDENTIFIED BY '{RELAY_PASSWORD}';
-         GRANT SELECT, UPDATE ON shop.outbox_events TO 'relay'@'127.0.0.1';"
+         GRANT SELECT, UPDATE ON shop.outbox_events TO 'relay'@'127.0.0.1';
+         GRANT PROCESS ON *.* TO 'relay'@'127.0.0.1';"
     ));
     if mode == Mode::ProgressTable {
         db.sql(&format!(
             "{};
-             GRANT SELECT, INSERT, UPDATE ON shop.{PROGRESS_TABLE} TO 'relay'@'127.0.0.1';
-             GRANT PROCESS ON *.* TO 'relay'@'127.0.0.1';",
+             GRANT SELECT, INSERT, UPDATE ON shop.{PROGRESS_TABLE} TO 'relay'@'127.0.0.1';",
             progress_ddl()
         ));
     }
