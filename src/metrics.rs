@@ -638,8 +638,8 @@ pub enum PollQuery {
     Renew,
     /// Counting the backlog, reading the parked rows.
     Backlog,
-    /// Reading the server's open transactions (`[poll] progress_table`: whether a skipped sequence number
-    /// can still be committed).
+    /// Reading the server's open transactions (in either mode: whether a skipped sequence number can still
+    /// be committed).
     Transactions,
 }
 

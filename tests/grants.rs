@@ -2,7 +2,7 @@
 //! connector's own account: for a user missing one grant at a time, the exact finding; then that fix, run
 //! as printed, makes the finding pass. Privileges held through a default role (and a role granted to it)
 //! count; those of a role the session does not activate do not. The binlog source and the polling relay
-//! (with its progress table) each, on MariaDB. MySQL's snapshot lock privileges (`LOCK TABLES`, `RELOAD`)
+//! (marking rows, then with its progress table) each, on MariaDB. MySQL's snapshot lock privileges (`LOCK TABLES`, `RELOAD`)
 //! are MySQL-only findings, tested on `SHOW GRANTS` lines in `src/source/preflight.rs`.
 
 mod common;
@@ -146,53 +146,78 @@ async fn privileges_of_the_default_role_count_and_of_an_inactive_role_do_not() {
     assert!(stdout.contains("[ok  ] privilege REPLICATION SLAVE"), "{stdout}");
 }
 
-/// The polling relay: `UPDATE` on the outbox table, and with a progress table its `SELECT, INSERT, UPDATE`
-/// and `PROCESS`, each named with its fix for the relay's account, each fix run as printed.
+/// The polling relay: `UPDATE` on the outbox table and `PROCESS` in either mode, and with a progress table
+/// `SELECT, INSERT, UPDATE` on it, each named with its fix for the relay's account, each fix run as printed.
+/// Guards against `check` passing a relay without a progress table that `run` then refuses: `PROCESS` was
+/// checked only beside a progress table, while every relay lists the open transactions to prove a gap free.
 #[tokio::test(flavor = "multi_thread")]
 async fn each_missing_relay_grant_is_named_with_the_grant_that_fixes_it() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
     let connector = Connector::new();
-    let text = format!(
-        "[source]\nkind = \"poll\"\nhost = \"127.0.0.1\"\nport = {port}\nuser = {user}\npassword = {password}\n\
-         [outbox]\ntable = \"shop.outbox_events\"\n\
-         [kafka]\nbootstrap_servers = {bootstrap}\ntopic = \"outbox.event.${{aggregate_type}}\"\n\
-         [state]\ndir = {state}\n[poll]\nprogress_table = \"shop.outbox_relay_progress\"\n",
-        port = db.port(),
-        user = toml_str(USER),
-        password = toml_str(PASSWORD),
-        bootstrap = toml_str(&broker.bootstrap()),
-        state = toml_str(&connector.state_dir().to_string_lossy()),
+    // `poll`: the lines of `[poll]`.
+    let write_config = |poll: &str| {
+        let text = format!(
+            "[source]\nkind = \"poll\"\nhost = \"127.0.0.1\"\nport = {port}\nuser = {user}\npassword = {password}\n\
+             [outbox]\ntable = \"shop.outbox_events\"\n\
+             [kafka]\nbootstrap_servers = {bootstrap}\ntopic = \"outbox.event.${{aggregate_type}}\"\n\
+             [state]\ndir = {state}\n[poll]\n{poll}",
+            port = db.port(),
+            user = toml_str(USER),
+            password = toml_str(PASSWORD),
+            bootstrap = toml_str(&broker.bootstrap()),
+            state = toml_str(&connector.state_dir().to_string_lossy()),
+        );
+        std::fs::write(connector.config_path(), text).expect("write relay config");
+    };
+    let update = format!(
+        "[FAIL] privilege UPDATE on shop.outbox_events: expected granted (the relay marks rows published, \
+         refused, parked), actual missing\n       fix: GRANT SELECT, UPDATE ON shop.outbox_events TO {ACCOUNT} \
+         (no REPLICATION privilege is needed)\n"
     );
-    std::fs::write(connector.config_path(), text).expect("write relay config");
-    db.sql(&format!("{};", common::mariadb::progress_ddl()));
+    let process = format!(
+        "[FAIL] privilege PROCESS: expected granted (the relay reads information_schema.INNODB_TRX to know when \
+         a skipped sequence number can no longer be committed), actual missing\n       fix: GRANT PROCESS ON \
+         *.* TO {ACCOUNT}\n"
+    );
+    // Runs the fixes of both findings in `stdout`, as printed.
+    let run_fixes = |stdout: &str| {
+        for setting in ["[FAIL] privilege UPDATE on shop.outbox_events", "[FAIL] privilege PROCESS"] {
+            let fix = fix_of(stdout, setting);
+            let statement = fix.split(" (").next().expect("a statement");
+            db.sql(&format!("{statement};"));
+        }
+    };
 
-    // Only SELECT on the outbox table: the rest is missing.
+    // Marking rows (no progress table): only SELECT on the outbox table, UPDATE and PROCESS missing.
+    write_config("");
+    create_probe(&db, &["GRANT SELECT ON shop.outbox_events TO 'probe'@'%'"]);
+    let (code, stdout) = check(&connector);
+    assert_eq!(code, Some(2), "{stdout}");
+    for finding in [&update, &process] {
+        assert!(stdout.contains(finding.as_str()), "expected\n{finding}in\n{stdout}");
+    }
+    run_fixes(&stdout);
+    let (code, stdout) = check(&connector);
+    assert_eq!(code, Some(0), "the fixes as printed are what a relay marking rows needs:\n{stdout}");
+    assert!(stdout.contains("[ok  ] privilege PROCESS"), "{stdout}");
+
+    // With a progress table: the same two, and the table's own grants.
+    write_config("progress_table = \"shop.outbox_relay_progress\"\n");
+    db.sql(&format!("{};", common::mariadb::progress_ddl()));
     create_probe(&db, &["GRANT SELECT ON shop.outbox_events TO 'probe'@'%'"]);
     let (code, stdout) = check(&connector);
     assert_eq!(code, Some(2), "{stdout}");
     for finding in [
-        format!(
-            "[FAIL] privilege UPDATE on shop.outbox_events: expected granted (the relay marks rows published, \
-             refused, parked), actual missing\n       fix: GRANT SELECT, UPDATE ON shop.outbox_events TO {ACCOUNT} \
-             (no REPLICATION privilege is needed)\n"
-        ),
+        update.clone(),
         "[FAIL] progress table shop.outbox_relay_progress: expected a table with the columns outbox_table, \
          published_through, updated_at, actual none (or not visible to this user)\n"
             .to_string(),
-        format!(
-            "[FAIL] privilege PROCESS: expected granted ([poll] progress_table: the relay reads \
-             information_schema.INNODB_TRX to know when a skipped sequence number can no longer be committed), \
-             actual missing\n       fix: GRANT PROCESS ON *.* TO {ACCOUNT}\n"
-        ),
+        process.clone(),
     ] {
         assert!(stdout.contains(finding.as_str()), "expected\n{finding}in\n{stdout}");
     }
-    for setting in ["[FAIL] privilege UPDATE on shop.outbox_events", "[FAIL] privilege PROCESS"] {
-        let fix = fix_of(&stdout, setting);
-        let statement = fix.split(" (").next().expect("a statement");
-        db.sql(&format!("{statement};"));
-    }
+    run_fixes(&stdout);
     // The progress table exists, but this user cannot see it without a privilege on it: the finding's fix
     // is the CREATE TABLE; the grant is the README's.
     db.sql(&format!("GRANT SELECT ON shop.outbox_relay_progress TO {ACCOUNT};"));

@@ -61,9 +61,10 @@ pub struct PollConfig {
     /// published (`published_at`): one row write per event. With it, the relay writes one number per batch
     /// instead, `published_through`: every row with a sequence number up to it is published. Rows it
     /// publishes above a number not yet settled (a transaction still open that took it, a parked row) are
-    /// still marked one by one. Needs the sequence order, the table (`check` prints its `CREATE TABLE`),
-    /// and the `PROCESS` privilege: the relay reads `information_schema.INNODB_TRX` to know when every
-    /// transaction that could still commit a skipped number has ended. See README, the polling relay.
+    /// still marked one by one. Needs the sequence order and the table (`check` prints its `CREATE TABLE`).
+    /// The `PROCESS` privilege is every relay's, with the table or without: the relay reads
+    /// `information_schema.INNODB_TRX` to know when every transaction that could still commit a skipped
+    /// number has ended. See README, the polling relay.
     /// Parsed once, by [`PollConfig::validate`]; written `progress_table`.
     pub progress: PollProgress,
     /// `progress_table` as written, until [`PollConfig::validate`] parses it into `progress`.

@@ -20,7 +20,7 @@ pub(super) struct SourceToml {
     /// files from disk — `binlog_dir` or `binlog_files` — publish what they hold after the checkpoint or
     /// `start_after`, then exit 0 once everything is acknowledged and checkpointed) or "poll" (the polling
     /// relay, `[poll]`: claim unpublished rows of the table, publish them, set `published_at`; no binlog
-    /// access needed, `SELECT, UPDATE` on the outbox table suffice). With "files" the connection settings
+    /// access needed: `SELECT, UPDATE` on the outbox table and `PROCESS`). With "files" the connection settings
     /// (`host`, `user`, `server_id`, …) are not used; with "poll" they are, except `server_id`, which must
     /// not be set. Both need `[snapshot] mode = "never"`.
     #[serde(default)]

@@ -932,7 +932,7 @@ async fn check_snapshot_index(
 /// and the relay's, [`crate::relay::POLL_COLUMNS`]), how an aggregate's events are ordered, the index the
 /// claim query reads (`published_at, next_attempt_at`: refused without it, with the `ALTER TABLE` that adds
 /// it), the index of the order rule's look-up (a warning), and the privileges: `SELECT` and `UPDATE` on
-/// the table, nothing on the binlog.
+/// the table, `PROCESS` (to list the open transactions), nothing on the binlog.
 ///
 /// # Errors
 /// Classified query errors that prevent checking at all.
@@ -1046,6 +1046,7 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
             &format!("GRANT SELECT, UPDATE ON {table} TO {account} (no REPLICATION privilege is needed)"),
         );
     }
+    check_process(conn, &account, &mut report).await?;
     if let Some(progress) = config.poll.progress.table() {
         if check_progress_table(conn, progress, &account, read_only, &mut report).await? {
             crate::relay::fresh_counters(conn).await?;
@@ -1120,9 +1121,29 @@ async fn check_counter(
     Ok(())
 }
 
-/// `check` of `[poll] progress_table`: the table with its columns, the relay's `INSERT` and `UPDATE` on it
-/// (probed without writing, unless the server is `read_only`), and `PROCESS` (the relay lists the open
-/// transactions). Returns whether the table is there with its columns.
+/// `check` of the relay's `PROCESS`, in either mode: a sequence number a read passed without a row is proven
+/// free by listing the open transactions (`information_schema.INNODB_TRX`, which the server refuses
+/// without it). Probed by that listing itself, which writes nothing.
+async fn check_process(conn: &mut Conn, account: &Account, report: &mut Report) -> Result<()> {
+    let process = match crate::relay::open_transactions(conn, &crate::relay::fence::Fence::Unleased).await {
+        Ok(_) => true,
+        Err(e) if e.is_definite() => false,
+        Err(e) => return Err(e),
+    };
+    report.push(
+        "privilege PROCESS",
+        "granted (the relay reads information_schema.INNODB_TRX to know when a skipped sequence number can no \
+         longer be committed)",
+        if process { "granted" } else { "missing" },
+        process,
+        &format!("GRANT PROCESS ON *.* TO {account}"),
+    );
+    Ok(())
+}
+
+/// `check` of `[poll] progress_table`: the table with its columns, and the relay's `INSERT` and `UPDATE` on
+/// it (probed without writing, unless the server is `read_only`). Returns whether the table is there with
+/// its columns.
 async fn check_progress_table(
     conn: &mut Conn,
     progress: &TableName,
@@ -1168,19 +1189,6 @@ async fn check_progress_table(
             &format!("GRANT SELECT, INSERT, UPDATE ON {progress} TO {account}"),
         );
     }
-    let process = match crate::relay::open_transactions(conn, &crate::relay::fence::Fence::Unleased).await {
-        Ok(_) => true,
-        Err(e) if e.is_definite() => false,
-        Err(e) => return Err(e),
-    };
-    report.push(
-        "privilege PROCESS",
-        "granted ([poll] progress_table: the relay reads information_schema.INNODB_TRX to know when a skipped \
-         sequence number can no longer be committed)",
-        if process { "granted" } else { "missing" },
-        process,
-        &format!("GRANT PROCESS ON *.* TO {account}"),
-    );
     Ok(ready)
 }
 
