@@ -14,8 +14,10 @@
 //! may be missing and every step back must replay a contiguous in-order run. Each case records its figures
 //! for `scripts/reliability` (`OUTBOX_CDC_SCENARIO_FULL=1` runs longer loads).
 //!
-//! The relays connect as `relay` (`SELECT, UPDATE` on the outbox table; with a progress table also
-//! `SELECT, INSERT, UPDATE` on it and `PROCESS`), as the README tells users to.
+//! The relays connect as `relay` (`SELECT, UPDATE` on the outbox table and `PROCESS`; with a progress table
+//! also `SELECT, INSERT, UPDATE` on it), as the README tells users to.
+//!
+//! Each case's doc says what it showed on f915307, before issue 45's fixes.
 
 mod common;
 
@@ -129,7 +131,6 @@ fn rolled_back(written: &Patterned) -> String {
 /// On f915307 (before issue 45's fixes) 20-34 events per run came after a later event of their
 /// aggregate.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 finding 1 (open): past 64 live gaps the gap read spans from the oldest gap and produces rows ahead of earlier ones (20-34 events reordered)"]
 async fn thirty_two_writers_marking() {
     thirty_two_writers(Mode::Marking).await;
 }
@@ -138,7 +139,6 @@ async fn thirty_two_writers_marking() {
 /// numbers and commit out of sequence order all the time.
 /// On f915307: 13-31 events after a later event of their aggregate.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 finding 1 (open): gap reads not bounded by the number (12-31 events reordered)"]
 async fn thirty_two_writers_progress_table() {
     thirty_two_writers(Mode::ProgressTable).await;
 }
@@ -187,7 +187,6 @@ async fn rollbacks_marking() {
 
 /// [`rollbacks_marking`] with a progress table.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 finding 1 (open): rolled-back numbers make the relay republish what it passed (188k-270k records for ~8k events)"]
 async fn rollbacks_progress_table() {
     rollbacks(Mode::ProgressTable).await;
 }
@@ -239,14 +238,12 @@ async fn rollbacks(mode: Mode) {
 /// that no row will ever fill. Every event once, in order.
 /// On f915307 marking passes; with a progress table 150,000-190,000 records for 3,000 events.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 finding 1 (open): burnt numbers are gaps read again past a LIMIT (1 violation seen)"]
 async fn insert_ignore_duplicates_marking() {
     insert_ignore_duplicates(Mode::Marking).await;
 }
 
 /// [`insert_ignore_duplicates_marking`] with a progress table.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 finding 1 (open): burnt numbers make the relay republish (150k-190k records for 3k events)"]
 async fn insert_ignore_duplicates_progress_table() {
     insert_ignore_duplicates(Mode::ProgressTable).await;
 }
@@ -293,7 +290,6 @@ async fn insert_ignore_duplicates(mode: Mode) {
 /// On f915307: 1 event (the table's first row) published after all the rows of the first read: the gap
 /// read spanning the first read's 999 gaps returned those rows again, and they went first.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 finding 1 (open): every other number a gap; the table's first row published last"]
 async fn auto_increment_increment_2_marking() {
     auto_increment_increment_2(Mode::Marking).await;
 }
@@ -305,7 +301,6 @@ async fn auto_increment_increment_2_marking() {
 /// published once, in order. On f915307 the relay does not refuse and publishes 73,000-87,000 records for
 /// 2,000 events.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 finding 1 (open): refused as it should be since f84e24d, but after the fix to 1 the gap republishing remains"]
 async fn auto_increment_increment_2_progress_table() {
     auto_increment_increment_2(Mode::ProgressTable).await;
 }
@@ -395,7 +390,6 @@ async fn auto_increment_increment_2(mode: Mode) {
 /// On f915307: 10-180 events after a later event of their aggregate (whole transactions of 10 behind the
 /// next one).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 findings 1-2 (open): whole transactions published behind the next"]
 async fn bulk_inserts_autoinc_lock_mode_2_marking() {
     bulk_inserts_autoinc_lock_mode_2(Mode::Marking).await;
 }
@@ -403,7 +397,6 @@ async fn bulk_inserts_autoinc_lock_mode_2_marking() {
 /// [`bulk_inserts_autoinc_lock_mode_2_marking`] with a progress table. On f915307: 170,000-210,000
 /// records for 6,000 events.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 finding 1 (open): 164k-206k duplicates"]
 async fn bulk_inserts_autoinc_lock_mode_2_progress_table() {
     bulk_inserts_autoinc_lock_mode_2(Mode::ProgressTable).await;
 }
@@ -464,14 +457,12 @@ async fn bulk_inserts_autoinc_lock_mode_2(mode: Mode) {
 /// On f915307 so it does, in both modes; without a progress table the marks also wait on T1's row lock
 /// meanwhile (a 50 s lock-wait timeout and a restart when T1 stayed open longer).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 finding 2 (open): the late commit is published after its follower"]
 async fn a_transaction_held_12s_with_a_queued_follower_marking() {
     held_transaction_with_a_follower(Mode::Marking).await;
 }
 
 /// [`a_transaction_held_12s_with_a_queued_follower_marking`] with a progress table.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 finding 2 (open): the late commit is published after its follower"]
 async fn a_transaction_held_12s_with_a_queued_follower_progress_table() {
     held_transaction_with_a_follower(Mode::ProgressTable).await;
 }
@@ -592,14 +583,12 @@ async fn held_transaction_with_a_follower(mode: Mode) {
 /// waited for the long transaction's row lock until `innodb_lock_wait_timeout` (50 s), the run restarted
 /// and republished 80-110 events (a run that was not stopped).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 (open): the mark waits on the long transaction's row lock past innodb_lock_wait_timeout and the run republishes"]
 async fn held_rows_released_while_down_marking() {
     held_rows_released_while_down(Mode::Marking).await;
 }
 
 /// [`held_rows_released_while_down_marking`] with a progress table.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 finding 3 (open): lifts read only up to the cursor; H2 and H3 stay held"]
 async fn held_rows_released_while_down_progress_table() {
     held_rows_released_while_down(Mode::ProgressTable).await;
 }
@@ -1014,9 +1003,9 @@ async fn paused_relay_with_a_release(mode: Mode) {
 // ---------------------------------------------------------------------------------------------------------
 // 10. kill -9 during a 100k-event catch-up.
 
-/// The most records the CONTRACT lets one crash republish today: the batches in flight, "up to 32 reads'
-/// worth" (`relay::run`'s `MAX_PENDING_BATCHES` × the default `batch_rows` of 1,000). Issue 45 wants a
-/// bound stated for both modes; this is the one the CONTRACT states now.
+/// The most records the CONTRACT lets one crash republish, in both modes: the rows produced and not yet
+/// marked, which a run keeps at or below 32 reads' worth (`relay::run::UNMARKED_READS` × the default
+/// `batch_rows` of 1,000).
 const DUPLICATES_PER_CRASH: usize = 32 * 1_000;
 
 /// 100,000 events loaded, one relay catching up, killed -9 once a third is published and started again:
@@ -1026,7 +1015,6 @@ const DUPLICATES_PER_CRASH: usize = 32 * 1_000;
 /// a replay that skipped 7,000 rows (apparently the killed relay's last mark statement finishing on the
 /// server after the next run had started reading).
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "issue 45 finding 8 (open): 11k-37k records republished per kill, over the stated 32,000"]
 async fn kill_during_catch_up_marking() {
     kill_during_catch_up(Mode::Marking).await;
 }
