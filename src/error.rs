@@ -252,16 +252,110 @@ fn tls_refusal(io: &std::io::Error) -> Option<Error> {
     Some(Error::definite(format!("the TLS handshake with the database failed: {tls}. {fix}")))
 }
 
+/// A Kafka resource an ACL names, as `kafka-acls` spells it: what a caller was using when the broker refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KafkaResource<'a> {
+    /// A topic, and the operations the caller needs on it (`["Read", "Describe"]`).
+    Topic(&'a str, &'a [&'a str]),
+    /// A consumer group, read with `Read` and `Describe`.
+    Group(&'a str),
+    /// A transactional id, used with `Write` and `Describe`.
+    TransactionalId(&'a str),
+}
+
+/// The principal in the `kafka-acls` commands of our messages: the client does not always know its own
+/// (mTLS, OAuth), so the operator fills it in.
+const PRINCIPAL: &str = "User:<the connector's principal>";
+
+/// The broker's authorization refusals: retrying cannot help until an operator grants an ACL.
+pub fn is_authorization_failure(code: rdkafka::types::RDKafkaErrorCode) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::TopicAuthorizationFailed
+            | C::GroupAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::TransactionalIdAuthorizationFailed
+            | C::DelegationTokenAuthorizationFailed
+    )
+}
+
+/// The definite error of an authorization refusal (`code`), with the `kafka-acls` command that grants what
+/// was refused: on `resource` when the caller named it and it is the refused kind, else with placeholders.
+fn denied(code: rdkafka::types::RDKafkaErrorCode, text: &str, resource: Option<KafkaResource<'_>>) -> Error {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    let grant = |what: &str| {
+        format!("kafka-acls --bootstrap-server <kafka.bootstrap_servers> --add --allow-principal {PRINCIPAL} {what}")
+    };
+    let fix = match (code, resource) {
+        (C::GroupAuthorizationFailed, Some(KafkaResource::Group(group))) => format!(
+            "The connector's principal may not use the consumer group {group:?}. Grant it: {}",
+            grant(&format!("--operation Read --operation Describe --group {group}"))
+        ),
+        (C::GroupAuthorizationFailed, _) => format!(
+            "The connector's principal may not use a consumer group. Grant it: {}",
+            grant("--operation Read --operation Describe --group <the group>")
+        ),
+        (C::TransactionalIdAuthorizationFailed, Some(KafkaResource::TransactionalId(id))) => format!(
+            "The connector's principal may not use the transactional id {id:?}. Grant it: {}",
+            grant(&format!("--operation Write --operation Describe --transactional-id {id}"))
+        ),
+        (C::TransactionalIdAuthorizationFailed, _) => format!(
+            "The connector's principal may not use its transactional id ([delivery] transactional_id, and the \
+             same with .state for the Kafka state backend). Grant it: {}",
+            grant(
+                "--operation Write --operation Describe --transactional-id <id> (or --resource-pattern-type \
+                   prefixed with the id's prefix)"
+            )
+        ),
+        (C::TopicAuthorizationFailed, Some(KafkaResource::Topic(topic, operations))) => {
+            let operations: String = operations.iter().map(|o| format!("--operation {o} ")).collect();
+            format!(
+                "The connector's principal may not use the topic {topic:?}. Grant it: {}",
+                grant(&format!("{operations}--topic {topic}"))
+            )
+        }
+        (C::TopicAuthorizationFailed, _) => format!(
+            "The connector's principal may not use a topic. Grant it: {} (Read to read it, Write to produce \
+             to it, Create to create it)",
+            grant("--operation Describe --operation <Read|Write|Create> --topic <topic>")
+        ),
+        (C::ClusterAuthorizationFailed, _) => format!(
+            "The connector's principal may not do this on the cluster. Grant it: {} (IdempotentWrite: the \
+             idempotent producer on brokers before Kafka 2.8; Create: creating topics without a topic ACL)",
+            grant("--operation <IdempotentWrite|Create> --cluster")
+        ),
+        _ => format!(
+            "The connector's principal may not use delegation tokens: grant {PRINCIPAL} Describe on the \
+             delegation token (kafka-acls --add --operation Describe --delegation-token <token id>), or \
+             authenticate otherwise"
+        ),
+    };
+    Error::definite(format!("Kafka: {text}. {fix}"))
+}
+
 /// Classifies an `rdkafka` error once, for every caller.
 pub fn classify_kafka(err: &rdkafka::error::KafkaError) -> Error {
+    classify_kafka_on(err, None)
+}
+
+/// [`classify_kafka`] for a caller that knows which resource it was using: an authorization refusal names
+/// it in the `kafka-acls` command of its message.
+pub fn classify_kafka_on(err: &rdkafka::error::KafkaError, resource: Option<KafkaResource<'_>>) -> Error {
     use rdkafka::error::KafkaError as K;
     use rdkafka::types::RDKafkaErrorCode as C;
+    // rust-rdkafka gives no code for an admin operation's error: its code is the variant's.
+    let code = match err {
+        K::AdminOp(code) => Some(*code),
+        _ => err.rdkafka_error_code(),
+    };
+    if let Some(code) = code.filter(|c| is_authorization_failure(*c)) {
+        return denied(code, &err.to_string(), resource);
+    }
     let definite_code = |code: C| {
         matches!(
             code,
-            C::TopicAuthorizationFailed
-                | C::ClusterAuthorizationFailed
-                | C::SaslAuthenticationFailed
+            C::SaslAuthenticationFailed
                 | C::Authentication
                 | C::MessageSizeTooLarge
                 | C::InvalidTopic
@@ -469,6 +563,43 @@ mod tests {
             let classified = classify_mysql(&error);
             assert_eq!(classified.class(), class, "{name}: {classified}");
             assert!(classified.to_string().contains(says), "{name} must say {says:?}: {classified}");
+        }
+    }
+
+    /// Guards against an authorization refusal being retried for ever as if the broker were down (issue 46):
+    /// each is definite, and says which ACL grants what was refused, on the resource when the caller named it.
+    #[test]
+    fn kafka_authorization_refusals_are_definite_and_name_the_acl() {
+        use rdkafka::error::KafkaError;
+        use rdkafka::types::RDKafkaErrorCode as C;
+        let read = ["Read", "Describe"];
+        let cases: Vec<(KafkaError, Option<KafkaResource<'_>>, &str)> = vec![
+            (KafkaError::MessageConsumption(C::GroupAuthorizationFailed), None, "--group <the group>"),
+            (
+                KafkaError::MessageConsumption(C::GroupAuthorizationFailed),
+                Some(KafkaResource::Group("g")),
+                "--operation Read --operation Describe --group g",
+            ),
+            (
+                KafkaError::MessageConsumption(C::TransactionalIdAuthorizationFailed),
+                Some(KafkaResource::TransactionalId("t.state")),
+                "--operation Write --operation Describe --transactional-id t.state",
+            ),
+            (KafkaError::MessageConsumption(C::TransactionalIdAuthorizationFailed), None, "--transactional-id <id>"),
+            (
+                KafkaError::MetadataFetch(C::TopicAuthorizationFailed),
+                Some(KafkaResource::Topic("s", &read)),
+                "--operation Read --operation Describe --topic s",
+            ),
+            (KafkaError::MessageProduction(C::TopicAuthorizationFailed), None, "--topic <topic>"),
+            (KafkaError::AdminOp(C::ClusterAuthorizationFailed), None, "--cluster"),
+            (KafkaError::AdminOp(C::DelegationTokenAuthorizationFailed), None, "delegation token"),
+        ];
+        for (error, resource, says) in cases {
+            let classified = classify_kafka_on(&error, resource);
+            assert!(classified.is_definite(), "{error:?}: {classified}");
+            assert!(classified.to_string().contains(says), "{error:?} must say {says:?}: {classified}");
+            assert!(classified.to_string().contains("User:<the connector's principal>"), "{classified}");
         }
     }
 }

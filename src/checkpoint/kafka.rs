@@ -18,6 +18,17 @@
 //! A removed hold or poison event is a tombstone. Compaction keeps the newest record of each key; a
 //! reader replays the topic in offset order, so the newest wins before compaction too.
 //!
+//! # One partition, and why it is checked at every read
+//! Offsets order records only within a partition. After `kafka-topics --alter --partitions`, a key's
+//! newer records go to another partition than its older ones (and with `exactly_once` the event producer
+//! and the state writer would not even agree on a key's partition): a replay in arrival order could take
+//! an old checkpoint (publishing again what was published since), bring back released holds, or apply a
+//! tombstone before a newer hold, and differently at each start. So every read (open, catch-up, `status`)
+//! refuses a topic that does not have exactly one partition ([`one_partition`]), with the way out: `state
+//! copy --to local` reads such a topic once, merged per key ([`KafkaStore::inspect_merging_partitions`]),
+//! and `state copy --to kafka` writes it to a new one-partition topic. A change while an instance runs
+//! is seen at its next read: the next start, or the catch-up of a start in progress.
+//!
 //! # Invariants
 //! - **Written in Kafka transactions, read `read_committed`.** Every write is a transaction of the state
 //!   writer (transactional id `<delivery.transactional_id>.state`), committed before the call returns. With
@@ -33,6 +44,9 @@
 //!   could stop before that commit's checkpoint and the run would publish its events a second time
 //!   (`tests/exactly_once.rs`, the paused active).
 //! - Writes are serialised (one lock) and update the in-memory copy only once committed.
+//! - **Nothing is read past.** The reader fails (definite) instead of skipping records deleted under it
+//!   ([`crate::kafka::read`]); a topic whose `cleanup.policy` cannot be read (DescribeConfigs denied) is
+//!   warned about at every start, naming the ACL ([`ensure_topic`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
@@ -49,7 +63,7 @@ use serde::de::DeserializeOwned;
 use super::records::{hold_key, Inspection, LastError};
 use super::Checkpoint;
 use crate::config::{Config, KafkaConfig};
-use crate::error::{classify_kafka, Error, Result};
+use crate::error::{classify_kafka, classify_kafka_on, Error, KafkaResource, Result};
 use crate::kafka::read::{Starts, ToEnd, Until};
 use crate::poison::{Hold, KnownPoison};
 
@@ -64,6 +78,17 @@ struct State {
     poison: BTreeMap<String, KnownPoison>,
     last_error: Option<LastError>,
     producers: Option<Producers>,
+}
+
+impl State {
+    fn into_inspection(self) -> Inspection {
+        Inspection {
+            checkpoint: self.checkpoint,
+            holds: self.holds.into_values().collect(),
+            last_error: self.last_error,
+            known_poison: self.poison.into_values().collect(),
+        }
+    }
 }
 
 /// The transactional ids of the connector's last start (`<name>/producers`): the next start fences them
@@ -82,6 +107,8 @@ pub struct KafkaStore {
     name: String,
     /// `None` when opened to read only (`status`, `quarantine list`).
     writer: Option<ThreadedProducer<DefaultProducerContext>>,
+    /// The state writer's transactional id, for the ACL an authorization refusal names.
+    writer_id: String,
     state: Mutex<State>,
     /// Where the last read of the topic ended, per partition ([`KafkaStore::catch_up`] reads on from there).
     read_to: Mutex<Starts>,
@@ -100,12 +127,15 @@ impl KafkaStore {
     /// writer, then reads the connector's records up to the end.
     ///
     /// # Errors
-    /// Transient when the broker cannot be reached; definite when the topic is not compacted, may not be
-    /// created, or holds records this build cannot read.
+    /// Transient when the broker cannot be reached; definite when the topic is not compacted, has more
+    /// than one partition, may not be created or used (the message names the ACL), or holds records this
+    /// build cannot read.
     pub async fn open(config: &Config) -> Result<KafkaStore> {
-        ensure_topic(config).await?;
+        let partitions = ensure_topic(config).await?;
+        one_partition(&config.state.topic, partitions)?;
         let started = Instant::now();
-        let writer = init(writer(config)?, "the state writer");
+        let writer_id = format!("{}.state", config.transactional_id());
+        let writer = init(transactional(&config.kafka, &writer_id)?, &writer_id, "the state writer");
         let writer = match config.exactly_once() {
             // The event producer writes checkpoints too: an older one's transaction may still be open or
             // committing (its markers not yet written). Starting a producer with its transactional id makes
@@ -113,7 +143,8 @@ impl KafkaStore {
             // the read below sees every checkpoint that will ever be committed under that id. Both fences
             // run at once; the read waits for both.
             true => {
-                let events = init(transactional(&config.kafka, config.transactional_id())?, "the event producer's id");
+                let id = config.transactional_id();
+                let events = init(transactional(&config.kafka, id)?, id, "the event producer's id");
                 tokio::try_join!(writer, events)?.0
             }
             false => writer.await?,
@@ -124,6 +155,7 @@ impl KafkaStore {
             topic: config.state.topic.clone(),
             name: config.state.name.clone(),
             writer: Some(writer),
+            writer_id,
             state: Mutex::new(state),
             read_to: Mutex::new(read_to),
             write_lock: Mutex::new(()),
@@ -157,7 +189,7 @@ impl KafkaStore {
                     id,
                     "fencing the producer of the connector's previous start (its transactional id changed)"
                 );
-                drop(init(transactional(&config.kafka, id)?, "the previous start's producer").await?);
+                drop(init(transactional(&config.kafka, id)?, id, "the previous start's producer").await?);
             }
             if !ids.is_empty() {
                 let starts = self.read_to.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -203,18 +235,48 @@ impl KafkaStore {
     /// `quarantine list` while a connector runs). `None` when the topic does not exist yet.
     ///
     /// # Errors
-    /// Transient when the broker cannot be reached; definite for unreadable records.
+    /// Transient when the broker cannot be reached; definite for unreadable records, a topic with more
+    /// than one partition, or one the principal may not read.
     pub async fn inspect(config: &Config) -> Result<Option<Inspection>> {
-        if topic_partitions(config).await? == 0 {
+        let partitions = topic_partitions(config).await?;
+        if partitions == 0 {
             return Ok(None);
         }
+        one_partition(&config.state.topic, partitions)?;
         let (state, _) = read(config, State::default(), Starts::new()).await?;
-        Ok(Some(Inspection {
-            checkpoint: state.checkpoint,
-            holds: state.holds.into_values().collect(),
-            last_error: state.last_error,
-            known_poison: state.poison.into_values().collect(),
-        }))
+        Ok(Some(state.into_inspection()))
+    }
+
+    /// Reads the connector's committed state like [`KafkaStore::inspect`], from a state topic of any number
+    /// of partitions: the way out of a topic whose partitions were added (`state copy --to local`, then
+    /// `--to kafka` into a new one-partition topic). Each partition is replayed on its own (offsets order
+    /// records within one), then merged per key: the checkpoint that holds every other partition's (a
+    /// checkpoint only moves forward), and every hold and known poison event found in any partition. A hold
+    /// released after the partitions changed comes back: it keeps its aggregate held, and its next release
+    /// republishes its events a second time, in order; nothing is lost or reordered.
+    ///
+    /// # Errors
+    /// As [`KafkaStore::inspect`]; definite when the partitions' checkpoints do not follow one another
+    /// (another server's, or a diverged history).
+    pub async fn inspect_merging_partitions(config: &Config) -> Result<Option<Inspection>> {
+        let partitions = topic_partitions(config).await?;
+        if partitions == 0 {
+            return Ok(None);
+        }
+        if partitions == 1 {
+            return KafkaStore::inspect(config).await;
+        }
+        let states = read_each_partition(config).await?;
+        let merged = merge(&config.state.topic, states)?;
+        tracing::warn!(
+            topic = config.state.topic,
+            partitions,
+            holds = merged.holds.len(),
+            "read the state topic's {partitions} partitions one by one and merged them per key: the newest \
+             checkpoint, every hold and known poison event. A hold released since the partitions changed is \
+             back: release it again (its events are published a second time, in order)"
+        );
+        Ok(Some(merged.into_inspection()))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -311,6 +373,7 @@ impl KafkaStore {
             return Err(Error::definite("the state store was opened to read only"));
         };
         let _one_at_a_time = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let acl = Some(KafkaResource::TransactionalId(&self.writer_id));
         let failed = |e: KafkaError, what: &str| {
             if let KafkaError::Transaction(t) = &e {
                 if t.txn_requires_abort() {
@@ -324,7 +387,7 @@ impl KafkaStore {
                     ));
                 }
             }
-            classify_kafka(&e).context(format_args!("{what} the state topic {}", self.topic))
+            classify_kafka_on(&e, acl).context(format_args!("{what} the state topic {}", self.topic))
         };
         writer.begin_transaction().map_err(|e| failed(e, "beginning a transaction on"))?;
         for (key, value) in &records {
@@ -334,7 +397,10 @@ impl KafkaStore {
             }
             if let Err((e, _)) = writer.send(record) {
                 let _ = writer.abort_transaction(STATE_TIMEOUT);
-                return Err(classify_kafka(&e).context(format_args!("writing to the state topic {}", self.topic)));
+                let acl = Some(KafkaResource::Topic(&self.topic, &["Write", "Describe"]));
+                return Err(
+                    classify_kafka_on(&e, acl).context(format_args!("writing to the state topic {}", self.topic))
+                );
             }
         }
         crate::failpoint!("checkpoint_write");
@@ -342,20 +408,19 @@ impl KafkaStore {
     }
 }
 
-/// The state writer: a transactional producer whose id is `<transactional_id>.state`.
-fn writer(config: &Config) -> Result<ThreadedProducer<DefaultProducerContext>> {
-    transactional(&config.kafka, &format!("{}.state", config.transactional_id()))
-}
-
-/// Starts `producer`'s transactions (`init_transactions`): fences every older producer with its id.
+/// Starts `producer`'s transactions (`init_transactions`): fences every older producer with its id `id`.
 async fn init(
     producer: ThreadedProducer<DefaultProducerContext>,
+    id: &str,
     what: &str,
 ) -> Result<ThreadedProducer<DefaultProducerContext>> {
     tokio::task::spawn_blocking(move || producer.init_transactions(STATE_TIMEOUT).map(|()| producer))
         .await
         .map_err(|e| Error::transient(format!("starting {what} failed: {e}")))?
-        .map_err(|e| classify_kafka(&e).context(format_args!("fencing older producers ({what}, init_transactions)")))
+        .map_err(|e| {
+            classify_kafka_on(&e, Some(KafkaResource::TransactionalId(id)))
+                .context(format_args!("fencing older producers ({what}, init_transactions)"))
+        })
 }
 
 /// A transactional producer with `id`, for the state topic.
@@ -370,32 +435,66 @@ fn transactional(kafka: &KafkaConfig, id: &str) -> Result<ThreadedProducer<Defau
 }
 
 /// Partitions of the state topic (0 when it does not exist).
+///
+/// # Errors
+/// Definite when the principal may not describe it: a refused topic is not a missing one (`status` would
+/// say there is no state, `open` would try to create it).
 async fn topic_partitions(config: &Config) -> Result<usize> {
     let cc = config.kafka.client_config()?;
     let topic = config.state.topic.clone();
     tokio::task::spawn_blocking(move || {
+        let acl = Some(KafkaResource::Topic(&topic, &["Read", "Describe"]));
         let consumer: BaseConsumer = cc.create().map_err(|e| classify_kafka(&e))?;
         let metadata = consumer
             .fetch_metadata(Some(&topic), STATE_TIMEOUT)
-            .map_err(|e| classify_kafka(&e).context(format_args!("reading the metadata of {topic}")))?;
-        Ok(metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic && t.error().is_none())
-            .map_or(0, |t| t.partitions().len()))
+            .map_err(|e| classify_kafka_on(&e, acl).context(format_args!("reading the metadata of {topic}")))?;
+        let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else { return Ok(0) };
+        match t.error().map(RDKafkaErrorCode::from) {
+            None => Ok(t.partitions().len()),
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => Ok(0),
+            Some(code) => Err(classify_kafka_on(&KafkaError::MetadataFetch(code), acl)
+                .context(format_args!("reading the metadata of the state topic {topic}"))),
+        }
     })
     .await
     .map_err(|e| Error::transient(format!("reading the state topic's metadata failed: {e}")))?
 }
 
+/// Refuses a state topic of `partitions` partitions other than one (module doc), with the way out.
+fn one_partition(topic: &str, partitions: usize) -> Result<()> {
+    if partitions == 1 {
+        return Ok(());
+    }
+    Err(Error::definite(format!(
+        "the state topic {topic:?} has {partitions} partitions; it must have exactly 1. The connector replays \
+         it in offset order, and offsets order records only within a partition: a start could take an old \
+         checkpoint (and publish again what was published since), bring back released holds, or apply a \
+         tombstone before a newer hold. Kafka cannot take partitions away: move the state to a new topic. \
+         Stop every connector that uses {topic:?}; for each, run `outbox-cdc -c <its config> state copy --to \
+         local` (it reads the connector's records from every partition, keeps the newest checkpoint and every \
+         hold; release again any hold that comes back); create the new topic (kafka-topics --bootstrap-server \
+         <kafka.bootstrap_servers> --create --topic <new topic> --partitions 1 --config cleanup.policy=compact \
+         --config retention.ms=-1, or let the connector create it); set [state] topic = \"<new topic>\" in \
+         each config and run `outbox-cdc -c <its config> state copy --to kafka`; then start the connectors"
+    )))
+}
+
 /// Creates the state topic when it is missing (compacted, kept for good, one partition), and refuses one
 /// that the broker says is not compacted: its records would expire and the connector would lose its place.
 /// Returns its partition count.
+///
+/// When the topic's configs cannot be read (DescribeConfigs denied, as on managed clusters that grant
+/// only Read and Write), the start goes on with a warning naming the missing ACL, at every start: a
+/// refusal would stop connectors on clusters where the operator cannot get that ACL but created the
+/// topic right; the warning says what is at stake (a `delete`-policy topic loses holds and an idle
+/// checkpoint after its retention) and what to check by hand.
 async fn ensure_topic(config: &Config) -> Result<usize> {
     let topic = &config.state.topic;
     let admin: AdminClient<DefaultClientContext> =
         config.kafka.client_config()?.create().map_err(|e| classify_kafka(&e))?;
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    // A broker that does not answer DescribeConfigs within this is warned about like one that refuses it.
+    let options =
+        AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))).request_timeout(Some(STATE_TIMEOUT / 4));
     let mut partitions = topic_partitions(config).await?;
     if partitions == 0 {
         if !config.kafka.create_topics {
@@ -417,33 +516,61 @@ async fn ensure_topic(config: &Config) -> Result<usize> {
                 // Created by another instance meanwhile, with whatever partitions it chose.
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => partitions = topic_partitions(config).await?,
                 Err((name, code)) => {
-                    return Err(classify_kafka(&KafkaError::AdminOp(code))
-                        .context(format_args!("creating the state topic {name:?}")))
+                    return Err(classify_kafka_on(
+                        &KafkaError::AdminOp(code),
+                        Some(KafkaResource::Topic(topic, &["Create"])),
+                    )
+                    .context(format_args!("creating the state topic {name:?}")))
                 }
             }
         }
         tracing::info!(topic, ?settings, "created the state topic (compacted)");
     }
     let resource = ResourceSpecifier::Topic(topic);
-    if let Ok(results) = admin.describe_configs([&resource], &options).await {
-        if let Some(Ok(described)) = results.into_iter().next() {
-            let described: BTreeMap<String, String> =
-                described.entries.into_iter().filter_map(|e| Some((e.name, e.value?))).collect();
-            if let Some(policy) = described.get("cleanup.policy") {
-                if !policy.split(',').any(|p| p.trim() == "compact") || policy.contains("delete") {
-                    return Err(Error::definite(format!(
-                        "the state topic {topic:?} has cleanup.policy = {policy}: its records would expire and the \
-                         connector would lose its checkpoint. Make it compacted only (kafka-configs --alter \
-                         --entity-type topics --entity-name {topic} --add-config cleanup.policy=compact)"
-                    )));
-                }
-            }
-            for advice in topic_advice(topic, &described, &topic_settings(&config.kafka)) {
-                tracing::warn!("{advice}");
-            }
+    let described = match admin.describe_configs([&resource], &options).await {
+        Ok(results) => match results.into_iter().next() {
+            Some(Ok(described)) => Ok(described),
+            Some(Err(code)) => Err(KafkaError::AdminOp(code).to_string()),
+            None => Err("no answer".to_string()),
+        },
+        Err(e) => Err(e.to_string()),
+    };
+    let described: BTreeMap<String, String> = match described {
+        Ok(described) => described.entries.into_iter().filter_map(|e| Some((e.name, e.value?))).collect(),
+        Err(error) => {
+            unverified(topic, &error);
+            return Ok(partitions);
         }
+    };
+    match described.get("cleanup.policy") {
+        Some(policy) if !policy.split(',').any(|p| p.trim() == "compact") || policy.contains("delete") => {
+            return Err(Error::definite(format!(
+                "the state topic {topic:?} has cleanup.policy = {policy}: its records would expire and the \
+                 connector would lose its checkpoint. Make it compacted only (kafka-configs --alter \
+                 --entity-type topics --entity-name {topic} --add-config cleanup.policy=compact)"
+            )));
+        }
+        Some(_) => {}
+        None => unverified(topic, "the answer has no cleanup.policy"),
+    }
+    for advice in topic_advice(topic, &described, &topic_settings(&config.kafka)) {
+        tracing::warn!("{advice}");
     }
     Ok(partitions)
+}
+
+/// The warning of a state topic whose configs could not be read ([`ensure_topic`]).
+fn unverified(topic: &str, error: &str) {
+    tracing::warn!(
+        topic,
+        %error,
+        "the state topic's cleanup.policy could not be verified (DescribeConfigs: {error}). If it is not \
+         compact-only (cleanup.policy=compact, retention.ms=-1), Kafka deletes its records after retention.ms \
+         (7 days by default): holds are lifted and an idle connector's checkpoint is lost. Grant the ACL so \
+         that every start checks it (kafka-acls --bootstrap-server <kafka.bootstrap_servers> --add \
+         --allow-principal User:<the connector's principal> --operation DescribeConfigs --topic {topic}), or \
+         check it by hand (kafka-configs --describe --entity-type topics --entity-name {topic})"
+    );
 }
 
 /// Kafka never compacts a partition's active segment, and by default rolls it only after 7 days or 1 GiB:
@@ -514,7 +641,8 @@ fn topic_advice(topic: &str, described: &BTreeMap<String, String>, wanted: &BTre
 }
 
 /// The state topic's client settings for reading: `read_committed`, in large fetches (a state topic that
-/// compaction has not yet shrunk can hold many records).
+/// compaction has not yet shrunk can hold many records). librdkafka refuses `assign()` without a
+/// `group.id`; the group is never used, and needs no ACL ([`crate::kafka::read`]).
 fn reader_config(config: &Config) -> Result<rdkafka::ClientConfig> {
     let mut cc = config.kafka.client_config()?;
     cc.set("group.id", format!("{}.state-reader", config.state.name))
@@ -534,28 +662,108 @@ fn reader_config(config: &Config) -> Result<rdkafka::ClientConfig> {
 /// holds the read back until the broker ends it: the read waits, bounded by the broker's
 /// `transaction.max.timeout.ms`, and logs why. Stopping at the first end-of-partition instead would miss
 /// every checkpoint committed after that transaction.
-async fn read(config: &Config, mut state: State, starts: Starts) -> Result<(State, Starts)> {
+///
+/// # Errors
+/// Definite when the topic has more than one partition (module doc), or records not yet read were
+/// deleted under the reader; as [`apply`].
+async fn read(config: &Config, state: State, starts: Starts) -> Result<(State, Starts)> {
+    read_into(config, state, starts, true, |state, _, key, value| apply(state, key, value)).await
+}
+
+/// Reads the connector's records from each partition of the state topic into a state of its own (the way
+/// out of a topic with more than one partition: [`KafkaStore::inspect_merging_partitions`]).
+async fn read_each_partition(config: &Config) -> Result<BTreeMap<i32, State>> {
+    let states = BTreeMap::<i32, State>::new();
+    let read = read_into(config, states, Starts::new(), false, |states, partition, key, value| {
+        apply(states.entry(partition).or_default(), key, value)
+    });
+    Ok(read.await?.0)
+}
+
+/// Applies one record (partition, key without the `<name>/` prefix, value; `None`: a tombstone) to a `T`.
+type ApplyTo<T> = fn(&mut T, i32, &str, Option<&[u8]>) -> Result<()>;
+
+/// Reads the connector's records (keys without the `<name>/` prefix) into `into` with `each`; with
+/// `one_partition`, refuses a topic of any other number of partitions. See [`read`].
+async fn read_into<T: Send + 'static>(
+    config: &Config,
+    mut into: T,
+    starts: Starts,
+    one_partition: bool,
+    each: ApplyTo<T>,
+) -> Result<(T, Starts)> {
     let cc = reader_config(config)?;
     let stall = crate::kafka::read::transaction_max_timeout(&cc).await + STATE_TIMEOUT;
     let (topic, name) = (config.state.topic.clone(), config.state.name.clone());
     tokio::task::spawn_blocking(move || {
         let until = Until { quiet: Duration::ZERO, stall };
         let what = format!("the state topic {topic}");
-        let mut reader = ToEnd::start(&cc, StateReader, std::slice::from_ref(&topic), &starts, until, what)?;
+        let reader = ToEnd::start(&cc, StateReader, std::slice::from_ref(&topic), &starts, until, what)?;
+        let mut reader = reader.if_lost(format!(
+            "the state read from it would be incomplete (an old checkpoint, a released hold could come back), \
+             so the connector does not start. A state topic must be compact-only: kafka-configs --alter \
+             --entity-type topics --entity-name {topic} --add-config cleanup.policy=compact,retention.ms=-1. \
+             Then check what it holds with `outbox-cdc status` before starting: a checkpoint older than the \
+             events published means they are published again; a missing one, a start per snapshot.mode"
+        ));
+        if one_partition {
+            self::one_partition(&topic, reader.partition_count(&topic))?;
+        }
         let prefix = format!("{name}/");
         let started = Instant::now();
         while let Some(message) = reader.next_record()? {
             let Some(key) = message.key().and_then(|k| std::str::from_utf8(k).ok()) else { continue };
             let Some(key) = key.strip_prefix(&prefix) else { continue };
             let at = (message.partition(), message.offset());
-            apply(&mut state, key, message.payload())
+            each(&mut into, at.0, key, message.payload())
                 .map_err(|e| e.context(format_args!("state topic {topic}, partition {}, offset {}", at.0, at.1)))?;
         }
         tracing::debug!(records = reader.records(), ms = started.elapsed().as_millis() as u64, "state topic read");
-        Ok((state, reader.positions()))
+        Ok((into, reader.positions()))
     })
     .await
     .map_err(|e| Error::transient(format!("reading the state topic failed: {e}")))?
+}
+
+/// Merges the states read from each partition of `topic` ([`KafkaStore::inspect_merging_partitions`]).
+///
+/// # Errors
+/// Definite when no partition's checkpoint holds every other's.
+fn merge(topic: &str, states: BTreeMap<i32, State>) -> Result<State> {
+    let mut merged = State::default();
+    let checkpoints: Vec<(i32, &Checkpoint)> =
+        states.iter().filter_map(|(p, s)| s.checkpoint.as_ref().map(|c| (*p, c))).collect();
+    let newest = checkpoints.iter().find(|(_, c)| {
+        checkpoints.iter().all(|(_, o)| c.server() == o.server() && c.position().holds_all_of(o.position()))
+    });
+    match newest {
+        Some((_, c)) => merged.checkpoint = Some((*c).clone()),
+        None if checkpoints.is_empty() => {}
+        None => {
+            let found: Vec<String> =
+                checkpoints.iter().map(|(p, c)| format!("partition {p}: {}", c.position())).collect();
+            return Err(Error::definite(format!(
+                "the state topic {topic:?} holds checkpoints of this connector in several partitions, and none \
+                 holds all the others ({}): they are not one connector's history. Nothing was copied; find out \
+                 which is right before going on",
+                found.join("; ")
+            )));
+        }
+    }
+    for state in states.into_values() {
+        for (key, hold) in state.holds {
+            match merged.holds.get(&key) {
+                Some(kept) if kept.held_at_ms >= hold.held_at_ms => {}
+                _ => drop(merged.holds.insert(key, hold)),
+            }
+        }
+        merged.poison.extend(state.poison);
+        if state.last_error.as_ref().map(|e| e.at_ms) > merged.last_error.as_ref().map(|e| e.at_ms) {
+            merged.last_error = state.last_error;
+        }
+        merged.producers = merged.producers.or(state.producers);
+    }
+    Ok(merged)
 }
 
 /// The state reader's context: librdkafka's errors go to the log as warnings.

@@ -23,7 +23,20 @@
 //! - A position that stays below its end is an open transaction holding the reader back: it waits until
 //!   the transaction commits or aborts (the broker aborts it at the latest after its producer's
 //!   `transaction.timeout.ms`, at most the broker's `transaction.max.timeout.ms`), says so in the log every
-//!   [`REPORT_EVERY`], and fails as transient only after [`Until::stall`] without progress.
+//!   [`REPORT_EVERY`], and fails as transient only after [`Until::stall`] without progress *of that
+//!   partition*: each partition has its own stall clock, and positions are sampled at least every [`POLL`]
+//!   whether records come or not. On a busy topic (the shared dead-letter topic) records of other
+//!   partitions never stop coming: sampling only when idle, with one clock for all, would neither see a
+//!   partition reach its end past a commit marker nor see it stall, and the read would never finish.
+//! - **Nothing is skipped.** `auto.offset.reset = error`: when records the reader has not read yet are
+//!   deleted under it (retention, `DeleteRecords`), the read fails as definite, naming the partition and
+//!   the offset from which records were lost ([`ToEnd::if_lost`] says what that means to the caller).
+//!   librdkafka's default would jump to the end and the read would look complete.
+//! - **No consumer group is used.** librdkafka refuses `assign()` without a `group.id`, and with one it
+//!   looks up the group's coordinator (FindCoordinator) even though this reader never joins, fetches nor
+//!   commits group offsets: it reads from explicit offsets. A principal without an ACL on that group gets
+//!   GROUP_AUTHORIZATION_FAILED from the lookup; the reader ignores it (logged once), so no ACL on any
+//!   group is needed.
 //! - [`Until::quiet`]: after every end is reached, reading goes on until no record came for that long, for
 //!   brokers that report an end too low (Tansu's memory engine answers the base offset of the last batch).
 
@@ -35,14 +48,17 @@ use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, DefaultConsumerContext};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::error::{classify_kafka, Error, Result};
+use crate::error::{classify_kafka, classify_kafka_on, Error, KafkaResource, Result};
 
-/// How long one `poll` waits for a record.
+/// How long one `poll` waits for a record, and how often the consumer's positions are sampled.
 const POLL: Duration = Duration::from_millis(100);
+
+/// What a reader needs on each topic it reads: the operations of its ACL.
+const READ: &[&str] = &["Read", "Describe"];
 
 /// How often a reader that waits says so, and how often a long read reports its progress.
 pub const REPORT_EVERY: Duration = Duration::from_secs(5);
@@ -70,7 +86,7 @@ pub struct Until {
     /// After every partition reached its end, read on until no record came for this long (zero: stop at
     /// once). Ten quiet periods after the ends were reached it stops in any case: a live topic keeps growing.
     pub quiet: Duration,
-    /// Fail (transient) when no partition moved for this long while one is still below its end.
+    /// Fail (transient) when a partition below its end did not move for this long.
     pub stall: Duration,
 }
 
@@ -86,13 +102,25 @@ pub struct ToEnd<C: ConsumerContext + 'static = DefaultConsumerContext> {
     book: Book,
 }
 
+/// Where one partition stands.
+#[derive(Debug, Clone, Copy)]
+struct Progress {
+    /// The high watermark when the reader started.
+    end: i64,
+    /// The next offset to read.
+    next: i64,
+    /// When `next` last moved (or the reader started): the partition's own stall clock.
+    moved: Instant,
+}
+
 /// Where each partition stands, and what was said about it.
 struct Book {
     /// What is read, for messages ("the state topic outbox-cdc.state").
     what: String,
+    /// What records deleted under the reader mean to the caller ([`ToEnd::if_lost`]).
+    if_lost: String,
     until: Until,
-    /// (topic, partition) -> (end, next offset to read).
-    partitions: BTreeMap<(String, i32), (i64, i64)>,
+    partitions: BTreeMap<Key, Progress>,
     /// Topics that do not exist.
     missing: Vec<String>,
     /// (topic, partition) -> the first offset the partition still holds (its log start).
@@ -100,11 +128,13 @@ struct Book {
     /// Records between the starts and the ends when the reader started.
     estimate: u64,
     records: u64,
-    /// When a record last came or a position last moved.
-    progressed: Instant,
     last_record: Instant,
     reached: Option<Instant>,
     reported: Instant,
+    /// When the consumer's positions were last sampled.
+    sampled: Instant,
+    /// Whether the group lookup's refusal was logged.
+    group_refusal_logged: bool,
 }
 
 impl<C: ConsumerContext + 'static> ToEnd<C> {
@@ -113,7 +143,7 @@ impl<C: ConsumerContext + 'static> ToEnd<C> {
     /// (its `isolation.level` is the caller's; end-of-partition events are turned off).
     ///
     /// # Errors
-    /// Transient when the broker cannot be reached.
+    /// Transient when the broker cannot be reached; definite when the principal may not read a topic.
     pub fn start(
         config: &ClientConfig,
         context: C,
@@ -124,7 +154,7 @@ impl<C: ConsumerContext + 'static> ToEnd<C> {
     ) -> Result<Self> {
         let what = what.into();
         let mut cc = config.clone();
-        cc.set("enable.partition.eof", "false");
+        cc.set("enable.partition.eof", "false").set("auto.offset.reset", "error").set("enable.auto.commit", "false");
         let consumer: BaseConsumer<C> =
             cc.create_with_context(context).map_err(|e| classify_kafka(&e).context(format_args!("reading {what}")))?;
         let mut uncommitted = config.clone();
@@ -139,20 +169,34 @@ impl<C: ConsumerContext + 'static> ToEnd<C> {
             let metadata = ends
                 .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
                 .map_err(|e| classify_kafka(&e).context(format_args!("reading the metadata of {topic}")))?;
-            let Some(t) = metadata.topics().iter().find(|t| t.name() == topic && t.error().is_none()) else {
+            let acl = Some(KafkaResource::Topic(topic, READ));
+            let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
                 missing.push(topic.clone());
                 continue;
             };
+            match t.error().map(rdkafka::types::RDKafkaErrorCode::from) {
+                None => {}
+                Some(rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition) => {
+                    missing.push(topic.clone());
+                    continue;
+                }
+                // A refused topic is not a missing one: `status` would say "no state", a release "no hold".
+                Some(code) => {
+                    return Err(classify_kafka_on(&KafkaError::MetadataFetch(code), acl)
+                        .context(format_args!("reading the metadata of {topic}")))
+                }
+            }
             for p in t.partitions() {
-                let (low, high) = ends
-                    .fetch_watermarks(topic, p.id(), REQUEST_TIMEOUT)
-                    .map_err(|e| classify_kafka(&e).context(format_args!("the end offsets of {topic}/{}", p.id())))?;
+                let (low, high) = ends.fetch_watermarks(topic, p.id(), REQUEST_TIMEOUT).map_err(|e| {
+                    classify_kafka_on(&e, acl).context(format_args!("the end offsets of {topic}/{}", p.id()))
+                })?;
                 let from = starts.get(&(topic.clone(), p.id())).copied();
                 let offset = from.map_or(Offset::Beginning, Offset::Offset);
                 assignment.add_partition_offset(topic, p.id(), offset).map_err(|e| classify_kafka(&e))?;
-                let next = from.unwrap_or(low).max(low);
-                estimate += (high - next).max(0) as u64;
-                partitions.insert((topic.clone(), p.id()), (high, next));
+                // A given start below the log start is kept: its records are gone, and the read fails on them.
+                let next = from.unwrap_or(low);
+                estimate += (high - next.max(low)).max(0) as u64;
+                partitions.insert((topic.clone(), p.id()), Progress { end: high, next, moved: Instant::now() });
                 log_starts.insert((topic.clone(), p.id()), low);
             }
         }
@@ -163,6 +207,7 @@ impl<C: ConsumerContext + 'static> ToEnd<C> {
         Ok(ToEnd {
             consumer,
             book: Book {
+                if_lost: "the read is incomplete".to_string(),
                 what,
                 until,
                 partitions,
@@ -170,23 +215,35 @@ impl<C: ConsumerContext + 'static> ToEnd<C> {
                 log_starts,
                 estimate,
                 records: 0,
-                progressed: now,
                 last_record: now,
                 reached: None,
                 reported: now,
+                sampled: now,
+                group_refusal_logged: false,
             },
         })
+    }
+
+    /// Says what records deleted under the reader mean to the caller, and what to do (appended to the
+    /// definite error that names the partition and offset).
+    pub fn if_lost(mut self, advice: impl Into<String>) -> Self {
+        self.book.if_lost = advice.into();
+        self
     }
 
     /// The next record, or `None` once every partition is read to its end (and [`Until::quiet`] passed).
     ///
     /// # Errors
     /// Transient when the broker fails the read, or when a partition made no progress for
-    /// [`Until::stall`].
+    /// [`Until::stall`]; definite when records not yet read were deleted under the reader, or the principal
+    /// may not read a topic.
     pub fn next_record(&mut self) -> Result<Option<BorrowedMessage<'_>>> {
         let consumer = &self.consumer;
         let book = &mut self.book;
         loop {
+            if book.sampled.elapsed() >= POLL {
+                book.advance(consumer_positions(consumer));
+            }
             if book.is_done() {
                 return Ok(None);
             }
@@ -197,10 +254,28 @@ impl<C: ConsumerContext + 'static> ToEnd<C> {
                     return Ok(Some(message));
                 }
                 Some(Err(KafkaError::PartitionEOF(_))) => {}
-                Some(Err(e)) => return Err(classify_kafka(&e).context(format_args!("reading {}", book.what))),
+                Some(Err(e)) => match e.rdkafka_error_code() {
+                    Some(RDKafkaErrorCode::AutoOffsetReset) => return Err(book.lost(consumer)),
+                    // The group lookup librdkafka makes for every consumer with a group.id; this reader never
+                    // uses the group (module doc).
+                    Some(RDKafkaErrorCode::GroupAuthorizationFailed) => {
+                        if !std::mem::replace(&mut book.group_refusal_logged, true) {
+                            tracing::debug!(%e, "reading {}: no ACL on the consumer group, which is not used", book.what);
+                        }
+                    }
+                    _ => {
+                        let acl = book.only_topic().map(|t| KafkaResource::Topic(t, READ));
+                        return Err(classify_kafka_on(&e, acl).context(format_args!("reading {}", book.what)));
+                    }
+                },
                 None => book.advance(consumer_positions(consumer)),
             }
         }
+    }
+
+    /// The number of partitions of `topic` the reader reads (0 when it does not exist).
+    pub fn partition_count(&self, topic: &str) -> usize {
+        self.book.partitions.keys().filter(|(t, _)| t == topic).count()
     }
 
     /// Topics asked for that do not exist.
@@ -226,14 +301,51 @@ impl<C: ConsumerContext + 'static> ToEnd<C> {
 
     /// Where the next read of each partition would start: its end once the reader is done.
     pub fn positions(&self) -> Starts {
-        self.book.partitions.iter().map(|(k, (_, next))| (k.clone(), *next)).collect()
+        self.book.partitions.iter().map(|(k, p)| (k.clone(), p.next)).collect()
     }
 }
 
 impl Book {
-    /// A partition not yet read to its end: `((topic, partition), (end, next offset))`.
-    fn behind(&self) -> Option<(&Key, &(i64, i64))> {
-        self.partitions.iter().find(|(_, (end, next))| next < end)
+    /// The partition below its end that has not moved for the longest.
+    fn behind(&self) -> Option<(&Key, &Progress)> {
+        self.partitions.iter().filter(|(_, p)| p.next < p.end).min_by_key(|(_, p)| p.moved)
+    }
+
+    /// The one topic read, when there is one.
+    fn only_topic(&self) -> Option<&str> {
+        let mut topics = self.partitions.keys().map(|(t, _)| t.as_str());
+        let first = topics.next()?;
+        topics.all(|t| t == first).then_some(first)
+    }
+
+    /// The definite error of records deleted under the reader (librdkafka's `_AUTO_OFFSET_RESET`, which does
+    /// not say which partition): each partition below its end whose log start is now past where it was
+    /// read to lost the records in between; when the broker does not show it (the log start is not past),
+    /// every partition below its end is named with the offset it was read to.
+    fn lost<C: ConsumerContext + 'static>(&self, consumer: &BaseConsumer<C>) -> Error {
+        let behind: Vec<(&Key, &Progress)> = self.partitions.iter().filter(|(_, p)| p.next < p.end).collect();
+        let mut gone = Vec::new();
+        for ((topic, partition), p) in &behind {
+            if let Ok((low, _)) = consumer.fetch_watermarks(topic, *partition, REQUEST_TIMEOUT) {
+                if low > p.next {
+                    gone.push(format!(
+                        "{topic}/{partition} offsets {} to {} (the partition now starts at {low})",
+                        p.next,
+                        low - 1
+                    ));
+                }
+            }
+        }
+        if gone.is_empty() {
+            gone = behind.iter().map(|((t, p), at)| format!("{t}/{p} from offset {}", at.next)).collect();
+        }
+        Error::definite(format!(
+            "reading {}: records this read had not reached yet were deleted from the topic (retention.ms, \
+             retention.bytes or DeleteRecords): {}. The read stopped instead of skipping them: {}",
+            self.what,
+            gone.join(", "),
+            self.if_lost
+        ))
     }
 
     fn is_done(&mut self) -> bool {
@@ -249,22 +361,24 @@ impl Book {
     }
 
     fn record(&mut self, topic: &str, partition: i32, offset: i64) {
-        let now = Instant::now();
         self.records += 1;
-        self.last_record = now;
-        self.progressed = now;
-        if let Some((_, next)) = self.partitions.get_mut(&(topic.to_string(), partition)) {
-            *next = (*next).max(offset + 1);
-        }
+        self.last_record = Instant::now();
+        self.moved_to(topic, partition, offset + 1);
     }
 
     fn advance(&mut self, positions: Vec<(String, i32, i64)>) {
+        self.sampled = Instant::now();
         for (topic, partition, at) in positions {
-            if let Some((_, next)) = self.partitions.get_mut(&(topic, partition)) {
-                if at > *next {
-                    *next = at;
-                    self.progressed = Instant::now();
-                }
+            self.moved_to(&topic, partition, at);
+        }
+    }
+
+    /// `topic/partition` is read up to `next` (exclusive); its stall clock restarts when that is further.
+    fn moved_to(&mut self, topic: &str, partition: i32, next: i64) {
+        if let Some(p) = self.partitions.get_mut(&(topic.to_string(), partition)) {
+            if next > p.next {
+                p.next = next;
+                p.moved = Instant::now();
             }
         }
     }
@@ -272,11 +386,12 @@ impl Book {
     /// Fails after [`Until::stall`] without progress below an end; says every [`REPORT_EVERY`] why it waits,
     /// or how far a long read is.
     fn check(&mut self) -> Result<()> {
-        let Some(((topic, partition), (end, next))) = self.behind().map(|((t, p), (e, n))| ((t.clone(), *p), (*e, *n)))
+        let Some(((topic, partition), Progress { end, next, moved })) =
+            self.behind().map(|((t, p), progress)| ((t.clone(), *p), *progress))
         else {
             return Ok(());
         };
-        let still = self.progressed.elapsed();
+        let still = moved.elapsed();
         if still >= POLL * 5 && STOPPING.load(Ordering::Acquire) {
             return Err(Error::transient(format!(
                 "reading {}: stopped waiting at {topic}/{partition} offset {next} (end {end}): the process is stopping",
@@ -354,4 +469,65 @@ pub async fn transaction_max_timeout(config: &ClientConfig) -> Duration {
         .and_then(|r| r.get("transaction.max.timeout.ms").and_then(|e| e.value.clone()))
         .and_then(|v| v.parse::<u64>().ok())
         .map_or(DEFAULT_TRANSACTION_MAX_TIMEOUT, Duration::from_millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn book(stall: Duration, partitions: &[(i32, i64, i64)]) -> Book {
+        let now = Instant::now();
+        Book {
+            what: "t".into(),
+            if_lost: String::new(),
+            until: Until { quiet: Duration::ZERO, stall },
+            partitions: partitions
+                .iter()
+                .map(|&(p, end, next)| (("t".to_string(), p), Progress { end, next, moved: now }))
+                .collect(),
+            missing: Vec::new(),
+            log_starts: BTreeMap::new(),
+            estimate: 0,
+            records: 0,
+            last_record: now,
+            reached: None,
+            reported: now,
+            sampled: now,
+            group_refusal_logged: false,
+        }
+    }
+
+    /// Guards against one global stall clock (issue 46, finding 6): on a busy topic, records of one
+    /// partition kept restarting the clock of another that stood still below its end, so the read neither
+    /// finished nor failed. Each partition stalls on its own clock, and the error names it.
+    #[test]
+    fn a_partition_stalls_on_its_own_clock_while_another_is_busy() {
+        let stall = Duration::from_millis(200);
+        let mut book = book(stall, &[(0, 10, 9), (1, 1_000_000, 0)]);
+        let started = Instant::now();
+        let mut offset = 0;
+        let err = loop {
+            assert!(started.elapsed() < stall * 20, "partition 0 never stalled while partition 1 was busy");
+            book.record("t", 1, offset);
+            offset += 1;
+            assert!(!book.is_done());
+            if let Err(e) = book.check() {
+                break e;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert!(!err.is_definite() && err.to_string().contains("t/0 stayed at offset 9"), "{err}");
+    }
+
+    /// A partition is done at the end sampled when the reader started, whatever the others do.
+    #[test]
+    fn each_partition_is_done_at_its_own_end() {
+        let mut book = book(Duration::from_secs(60), &[(0, 10, 9), (1, 5, 0)]);
+        book.advance(vec![("t".into(), 0, 10)]);
+        assert!(!book.is_done(), "partition 1 is still below its end");
+        for offset in 0..5 {
+            book.record("t", 1, offset);
+        }
+        assert!(book.is_done());
+    }
 }

@@ -601,7 +601,6 @@ fn consumer_config(kafka: &KafkaConfig) -> Result<ClientConfig> {
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed")
-        .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
         .set("fetch.wait.max.ms", "50")
         // librdkafka prefetches up to 64 MiB and 100k records per partition by default: cap it, so memory
@@ -631,7 +630,11 @@ fn read_kafka(
     quiet: Duration,
 ) -> Result<KafkaPass> {
     let until = Until { quiet, stall: STALL };
-    let mut reader = ToEnd::start(config, DefaultConsumerContext, topics, &Starts::new(), until, "the routed topics")?;
+    let reader = ToEnd::start(config, DefaultConsumerContext, topics, &Starts::new(), until, "the routed topics")?;
+    let mut reader = reader.if_lost(
+        "the audit cannot judge what it did not read. Run it again: it reads what the topics still hold (rows \
+         whose records retention removed are then reported missing; narrow the audit with --since)",
+    );
     for topic in reader.missing() {
         tracing::warn!(topic, "topic does not exist: every row routed to it is missing");
     }

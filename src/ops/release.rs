@@ -326,7 +326,10 @@ fn find_dead_letter(cc: &ClientConfig, topic: &str, id: &str, stall: Duration) -
     let until = Until { quiet: QUIET, stall };
     let topics = [topic.to_string()];
     let what = format!("the dead-letter topic {topic}");
-    let mut reader = ToEnd::start(cc, DefaultConsumerContext, &topics, &Starts::new(), until, what)?;
+    let reader = ToEnd::start(cc, DefaultConsumerContext, &topics, &Starts::new(), until, what)?;
+    let mut reader = reader.if_lost(format!(
+        "the dead letter of event {id} may have been among them. Nothing was changed; run the release again"
+    ));
     while let Some(message) = reader.next_record()? {
         let named = message
             .headers()
@@ -470,7 +473,14 @@ fn read_hold(cc: &ClientConfig, topic: &str, hold_id: &str, stall: Duration) -> 
     let until = Until { quiet: QUIET, stall };
     let what = format!("the dead-letter topic {topic}");
     let topics = [topic.to_string()];
-    let mut reader = ToEnd::start(cc, DefaultConsumerContext, &topics, &Starts::new(), until, what)?;
+    let reader = ToEnd::start(cc, DefaultConsumerContext, &topics, &Starts::new(), until, what)?;
+    let mut reader = reader.if_lost(format!(
+        "records of hold {hold_id} among them cannot be republished from Kafka. Nothing was republished and the \
+         hold stays. Run the release again: it reads what {topic} still holds, and refuses, naming the ways out, \
+         if the hold's first event is gone (the outbox table still has the aggregate's rows unless they were \
+         pruned: `outbox-cdc replay` recovers them, then --accept-missing lifts the hold). Keep the dead-letter \
+         topic's retention.ms = -1 so that a hold's records stay until it is released"
+    ));
     let log_starts = reader.log_starts().into_values().collect();
     let mut seen = HashSet::new();
     let mut letters = Vec::new();
@@ -494,7 +504,8 @@ fn read_hold(cc: &ClientConfig, topic: &str, hold_id: &str, stall: Duration) -> 
     Ok(HoldRead { letters, log_starts, first_at })
 }
 
-/// The dead-letter reader's librdkafka settings: the connector's, `read_committed`, no group offsets.
+/// The dead-letter reader's librdkafka settings: the connector's, `read_committed`, no group offsets (the
+/// `group.id` is librdkafka's condition for `assign()`; it needs no ACL: [`crate::kafka::read`]).
 fn hold_reader_config(config: &crate::config::KafkaConfig) -> Result<ClientConfig> {
     let mut cc = client_config(config)?;
     cc.set("group.id", "outbox-cdc-quarantine-release")

@@ -12,6 +12,9 @@
 //!   every transaction it holds (same server); otherwise the copy is refused and nothing is written.
 //! - The checkpoint is copied as it is (position, server, snapshot progress), with holds and known poison:
 //!   the connector resumes from the target exactly where it would have resumed from the source.
+//! - A state topic with more than one partition, which every other command refuses, is read here, merged
+//!   per key ([`crate::checkpoint::kafka::KafkaStore::inspect_merging_partitions`]): `--to local`, then
+//!   `--to kafka` with `[state] topic` naming a new one-partition topic, moves the connector off it.
 
 use crate::checkpoint::store::Inspection;
 use crate::checkpoint::Store;
@@ -61,7 +64,10 @@ pub async fn copy(config: &Config, to: StateBackend) -> Result<CopyReport> {
                     known_poison: store.known_poison()?,
                 }
             }
-            StateBackend::Kafka => Store::inspect_for(&from_config).await?.unwrap_or_default(),
+            // Any number of partitions: this is the way out of a state topic whose partitions were added.
+            StateBackend::Kafka => crate::checkpoint::kafka::KafkaStore::inspect_merging_partitions(&from_config)
+                .await?
+                .unwrap_or_default(),
         };
         if from.checkpoint.is_none() {
             return Err(Error::definite(format!("no checkpoint in {}: nothing to copy", from_config.state_location())));
