@@ -102,7 +102,12 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
                 Err(error) => break Err(error),
             },
         };
-        let result = match state.for_run().await {
+        // Opening the Kafka state waits for Kafka (fencing, reading): a stop does not wait for it.
+        let opened = tokio::select! {
+            opened = state.for_run(shutdown.kafka_deadline()) => opened,
+            _ = shutdown.requested() => break Ok(()),
+        };
+        let result = match opened {
             Ok(store) => match lease {
                 None => pipeline.run(&store, None, &shutdown).await,
                 Some(lease) => tenure::while_held(lease, pipeline.run(&store, Some(lease), &shutdown)).await,

@@ -51,7 +51,7 @@ mod shutdown;
 
 use plan::{FilesPlan, First, ServerPlan};
 use run::Run;
-pub use shutdown::{Shutdown, ShutdownTrigger, SHUTDOWN_GRACE};
+pub use shutdown::{Shutdown, ShutdownTrigger, KAFKA_STOP_LIMIT, SHUTDOWN_GRACE};
 
 /// Everything a run needs that outlives it. The state store and the lease are not here: the app owns
 /// them (the Kafka backend opens its store again before each run, the lease may be lost and taken again)
@@ -79,7 +79,13 @@ impl Pipeline {
         let result = self.run_once(store, lease, shutdown).await;
         if let Err(error) = &result {
             health().pipeline_failed(error);
-            if let Err(e) = store.set_last_error(error) {
+            // At a stop the error is the stop's (a Kafka wait given up): recording it in the Kafka state
+            // would wait for the Kafka that did not answer.
+            let recorded = match shutdown.is_requested() {
+                true => Ok(()),
+                false => store.set_last_error(error),
+            };
+            if let Err(e) = recorded {
                 tracing::warn!(error = %e, "cannot record the last error in the state store");
             }
             if let Some(refused) = error.refused() {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::{Broker, Engine};
 use outbox_cdc::checkpoint::kafka::KafkaStore;
 use outbox_cdc::config::Config;
+use outbox_cdc::kafka::commit::Deadline;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,7 +54,7 @@ const EXACTLY_ONCE: &str = "[delivery]\nguarantee = \"exactly_once\"\n";
 async fn a_checkpoint_committed_between_the_read_and_the_fence_stops_the_run() {
     let broker = Broker::start(Engine::Noida);
     let config = config(&broker, EXACTLY_ONCE);
-    let store = KafkaStore::open(&config).await.expect("open");
+    let store = KafkaStore::open(&config, &Deadline::default()).await.expect("open");
     assert!(store.load().is_none(), "a new state topic");
     // The other instance: its start fences this one's first fence, then it commits a checkpoint.
     let other = producer(&broker, config.transactional_id());
@@ -81,11 +82,11 @@ async fn the_previous_starts_producers_are_fenced_when_the_ids_change() {
     for (i, (why, now)) in cases.into_iter().enumerate() {
         let before_id = format!("pod-1-{i}");
         let before = config(&broker, &format!("{EXACTLY_ONCE}transactional_id = \"{before_id}\"\n"));
-        drop(KafkaStore::open(&before).await.expect("the earlier start"));
+        drop(KafkaStore::open(&before, &Deadline::default()).await.expect("the earlier start"));
         // The earlier start's event producer, still alive with a transaction open on an event topic.
         let earlier = producer(&broker, &before_id);
         write_open(&earlier, "outbox.event.order", "o-1", "{}");
-        drop(KafkaStore::open(&config(&broker, now)).await.expect("the next start"));
+        drop(KafkaStore::open(&config(&broker, now), &Deadline::default()).await.expect("the next start"));
         let err = earlier.commit_transaction(TIMEOUT).expect_err("fenced by the next start");
         assert!(err.to_string().to_lowercase().contains("fenc"), "{why}: {err}");
     }
@@ -115,7 +116,7 @@ async fn measure_the_state_read_by_topic_size() {
         let (_broker, config, filler) = if transactional {
             let broker = Broker::start(Engine::Noida);
             let config = config(&broker, EXACTLY_ONCE);
-            drop(KafkaStore::open(&config).await.expect("creates the topic"));
+            drop(KafkaStore::open(&config, &Deadline::default()).await.expect("creates the topic"));
             let filler = producer(&broker, "filler");
             (broker, config, filler)
         } else {
@@ -159,7 +160,7 @@ async fn measure_the_state_read_by_topic_size() {
         let filled = started.elapsed();
         let started = std::time::Instant::now();
         if transactional {
-            drop(KafkaStore::open(&config).await.expect("open"));
+            drop(KafkaStore::open(&config, &Deadline::default()).await.expect("open"));
         } else {
             let state = KafkaStore::inspect(&config).await.expect("inspect").expect("the topic exists");
             assert!(state.checkpoint.is_some(), "read to the last record");

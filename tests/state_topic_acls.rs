@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use outbox_cdc::checkpoint::kafka::KafkaStore;
 use outbox_cdc::config::Config;
+use outbox_cdc::kafka::commit::Deadline;
 use outbox_cdc::kafka::read::{Starts, ToEnd, Until};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::DefaultConsumerContext;
@@ -131,7 +132,7 @@ async fn a_state_topic_of_three_partitions_is_refused_with_the_way_out() {
     write(&bootstrap, STATE_TOPIC, 2, "x/checkpoint", Some(&checkpoint("0-1-42")));
     let config = config(&bootstrap);
 
-    let refused = KafkaStore::open(&config).await.expect_err("open must refuse the topic");
+    let refused = KafkaStore::open(&config, &Deadline::default()).await.expect_err("open must refuse the topic");
     assert!(refused.is_definite(), "{refused}");
     for says in ["has 3 partitions; it must have exactly 1", "state copy --to local", "--partitions 1", "[state] topic"]
     {
@@ -178,7 +179,7 @@ async fn a_refused_transactional_id_is_definite_and_names_the_acl() {
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED; 20],
     );
     let config = config(&cluster.bootstrap_servers());
-    let refused = tokio::time::timeout(TIMEOUT * 2, KafkaStore::open(&config))
+    let refused = tokio::time::timeout(TIMEOUT * 2, KafkaStore::open(&config, &Deadline::default()))
         .await
         .expect("a refusal, not a wait")
         .expect_err("open must fail");
@@ -250,7 +251,7 @@ async fn records_deleted_under_a_reader_stop_it() {
 async fn an_unreadable_state_topic_policy_is_warned_about_at_start() {
     let cluster = cluster(1);
     let config = config(&cluster.bootstrap_servers());
-    let store = KafkaStore::open(&config).await.expect("the start goes on");
+    let store = KafkaStore::open(&config, &Deadline::default()).await.expect("the start goes on");
     drop(store);
     let logs = String::from_utf8_lossy(&logs().lock().unwrap()).into_owned();
     assert!(logs.contains("cleanup.policy could not be verified"), "{logs}");

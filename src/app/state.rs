@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use crate::checkpoint::Store;
 use crate::config::{Config, StateBackend};
 use crate::error::Result;
+use crate::kafka::commit::Deadline;
 
 /// The state store of the current run.
 pub(super) struct State {
@@ -48,11 +49,11 @@ impl State {
     ///
     /// # Errors
     /// As [`Store::open_for`], with the Kafka backend.
-    pub(super) async fn for_run(&self) -> Result<Arc<Store>> {
+    pub(super) async fn for_run(&self, deadline: &Deadline) -> Result<Arc<Store>> {
         let store = match &self.backend {
             Backend::Local(store) => store.clone(),
             Backend::Kafka(config) => {
-                Arc::new(Store::open_for(config).await.map_err(|e| e.context("opening the state in Kafka"))?)
+                Arc::new(Store::open_for(config, deadline).await.map_err(|e| e.context("opening the state in Kafka"))?)
             }
         };
         self.current.send_replace(Some(store.clone()));

@@ -64,6 +64,7 @@ use super::records::{hold_key, Inspection, LastError};
 use super::Checkpoint;
 use crate::config::{Config, KafkaConfig};
 use crate::error::{classify_kafka, classify_kafka_on, Error, KafkaResource, Result};
+use crate::kafka::commit::{until_known, Deadline, Outcome};
 use crate::kafka::read::{Starts, ToEnd, Until};
 use crate::poison::{Hold, KnownPoison};
 
@@ -114,6 +115,8 @@ pub struct KafkaStore {
     read_to: Mutex<Starts>,
     /// Serialises writes: a transaction at a time.
     write_lock: Mutex<()>,
+    /// When a commit's wait for its outcome gives up: at a stop of `run` (never for the other commands).
+    deadline: Deadline,
 }
 
 impl std::fmt::Debug for KafkaStore {
@@ -130,7 +133,7 @@ impl KafkaStore {
     /// Transient when the broker cannot be reached; definite when the topic is not compacted, has more
     /// than one partition, may not be created or used (the message names the ACL), or holds records this
     /// build cannot read.
-    pub async fn open(config: &Config) -> Result<KafkaStore> {
+    pub async fn open(config: &Config, deadline: &Deadline) -> Result<KafkaStore> {
         let partitions = ensure_topic(config).await?;
         one_partition(&config.state.topic, partitions)?;
         let started = Instant::now();
@@ -159,6 +162,7 @@ impl KafkaStore {
             state: Mutex::new(state),
             read_to: Mutex::new(read_to),
             write_lock: Mutex::new(()),
+            deadline: deadline.clone(),
         };
         store.fence_earlier_producers(config).await?;
         Ok(store)
@@ -404,7 +408,16 @@ impl KafkaStore {
             }
         }
         crate::failpoint!("checkpoint_write");
-        writer.commit_transaction(STATE_TIMEOUT).map_err(|e| failed(e, "committing to"))
+        // A commit that timed out may still commit: asked again until its outcome is known (taken for a
+        // failure, a release would be written, and its events republished, twice), or a stop gives up.
+        match until_known(writer, STATE_TIMEOUT, &self.deadline) {
+            Outcome::Known(result) => result.map_err(|e| failed(e, "committing to")),
+            Outcome::Unknown => Err(Error::transient(format!(
+                "stopping with the outcome of a commit to the state topic {} unknown: the next start's \
+                 init_transactions completes or aborts it",
+                self.topic
+            ))),
+        }
     }
 }
 

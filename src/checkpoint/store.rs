@@ -20,6 +20,7 @@ pub use super::records::{Inspection, LastError};
 use super::Checkpoint;
 use crate::config::{Config, StateBackend};
 use crate::error::{Error, Result};
+use crate::kafka::commit::Deadline;
 use crate::poison::{Hold, KnownPoison};
 
 const CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("checkpoints");
@@ -95,14 +96,16 @@ impl Store {
     }
 
     /// Opens the store `config` names, as its one writer: the local file, or the Kafka topic (which fences
-    /// any older writer first, see [`super::kafka`]).
+    /// any older writer first, see [`super::kafka`]; its commits wait for their outcome until `deadline`).
     ///
     /// # Errors
     /// As [`Store::open`] and [`KafkaStore::open`].
-    pub async fn open_for(config: &Config) -> Result<Store> {
+    pub async fn open_for(config: &Config, deadline: &Deadline) -> Result<Store> {
         match config.state.backend {
             StateBackend::Local => Store::open(&config.state.dir),
-            StateBackend::Kafka => Ok(Store { backend: Backend::Kafka(Box::new(KafkaStore::open(config).await?)) }),
+            StateBackend::Kafka => {
+                Ok(Store { backend: Backend::Kafka(Box::new(KafkaStore::open(config, deadline).await?)) })
+            }
         }
     }
 

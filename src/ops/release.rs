@@ -42,6 +42,7 @@ use super::ids::IdColumn;
 use crate::checkpoint::{Store, Watermark};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::kafka::commit::Deadline;
 use crate::kafka::read::{Starts, ToEnd, Until};
 use crate::outbox::{quote_ident, TableName};
 use crate::poison::{Hold, PoisonKind};
@@ -97,7 +98,7 @@ pub async fn release(
         crate::config::StateBackend::Kafka => {
             let lease = crate::lease::Lease::of_stopped_connector(config).await.map_err(stopped)?;
             let result = async {
-                let store = Store::open_for(config).await?;
+                let store = Store::open_for(config, &Deadline::default()).await?;
                 release_from(&store, config, aggregate_type, aggregate_id, skip_poison, accept_missing).await
             }
             .await;

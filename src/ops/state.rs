@@ -20,6 +20,7 @@ use crate::checkpoint::store::Inspection;
 use crate::checkpoint::Store;
 use crate::config::{Config, StateBackend};
 use crate::error::{Error, Result};
+use crate::kafka::commit::Deadline;
 use crate::lease::Lease;
 
 /// What a copy did.
@@ -72,7 +73,7 @@ pub async fn copy(config: &Config, to: StateBackend) -> Result<CopyReport> {
         if from.checkpoint.is_none() {
             return Err(Error::definite(format!("no checkpoint in {}: nothing to copy", from_config.state_location())));
         }
-        let target = Store::open_for(&to_config).await.map_err(stopped)?;
+        let target = Store::open_for(&to_config, &Deadline::default()).await.map_err(stopped)?;
         check_not_newer(&from, target.load()?.as_ref(), &to_config.state_location())?;
         crate::checkpoint::copy_into(&from, &target)?;
         Ok(CopyReport {

@@ -28,6 +28,7 @@ use crate::checkpoint::checkpointer::Checkpointer;
 use crate::checkpoint::{Mark, TxId, Watermark};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::kafka::commit::Deadline;
 use crate::sink::{CheckpointRecord, KafkaSink, Transactional};
 
 /// How a run makes its checkpoints durable: the delivery guarantee.
@@ -90,6 +91,7 @@ impl Commit {
         config: &Config,
         checkpointer: &Arc<Checkpointer>,
         watermark: Arc<Watermark>,
+        deadline: &Deadline,
     ) -> Result<(Commit, KafkaSink)> {
         let interval = config.state.checkpoint_interval;
         if !config.exactly_once() {
@@ -103,7 +105,7 @@ impl Commit {
             checkpoint: Some(CheckpointRecord { topic: state.topic().to_string(), key: state.checkpoint_key() }),
         };
         checkpointer.write_in_transactions();
-        let sink = KafkaSink::transactional(&config.kafka, watermark, target).await?;
+        let sink = KafkaSink::transactional(&config.kafka, watermark, target, deadline).await?;
         // The producer that commits has fenced now: what was read before it did may be stale.
         state.catch_up(config).await?;
         let schedule = Schedule { cycle_start: Instant::now(), committed_once: false, recent: VecDeque::new() };

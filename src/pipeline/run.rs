@@ -60,7 +60,7 @@ impl<'a> Run<'a> {
         shutdown: &'a Shutdown,
     ) -> Result<Run<'a>> {
         let watermark = Arc::new(Watermark::new(None));
-        let (commit, sink) = Commit::start(config, &checkpointer, watermark.clone()).await?;
+        let (commit, sink) = Commit::start(config, &checkpointer, watermark.clone(), shutdown.kafka_deadline()).await?;
         let publisher = Publisher::new(config, router, checkpointer.store().clone())?;
         let periodic = checkpointer.every(watermark.clone(), commit.interval());
         Ok(Run { config, sink, publisher, watermark, checkpointer, periodic, shutdown, commit })

@@ -8,8 +8,15 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::kafka::commit::Deadline;
+
 /// How long a graceful stop waits for the current transaction to finish and for acknowledgements.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// How long after a stop was requested the waits for Kafka's outcomes give up (a transactional producer's
+/// start, a commit, an abort): the grace for the current source transaction and the one for Kafka
+/// together. With Kafka unreachable a commit's outcome never comes; the stop then leaves it unknown, and
+/// the next start resolves it ([`crate::kafka::commit`]).
+pub const KAFKA_STOP_LIMIT: Duration = Duration::from_secs(2 * SHUTDOWN_GRACE.as_secs());
 /// How long a failed run waits for in-flight acknowledgements before giving up on them.
 pub(super) const FAILURE_DRAIN: Duration = Duration::from_secs(5);
 
@@ -19,6 +26,8 @@ pub struct Shutdown {
     rx: watch::Receiver<Option<Instant>>,
     /// Set with the watch value: polled per change without the watch's lock.
     requested: Arc<AtomicBool>,
+    /// Set [`KAFKA_STOP_LIMIT`] after the request.
+    kafka_deadline: Deadline,
 }
 
 /// Triggers a [`Shutdown`].
@@ -26,11 +35,13 @@ pub struct Shutdown {
 pub struct ShutdownTrigger {
     tx: watch::Sender<Option<Instant>>,
     requested: Arc<AtomicBool>,
+    kafka_deadline: Deadline,
 }
 
 impl ShutdownTrigger {
     /// Requests shutdown (idempotent).
     pub fn trigger(&self) {
+        self.kafka_deadline.set(Instant::now() + KAFKA_STOP_LIMIT);
         self.requested.store(true, Ordering::Release);
         self.tx.send_if_modified(|at| {
             if at.is_none() {
@@ -48,7 +59,14 @@ impl Shutdown {
     pub fn new() -> (ShutdownTrigger, Shutdown) {
         let (tx, rx) = watch::channel(None);
         let requested = Arc::new(AtomicBool::new(false));
-        (ShutdownTrigger { tx, requested: requested.clone() }, Shutdown { rx, requested })
+        let kafka_deadline = Deadline::default();
+        let trigger = ShutdownTrigger { tx, requested: requested.clone(), kafka_deadline: kafka_deadline.clone() };
+        (trigger, Shutdown { rx, requested, kafka_deadline })
+    }
+
+    /// When the waits for Kafka's outcomes give up: [`KAFKA_STOP_LIMIT`] after the request, never before.
+    pub fn kafka_deadline(&self) -> &Deadline {
+        &self.kafka_deadline
     }
 
     /// Whether shutdown was requested (cheap).

@@ -23,6 +23,7 @@ use std::time::Duration;
 use crate::checkpoint::{TxId, Watermark};
 use crate::config::Config;
 use crate::error::Result;
+use crate::kafka::commit::Deadline;
 use crate::pipeline::SHUTDOWN_GRACE;
 use crate::sink::{KafkaSink, Transactional};
 
@@ -42,10 +43,14 @@ impl RelayCommit {
     ///
     /// # Errors
     /// As [`KafkaSink::new`] and [`KafkaSink::transactional`].
-    pub(super) async fn start(config: &Config, watermark: &Arc<Watermark>) -> Result<(RelayCommit, KafkaSink)> {
+    pub(super) async fn start(
+        config: &Config,
+        watermark: &Arc<Watermark>,
+        deadline: &Deadline,
+    ) -> Result<(RelayCommit, KafkaSink)> {
         if config.poll.transactional {
             let settings = Transactional { id: config.transactional_id().to_string(), checkpoint: None };
-            let sink = KafkaSink::transactional(&config.kafka, watermark.clone(), settings).await?;
+            let sink = KafkaSink::transactional(&config.kafka, watermark.clone(), settings, deadline).await?;
             Ok((RelayCommit::BackToBack(Arc::new(AtomicU64::new(0))), sink))
         } else {
             Ok((RelayCommit::Acknowledged, KafkaSink::new(&config.kafka, watermark.clone())?))

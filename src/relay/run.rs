@@ -190,7 +190,7 @@ pub async fn run(
     Relay::ready_marker(&mut marker_conn).await?;
     let marker = MarkerTask::spawn(relay.clone(), marker_conn, requests, done);
     let watermark = Arc::new(Watermark::new(None));
-    let (commits, mut sink) = RelayCommit::start(config, &watermark).await?;
+    let (commits, mut sink) = RelayCommit::start(config, &watermark, shutdown.kafka_deadline()).await?;
     if let Some(lease) = lease {
         sink.publish_while(lease);
     }

@@ -48,6 +48,7 @@ use super::transaction::{OnCommit, Transaction, Transactional};
 use crate::checkpoint::{TxId, Watermark};
 use crate::config::KafkaConfig;
 use crate::error::{classify_kafka, Error, Result};
+use crate::kafka::commit::{abort_within, init_within, Deadline};
 use crate::lease::Holding;
 use crate::metrics::metrics;
 use crate::router::KafkaRecord;
@@ -73,9 +74,11 @@ struct Transactions {
     target: Transactional,
     /// How long `abort_transaction` may take (`transaction.timeout.ms`).
     timeout: Duration,
-    /// How long one `commit_transaction` call may take before it is called again
+    /// How often a commit that has not returned says it still waits
     /// ([`crate::kafka::commit::until_known`]): `transaction.timeout.ms`.
     commit_attempt: Duration,
+    /// When the waits for the producer's start, a commit's outcome and an abort give up: set by a stop.
+    deadline: Deadline,
     state: Transaction,
 }
 
@@ -216,7 +219,8 @@ impl KafkaSink {
     /// A sink whose records go out in Kafka transactions that commit with the checkpoint covering them
     /// (`exactly_once`, see docs/CONTRACT.md): the producer gets `transactional.id`, and its start fences
     /// any older producer with that id (an instance that lost its lease, a run that crashed), aborting the
-    /// transaction that one left open.
+    /// transaction that one left open. Its start, commits and aborts wait for Kafka until `deadline` at
+    /// most (a stop sets it).
     ///
     /// # Errors
     /// Transient when the broker cannot be reached; definite for an invalid configuration (e.g. a
@@ -225,6 +229,7 @@ impl KafkaSink {
         config: &KafkaConfig,
         watermark: Arc<Watermark>,
         settings: Transactional,
+        deadline: &Deadline,
     ) -> Result<Self> {
         let timeout_ms = config.transaction_timeout_ms()?;
         let mut sink = KafkaSink::with(config, watermark, |cc| {
@@ -234,13 +239,15 @@ impl KafkaSink {
                 .set("transaction.timeout.ms", timeout_ms.to_string())
                 .set("message.timeout.ms", timeout_ms.to_string());
         })?;
-        let producer = sink.producer.clone();
+        let (producer, deadline) = (sink.producer.clone(), deadline.clone());
         let timeout = Duration::from_millis(timeout_ms);
-        tokio::task::spawn_blocking(move || producer.init_transactions(timeout))
+        let init = deadline.clone();
+        tokio::task::spawn_blocking(move || init_within(&*producer, timeout, &init))
             .await
             .map_err(|e| Error::transient(format!("the producer's start failed: {e}")))?
             .map_err(|e| classify_kafka(&e).context("starting the transactional producer (init_transactions)"))?;
-        sink.txn = Some(Transactions { target: settings, timeout, commit_attempt: timeout, state: Transaction::Idle });
+        let state = Transaction::Idle;
+        sink.txn = Some(Transactions { target: settings, timeout, commit_attempt: timeout, deadline, state });
         Ok(sink)
     }
 
@@ -306,9 +313,10 @@ impl KafkaSink {
                 "a commit needs a transactional producer (delivery.guarantee = \"exactly_once\")",
             ));
         };
-        let (producer, attempt) = (&self.producer, txn.commit_attempt);
+        let (producer, attempt, deadline) = (&self.producer, txn.commit_attempt, &txn.deadline);
         let target = &txn.target;
-        let started = txn.state.step(|state| state.commit(producer, target, attempt, checkpoint.as_deref(), on_commit));
+        let started =
+            txn.state.step(|state| state.commit(producer, target, attempt, deadline, checkpoint.as_deref(), on_commit));
         if let Err(error) = started {
             self.abort_transaction().await;
             return Err(error);
@@ -364,8 +372,8 @@ impl KafkaSink {
             return;
         }
         self.producer.purge(PurgeConfig::default().queue().inflight());
-        let (producer, timeout) = (self.producer.clone(), txn.timeout);
-        let aborted = tokio::task::spawn_blocking(move || producer.abort_transaction(timeout)).await;
+        let (producer, timeout, deadline) = (self.producer.clone(), txn.timeout, txn.deadline.clone());
+        let aborted = tokio::task::spawn_blocking(move || abort_within(&*producer, timeout, &deadline)).await;
         match aborted {
             Ok(Ok(())) => metrics().transaction_aborted(),
             // A fenced or fatal producer cannot abort; the broker aborts its transaction when the next
@@ -835,7 +843,7 @@ mod tests {
             checkpoint: Some(CheckpointRecord { topic: "state".into(), key: "c/checkpoint".into() }),
         };
         let watermark = Arc::new(Watermark::new(None));
-        let sink = KafkaSink::transactional(&config, watermark.clone(), settings).await.unwrap();
+        let sink = KafkaSink::transactional(&config, watermark.clone(), settings, &Deadline::default()).await.unwrap();
         cluster.broker_round_trip_time(1, round_trip).unwrap();
         (sink, watermark)
     }
@@ -922,7 +930,9 @@ mod tests {
             id: "t".into(),
             checkpoint: Some(CheckpointRecord { topic: "state".into(), key: "c/checkpoint".into() }),
         };
-        let Err(error) = KafkaSink::transactional(&config, Arc::new(Watermark::new(None)), settings).await else {
+        let Err(error) =
+            KafkaSink::transactional(&config, Arc::new(Watermark::new(None)), settings, &Deadline::default()).await
+        else {
             panic!("the producer started")
         };
         assert!(error.is_definite() && error.to_string().contains("transaction.max.timeout.ms"), "{error}");
@@ -962,5 +972,30 @@ mod tests {
         settled(&sink).await;
         assert!(watermark.take_failure().is_none());
         assert_eq!(read_ids(&cluster.bootstrap_servers()), ["A1"]);
+    }
+
+    /// Guards against a stop that waits for ever for a commit while Kafka is unreachable (issue 46, finding
+    /// 6). Once the stop's deadline passes the commit is left unknown: not counted as committed (its
+    /// checkpoint is not saved), not aborted, nothing more produced; the sink drops without waiting.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_commit_left_unknown_at_a_stop_is_neither_committed_nor_aborted() {
+        let cluster = cluster();
+        let (mut sink, watermark) = transactional_sink(&cluster, Duration::ZERO).await;
+        sink.txn.as_mut().unwrap().commit_attempt = Duration::from_millis(100);
+        let tx = watermark.open();
+        sink.send(tx, &record("A1", 100), None).await.unwrap();
+        cluster.broker_down(1).unwrap();
+        let committed = Arc::new(AtomicBool::new(false));
+        let on_commit = committed.clone();
+        sink.start_commit(Some(b"{}".to_vec()), Box::new(move |_| on_commit.store(true, Ordering::Release)))
+            .await
+            .unwrap();
+        sink.txn.as_ref().unwrap().deadline.set(Instant::now() + Duration::from_millis(500));
+        let error = sink.finish_commit().await.unwrap_err();
+        assert!(!error.is_definite(), "{error}");
+        assert!(!committed.load(Ordering::Acquire), "an unknown outcome is not a commit");
+        assert!(matches!(sink.txn.as_ref().unwrap().state, Transaction::Unresolved), "left to the next start");
+        assert!(sink.send(tx, &record("A2", 100), None).await.is_err(), "nothing more goes into the producer");
+        drop(sink);
     }
 }

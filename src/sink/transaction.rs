@@ -7,7 +7,8 @@
 //! ```text
 //!  Idle ──begin──► Open ──commit──► Committing ──returned: committed──► Idle, or Open with the held records
 //!                   │                   │ (records sent meanwhile are held)
-//!                   │                   └──returned: failed──► Open ──abort──► Aborted
+//!                   │                   ├──returned: failed──► Open ──abort──► Aborted
+//!                   │                   └──returned: outcome unknown (the process stops)──► Unresolved
 //!                   └──abort──► Aborted
 //! ```
 //!
@@ -17,21 +18,23 @@
 //!   for the sink to produce into the next transaction, after its `on_commit` ran; one that failed drops
 //!   them with its own records and returns their budget: none was produced, none counts as delivered.
 //! - A commit whose outcome is not yet known (a call that timed out) is asked again until it is
-//!   ([`crate::kafka::commit::until_known`]); it is never taken for an abort.
-//! - [`Transaction::Aborted`] is final: nothing more goes into the producer, and the run restarts from the
-//!   last commit.
+//!   ([`crate::kafka::commit::until_known`]); it is never taken for an abort. Only a stop ends the asking
+//!   ([`crate::kafka::commit::Deadline`]): the transaction is then [`Transaction::Unresolved`], and the next
+//!   start's `init_transactions` resolves it.
+//! - [`Transaction::Aborted`] and [`Transaction::Unresolved`] are final: nothing more goes into the
+//!   producer, and the run restarts from the last commit (or the process stops).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::error::KafkaResult;
 use rdkafka::producer::{BaseRecord, Producer};
 use tokio::sync::Semaphore;
 use tokio::task::{JoinError, JoinHandle};
 
 use super::delivery::{InFlight, SinkProducer};
 use crate::error::{classify_kafka, Error, Result};
+use crate::kafka::commit::{Deadline, Outcome};
 use crate::metrics::metrics;
 use crate::router::KafkaRecord;
 
@@ -75,13 +78,16 @@ pub(super) enum Transaction {
     Committing(Committing),
     /// Aborted, or its commit failed: nothing more goes into this producer.
     Aborted,
+    /// Its commit's outcome was left unknown when the process stopped: nothing more goes into this
+    /// producer, and it is not aborted (librdkafka refuses while it commits). The next start resolves it.
+    Unresolved,
 }
 
 /// A Kafka commit in progress: librdkafka takes no record into the producer until it returns.
 pub(super) struct Committing {
-    task: JoinHandle<KafkaResult<()>>,
+    task: JoinHandle<Outcome>,
     /// The task's outcome once [`Transaction::returned`] saw it (kept, so waiting is cancel-safe).
-    outcome: Option<std::result::Result<KafkaResult<()>, JoinError>>,
+    outcome: Option<std::result::Result<Outcome, JoinError>>,
     /// When the commit started.
     started: Instant,
     on_commit: OnCommit,
@@ -112,6 +118,7 @@ impl Transaction {
                 (committing, Err(Error::transient("no Kafka transaction begins while one commits")))
             }
             Transaction::Aborted => (Transaction::Aborted, Err(aborted())),
+            Transaction::Unresolved => (Transaction::Unresolved, Err(unresolved())),
         }
     }
 
@@ -131,8 +138,8 @@ impl Transaction {
     }
 
     /// Open (begun first if idle) → Committing: writes `checkpoint`, if any, into the transaction under
-    /// `target`'s key and starts its commit on a blocking thread, each call to librdkafka taking at most
-    /// `attempt`.
+    /// `target`'s key and starts its commit on a blocking thread, which says every `attempt` that it still
+    /// waits, and gives up at `deadline`.
     ///
     /// # Errors
     /// As [`Transaction::begin`]; when the checkpoint record is refused, or `target` has no place for it,
@@ -142,6 +149,7 @@ impl Transaction {
         producer: &Arc<SinkProducer>,
         target: &Transactional,
         attempt: Duration,
+        deadline: &Deadline,
         checkpoint: Option<&[u8]>,
         on_commit: OnCommit,
     ) -> (Transaction, Result<()>) {
@@ -166,8 +174,9 @@ impl Transaction {
             }
         }
         crate::failpoint!("before_kafka_commit");
-        let producer = producer.clone();
-        let task = tokio::task::spawn_blocking(move || crate::kafka::commit::until_known(&producer, attempt));
+        let (producer, deadline) = (producer.clone(), deadline.clone());
+        let task =
+            tokio::task::spawn_blocking(move || crate::kafka::commit::until_known(&*producer, attempt, &deadline));
         let committing = Committing { task, outcome: None, started: Instant::now(), on_commit, held: VecDeque::new() };
         (Transaction::Committing(committing), Ok(()))
     }
@@ -204,12 +213,14 @@ impl Transaction {
 
     /// Committing, returned → committed: Idle, its `on_commit` called, and the records held meanwhile
     /// handed back in the order they were sent, to go into the next transaction. Failed: Open (the caller
-    /// aborts it), the held records dropped and their budget returned to `budget`. Any other state, or a
-    /// commit that has not returned ([`Transaction::returned`]), stays as it is with nothing held.
+    /// aborts it), the held records dropped and their budget returned to `budget`. Outcome unknown (the
+    /// process stops): Unresolved, the held records dropped likewise. Any other state, or a commit that
+    /// has not returned ([`Transaction::returned`]), stays as it is with nothing held.
     ///
     /// # Errors
     /// Transient for a failed commit (nothing of the transaction is visible; the run restarts from the last
-    /// committed checkpoint), also when a newer producer fenced this one (another instance took over).
+    /// committed checkpoint), also when a newer producer fenced this one (another instance took over), and
+    /// for a commit whose outcome was left unknown.
     pub(super) fn finish(self, budget: &Semaphore) -> (Transaction, Result<VecDeque<Held>>) {
         let mut c = match self {
             Transaction::Committing(c) => c,
@@ -219,7 +230,7 @@ impl Transaction {
             return (Transaction::Committing(c), Ok(VecDeque::new()));
         };
         let error = match outcome {
-            Ok(Ok(())) => {
+            Ok(Outcome::Known(Ok(()))) => {
                 let took = c.started.elapsed();
                 metrics().transaction_committed(took);
                 crate::failpoint!("after_kafka_commit");
@@ -228,13 +239,17 @@ impl Transaction {
             }
             // The commit's outcome is unknown: nothing more goes into this producer.
             Err(e) => Error::transient(format!("the commit task failed: {e}")),
-            Ok(Err(e)) if crate::error::is_fenced(&e) => Error::transient(format!(
+            Ok(Outcome::Unknown) => {
+                drop_held(c.held, budget);
+                return (Transaction::Unresolved, Err(unresolved()));
+            }
+            Ok(Outcome::Known(Err(e))) if crate::error::is_fenced(&e) => Error::transient(format!(
                 "the Kafka transaction could not commit: {e}. A newer producer with this transactional.id \
                  started (another instance took over); nothing of this transaction is visible"
             )),
-            // `until_known` returns only definite outcomes: the commit failed for good, and the transaction
-            // was (or, the producer being fatal, will be) aborted.
-            Ok(Err(e)) => classify_kafka(&e).context(
+            // A known failure is definite: the commit failed for good, and the transaction was (or, the
+            // producer being fatal, will be) aborted.
+            Ok(Outcome::Known(Err(e))) => classify_kafka(&e).context(
                 "committing the Kafka transaction (it failed and is aborted: nothing of it is visible; the run \
                  restarts from the last committed checkpoint)",
             ),
@@ -245,7 +260,7 @@ impl Transaction {
 
     /// Open → Aborted: returns whether a transaction was open, which the caller then aborts with librdkafka
     /// (purging its queue first). A running commit cannot be aborted (the caller lets it return first);
-    /// idle stays idle.
+    /// idle stays idle, and so does an unresolved one.
     pub(super) fn abort(self) -> (Transaction, bool) {
         match self {
             Transaction::Open { .. } => (Transaction::Aborted, true),
@@ -269,6 +284,14 @@ fn drop_held(held: VecDeque<Held>, budget: &Semaphore) {
         metrics().record_settled(in_flight.permits as usize);
         budget.add_permits(in_flight.permits as usize);
     }
+}
+
+/// Why nothing more goes into a producer whose commit's outcome was left unknown.
+fn unresolved() -> Error {
+    Error::transient(
+        "the process stops with the outcome of the last Kafka commit unknown: its checkpoint is not counted as \
+         saved, and the next start completes or aborts the transaction before it reads where to resume",
+    )
 }
 
 /// Why nothing more goes into a producer whose transaction was aborted.
