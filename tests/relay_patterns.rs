@@ -3,8 +3,9 @@
 //! rolled-back transactions, `INSERT IGNORE` duplicates, `auto_increment_increment = 2`, bulk inserts under
 //! `innodb_autoinc_lock_mode = 2`, a transaction held 12 s with a follower of its aggregate queued on its
 //! lock, a restart with held rows above the number and a release while down, `TRUNCATE` between two runs,
-//! a relay paused past its lease with a release during the pause, and a kill -9 during a 100k-event
-//! catch-up.
+//! a relay paused past its lease with a release during the pause, a kill -9 during a 100k-event catch-up,
+//! and the two the gap proof must survive: a detached XA transaction, and a client that keeps
+//! `information_schema.INNODB_TRX` from refreshing.
 //!
 //! Writers of one aggregate are serialized by the aggregate's row lock (`shop.aggregates`), as an
 //! application's are, so an aggregate's sequence order is its commit order and the CONTRACT's promise
@@ -1239,4 +1240,200 @@ fn the_fix_a_refusal_shows_is_found() {
         Some("DELETE FROM shop.outbox_relay_progress WHERE outbox_table = 'shop.outbox_events'")
     );
     assert_eq!(statement_on("UPDATE shop.outbox_events SET x = 1;", PROGRESS_TABLE), None);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 11. A detached XA transaction.
+
+/// An XA transaction inserts aggregate X's event, is prepared, and its client goes away: MariaDB keeps it,
+/// detached (`INNODB_TRX` lists it with thread 0), while steady writers commit above its number and the
+/// relay publishes them. 12 s later another connection commits it, then X gets its next event. X's events
+/// must come out once, in order, and nothing may be missing. Issue 45, finding 5: the proof knew a
+/// transaction by its thread and start time, which the detach changes, so it passed the prepared row's
+/// number as free (with a progress table the row then counted as published when it committed).
+/// On 0d6e591 (the old proof) X's prepared event came out after X's next event, in both modes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_detached_xa_transaction_marking() {
+    detached_xa(Mode::Marking).await;
+}
+
+/// [`a_detached_xa_transaction_marking`] with a progress table.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_detached_xa_transaction_progress_table() {
+    detached_xa(Mode::ProgressTable).await;
+}
+
+async fn detached_xa(mode: Mode) {
+    let bench = Bench::start(mode);
+    let db = &bench.db;
+    let relay = bench.relay("");
+    let steady = writer(
+        db,
+        PatternConfig {
+            tasks: 3,
+            aggregates: 24,
+            max_transactions: usize::MAX,
+            pause: Duration::from_millis(10),
+            ..PatternConfig::default()
+        },
+    )
+    .await;
+    assert!(steady.wait_committed(50, CATCH_UP).await, "the steady writer stalled");
+    let aggregate = "xa-X".to_owned();
+    create_aggregates(&mut db.conn().await, std::slice::from_ref(&aggregate)).await.unwrap();
+
+    let mut xa = db.conn().await;
+    xa.query_drop("XA START 'outbox-cdc-test'").await.unwrap();
+    lock_aggregate(&mut xa, &aggregate).await.unwrap();
+    let x1 = OutboxRow::new(aggregate.as_str());
+    insert_event(&mut xa, &x1).await.unwrap();
+    let x1_seq: u64 = xa.exec_first("SELECT seq FROM outbox_events WHERE id = ?", (&x1.id,)).await.unwrap().unwrap();
+    xa.query_drop("XA END 'outbox-cdc-test'").await.unwrap();
+    xa.query_drop("XA PREPARE 'outbox-cdc-test'").await.unwrap();
+    let prepared = Instant::now();
+    xa.disconnect().await.unwrap();
+    let detached = "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = 0";
+    assert!(wait_until(CATCH_UP, || db.sql(detached).trim() == "1"), "the XA transaction is not listed detached");
+
+    // The relay has published rows above the prepared row's number: its reads passed that number.
+    let above: String = loop {
+        let mut c = db.conn().await;
+        let id: Option<String> =
+            c.exec_first("SELECT id FROM outbox_events WHERE seq > ? ORDER BY seq LIMIT 1", (x1_seq,)).await.unwrap();
+        if let Some(id) = id {
+            break id;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let broker = &bench.broker;
+    assert!(
+        wait_until(CATCH_UP, || broker
+            .read_all(TOPIC, 1, Duration::from_secs(1))
+            .iter()
+            .any(|r| r.header_str("id") == Some(&above))),
+        "nothing above the prepared row's number was published:\n{}",
+        relay.logs()
+    );
+    tokio::time::sleep(HELD_FOR.saturating_sub(prepared.elapsed())).await;
+    db.sql("XA COMMIT 'outbox-cdc-test';");
+    let held_for = prepared.elapsed();
+    let x2 = OutboxRow::new(aggregate.as_str());
+    insert_event(&mut db.conn().await, &x2).await.unwrap();
+    let more = steady.committed() + 100;
+    assert!(steady.wait_committed(more, CATCH_UP).await, "the steady writer stalled");
+    let written = steady.finish().await;
+
+    let events = table_events(db).await;
+    assert_table_holds(&events, &written);
+    let expected = expected_of(&events, &HashSet::new());
+    let records = read_until_seen(broker, TOPIC, &expected, CATCH_UP);
+    let note = format!(
+        "an XA transaction prepared and detached {:.1} s (listed with thread 0) beside 3 steady writers, then \
+         committed from another connection, its aggregate's next event after it",
+        held_for.as_secs_f64()
+    );
+    bench.settle(
+        "a detached XA transaction",
+        Judging::Exact,
+        (written.events() + 2, events.len()),
+        (&expected, &records, &events),
+        &note,
+        &[&relay],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// 12. A client that keeps INNODB_TRX from refreshing.
+
+/// A client reads `information_schema.INNODB_TRX` every 30 ms (a monitoring agent polling fast), which
+/// keeps the server's copy from refreshing: it is refreshed only when nobody read it for 100 ms. Once the
+/// copy is frozen, a transaction T inserts aggregate S's event and stays open while steady writers commit
+/// above its number. The relay must not take T's number as free from the stale copy: it says the listing
+/// is stale, and once the client stops and T commits, S's event comes out before S's next one, nothing
+/// missing. Before the listing had to show its own transaction, the frozen copy (from before T began)
+/// listed no T and proved its number free (with a progress table, T's event then counted as published).
+/// On 0d6e591 the relay took the frozen copy as fresh and never said otherwise, in both modes (and its
+/// reads failed with max_prepared_stmt_count after about 40 s, restarting the run).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_keeps_innodb_trx_stale_marking() {
+    stale_innodb_trx(Mode::Marking).await;
+}
+
+/// [`a_client_that_keeps_innodb_trx_stale_marking`] with a progress table.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_keeps_innodb_trx_stale_progress_table() {
+    stale_innodb_trx(Mode::ProgressTable).await;
+}
+
+async fn stale_innodb_trx(mode: Mode) {
+    let bench = Bench::start(mode);
+    let db = &bench.db;
+    let relay = bench.relay("");
+    let steady = writer(
+        db,
+        PatternConfig {
+            tasks: 3,
+            aggregates: 24,
+            max_transactions: usize::MAX,
+            pause: Duration::from_millis(10),
+            ..PatternConfig::default()
+        },
+    )
+    .await;
+    assert!(steady.wait_committed(50, CATCH_UP).await, "the steady writer stalled");
+    let aggregate = "stale-S".to_owned();
+    create_aggregates(&mut db.conn().await, std::slice::from_ref(&aggregate)).await.unwrap();
+
+    // The fast reader: its copy of INNODB_TRX freezes as long as it reads.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (mut conn, stop) = (db.conn().await, stop.clone());
+        tokio::spawn(async move {
+            let mut reads = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _: Option<u64> =
+                    conn.query_first("SELECT COUNT(*) FROM information_schema.INNODB_TRX").await.unwrap();
+                reads += 1;
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            reads
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut c1 = db.conn().await;
+    let mut t = c1.start_transaction(mysql_async::TxOpts::default()).await.unwrap();
+    lock_aggregate(&mut t, &aggregate).await.unwrap();
+    let s1 = OutboxRow::new(aggregate.as_str());
+    insert_event(&mut t, &s1).await.unwrap();
+    let opened = Instant::now();
+    let said = wait_logged(&relay, "INNODB_TRX is not refreshed", CATCH_UP);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.await.unwrap();
+    assert!(said, "the relay never said its listings were stale ({reads} fast reads):\n{}", relay.logs());
+    t.commit().await.unwrap();
+    let held_for = opened.elapsed();
+    let s2 = OutboxRow::new(aggregate.as_str());
+    insert_event(&mut db.conn().await, &s2).await.unwrap();
+    let more = steady.committed() + 100;
+    assert!(steady.wait_committed(more, CATCH_UP).await, "the steady writer stalled");
+    let written = steady.finish().await;
+
+    let events = table_events(db).await;
+    assert_table_holds(&events, &written);
+    let expected = expected_of(&events, &HashSet::new());
+    let records = read_until_seen(&bench.broker, TOPIC, &expected, CATCH_UP);
+    let note = format!(
+        "a client read INNODB_TRX every 30 ms ({reads} reads) while T held S's event open {:.1} s beside 3 steady \
+         writers; the relay said its listings were stale; S's next event after T's commit",
+        held_for.as_secs_f64()
+    );
+    bench.settle(
+        "a client that keeps INNODB_TRX stale",
+        Judging::Exact,
+        (written.events() + 2, events.len()),
+        (&expected, &records, &events),
+        &note,
+        &[&relay],
+    );
 }
