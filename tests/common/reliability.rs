@@ -250,3 +250,20 @@ pub fn record(name: &str, written: &Written, audit: &AuditRun, recovery: Option<
 pub fn written_from(expected: Expected) -> Written {
     Written { expected, ..Written::default() }
 }
+
+/// [`closing_audit`] of an `exactly_once` run, read `read_committed`: every event exactly once, not a
+/// duplicate anywhere.
+///
+/// # Panics
+/// As [`closing_audit`], and on any duplicate, with the first ones and the connector's logs.
+pub fn closing_audit_exactly_once(name: &str, connector: &Connector, written: &Written) -> AuditRun {
+    let run = closing_audit(name, connector, written, Duplicates::Reported);
+    assert_eq!(
+        (run.count("duplicated_ids"), run.count("duplicate_records")),
+        (0, 0),
+        "{name}: duplicates seen by a read_committed consumer: {:?}\n{}",
+        &run.duplicates()[..run.duplicates().len().min(10)],
+        connector.log_tail(80)
+    );
+    run
+}
