@@ -75,7 +75,10 @@ impl Checkpointer {
     pub(crate) fn committed(&self, mark: Mark, checkpoint: &Checkpoint) {
         let mut saved = self.lock();
         self.store.committed(checkpoint);
-        tracing::debug!(position = %mark.position, "checkpoint committed with its events");
+        match &mark.inside {
+            Some(inside) => tracing::debug!(position = %mark.position, %inside, "checkpoint committed with its events"),
+            None => tracing::debug!(position = %mark.position, "checkpoint committed with its events"),
+        }
         metrics().checkpoint_written(mark.timestamp);
         *saved = Some(mark);
     }
@@ -124,11 +127,14 @@ impl Checkpointer {
     }
 
     fn check_forward(&self, saved: Option<&Mark>, mark: &Mark) -> Result<()> {
-        match saved.filter(|p| !mark.position.holds_all_of(&p.position)) {
+        match saved.filter(|previous| !is_forward(previous, mark)) {
             Some(previous) => Err(Error::definite(format!(
-                "refusing to move the checkpoint backwards, from {} to {}: this is a bug in outbox-cdc, please \
-                 report it with the log; the stored checkpoint stays where it was",
-                previous.position, mark.position
+                "refusing to move the checkpoint backwards, from {}{} to {}{}: this is a bug in outbox-cdc, \
+                 please report it with the log; the stored checkpoint stays where it was",
+                previous.position,
+                inside_text(previous),
+                mark.position,
+                inside_text(mark)
             ))),
             None => Ok(()),
         }
@@ -143,6 +149,7 @@ impl Checkpointer {
             end_event: mark.end_event,
             written_at_ms: now_ms(),
             snapshot: mark.snapshot.as_deref().cloned(),
+            inside: mark.inside.clone(),
         }
     }
 
@@ -160,6 +167,26 @@ impl Checkpointer {
         let task = tokio::spawn(flush_every(self.clone(), watermark, interval));
         Periodic { task: Some(task) }
     }
+}
+
+/// Whether `mark` holds everything `previous` held: every transaction, and inside the same position no fewer
+/// rows of the same partly published transaction (a mark at the position with nothing inside it holds none).
+fn is_forward(previous: &Mark, mark: &Mark) -> bool {
+    if !mark.position.holds_all_of(&previous.position) {
+        return false;
+    }
+    match (&previous.inside, &mark.inside) {
+        (Some(before), Some(now)) if previous.position == mark.position && before.is_same_tx(now) => {
+            now.rows >= before.rows
+        }
+        (Some(_), None) => previous.position != mark.position,
+        _ => true,
+    }
+}
+
+/// ` and the first N outbox rows of …` for a mark inside a transaction, nothing otherwise.
+fn inside_text(mark: &Mark) -> String {
+    mark.inside.as_ref().map(|inside| format!(" and {inside}")).unwrap_or_default()
 }
 
 /// How often the periodic writer looks for the run's first acknowledged transaction, which it writes at once.
@@ -230,7 +257,7 @@ impl Drop for Periodic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::position::{BinlogCoord, Flavor, Gtids, Position};
+    use crate::position::{BinlogCoord, Flavor, Gtids, Position, TxProgress};
 
     fn mark(gtids: &str, pos: u64) -> Mark {
         Mark::boundary(
@@ -270,5 +297,29 @@ mod tests {
         let fresh = Checkpointer::new(store.clone(), server());
         fresh.save_now(mark("0-1-2", 300)).unwrap();
         assert_eq!(store.load().unwrap().unwrap().position(), &mark("0-1-2", 300).position);
+    }
+
+    /// Inside one position, a mark counts the rows of the transaction after it: more rows of the same one are
+    /// forward, fewer or none at all are backwards, and the transaction's end is forward of any of them. The
+    /// count is stored with the position and comes back as the resume point's.
+    #[test]
+    fn rows_inside_a_transaction_only_grow() {
+        let inside = |rows| {
+            let progress = TxProgress { gtid: Some("0-1-11".into()), file: "b.000001".into(), pos: 950, rows };
+            Mark { inside: Some(progress), ..mark("0-1-10", 900) }
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let checkpointer = Checkpointer::new(store.clone(), server());
+        checkpointer.save_now(mark("0-1-10", 900)).unwrap();
+        checkpointer.save_now(inside(500)).unwrap();
+        checkpointer.save_now(inside(500)).expect("the same count again is not backwards");
+        let err = checkpointer.save_now(inside(499)).unwrap_err();
+        assert!(err.to_string().contains("the first 500 outbox rows of gtid 0-1-11"), "{err}");
+        assert!(checkpointer.save_now(mark("0-1-10", 900)).is_err(), "the position without its rows");
+        assert_eq!(store.load().unwrap().unwrap().into_mark(), inside(500));
+        checkpointer.save_now(inside(1000)).unwrap();
+        checkpointer.save_now(mark("0-1-11", 2000)).expect("the transaction's end");
+        assert_eq!(store.load().unwrap().unwrap().inside(), None);
     }
 }

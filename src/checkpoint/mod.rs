@@ -31,7 +31,7 @@ pub use store::Store;
 pub use watermark::{Mark, TxId, Watermark};
 
 use crate::position::snapshot::SnapshotState;
-use crate::position::{EndEvent, Position, ServerIdentity};
+use crate::position::{EndEvent, Position, ServerIdentity, TxProgress};
 
 /// The stored record, as JSON (readable by `outbox-cdc status`).
 ///
@@ -58,6 +58,11 @@ pub struct Checkpoint {
     /// Initial snapshot in progress, or finished with its overlap rule still in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     snapshot: Option<SnapshotState>,
+    /// The outbox rows of the transaction after `position` already published: `exactly_once` commits inside
+    /// a source transaction longer than a Kafka transaction may stay open. A build without this field
+    /// ignores it and publishes those rows again (duplicates, never a loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    inside: Option<TxProgress>,
 }
 
 impl Checkpoint {
@@ -96,6 +101,11 @@ impl Checkpoint {
         self.snapshot.as_ref()
     }
 
+    /// The outbox rows of the transaction after the position already published, when a commit came inside it.
+    pub fn inside(&self) -> Option<&TxProgress> {
+        self.inside.as_ref()
+    }
+
     /// Where a run resumes: the stored position as the watermark's starting mark.
     pub fn into_mark(self) -> Mark {
         Mark {
@@ -103,6 +113,7 @@ impl Checkpoint {
             timestamp: self.source_timestamp,
             end_event: self.end_event,
             snapshot: self.snapshot.map(std::sync::Arc::new),
+            inside: self.inside,
         }
     }
 
@@ -117,6 +128,7 @@ impl Checkpoint {
             end_event: None,
             written_at_ms: 1,
             snapshot,
+            inside: None,
         }
     }
 }

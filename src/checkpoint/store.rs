@@ -534,6 +534,7 @@ mod tests {
             end_event: Some(crate::position::EndEvent { len: 31, crc32: 0x8d2f_11a0 }),
             written_at_ms: 1,
             snapshot: None,
+            inside: None,
         }
     }
 

@@ -25,7 +25,7 @@ use std::sync::Mutex;
 
 use crate::error::Error;
 use crate::position::EndEvent;
-use crate::position::Position;
+use crate::position::{Position, TxProgress};
 use crate::sink::Delivered;
 
 /// Identifies a registered source transaction.
@@ -43,6 +43,9 @@ pub struct Mark {
     pub end_event: Option<EndEvent>,
     /// Snapshot progress at this point (during a snapshot, and while its overlap rule is in force).
     pub snapshot: Option<std::sync::Arc<crate::position::snapshot::SnapshotState>>,
+    /// The outbox rows of the transaction after `position` already published (`exactly_once` commits inside
+    /// a long source transaction): a resume skips them.
+    pub inside: Option<TxProgress>,
 }
 
 impl Mark {
@@ -52,7 +55,7 @@ impl Mark {
         position: Position,
         snapshot: Option<std::sync::Arc<crate::position::snapshot::SnapshotState>>,
     ) -> Self {
-        Mark { position, timestamp: None, end_event: None, snapshot }
+        Mark { position, timestamp: None, end_event: None, snapshot, inside: None }
     }
 }
 

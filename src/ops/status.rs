@@ -44,6 +44,9 @@ pub async fn print(config: &Config, json: bool) -> Result<()> {
     let now_ms = crate::time::now_ms();
     let now_s = now_ms / 1000;
     println!("position:        {}", cp.position());
+    if let Some(inside) = cp.inside() {
+        println!("inside it:       {inside} are published (a long transaction committed part by part)");
+    }
     println!("server:          {}", preflight::describe_identity(cp.server()));
     match cp.source_timestamp() {
         Some(ts) => {

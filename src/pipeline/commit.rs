@@ -12,10 +12,16 @@
 //!   committed: the periodic writer writes nothing.
 //!
 //! # Invariants
-//! - `exactly_once` commits only at the end of a source transaction or snapshot chunk: every record in
-//!   the Kafka transaction then belongs to a transaction whose mark the commit carries. A phase that ends
-//!   inside one ([`Commit::cut_off`]) aborts the Kafka transaction instead, and so does a source
-//!   transaction that begins again before it closed ([`Commit::restarted`]).
+//! - `exactly_once` commits at the end of a source transaction or snapshot chunk, and inside a source
+//!   transaction only when its Kafka transaction has been open for half of `transaction.timeout.ms`
+//!   ([`Commit::due_inside`], [`Commit::inside`]); from then on it commits every `checkpoint_interval_ms`
+//!   (at most half of `transaction.timeout.ms`, which validation enforces). A source transaction that fits
+//!   stays whole in one Kafka transaction; one of any size still commits before the broker's timeout would
+//!   abort it. Every record in the Kafka transaction belongs to a transaction whose mark
+//!   the commit carries, or to the first rows of the one inside which it commits, which the mark counts
+//!   ([`crate::position::TxProgress`]). A phase that ends inside one ([`Commit::cut_off`]) aborts the Kafka
+//!   transaction instead, and so does a source transaction that begins again before it closed
+//!   ([`Commit::restarted`]): what was committed inside it stays, and is skipped when it is read again.
 //! - The first commit after a start is due at once ([`Schedule::due_at`]): a connector that dies within an
 //!   interval of every start would otherwise never move its checkpoint.
 
@@ -45,6 +51,9 @@ pub(super) struct Transactions {
     interval: Duration,
     /// A transaction is due once it holds this many bytes of records (`delivery.transaction_max_bytes`).
     max_bytes: usize,
+    /// A source transaction whose Kafka transaction has been open this long (half of
+    /// `transaction.timeout.ms`) commits inside itself ([`Commit::due_inside`]).
+    split_after: Duration,
     schedule: Arc<Mutex<Schedule>>,
     /// What the open Kafka transaction holds beyond the last commit.
     pending: Pending,
@@ -112,6 +121,7 @@ impl Commit {
         let commits = Transactions {
             interval,
             max_bytes: config.delivery.transaction_max_bytes,
+            split_after: Duration::from_millis(config.kafka.transaction_timeout_ms()?) / 2,
             schedule: Arc::new(Mutex::new(schedule)),
             pending: Pending::Nothing,
             checkpointer: checkpointer.clone(),
@@ -153,6 +163,47 @@ impl Commit {
                     commits.pending = Pending::Closed(mark);
                     Ok(())
                 }
+            }
+        }
+    }
+
+    /// Whether `exactly_once` should commit inside the current source transaction now: a commit is due
+    /// ([`Transactions::due`]), and the open Kafka transaction has been open for half of
+    /// `transaction.timeout.ms`, or the source transaction is `split` already (it committed inside itself,
+    /// here or before a restart). A source transaction that fits in a Kafka transaction stays whole in one.
+    /// Always false for `at_least_once`, whose checkpoints wait for the transaction's end without holding
+    /// anything open in Kafka.
+    pub(super) fn due_inside(&self, sink: &KafkaSink, split: bool) -> bool {
+        match self {
+            Commit::Acknowledged { .. } => false,
+            Commit::Transactional(commits) => {
+                sink.transaction_open_for().is_some_and(|open| split || open >= commits.split_after)
+                    && commits.due(sink)
+            }
+        }
+    }
+
+    /// How long a Kafka transaction stays open before the source transaction filling it commits inside
+    /// itself (`exactly_once`); `None` for `at_least_once`.
+    pub(super) fn split_after(&self) -> Option<Duration> {
+        match self {
+            Commit::Acknowledged { .. } => None,
+            Commit::Transactional(commits) => Some(commits.split_after),
+        }
+    }
+
+    /// Starts a commit at `mark`, inside the current source transaction ([`Commit::due_inside`]): its rows
+    /// produced so far become visible with a checkpoint that says how many, and a resume skips them. It
+    /// carries every transaction closed before (`mark` is at the last one's end).
+    ///
+    /// # Errors
+    /// As [`KafkaSink::start_commit`]; definite for a mark behind the last checkpoint.
+    pub(super) async fn inside(&mut self, sink: &mut KafkaSink, mark: Mark) -> Result<()> {
+        match self {
+            Commit::Acknowledged { .. } => Ok(()),
+            Commit::Transactional(commits) => {
+                commits.pending = Pending::Nothing;
+                commits.start(sink, &mark).await
             }
         }
     }

@@ -19,7 +19,7 @@ use crate::metrics::metrics;
 use crate::poison::{Origin, ResumePoint};
 use crate::position::server::EndEvent;
 use crate::position::snapshot::{Segment, SnapshotState};
-use crate::position::{Position, TxStart};
+use crate::position::{Position, TxProgress, TxStart};
 use crate::publish::{Publisher, SourceRow};
 use crate::router::Router;
 use crate::sink::KafkaSink;
@@ -86,7 +86,16 @@ impl<'a> Run<'a> {
         let mut reader = ReadAhead::spawn(reader, self.config.source.read_ahead_bytes);
         health().set_source_connected(true);
         self.publisher.resume(ResumePoint::Stream(&start.position));
-        let mut stream = StreamState { current: None, start: None, overlap, row_index: 0 };
+        let mut stream = StreamState {
+            current: None,
+            start: None,
+            overlap,
+            row_index: 0,
+            boundary: start.clone(),
+            published: start.inside.clone(),
+            skip_rows: 0,
+            split: false,
+        };
         let result = self.read_and_produce(&mut reader, &mut stream).await;
         drop(reader);
         if let Some(tx) = stream.current.take() {
@@ -217,6 +226,22 @@ impl<'a> Run<'a> {
             if let Some(error) = watermark.take_failure().or_else(|| periodic.failure()) {
                 return Err(error);
             }
+            // A long source transaction commits inside itself: its Kafka transaction would otherwise stay
+            // open past `transaction.timeout.ms`, and the broker would abort it at every try.
+            if stream.current.is_some() && commit.due_inside(sink, stream.split) {
+                if let Some(mark) = stream.inside_mark() {
+                    if !stream.split {
+                        tracing::info!(
+                            inside = %mark.inside.as_ref().map(ToString::to_string).unwrap_or_default(),
+                            open_s = commit.split_after().unwrap_or_default().as_secs_f32(),
+                            "a source transaction kept its Kafka transaction open for half of transaction.timeout.ms: \
+                             committing it in parts from now on (read_committed consumers see its rows in several commits)"
+                        );
+                        stream.split = true;
+                    }
+                    commit.inside(sink, mark).await?;
+                }
+            }
             let stopping = shutdown.is_requested();
             if stopping && stream.current.is_none() {
                 // Between transactions (also when requested before this loop first ran, e.g. during the
@@ -244,8 +269,7 @@ impl<'a> Run<'a> {
                             commit.restarted(watermark, tx)?;
                         }
                         stream.current = Some(watermark.open());
-                        stream.start = Some(start);
-                        stream.row_index = 0;
+                        stream.begin(start)?;
                     }
                     Some(change @ (Change::Row(_) | Change::Undecodable(_))) => {
                         match stream.produce(&change, sink, publisher, watermark, &mut grace).await? {
@@ -282,9 +306,59 @@ struct StreamState {
     overlap: Option<Overlap>,
     /// Index of the next outbox row within the current transaction.
     row_index: u64,
+    /// The mark the current (or next) transaction starts at: the run's start, then each closed one's.
+    boundary: Mark,
+    /// Rows of a transaction published before this run (the start mark's `inside`), until it closes.
+    published: Option<TxProgress>,
+    /// Outbox rows at the head of the current transaction published before this run: counted, not produced.
+    skip_rows: u64,
+    /// Whether the current transaction committed inside itself, in this run or before it: it commits in parts
+    /// from then on ([`Commit::due_inside`]).
+    split: bool,
 }
 
 impl StreamState {
+    /// A transaction begins at `start`: the rows of it published before this run, if any, are skipped.
+    ///
+    /// # Errors
+    /// Definite when the run resumes inside a transaction without a GTID and reads another one first: its
+    /// position is not where that transaction was read before (the binlog changed under the checkpoint).
+    fn begin(&mut self, start: TxStart) -> Result<()> {
+        self.skip_rows = 0;
+        self.split = false;
+        if let Some(published) = &self.published {
+            if published.is_for(&start) {
+                tracing::info!(%published, "resuming inside a source transaction: its rows published before are skipped");
+                self.skip_rows = published.rows;
+                self.split = true;
+            } else if published.gtid.is_none() {
+                return Err(Error::definite(format!(
+                    "the checkpoint says {published} are published, but the first transaction read after its \
+                     position starts at {}: the binlog is not the one the checkpoint was taken on. Check the \
+                     source server (`outbox-cdc status`, `outbox-cdc check`)",
+                    start.coord
+                )));
+            }
+        }
+        self.start = Some(start);
+        self.row_index = 0;
+        Ok(())
+    }
+
+    /// The mark inside the current transaction: its start, and the outbox rows of it produced so far. `None`
+    /// before it passed the rows published before this run, and while another transaction's rows published
+    /// before this run are still to be met (its GTID has not come yet).
+    fn inside_mark(&self) -> Option<Mark> {
+        let start = self.start.as_ref()?;
+        if self.row_index == 0 || self.row_index < self.skip_rows {
+            return None;
+        }
+        if self.published.as_ref().is_some_and(|p| !p.is_for(start)) {
+            return None;
+        }
+        Some(Mark { inside: Some(TxProgress::of(start, self.row_index)), ..self.boundary.clone() })
+    }
+
     /// Where the next row of the current transaction was read.
     fn origin(&self) -> Origin {
         let (gtid, file, position) = match &self.start {
@@ -313,6 +387,10 @@ impl StreamState {
                 return Ok(Produced::Skipped);
             }
         }
+        if self.row_index < self.skip_rows {
+            self.row_index += 1;
+            return Ok(Produced::Skipped);
+        }
         crate::failpoint!("before_produce");
         let tx = *self.current.get_or_insert_with(|| watermark.open());
         let row = match change {
@@ -321,7 +399,6 @@ impl StreamState {
             _ => unreachable!("only rows are produced"),
         };
         let prepared = publisher.prepare(row, || self.origin(), |r| sink.fits(r))?;
-        self.row_index += 1;
         tokio::select! {
             sent = sink.send(tx, prepared.record, prepared.occurred_at_ms) => sent?,
             _ = grace => {
@@ -329,6 +406,8 @@ impl StreamState {
                 return Ok(Produced::Stopped);
             }
         }
+        // Counted once handed to the producer: a mark inside the transaction holds only rows it has.
+        self.row_index += 1;
         crate::failpoint!("row_produced");
         Ok(Produced::Sent)
     }
@@ -350,7 +429,17 @@ impl StreamState {
         }
         let snapshot = self.overlap.as_ref().map(|o| o.state().clone());
         let timestamp = (timestamp != 0).then_some(timestamp);
-        (tx, Mark { position, timestamp, end_event, snapshot })
+        if let (Some(published), Some(start)) = (&self.published, &self.start) {
+            if published.is_for(start) {
+                self.published = None;
+            }
+        }
+        // Rows of a transaction not met yet (another GTID came first) stay published in every mark until it is.
+        let mark = Mark { position, timestamp, end_event, snapshot, inside: self.published.clone() };
+        self.boundary = mark.clone();
+        self.skip_rows = 0;
+        self.split = false;
+        (tx, mark)
     }
 }
 

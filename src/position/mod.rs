@@ -82,7 +82,7 @@ pub mod snapshot;
 pub mod tx;
 
 pub use server::{EndEvent, ServerIdentity, EVENT_HEADER_LEN};
-pub use tx::{TxGtid, TxStart};
+pub use tx::{TxGtid, TxProgress, TxStart};
 
 serde_as_string!(mysql::Uuid, mysql::Tag, mysql::Gtid, mysql::GtidSet, mariadb::MariaGtid, mariadb::GtidPos,);
 

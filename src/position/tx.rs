@@ -40,6 +40,65 @@ pub struct TxStart {
     pub coord: BinlogCoord,
 }
 
+/// How far into the source transaction that follows a position its outbox rows are published: the first
+/// `rows` of them (`exactly_once` commits inside a source transaction that would otherwise keep its Kafka
+/// transaction open past `transaction.timeout.ms`).
+///
+/// The transaction is named by its GTID when it has one (a resume on another server meets it by GTID), else
+/// by the coordinate of its first event (a resume without GTIDs starts at the position, on the same server,
+/// so it is the first transaction read). A transaction's rows are read in the same order every time: its
+/// binlog events do not change, so "the first `rows`" names the same rows after a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TxProgress {
+    /// The transaction's GTID, in the server's notation; `None` without GTIDs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gtid: Option<String>,
+    /// Where its first event ends ([`TxStart::coord`]).
+    pub file: String,
+    /// The byte offset in `file`.
+    pub pos: u64,
+    /// Outbox rows of it already published, counted in binlog order.
+    pub rows: u64,
+}
+
+impl TxProgress {
+    /// The first `rows` outbox rows of the transaction starting at `start` are published.
+    pub fn of(start: &TxStart, rows: u64) -> TxProgress {
+        TxProgress {
+            gtid: start.gtid.as_ref().map(ToString::to_string),
+            file: start.coord.file.clone(),
+            pos: start.coord.pos,
+            rows,
+        }
+    }
+
+    /// Whether `other` is progress in the same transaction.
+    pub fn is_same_tx(&self, other: &TxProgress) -> bool {
+        (&self.gtid, &self.file, self.pos) == (&other.gtid, &other.file, other.pos)
+    }
+
+    /// Whether `start` is the transaction this progress is about: the same GTID when this has one, else the
+    /// same coordinate.
+    pub fn is_for(&self, start: &TxStart) -> bool {
+        match &self.gtid {
+            Some(gtid) => start.gtid.as_ref().is_some_and(|g| g.to_string() == *gtid),
+            None => start.coord.file == self.file && start.coord.pos == self.pos,
+        }
+    }
+}
+
+impl std::fmt::Display for TxProgress {
+    /// `the first 1200 outbox rows of gtid 0-1-42 (mysql-bin.000003:1234)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the first {} outbox rows of ", self.rows)?;
+        match &self.gtid {
+            Some(gtid) => write!(f, "gtid {gtid} ({}:{})", self.file, self.pos),
+            None => write!(f, "the transaction at {}:{}", self.file, self.pos),
+        }
+    }
+}
+
 impl Position {
     /// Whether this position holds the transaction starting at `tx`: a stream resuming here has read it.
     pub fn holds(&self, tx: &TxStart) -> bool {
@@ -108,6 +167,23 @@ mod tests {
         for (position, tx, held) in cases {
             assert_eq!(position.holds(&tx), held, "{position} holds {tx:?}");
         }
+    }
+
+    /// A transaction is named by its GTID when the progress has one (its coordinate may differ on another
+    /// server), else by the coordinate of its first event.
+    #[test]
+    fn progress_names_its_transaction_by_gtid_else_by_coordinate() {
+        let by_gtid = TxProgress::of(&tx("0-1-42", "b.000002", 500), 7);
+        assert!(by_gtid.is_for(&tx("0-1-42", "b.000009", 4)), "another server's coordinate");
+        assert!(!by_gtid.is_for(&tx("0-1-43", "b.000002", 500)), "another GTID at the same coordinate");
+        assert!(!by_gtid.is_for(&tx("", "b.000002", 500)), "no GTID");
+        let by_coord = TxProgress::of(&tx("", "b.000002", 500), 7);
+        assert!(by_coord.is_for(&tx("", "b.000002", 500)));
+        assert!(!by_coord.is_for(&tx("", "b.000002", 501)));
+        let json = serde_json::to_string(&by_gtid).unwrap();
+        assert_eq!(json, r#"{"gtid":"0-1-42","file":"b.000002","pos":500,"rows":7}"#);
+        assert_eq!(serde_json::from_str::<TxProgress>(&json).unwrap(), by_gtid);
+        assert_eq!(by_gtid.to_string(), "the first 7 outbox rows of gtid 0-1-42 (b.000002:500)");
     }
 
     #[test]

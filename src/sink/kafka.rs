@@ -269,6 +269,11 @@ impl KafkaSink {
         self.txn.as_ref().and_then(|t| t.state.open_bytes())
     }
 
+    /// How long the open Kafka transaction has been open, while one is open and not committing.
+    pub fn transaction_open_for(&self) -> Option<Duration> {
+        self.txn.as_ref().and_then(|t| t.state.open_for())
+    }
+
     /// Whether a commit is running ([`KafkaSink::start_commit`]).
     pub fn is_committing(&self) -> bool {
         self.txn.as_ref().is_some_and(|t| t.state.is_committing())

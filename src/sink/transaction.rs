@@ -72,8 +72,8 @@ pub(super) struct Held {
 pub(super) enum Transaction {
     /// None is open: the next record, or the next checkpoint, begins one.
     Idle,
-    /// Begun, and taking records: `bytes` of them so far.
-    Open { bytes: usize },
+    /// Begun `since`, and taking records: `bytes` of them so far.
+    Open { bytes: usize, since: Instant },
     /// Its commit runs on a blocking thread.
     Committing(Committing),
     /// Aborted, or its commit failed: nothing more goes into this producer.
@@ -110,7 +110,7 @@ impl Transaction {
     pub(super) fn begin(self, producer: &SinkProducer) -> (Transaction, Result<()>) {
         match self {
             Transaction::Idle => match producer.begin_transaction() {
-                Ok(()) => (Transaction::Open { bytes: 0 }, Ok(())),
+                Ok(()) => (Transaction::Open { bytes: 0, since: Instant::now() }, Ok(())),
                 Err(e) => (Transaction::Idle, Err(classify_kafka(&e).context("beginning a Kafka transaction"))),
             },
             open @ Transaction::Open { .. } => (open, Ok(())),
@@ -124,7 +124,7 @@ impl Transaction {
 
     /// Counts a record of `bytes` produced into the open transaction.
     pub(super) fn add(&mut self, record_bytes: usize) {
-        if let Transaction::Open { bytes } = self {
+        if let Transaction::Open { bytes, .. } = self {
             *bytes += record_bytes;
         }
     }
@@ -132,7 +132,15 @@ impl Transaction {
     /// Record bytes in the open transaction; `None` when none is open or it is committing.
     pub(super) fn open_bytes(&self) -> Option<usize> {
         match self {
-            Transaction::Open { bytes } => Some(*bytes),
+            Transaction::Open { bytes, .. } => Some(*bytes),
+            _ => None,
+        }
+    }
+
+    /// How long the open transaction has been open; `None` when none is open or it is committing.
+    pub(super) fn open_for(&self) -> Option<Duration> {
+        match self {
+            Transaction::Open { since, .. } => Some(since.elapsed()),
             _ => None,
         }
     }
@@ -255,7 +263,7 @@ impl Transaction {
             ),
         };
         drop_held(c.held, budget);
-        (Transaction::Open { bytes: 0 }, Err(error))
+        (Transaction::Open { bytes: 0, since: Instant::now() }, Err(error))
     }
 
     /// Open → Aborted: returns whether a transaction was open, which the caller then aborts with librdkafka
