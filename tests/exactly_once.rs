@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::reliability::{self, hold_running, steady_workload, wait_commits, Duplicates, Recovery, PROGRESS_TIMEOUT};
 use common::{Broker, Connector, Engine, MariaDb, Writer};
+use mysql_async::prelude::Queryable;
 use rand::Rng;
 
 /// The settings every test here runs with: transactions committing every 200 ms.
@@ -114,6 +115,117 @@ async fn a_crash_at_every_commit_point_loses_and_repeats_nothing() {
         Some(recovery),
         "aborts mid snapshot, before and right after a Kafka commit, and at a read-not-produced row; 1500 rows \
          snapshotted first",
+    );
+    assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
+}
+
+/// A source transaction longer than a Kafka transaction may stay open (200,000 outbox rows over 25 aggregates
+/// in one `INSERT … SELECT`) commits inside itself once its Kafka transaction has been open for half of
+/// `transaction.timeout.ms`, and kill -9 in it loses and repeats nothing: three times the process is killed
+/// 300 ms after it committed inside the transaction, and each next one resumes after the rows its
+/// predecessors committed, further every time. Before, a commit waited for the source transaction's end:
+/// nothing of it ever committed while the run lived, each run began it again at its first row, and on a
+/// broker that enforces `transaction.timeout.ms` the broker aborted it at every try. noida-db: the only broker
+/// here with real Kafka transactions; it does not enforce `transaction.timeout.ms` (measured: a commit 8 s into
+/// a transaction with a 3 s timeout succeeds), so the test asks for the commits inside instead of the
+/// broker's aborts. `transaction.timeout.ms` is 2 s: the transaction takes longer than its 1 s half to produce
+/// here (about 50,000 rows/s) and on a machine several times faster.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_transaction_longer_than_a_kafka_transaction_commits_inside_it() {
+    const ROWS: usize = 200_000;
+    const AGGREGATES: usize = 25;
+    const KILLS: usize = 3;
+    const SPLIT: &str = "committing it in parts from now on";
+    const RESUMED: &str = "resuming inside a source transaction";
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Noida);
+    let settings = format!("{EXACTLY_ONCE}[kafka.properties]\n\"transaction.timeout.ms\" = \"2000\"\n");
+    let mut connector = Connector::start(&db, &broker, &settings);
+    let mut conn = db.conn().await;
+    common::insert_event(&mut conn, &common::OutboxRow::new("before").id("before-1")).await.expect("before");
+    let read = broker.read_committed("outbox.event.order", 1, PROGRESS_TIMEOUT);
+    assert_eq!(read.len(), 1, "the connector streams before the long transaction:\n{}", connector.log_tail(LOG_LINES));
+    conn.query_drop(format!(
+        "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, payload, \
+         occurred_at, next_attempt_at) \
+         SELECT CONCAT('long-', LPAD(seq, 7, '0')), 'order', CONCAT('long-', seq % {AGGREGATES}), 'BulkImported', 1, \
+                JSON_OBJECT('n', seq), TIMESTAMP('2026-01-01 00:00:00') + INTERVAL seq MICROSECOND, NOW(6) \
+         FROM seq_1_to_{ROWS}"
+    ))
+    .await
+    .expect("the long transaction");
+    common::insert_event(&mut conn, &common::OutboxRow::new("after").id("after-1")).await.expect("after");
+    let last: String = conn.query_first("SELECT @@last_gtid").await.expect("@@last_gtid").expect("a GTID");
+    drop(conn);
+    // The debug line of each commit (the harness runs the connector with outbox_cdc=debug); `status` would
+    // wait for the transaction a killed process left open.
+    let through = format!("checkpoint committed with its events position=gtid {last} (");
+    let mut kills = 0;
+    while kills < KILLS {
+        // This run committed inside the transaction: after the first says it splits it, or a later one that
+        // it resumed inside it, a commit says how far in it is.
+        let (wanted, count) = if kills == 0 { (SPLIT, 1) } else { (RESUMED, kills) };
+        let committed_inside = |log: &str| {
+            log.matches(wanted).count() >= count
+                && log.rsplit(wanted).next().is_some_and(|since| {
+                    since.lines().any(|l| l.contains("checkpoint committed with its events") && l.contains("inside="))
+                })
+        };
+        let deadline = Instant::now() + PROGRESS_TIMEOUT;
+        while !committed_inside(&connector.stderr()) && !connector.stderr().contains(&through) {
+            assert!(
+                Instant::now() < deadline,
+                "no commit inside the {ROWS}-row transaction (after \"{wanted}\" {count} times) within \
+                 {PROGRESS_TIMEOUT:?}:\n{}",
+                connector.log_tail(LOG_LINES)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if connector.stderr().contains(&through) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        connector.kill();
+        kills += 1;
+        connector.restart();
+    }
+    let deadline = Instant::now() + PROGRESS_TIMEOUT;
+    while !connector.stderr().contains(&through) {
+        assert!(Instant::now() < deadline, "no checkpoint at {last} in time:\n{}", connector.log_tail(LOG_LINES));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // `… published=the first N outbox rows of gtid …`, once a start: N grows at every one.
+    let log = connector.stderr();
+    let resumed: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains(RESUMED))
+        .filter_map(|l| l.split("published=the first ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert!(!resumed.is_empty(), "a kill landed inside the transaction:\n{}", connector.log_tail(LOG_LINES));
+    assert_eq!(
+        resumed.len(),
+        kills,
+        "every restart resumed inside the transaction:\n{}",
+        connector.log_tail(LOG_LINES)
+    );
+    assert!(resumed.windows(2).all(|w| w[0] < w[1]), "each run committed more of it: {resumed:?}");
+    eprintln!("[exactly-once long transaction] {kills} kills; the runs resumed after {resumed:?} rows");
+    let mut expected = common::Expected::default();
+    expected.per_aggregate.insert("before".into(), vec!["before-1".into()]);
+    expected.per_aggregate.insert("after".into(), vec!["after-1".into()]);
+    for seq in 1..=ROWS {
+        expected.per_aggregate.entry(format!("long-{}", seq % AGGREGATES)).or_default().push(format!("long-{seq:07}"));
+    }
+    let written = reliability::written_from(expected);
+    let run = assert_exactly_once("long transaction", &connector, &written);
+    reliability::record(
+        "exactly_once: a 200,000-row source transaction, killed -9 inside it",
+        &written,
+        &run,
+        None,
+        &format!(
+            "transaction.timeout.ms 2 s, checkpoint_interval_ms 200; {kills} kills, resumed after {resumed:?} rows"
+        ),
     );
     assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
 }
@@ -648,7 +760,6 @@ async fn a_release_reads_the_hold_past_another_writers_open_transaction() {
 /// and the lock taken by the test, so the connector stays a standby: its transaction must be aborted now.
 #[tokio::test(flavor = "multi_thread")]
 async fn losing_the_lease_aborts_the_open_transaction() {
-    use mysql_async::prelude::Queryable;
     const TOPIC: &str = "outbox.event.order";
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Noida);
