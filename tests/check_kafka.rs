@@ -2,8 +2,11 @@
 //! refusal it can produce there (a missing topic, too few partitions, a `max.message.bytes` below the
 //! producer's batches or below a dead letter), and the whole command's exit codes with a real MariaDB.
 //!
-//! Tansu has no ACLs (nor authorizer): a refused permission is tested in `src/sink/check.rs` against
-//! librdkafka's mock cluster, which injects CLUSTER_AUTHORIZATION_FAILED into InitProducerId.
+//! Tansu has no ACLs (nor authorizer): a refused permission is tested in `src/sink/check/mod.rs` against
+//! librdkafka's mock cluster, which injects CLUSTER_AUTHORIZATION_FAILED into InitProducerId, and the
+//! transactional-id and group refusals. Tansu has no transactions either: the exactly-once prerequisites
+//! (the state topic, transactions, the transactional ids) are checked here against noida-db, which has
+//! them and reports a topic's `cleanup.policy`.
 
 mod common;
 
@@ -23,14 +26,19 @@ const DEAD_LETTER: &str = "outbox-cdc.dead-letter";
 const TAKES_BATCHES: &str = "1004433";
 const EXIT_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The `[kafka]` part of a config for `broker`, with `kafka` appended to it.
-fn kafka_config(broker: &Broker, kafka: &str) -> outbox_cdc::config::KafkaConfig {
+/// A config for `broker`, with `kafka` appended to its `[kafka]` section.
+fn kafka_config(broker: &Broker, kafka: &str) -> Config {
+    config(broker, kafka, "")
+}
+
+/// [`kafka_config`] with `sections` (`[state]`, `[delivery]`) after `[kafka]`.
+fn config(broker: &Broker, kafka: &str, sections: &str) -> Config {
     let text = format!(
         "[source]\nhost = \"h\"\nuser = \"u\"\nserver_id = 1\n[outbox]\ntable = \"shop.outbox_events\"\n[kafka]\n\
-         bootstrap_servers = \"{}\"\n{kafka}\n",
+         bootstrap_servers = \"{}\"\n{kafka}\n{sections}\n",
         broker.bootstrap()
     );
-    Config::parse(&text).expect("config").kafka
+    Config::parse(&text).expect("config")
 }
 
 /// Creates `topic` with `partitions` partitions and these topic configs, through the Admin API.
@@ -142,7 +150,7 @@ async fn an_unreachable_broker_is_a_transient_error() {
         "[source]\nhost = \"h\"\nuser = \"u\"\nserver_id = 1\n[outbox]\ntable = \"s.t\"\n[kafka]\n\
          bootstrap_servers = \"127.0.0.1:{port}\"\n"
     );
-    let config = Config::parse(&text).unwrap().kafka;
+    let config = Config::parse(&text).unwrap();
     let error = check(&config, Ok(vec![])).await.expect_err("no broker");
     assert!(!error.is_definite(), "{error}");
     assert!(error.to_string().contains("no Kafka broker answered"), "{error}");
@@ -279,4 +287,99 @@ async fn the_check_command_tests_kafka_for_binlog_files() {
     assert!(out.contains("[FAIL] kafka topic outbox.outbox_events: expected exists with at least 1"), "{out}");
     assert!(out.contains(&format!("[ok  ] kafka topic {DEAD_LETTER}:")), "{out}");
     assert!(out.contains("1 check(s) failed"), "{out}");
+}
+
+/// The exactly-once sections of a config: the Kafka state backend, connector `orders`.
+const EXACTLY_ONCE: &str =
+    "[state]\nbackend = \"kafka\"\nname = \"orders\"\n[delivery]\nguarantee = \"exactly_once\"\n";
+
+/// The state topic as the connector creates it (`checkpoint::kafka`): compact only, kept for good, in
+/// segments compaction reaches within the hour.
+const COMPACT: [(&str, &str); 5] = [
+    ("cleanup.policy", "compact"),
+    ("retention.ms", "-1"),
+    ("segment.ms", "3600000"),
+    ("segment.bytes", "16777216"),
+    ("min.cleanable.dirty.ratio", "0.1"),
+];
+
+/// A cluster ready for `exactly_once`: the check probes transactions, the two transactional ids (through
+/// probe ids, which noida-db, without an authorizer, grants), the state topic and the readers' group
+/// lookup, and every finding passes. noida-db: it has transactions and reports topic configs; Tansu has
+/// neither transactions nor a transaction coordinator. Guards against `check` probing none of the
+/// exactly-once prerequisites (issue 46, finding 7).
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_prerequisites_are_probed_and_pass() {
+    let broker = Broker::start(Engine::Noida);
+    let big = ("max.message.bytes", "16777216");
+    create_topic(&broker, TOPIC, 1, &[big]).await;
+    create_topic(&broker, DEAD_LETTER, 1, &[big]).await;
+    create_topic(&broker, "outbox-cdc.state", 1, &COMPACT).await;
+    let config = config(&broker, "create_topics = false\ntopic_partitions = 1", EXACTLY_ONCE);
+
+    let checked = check(&config, Ok(vec![TOPIC.into()])).await.expect("check");
+    let text = checked.to_string();
+    assert!(checked.report.findings.iter().all(|f| f.status == Status::Ok), "{text}");
+    assert_eq!(finding(&checked, "kafka state topic outbox-cdc.state").actual, "exists, 1 partition", "{text}");
+    assert_eq!(finding(&checked, "kafka state topic outbox-cdc.state cleanup.policy").actual, "compact", "{text}");
+    assert!(finding(&checked, "kafka transactions").actual.starts_with("yes: "), "{text}");
+    for id in ["orders", "orders.state"] {
+        let granted = &finding(&checked, &format!("kafka transactional id {id}")).actual;
+        assert!(granted.contains(&format!("{id}.outbox-cdc-check got a producer id")), "{text}");
+        assert!(granted.contains("no running instance was fenced"), "{text}");
+    }
+    let group = finding(&checked, "kafka consumer group orders.state-reader (the readers' lookup)");
+    assert!(group.actual.contains("the lookup was answered"), "{text}");
+}
+
+/// The state topic `run` refuses, each reported now with `run`'s own fix: three partitions (issue 46,
+/// finding 1: records replayed across partitions in arrival order) and a `delete` policy (holds and an
+/// idle checkpoint expire). noida-db: it reports the topic's `cleanup.policy` through DescribeConfigs (the
+/// mock cluster answers no DescribeConfigs), and keeps a topic's partitions as created.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_state_topic_run_would_refuse_fails_the_check() {
+    let broker = Broker::start(Engine::Noida);
+    create_topic(&broker, DEAD_LETTER, 1, &[("max.message.bytes", "16777216")]).await;
+    create_topic(&broker, "three.state", 3, &COMPACT).await;
+    create_topic(&broker, "deleting.state", 1, &[("cleanup.policy", "delete")]).await;
+    let sections = |topic: &str| format!("[state]\nbackend = \"kafka\"\nname = \"orders\"\ntopic = \"{topic}\"\n");
+
+    let three = config(&broker, "create_topics = false\ntopic_partitions = 1", &sections("three.state"));
+    let checked = check(&three, Ok(vec![])).await.expect("check");
+    let text = checked.to_string();
+    let partitions = finding(&checked, "kafka state topic three.state");
+    assert_eq!((partitions.status, partitions.actual.as_str()), (Status::Fail, "3 partitions"), "{text}");
+    assert!(partitions.fix.contains("it must have exactly 1") && partitions.fix.contains("state copy --to local"));
+    assert_eq!(checked.report.failures().count(), 1, "{text}");
+
+    let deleting = config(&broker, "create_topics = false\ntopic_partitions = 1", &sections("deleting.state"));
+    let checked = check(&deleting, Ok(vec![])).await.expect("check");
+    let text = checked.to_string();
+    let policy = finding(&checked, "kafka state topic deleting.state cleanup.policy");
+    assert_eq!((policy.status, policy.actual.as_str()), (Status::Fail, "delete"), "{text}");
+    assert!(policy.fix.contains("--entity-name deleting.state --add-config cleanup.policy=compact"), "{text}");
+    assert_eq!(checked.report.failures().count(), 1, "{text}");
+}
+
+/// The whole command with a three-partition state topic: before, `check` stopped at reading the
+/// checkpoint with that refusal alone (exit 2, no findings); now the source and Kafka findings are
+/// printed, with the state topic's among them. Real MariaDB and noida-db (the Kafka backend needs
+/// transactions).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_check_command_reports_a_state_topic_of_three_partitions() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Noida);
+    create_topic(&broker, "outbox-cdc.state", 3, &COMPACT).await;
+    let connector = Connector::new();
+    connector.write_config(&db, &broker, "[state]\nbackend = \"kafka\"\n");
+
+    let (status, out, err) = connector.command(&["check"], EXIT_TIMEOUT).unwrap();
+    assert_eq!(status.code(), Some(2), "{out}{err}");
+    assert!(out.contains("[ok  ] log_bin"), "{out}");
+    assert!(out.contains("[FAIL] checkpoint in Kafka topic outbox-cdc.state"), "{out}");
+    assert!(
+        out.contains("[FAIL] kafka state topic outbox-cdc.state: expected exists with exactly 1 partition"),
+        "{out}"
+    );
+    assert!(out.contains("[ok  ] kafka transactional id outbox-cdc.state:"), "{out}");
 }

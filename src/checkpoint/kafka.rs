@@ -474,7 +474,7 @@ async fn topic_partitions(config: &Config) -> Result<usize> {
 }
 
 /// Refuses a state topic of `partitions` partitions other than one (module doc), with the way out.
-fn one_partition(topic: &str, partitions: usize) -> Result<()> {
+pub(crate) fn one_partition(topic: &str, partitions: usize) -> Result<()> {
     if partitions == 1 {
         return Ok(());
     }
@@ -602,7 +602,7 @@ const COMPACTION: &[(&str, &str)] = &[
 /// The configs the state topic is created with: `kafka.topic_config` (its durability settings, e.g.
 /// `min.insync.replicas`, apply to the checkpoints as to the events they cover: a checkpoint must not be
 /// lost where its events survive), then compaction for good ([`COMPACTION`]) over it.
-fn topic_settings(kafka: &KafkaConfig) -> BTreeMap<String, String> {
+pub(crate) fn topic_settings(kafka: &KafkaConfig) -> BTreeMap<String, String> {
     let mut settings = kafka.topic_config.clone();
     settings.retain(|k, _| !matches!(k.as_str(), "retention.ms" | "retention.bytes" | "cleanup.policy"));
     settings.insert("cleanup.policy".into(), "compact".into());
@@ -615,7 +615,11 @@ fn topic_settings(kafka: &KafkaConfig) -> BTreeMap<String, String> {
 
 /// What an existing state topic lacks of `wanted` ([`topic_settings`]): segments that keep it large (what
 /// every start reads grows), a weaker `min.insync.replicas` than the events'. Each with the command that fixes it.
-fn topic_advice(topic: &str, described: &BTreeMap<String, String>, wanted: &BTreeMap<String, String>) -> Vec<String> {
+pub(crate) fn topic_advice(
+    topic: &str,
+    described: &BTreeMap<String, String>,
+    wanted: &BTreeMap<String, String>,
+) -> Vec<String> {
     let number = |map: &BTreeMap<String, String>, key: &str| map.get(key).and_then(|v| v.parse::<f64>().ok());
     let mut fix = Vec::new();
     for key in ["segment.ms", "segment.bytes", "min.cleanable.dirty.ratio"] {
@@ -656,7 +660,7 @@ fn topic_advice(topic: &str, described: &BTreeMap<String, String>, wanted: &BTre
 /// The state topic's client settings for reading: `read_committed`, in large fetches (a state topic that
 /// compaction has not yet shrunk can hold many records). librdkafka refuses `assign()` without a
 /// `group.id`; the group is never used, and needs no ACL ([`crate::kafka::read`]).
-fn reader_config(config: &Config) -> Result<rdkafka::ClientConfig> {
+pub(crate) fn reader_config(config: &Config) -> Result<rdkafka::ClientConfig> {
     let mut cc = config.kafka.client_config()?;
     cc.set("group.id", format!("{}.state-reader", config.state.name))
         .set("enable.auto.commit", "false")

@@ -5,12 +5,12 @@
 
 use std::process::ExitCode;
 
-use crate::checkpoint::Store;
+use crate::checkpoint::{Checkpoint, Store};
 use crate::config::{Config, FilesSource, Source, StateBackend};
 use mysql_async::prelude::Queryable;
 
 use crate::error::{classify_mysql, Result, EXIT_DEFINITE};
-use crate::findings::Report;
+use crate::findings::{Finding, Report};
 use crate::source::{self, preflight, SourceConn};
 
 /// Checks the source (server settings, grants, the outbox tables, whether the checkpoint can be resumed) or
@@ -28,7 +28,7 @@ pub async fn run(config: &Config) -> Result<ExitCode> {
     let source = SourceConn::new(&server.connection)?;
     let mut conn = source.connect().await?;
     let info = source::server_info(&mut conn).await?;
-    let checkpoint = Store::inspect_for(config).await?.and_then(|i| i.checkpoint);
+    let (checkpoint, unreadable) = read_checkpoint(config).await?;
     println!("server: {} ({})", preflight::describe_identity(&info.identity), info.version);
     let checked = match &checkpoint {
         Some(c) => {
@@ -38,13 +38,14 @@ pub async fn run(config: &Config) -> Result<ExitCode> {
         None => None,
     };
     let mut report = preflight::check(&mut conn, &info, config, checked.as_ref()).await?;
+    report.findings.extend(unreadable);
     if config.state.backend == StateBackend::Kafka {
         check_lease_server(&mut conn, &mut report).await?;
     }
     print!("{report}");
     let routed = super::audit::routed_topics(config, config.tables(), &mut conn).await;
     let registry = check_registry(config, &routed).await;
-    let kafka = match crate::sink::check::check(&config.kafka, routed).await {
+    let kafka = match crate::sink::check::check(config, routed).await {
         Ok(kafka) => kafka,
         Err(e) if report.failures().count() == 0 => return Err(e),
         // The source's failures need an operator whatever Kafka answered: exit 2.
@@ -54,6 +55,30 @@ pub async fn run(config: &Config) -> Result<ExitCode> {
         }
     };
     Ok(summarize(&report, &kafka, registry.as_ref()))
+}
+
+/// The stored checkpoint. A definite refusal to read the Kafka backend's state topic (more than one
+/// partition, a refused ACL) is a failed finding, so that the Kafka findings, which say why, are still
+/// printed; the resume checks are then skipped.
+///
+/// # Errors
+/// A transient error (the broker cannot be reached), or a definite one from the local store.
+async fn read_checkpoint(config: &Config) -> Result<(Option<Checkpoint>, Option<Finding>)> {
+    match Store::inspect_for(config).await {
+        Ok(inspection) => Ok((inspection.and_then(|i| i.checkpoint), None)),
+        Err(e) if e.is_definite() && config.state.backend == StateBackend::Kafka => {
+            let mut report = Report::default();
+            report.push(
+                &format!("checkpoint in {}", config.state_location()),
+                "readable",
+                "cannot be read, so the resume checks were skipped",
+                false,
+                &e.to_string(),
+            );
+            Ok((None, report.findings.pop()))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The Kafka backend's lease is a `GET_LOCK` on the source server: one lock for every instance, which a
@@ -89,7 +114,7 @@ async fn check_poll(config: &Config) -> Result<ExitCode> {
     print!("{report}");
     let routed = super::audit::routed_topics(config, config.tables(), &mut conn).await;
     let registry = check_registry(config, &routed).await;
-    let kafka = crate::sink::check::check(&config.kafka, routed).await?;
+    let kafka = crate::sink::check::check(config, routed).await?;
     Ok(summarize(&report, &kafka, registry.as_ref()))
 }
 
@@ -131,11 +156,16 @@ async fn check_files(config: &Config, source: &FilesSource) -> Result<ExitCode> 
             }
         }
     }
-    if let Some(cp) = Store::inspect_for(config).await?.and_then(|i| i.checkpoint) {
+    let (checkpoint, unreadable) = read_checkpoint(config).await?;
+    if let Some(cp) = checkpoint {
         println!("checkpoint: {} ({})", cp.position(), preflight::describe_identity(cp.server()));
     }
+    if let Some(finding) = &unreadable {
+        failed += 1;
+        println!("checkpoint: {}: {}", finding.actual, finding.fix);
+    }
     let routed = crate::sink::check::topics_without_rows(config);
-    let kafka = crate::sink::check::check(&config.kafka, routed).await?;
+    let kafka = crate::sink::check::check(config, routed).await?;
     print!("{kafka}");
     failed += kafka.report.failures().count();
     if failed > 0 {

@@ -286,11 +286,16 @@ pub(super) mod tests {
     /// A `[kafka]` section read through the config parser, with `kafka` added to it (also the Kafka check's
     /// mock-cluster tests).
     pub(in crate::sink::check) fn kafka_config(bootstrap: &str, kafka: &str) -> KafkaConfig {
+        config(bootstrap, kafka, "").kafka
+    }
+
+    /// The whole config of [`kafka_config`], with `sections` (`[state]`, `[delivery]`) after `[kafka]`.
+    pub(in crate::sink::check) fn config(bootstrap: &str, kafka: &str, sections: &str) -> crate::config::Config {
         let text = format!(
             "[source]\nhost = \"h\"\nuser = \"u\"\nserver_id = 1\n[outbox]\ntable = \"s.t\"\n[kafka]\n\
-             bootstrap_servers = \"{bootstrap}\"\n{kafka}\n"
+             bootstrap_servers = \"{bootstrap}\"\n{kafka}\n{sections}\n"
         );
-        crate::config::Config::parse(&text).unwrap().kafka
+        crate::config::Config::parse(&text).unwrap()
     }
 
     fn settings(kafka: &str) -> TopicSettings {

@@ -17,6 +17,16 @@
 //! topic. librdkafka asks for it as soon as a broker is up, before any record is produced, and makes an
 //! authorization error fatal: so the check produces nothing and still sees the refusal `run` would meet.
 //!
+//! Only when the config uses them, the exactly-once prerequisites:
+//! - with `[state] backend = "kafka"`, the state topic as `run` judges it ([`state`]: one partition,
+//!   compact only, its durability as warnings) and the readers' group lookup (information: it needs no ACL);
+//! - with the Kafka backend, `exactly_once` or `poll.transactional`, transactions and the transactional-id
+//!   ACLs ([`transactional`]), proven through probe ids under the connector's own, never with them: using
+//!   the connector's id would fence a running instance. What a probe does and does not prove is there.
+//!
+//! Every ACL a finding asks for comes from one table, [`acls`], which the README's "Kafka ACLs" table is
+//! tested against.
+//!
 //! # What it cannot see
 //! - The broker's version: the Kafka protocol has no field for it. What the broker does say is the range of
 //!   versions of each request it supports (ApiVersions); the check shows those that the connector uses.
@@ -41,11 +51,14 @@ use rdkafka::{ClientContext, Statistics};
 
 use super::kafka;
 use super::topics::TopicSettings;
-use crate::config::{Config, KafkaConfig};
+use crate::config::{Config, KafkaConfig, StateBackend};
 use crate::error::{classify_kafka, Error, Result};
 use crate::findings::{Finding, Report, Status};
 
+pub mod acls;
 mod findings;
+mod state;
+pub mod transactional;
 
 use findings::{
     creation_finding, limit_finding, producer_id_finding, topic_finding, warn, ProducerId, TopicState, CHECK_TIMEOUT,
@@ -171,12 +184,14 @@ fn parse_api_version(line: &str) -> Option<(String, i16, i16)> {
 }
 
 /// Checks the cluster `config` names for everything `run` will need, writing to the `routed` topics (as
-/// the caller could list them: `Err` says why it could not) and the dead-letter topic.
+/// the caller could list them: `Err` says why it could not) and the dead-letter topic, and with the Kafka
+/// state backend or transactions, their prerequisites (module doc).
 ///
 /// # Errors
 /// A definite error when librdkafka refuses the configuration or the broker the credentials; a transient
 /// one when no broker answers. Everything else is a finding.
-pub async fn check(config: &KafkaConfig, routed: Result<Vec<String>>) -> Result<KafkaCheck> {
+pub async fn check(full: &Config, routed: Result<Vec<String>>) -> Result<KafkaCheck> {
+    let config = &full.kafka;
     let (mut cc, batch_limit_bytes) = kafka::producer_config(config)?;
     // The ApiVersions answer is logged only at debug level with the `feature` context; the statistics carry
     // the idempotent producer's state.
@@ -218,8 +233,42 @@ pub async fn check(config: &KafkaConfig, routed: Result<Vec<String>>) -> Result<
     }
     let outcome = blocking(&producer, |p| Ok(await_producer_id(p))).await?;
     report.findings.push(producer_id_finding(&outcome));
+    check_exactly_once(full, &producer, &admin, &mut report).await?;
     let api_versions = producer.context().observed().api_versions.clone();
     Ok(KafkaCheck { cluster_id, brokers, api_versions, report })
+}
+
+/// The exactly-once prerequisites `config` asks for (module doc): the state topic and the readers' group
+/// lookup with the Kafka backend, then transactions and each transactional id.
+async fn check_exactly_once(
+    config: &Config,
+    producer: &Arc<BaseProducer<CheckContext>>,
+    admin: &AdminClient<DefaultClientContext>,
+    report: &mut Report,
+) -> Result<()> {
+    if config.state.backend == StateBackend::Kafka {
+        let topic = config.state.topic.clone();
+        let layout = blocking(producer, move |p| state::layout(p.client(), &topic)).await?;
+        let described = match layout.state {
+            TopicState::Exists(_) => state::describe(admin, &config.state.topic).await,
+            _ => Err("the topic is not there".to_string()),
+        };
+        report.findings.extend(state::topic_findings(config, &layout, described));
+    }
+    let mut first = true;
+    for (resource, id) in transactional::ids(config) {
+        let probe_id = transactional::probe_id(&id);
+        let outcome = transactional::probe(&config.kafka, &probe_id).await?;
+        if std::mem::take(&mut first) {
+            report.findings.push(transactional::transactions_finding(&probe_id, &outcome));
+        }
+        report.findings.push(transactional::id_finding(resource, &id, &outcome));
+    }
+    if config.state.backend == StateBackend::Kafka {
+        let (group, lookup) = state::group_lookup(config).await?;
+        report.findings.push(state::group_finding(&group, &lookup));
+    }
+    Ok(())
 }
 
 /// The routed topics known without reading outbox rows (`source.kind = "files"` has no table to read): the
@@ -407,7 +456,7 @@ mod tests {
     use rdkafka::mocking::MockCluster;
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
-    use super::findings::tests::kafka_config;
+    use super::findings::tests::config;
     use super::*;
 
     /// Why no broker answered: a refused credential or TLS setup is definite (exit 2), anything else
@@ -482,7 +531,7 @@ mod tests {
             RDKafkaApiKey::InitProducerId,
             &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED],
         );
-        let config = kafka_config(&cluster.bootstrap_servers(), "create_topics = false\ntopic_partitions = 1");
+        let config = config(&cluster.bootstrap_servers(), "create_topics = false\ntopic_partitions = 1", "");
         let checked = check(&config, Ok(vec!["outbox.event.order".into()])).await.unwrap();
         let text = checked.to_string();
         let write = checked.report.findings.iter().find(|f| f.setting.contains("write permission")).expect("{text}");
@@ -502,12 +551,84 @@ mod tests {
     async fn a_granted_producer_id_passes() {
         let cluster = MockCluster::new(1).unwrap();
         cluster.create_topic("outbox-cdc.dead-letter", 1, 1).unwrap();
-        let config = kafka_config(&cluster.bootstrap_servers(), "create_topics = false\ntopic_partitions = 1");
+        let config = config(&cluster.bootstrap_servers(), "create_topics = false\ntopic_partitions = 1", "");
         let checked = check(&config, Ok(vec![])).await.unwrap();
         let text = checked.to_string();
         let write = checked.report.findings.iter().find(|f| f.setting.contains("write permission")).expect("{text}");
         assert_eq!(write.status, Status::Ok, "{text}");
         assert!(write.actual.starts_with("producer id "), "{text}");
         assert!(text.contains("kafka broker version: not part of the Kafka protocol; the broker supports"), "{text}");
+    }
+
+    /// The Kafka state backend's prerequisites on librdkafka's mock cluster (in process; Tansu has no
+    /// transactions and no ACLs, noida-db no authorizer): the broker refuses FindCoordinator for the probe's
+    /// transactional id with TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers a principal without
+    /// any ACL on it. The check says what it could not prove and how to grant it so that it can, and it
+    /// never used the connector's own id. The mock has no DescribeConfigs: the policy is unknown, a warning
+    /// naming the ACL, as at `run`. Guards against `check` probing none of these (issue 46, finding 7).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_refused_transactional_id_is_a_warning_with_the_grant() {
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.create_topic("outbox-cdc.dead-letter", 1, 1).unwrap();
+        cluster.create_topic("outbox-cdc.state", 1, 1).unwrap();
+        cluster.request_errors(
+            RDKafkaApiKey::FindCoordinator,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED],
+        );
+        let state = "[state]\nbackend = \"kafka\"\nname = \"orders\"\n";
+        let config = config(&cluster.bootstrap_servers(), "create_topics = false\ntopic_partitions = 1", state);
+        let checked = check(&config, Ok(vec![])).await.unwrap();
+        let text = checked.to_string();
+        let find = |setting: &str| checked.report.findings.iter().find(|f| f.setting == setting).expect(&text).clone();
+
+        let id = find("kafka transactional id orders.state");
+        assert_eq!(id.status, Status::Warn, "{text}");
+        assert!(id.actual.contains("not proven: the probe id orders.state.outbox-cdc-check was refused"), "{text}");
+        assert!(
+            id.fix.contains("--operation Write --operation Describe --transactional-id orders.state --resource-pattern-type prefixed"),
+            "{text}"
+        );
+        assert!(find("kafka transactions").actual.starts_with("yes: the broker authorizes"), "{text}");
+        assert_eq!(find("kafka state topic outbox-cdc.state").status, Status::Ok, "{text}");
+        let policy = find("kafka state topic outbox-cdc.state cleanup.policy");
+        assert_eq!(policy.status, Status::Warn, "{text}");
+        assert!(policy.fix.contains("--operation DescribeConfigs --topic outbox-cdc.state"), "{text}");
+        assert_eq!(find("kafka consumer group orders.state-reader (the readers' lookup)").status, Status::Ok);
+        assert!(checked.report.failures().next().is_none(), "{text}");
+    }
+
+    /// A principal without an ACL on the readers' group (GROUP_AUTHORIZATION_FAILED on FindCoordinator, from
+    /// the mock cluster: no test broker has ACLs) is reported as what it is: a refused lookup the readers
+    /// ignore, never a failure (`tests/state_topic_acls.rs` shows the readers reading through it).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_refused_group_lookup_is_information() {
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.request_errors(
+            RDKafkaApiKey::FindCoordinator,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED; 50],
+        );
+        let config = config(&cluster.bootstrap_servers(), "", "[state]\nbackend = \"kafka\"\nname = \"orders\"\n");
+        let (group, lookup) = state::group_lookup(&config).await.unwrap();
+        assert_eq!((group.as_str(), &lookup), ("orders.state-reader", &state::GroupLookup::Refused));
+        let finding = state::group_finding(&group, &lookup);
+        assert_eq!(finding.status, Status::Ok, "{finding:?}");
+        assert!(finding.actual.contains("GROUP_AUTHORIZATION_FAILED"), "{finding:?}");
+    }
+
+    /// A broker that refuses the probe's InitProducerId itself (the principal may describe the id but not
+    /// write it) is reported the same way; the mock cluster injects it (the check's own idempotent producer
+    /// is not in play: the probe is called alone).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_refused_init_producer_id_is_a_refused_probe() {
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.request_errors(
+            RDKafkaApiKey::InitProducerId,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED],
+        );
+        let config = config(&cluster.bootstrap_servers(), "", "");
+        let outcome = transactional::probe(&config.kafka, "orders.outbox-cdc-check").await.unwrap();
+        assert_eq!(outcome, transactional::Probe::Refused);
+        let granted = transactional::probe(&config.kafka, "orders.outbox-cdc-check").await.unwrap();
+        assert_eq!(granted, transactional::Probe::Granted);
     }
 }
