@@ -99,7 +99,11 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
             Some((tenure, source)) => match tenure.hold(source, &shutdown).await {
                 Ok(Some(lease)) => Some(lease),
                 Ok(None) => break Ok(()),
-                Err(error) => break Err(error),
+                // A lease released after a switchover, an unreachable server: retried like a run's error.
+                Err(error) => match supervisor.after(Err(error), started, &shutdown).await {
+                    ControlFlow::Break(outcome) => break outcome,
+                    ControlFlow::Continue(()) => continue,
+                },
             },
         };
         // Opening the Kafka state waits for Kafka (fencing, reading): a stop does not wait for it.

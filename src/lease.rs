@@ -593,6 +593,19 @@ async fn open(source: &SourceConn, timing: Timing) -> Result<(Conn, u64, LeaseSe
     }
 }
 
+/// Which server `source` reaches now: one connection, [`SERVER_VARIABLES`]. `source.host` may lead elsewhere
+/// than when a lease was taken on it (a switchover behind a DNS name or a proxy, the old primary still up).
+///
+/// # Errors
+/// As connecting and [`LeaseServer::of`].
+pub async fn server_reached_by(source: &SourceConn) -> Result<LeaseServer> {
+    let mut conn = source.connect().await?;
+    let variables: Vec<(String, String)> =
+        conn.query(SERVER_VARIABLES).await.map_err(|e| classify_mysql(&e).context("reading the server's identity"))?;
+    close(conn).await;
+    LeaseServer::of(&variables)
+}
+
 /// The server variables that say which server the lease is on, and whether it can give one lock to all.
 pub const SERVER_VARIABLES: &str =
     "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('server_id', 'server_uuid', 'wsrep_on')";
@@ -635,8 +648,7 @@ impl LeaseServer {
     /// pool of replicas behind one name): another instance may hold the lease on that server and publish.
     /// The run does not start; it is tried again after the back-off.
     pub fn check_same(&self, server_id: u32, server_uuid: Option<&str>) -> Result<()> {
-        let uuids_differ = matches!((&self.server_uuid, server_uuid), (Some(a), Some(b)) if a != b);
-        if self.server_id == server_id && !uuids_differ {
+        if self.is(server_id, server_uuid) {
             return Ok(());
         }
         Err(Error::transient(format!(
@@ -648,6 +660,24 @@ impl LeaseServer {
             self.server_uuid.as_deref().unwrap_or("no uuid"),
             server_uuid.unwrap_or("no uuid"),
         )))
+    }
+}
+
+impl LeaseServer {
+    /// Whether `server_id` and `server_uuid` (when both sides know one) name this server.
+    pub fn is(&self, server_id: u32, server_uuid: Option<&str>) -> bool {
+        let uuids_differ = matches!((&self.server_uuid, server_uuid), (Some(a), Some(b)) if a != b);
+        self.server_id == server_id && !uuids_differ
+    }
+}
+
+impl std::fmt::Display for LeaseServer {
+    /// `server_id 11 (uuid …)`, or `server_id 11` without a uuid.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.server_uuid {
+            Some(uuid) => write!(f, "server_id {} ({uuid})", self.server_id),
+            None => write!(f, "server_id {}", self.server_id),
+        }
     }
 }
 

@@ -269,6 +269,102 @@ async fn a_fresh_process_without_local_state_resumes_exactly() {
     assert!(second.terminate().success(), "{}", second.log_tail(LOG_LINES));
 }
 
+/// A switchover behind the name the connectors use, with the old primary still up: the active instance's
+/// binlog connection is ended on the old primary, and its next run finds that `source.host` now leads to the
+/// promoted replica while its lease is on the old primary. It releases the lease before fencing anything;
+/// the lease moves with the instances to the new primary, where one of them resumes the checkpoint
+/// (`--accept-new-server`, as the RUNBOOK's planned failover says) and publishes what is written there.
+/// Before, the instance kept the lease on the old primary, fenced, and retried for ever ("the lease is held
+/// on server_id 11 but the binlog connection reached server_id 22"), and the standby waited on the old
+/// primary: nothing written after the switchover was published. A real replica (GTID replication) is the
+/// new primary, a loopback proxy the name; noida-db, as `exactly_once` needs a broker with transactions.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_switchover_with_the_old_primary_up_moves_the_lease_and_publishes() {
+    const BEFORE: usize = 20;
+    const AFTER: usize = 20;
+    let primary = MariaDb::builder().server_id(11).start();
+    let replica = MariaDb::builder().server_id(22).start();
+    primary.sql(
+        "CREATE USER 'repl'@'127.0.0.1' IDENTIFIED BY 'repl'; GRANT REPLICATION SLAVE ON *.* TO 'repl'@'127.0.0.1'",
+    );
+    // The replica's binlog holds the primary's transactions from here on, as a replica set up from a backup.
+    replica.sql(&format!(
+        "RESET MASTER; SET GLOBAL gtid_slave_pos = '{}'; CHANGE MASTER TO MASTER_HOST = '127.0.0.1', \
+         MASTER_PORT = {}, MASTER_USER = 'repl', MASTER_PASSWORD = 'repl', MASTER_USE_GTID = slave_pos; START SLAVE",
+        primary.gtid_binlog_pos(),
+        primary.port()
+    ));
+    let proxy = common::Proxy::start(primary.port());
+    let broker = Broker::start(Engine::Noida);
+    let mut instances = [Connector::new(), Connector::new()];
+    for connector in &mut instances {
+        let config = connector.write_config(&primary, &broker, &standby_settings());
+        let text = std::fs::read_to_string(&config).expect("config");
+        let text = text.replacen(&format!("port = {}", primary.port()), &format!("port = {}", proxy.port()), 1);
+        std::fs::write(&config, text).expect("config");
+        connector.spawn(["run".into(), "--config".into(), config.into_os_string(), "--accept-new-server".into()]);
+        if !is_active(connector) {
+            wait_standby_or_active(connector).await;
+        }
+    }
+    let mut expected = common::Expected::default();
+    let mut conn = primary.conn().await;
+    for i in 0..BEFORE {
+        let row = common::OutboxRow::new("switch").id(format!("sw-{i:03}"));
+        common::insert_event(&mut conn, &row).await.expect("insert on the primary");
+        expected.per_aggregate.entry("switch".into()).or_default().push(row.id.clone());
+    }
+    drop(conn);
+    let read = broker.read_committed("outbox.event.order", BEFORE, PROGRESS_TIMEOUT);
+    assert_eq!(read.len(), BEFORE, "published before the switchover:\n{}", instances[0].log_tail(LOG_LINES));
+
+    // The switchover: the replica has everything, is promoted, and the name leads to it. The old primary
+    // stays up with every session but the binlog dump, which it ends (as `KILL` or a timeout would).
+    let caught_up = Instant::now() + PROGRESS_TIMEOUT;
+    while replica.sql("SELECT @@gtid_slave_pos").trim() != primary.gtid_binlog_pos() {
+        assert!(Instant::now() < caught_up, "the replica did not catch up: {}", replica.sql("SHOW SLAVE STATUS\\G"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    replica.sql("STOP SLAVE; RESET SLAVE ALL");
+    proxy.retarget(replica.port());
+    let dumps =
+        primary.sql("SELECT GROUP_CONCAT(ID) FROM information_schema.PROCESSLIST WHERE COMMAND = 'Binlog Dump'");
+    let dumps = dumps.trim();
+    assert!(!dumps.is_empty() && dumps != "NULL", "the active instance streams from the primary");
+    for id in dumps.split(',') {
+        primary.sql(&format!("KILL {id}"));
+    }
+    let mut conn = replica.conn().await;
+    for i in BEFORE..BEFORE + AFTER {
+        let row = common::OutboxRow::new("switch").id(format!("sw-{i:03}"));
+        common::insert_event(&mut conn, &row).await.expect("insert on the new primary");
+        expected.per_aggregate.entry("switch".into()).or_default().push(row.id.clone());
+    }
+    drop(conn);
+    let read = broker.read_committed("outbox.event.order", BEFORE + AFTER, PROGRESS_TIMEOUT);
+    let logs = || format!("{}\n---\n{}", instances[0].log_tail(LOG_LINES), instances[1].log_tail(LOG_LINES));
+    assert_eq!(read.len(), BEFORE + AFTER, "published after the switchover:\n{}", logs());
+    let released = instances.iter().any(|c| c.stderr().contains("source.host now leads to server_id 22"));
+    assert!(released, "an instance released the lease it held on the old primary:\n{}", logs());
+    let both = logs();
+    let active = instances.iter_mut().position(is_active).unwrap_or_else(|| panic!("no active instance:\n{both}"));
+    let written = reliability::written_from(expected);
+    assert_exactly_once("switchover", &instances[active], &written);
+    for connector in &mut instances {
+        assert!(connector.terminate().success(), "{}", connector.log_tail(LOG_LINES));
+    }
+}
+
+/// Waits until `connector`'s current process holds the lease or waits for it.
+async fn wait_standby_or_active(connector: &mut Connector) {
+    let deadline = Instant::now() + PROGRESS_TIMEOUT;
+    while !is_active(connector) && !current_log(connector).contains("standby: waiting for the lease") {
+        assert!(connector.is_running(), "the connector exited:\n{}", connector.log_tail(LOG_LINES));
+        assert!(Instant::now() < deadline, "neither active nor standby:\n{}", connector.log_tail(LOG_LINES));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// With `exactly_once` and a 3 s failover timeout: the settings of the active/standby tests.
 fn standby_settings() -> String {
     EXACTLY_ONCE.replace("[delivery]\n", "[delivery]\nfailover_timeout_ms = 3000\n")

@@ -32,11 +32,33 @@ impl Tenure {
     /// The lease, for the next run: the one held, or (after releasing one that was lost) a new one, waited
     /// for as a standby. `Ok(None)` when shutdown comes first.
     ///
+    /// A lease held from before is first checked against the server `source` leads to now, before the run
+    /// fences anything: after a switchover behind a DNS name or a proxy, with the old primary still up, the
+    /// lease would stay on the old server while the run's connections reach the new one. Then the run could
+    /// not start (its binlog connection reaches another server), and a standby that reached the new server
+    /// would take its lock there and be fenced by this instance at every retry. So the lease is released,
+    /// and the next run takes it where `source` leads, as a standby if another instance holds it there.
+    ///
     /// # Errors
-    /// As [`Lease::acquire_as`].
+    /// As [`Lease::acquire_as`]; transient, with the lease released, when `source` reaches another server
+    /// than the one it is held on.
     pub(super) async fn hold(&mut self, source: &SourceConn, shutdown: &Shutdown) -> Result<Option<&Lease>> {
         if let Some(lost) = self.lease.take_if(|l| !l.is_held()) {
             lost.release().await;
+        }
+        if let Some(held) = &self.lease {
+            let reached = crate::lease::server_reached_by(source).await?;
+            if *held.server() != reached {
+                let held_on = held.server().to_string();
+                if let Some(lease) = self.lease.take() {
+                    lease.release().await;
+                }
+                return Err(Error::transient(format!(
+                    "source.host now leads to {reached}, but the lease is held on {held_on} (a switchover, the old \
+                     server still up, or a name that leads to more than one server): released it before \
+                     anything was fenced; the next run takes the lease on {reached}"
+                )));
+            }
         }
         if self.lease.is_none() {
             let fingerprint = Some(self.fingerprint);

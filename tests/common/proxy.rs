@@ -25,8 +25,8 @@ use tokio::task::{AbortHandle, JoinHandle};
 /// State shared by the accept loop, the connection tasks and the test.
 #[derive(Debug)]
 struct Shared {
-    /// Where connections are forwarded to.
-    upstream: SocketAddr,
+    /// Where new connections are forwarded to ([`Proxy::retarget`] changes it).
+    upstream: Mutex<SocketAddr>,
     /// Tasks of the connections accepted so far (finished ones are pruned on the next accept or cut).
     links: Mutex<Vec<AbortHandle>>,
     /// Nothing moves until this instant, when set.
@@ -78,7 +78,7 @@ impl Proxy {
         let port = std_listener.local_addr().expect("proxy local_addr").port();
         let listener = TcpListener::from_std(std_listener).expect("proxy listener (needs a tokio runtime)");
         let shared = Arc::new(Shared {
-            upstream: SocketAddr::from((Ipv4Addr::LOCALHOST, upstream_port)),
+            upstream: Mutex::new(SocketAddr::from((Ipv4Addr::LOCALHOST, upstream_port))),
             links: Mutex::new(Vec::new()),
             blackhole_until: Mutex::new(None),
             accepted: AtomicUsize::new(0),
@@ -113,6 +113,13 @@ impl Proxy {
             link.abort();
         }
         open
+    }
+
+    /// Forwards connections accepted from now on to `127.0.0.1:upstream_port`; open ones stay where they
+    /// are (a DNS name or a proxy that fails over: the old server keeps its sessions while it is up).
+    pub fn retarget(&self, upstream_port: u16) {
+        *self.shared.upstream.lock().unwrap_or_else(|e| e.into_inner()) =
+            SocketAddr::from((Ipv4Addr::LOCALHOST, upstream_port));
     }
 
     /// From now on for `duration`, no byte moves in either direction and new connections are held
@@ -152,7 +159,8 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 /// Forwards one connection until either side closes or fails, or the task is aborted (a cut).
 async fn forward(client: TcpStream, shared: Arc<Shared>) {
     shared.wait_open().await;
-    let Ok(upstream) = TcpStream::connect(shared.upstream).await else {
+    let target = *shared.upstream.lock().unwrap_or_else(|e| e.into_inner());
+    let Ok(upstream) = TcpStream::connect(target).await else {
         return; // dropping `client` resets it: the same as a refused connection, seen by the client
     };
     for s in [&client, &upstream] {
