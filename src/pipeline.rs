@@ -123,8 +123,10 @@ impl Pipeline {
             lease.server().check_same(info.identity.server_id, info.identity.server_uuid.as_deref())?;
         }
         let checkpointer = Checkpointer::new(store.clone(), info.identity.clone());
+        // The run's start first ([`Plan::first`]): with exactly_once it fences every older producer and
+        // catches the state up, and only then may a fresh start point be written over the checkpoint.
+        let mut run = Run::new(&self.config, self.router.clone(), checkpointer.clone(), shutdown).await?;
         let first = plan.first(&checkpointer)?;
-        let mut run = Run::new(&self.config, self.router.clone(), checkpointer, shutdown).await?;
         if let Some(lease) = lease {
             run.publish_while(lease.holding());
         }
@@ -177,11 +179,11 @@ impl Pipeline {
     async fn run_files(&self, files: &FilesSource, store: &Arc<Store>, shutdown: &Shutdown) -> Result<()> {
         let FilesPlan { paths, first, identity, plan } = plan::files(files, store, self.accept_new_server)?;
         let checkpointer = Checkpointer::new(store.clone(), identity.clone());
+        let mut run = Run::new(&self.config, self.router.clone(), checkpointer.clone(), shutdown).await?;
         let start = match plan.first(&checkpointer)? {
             First::Stream(mark) => mark,
             First::Snapshot(_) => unreachable!("plan::files never plans a snapshot: there is no table"),
         };
-        let mut run = Run::new(&self.config, self.router.clone(), checkpointer, shutdown).await?;
         run.begin_stream(&start);
         tracing::info!(
             position = %start.position,

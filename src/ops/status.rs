@@ -14,7 +14,8 @@ use crate::time::utc_text;
 
 /// Prints the stored checkpoint, what it means now (lag, purge risk, snapshot progress), holds and the last
 /// error, times as UTC text with their age; `json` prints the stored record (Unix times, unchanged: scripts
-/// read it) with the holds and last error beside it.
+/// read it) with the holds and last error beside it, and before the first checkpoint those two alone (no
+/// `position`).
 ///
 /// # Errors
 /// A definite error when the store cannot be read.
@@ -23,13 +24,23 @@ pub async fn print(config: &Config, json: bool) -> Result<()> {
         return print_relay(config, json).await;
     }
     let Some(inspection) = Store::inspect_for(config).await? else {
-        println!("no checkpoint in {} (the connector has not started yet)", config.state_location());
+        match json {
+            true => println!("{}", serde_json::json!({ "holds": [], "last_error": null })),
+            false => println!("no checkpoint in {} (the connector has not started yet)", config.state_location()),
+        }
         return Ok(());
     };
     let last_error = redacted(inspection.last_error);
     let Some(cp) = &inspection.checkpoint else {
+        // JSON without the checkpoint's fields (no `position`): the first run may have stopped before its
+        // first checkpoint, with an error worth showing.
+        if json {
+            let value = serde_json::json!({ "holds": inspection.holds, "last_error": last_error });
+            println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
+            return Ok(());
+        }
         println!("no checkpoint in {} (the connector has not started yet)", config.state_location());
-        if let (false, Some(e)) = (json, &last_error) {
+        if let Some(e) = &last_error {
             println!("{}", last_error_line(e, crate::time::now_ms()));
         }
         return Ok(());

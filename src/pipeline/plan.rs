@@ -37,6 +37,13 @@ impl Plan {
     /// What the run does first, once its start point is durable: a fresh one is stored before anything is
     /// produced (see [`Plan::Fresh`]); a checkpoint or a snapshot's progress already is.
     ///
+    /// Called once the run's producer started, never before: with `exactly_once` that start fenced every
+    /// older producer of the connector's id and read the state on to its end (`Commit::start`), which fails
+    /// when a checkpoint appeared since the plan was made. Written before that, a fresh start point would
+    /// be the newest checkpoint record on the state topic and hide one that another instance (a split
+    /// brain) committed in between: the catch-up compares the newest record only, and would see nothing
+    /// moved.
+    ///
     /// # Errors
     /// A definite error when the start point cannot be stored.
     pub(super) fn first(self, checkpointer: &Checkpointer) -> Result<First> {

@@ -381,18 +381,18 @@ impl Connector {
     /// Like [`Connector::status_json`], returning what went wrong instead of panicking.
     ///
     /// # Errors
-    /// When `status` exits unsuccessfully, prints something that is neither JSON nor "no checkpoint",
-    /// or takes longer than 30 s (it is then killed).
+    /// When `status` exits unsuccessfully, prints no JSON, or takes longer than 30 s (it is then killed).
     pub fn try_status_json(&self) -> Result<Option<serde_json::Value>, String> {
         let (status, out, err) = self.command(&["status", "--json"], STATUS_TIMEOUT)?;
         if !status.success() {
             return Err(format!("outbox-cdc status --json failed ({status}):\nstdout: {out}\nstderr: {err}"));
         }
-        if out.trim_start().starts_with("no checkpoint") {
-            return Ok(None);
-        }
         let mut value: serde_json::Value = serde_json::from_str(&out)
             .map_err(|e| format!("outbox-cdc status --json printed no JSON ({e}):\nstdout: {out}\nstderr: {err}"))?;
+        // Before the first checkpoint: the stored error and holds only, no `position`.
+        if value.get("position").is_none() {
+            return Ok(None);
+        }
         // The checkpoint record only: `holds` and `last_error` sit beside it and change without it.
         if let Some(object) = value.as_object_mut() {
             object.remove("holds");
