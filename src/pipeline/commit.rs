@@ -35,6 +35,7 @@ use crate::checkpoint::{Mark, TxId, Watermark};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kafka::commit::Deadline;
+use crate::position::TxProgress;
 use crate::sink::{CheckpointRecord, KafkaSink, Transactional};
 
 /// How a run makes its checkpoints durable: the delivery guarantee.
@@ -42,7 +43,7 @@ pub(super) enum Commit {
     /// `at_least_once`: the acknowledged mark is written to the store every `interval`.
     Acknowledged { interval: Duration },
     /// `exactly_once`: the checkpoint commits with the records in Kafka transactions.
-    Transactional(Transactions),
+    Transactional(Box<Transactions>),
 }
 
 /// The commits of an `exactly_once` run.
@@ -57,6 +58,9 @@ pub(super) struct Transactions {
     schedule: Arc<Mutex<Schedule>>,
     /// What the open Kafka transaction holds beyond the last commit.
     pending: Pending,
+    /// Where the source transaction being read starts: the stream's start, then the last one closed. A
+    /// commit inside it carries this mark and the rows it produced ([`Commit::inside`]).
+    boundary: Option<Mark>,
     /// Makes the checkpoint record and records it as saved once committed.
     checkpointer: Arc<Checkpointer>,
 }
@@ -124,9 +128,10 @@ impl Commit {
             split_after: Duration::from_millis(config.kafka.transaction_timeout_ms()?) / 2,
             schedule: Arc::new(Mutex::new(schedule)),
             pending: Pending::Nothing,
+            boundary: None,
             checkpointer: checkpointer.clone(),
         };
-        Ok((Commit::Transactional(commits), sink))
+        Ok((Commit::Transactional(Box::new(commits)), sink))
     }
 
     /// `checkpoint_interval_ms`: how often the acknowledged mark is written, or a Kafka transaction commits.
@@ -156,6 +161,7 @@ impl Commit {
             }
             Commit::Transactional(commits) => {
                 watermark.close(tx, mark.clone());
+                commits.boundary = Some(mark.clone());
                 if commits.due(sink) {
                     commits.pending = Pending::Nothing;
                     commits.start(sink, &mark).await
@@ -192,16 +198,28 @@ impl Commit {
         }
     }
 
-    /// Starts a commit at `mark`, inside the current source transaction ([`Commit::due_inside`]): its rows
-    /// produced so far become visible with a checkpoint that says how many, and a resume skips them. It
-    /// carries every transaction closed before (`mark` is at the last one's end).
+    /// The stream phase begins at `start`: the first source transaction read starts there.
+    pub(super) fn begin_at(&mut self, start: &Mark) {
+        if let Commit::Transactional(commits) = self {
+            commits.boundary = Some(start.clone());
+        }
+    }
+
+    /// Starts a commit inside the current source transaction ([`Commit::due_inside`]), at its start with the
+    /// rows of it produced so far (`progress`): they become visible with a checkpoint that counts them, and
+    /// a resume skips them. It carries every transaction closed before.
     ///
     /// # Errors
-    /// As [`KafkaSink::start_commit`]; definite for a mark behind the last checkpoint.
-    pub(super) async fn inside(&mut self, sink: &mut KafkaSink, mark: Mark) -> Result<()> {
+    /// As [`KafkaSink::start_commit`]; definite for a mark behind the last checkpoint, and without a
+    /// stream start ([`Commit::begin_at`]).
+    pub(super) async fn inside(&mut self, sink: &mut KafkaSink, progress: TxProgress) -> Result<()> {
         match self {
             Commit::Acknowledged { .. } => Ok(()),
             Commit::Transactional(commits) => {
+                let Some(boundary) = &commits.boundary else {
+                    return Err(Error::definite("a commit inside a source transaction before the stream began"));
+                };
+                let mark = Mark { inside: Some(progress), ..boundary.clone() };
                 commits.pending = Pending::Nothing;
                 commits.start(sink, &mark).await
             }

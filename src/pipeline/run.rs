@@ -72,9 +72,10 @@ impl<'a> Run<'a> {
     }
 
     /// Declares `start` (durable already) as where the stream phase begins.
-    pub(super) fn begin_stream(&self, start: &Mark) {
+    pub(super) fn begin_stream(&mut self, start: &Mark) {
         self.watermark.reset(start.clone());
         self.checkpointer.already_saved(start.clone());
+        self.commit.begin_at(start);
     }
 
     /// The stream phase: reads `reader` from `start` (declared with [`Run::begin_stream`]) until shutdown,
@@ -91,7 +92,6 @@ impl<'a> Run<'a> {
             start: None,
             overlap,
             row_index: 0,
-            boundary: start.clone(),
             published: start.inside.clone(),
             skip_rows: 0,
             split: false,
@@ -229,17 +229,17 @@ impl<'a> Run<'a> {
             // A long source transaction commits inside itself: its Kafka transaction would otherwise stay
             // open past `transaction.timeout.ms`, and the broker would abort it at every try.
             if stream.current.is_some() && commit.due_inside(sink, stream.split) {
-                if let Some(mark) = stream.inside_mark() {
+                if let Some(progress) = stream.progress() {
                     if !stream.split {
                         tracing::info!(
-                            inside = %mark.inside.as_ref().map(ToString::to_string).unwrap_or_default(),
+                            inside = %progress,
                             open_s = commit.split_after().unwrap_or_default().as_secs_f32(),
                             "a source transaction kept its Kafka transaction open for half of transaction.timeout.ms: \
                              committing it in parts from now on (read_committed consumers see its rows in several commits)"
                         );
                         stream.split = true;
                     }
-                    commit.inside(sink, mark).await?;
+                    commit.inside(sink, progress).await?;
                 }
             }
             let stopping = shutdown.is_requested();
@@ -306,8 +306,6 @@ struct StreamState {
     overlap: Option<Overlap>,
     /// Index of the next outbox row within the current transaction.
     row_index: u64,
-    /// The mark the current (or next) transaction starts at: the run's start, then each closed one's.
-    boundary: Mark,
     /// Rows of a transaction published before this run (the start mark's `inside`), until it closes.
     published: Option<TxProgress>,
     /// Outbox rows at the head of the current transaction published before this run: counted, not produced.
@@ -345,10 +343,10 @@ impl StreamState {
         Ok(())
     }
 
-    /// The mark inside the current transaction: its start, and the outbox rows of it produced so far. `None`
-    /// before it passed the rows published before this run, and while another transaction's rows published
-    /// before this run are still to be met (its GTID has not come yet).
-    fn inside_mark(&self) -> Option<Mark> {
+    /// How far into the current transaction its rows are produced, for a commit inside it. `None` before it
+    /// passed the rows published before this run, and while another transaction's rows published before
+    /// this run are still to be met (its GTID has not come yet).
+    fn progress(&self) -> Option<TxProgress> {
         let start = self.start.as_ref()?;
         if self.row_index == 0 || self.row_index < self.skip_rows {
             return None;
@@ -356,7 +354,7 @@ impl StreamState {
         if self.published.as_ref().is_some_and(|p| !p.is_for(start)) {
             return None;
         }
-        Some(Mark { inside: Some(TxProgress::of(start, self.row_index)), ..self.boundary.clone() })
+        Some(TxProgress::of(start, self.row_index))
     }
 
     /// Where the next row of the current transaction was read.
@@ -436,7 +434,6 @@ impl StreamState {
         }
         // Rows of a transaction not met yet (another GTID came first) stay published in every mark until it is.
         let mark = Mark { position, timestamp, end_event, snapshot, inside: self.published.clone() };
-        self.boundary = mark.clone();
         self.skip_rows = 0;
         self.split = false;
         (tx, mark)
