@@ -12,7 +12,13 @@
 //!
 //! Each upstream client's errors are classified exactly once, here: [`classify_mysql`] and
 //! [`classify_kafka`]. Everything else constructs [`Error::definite`] or [`Error::transient`] itself with a
-//! message written for the operator.
+//! message written for the operator, or, for an error some code acts on, the constructor of its [`Kind`].
+//!
+//! # Kinds, not text
+//! Beyond its class, an error that some code decides on has a [`Kind`]: the lease lost or held on another
+//! server, a fenced or fatally failed producer, a commit whose outcome is unknown, a refused ACL, records
+//! deleted under a reader, a record the broker refused, a poison row. The decision matches the kind, and a
+//! test asserts it; [`Error::context`] keeps it. The message stays what the operator reads.
 //!
 //! Every message passes through [`crate::secret::redact`] when the error is built, so whatever shows or
 //! stores an error (the log, the state store's `last_error`, `outbox-cdc status`) never sees the value of a
@@ -20,7 +26,7 @@
 
 use std::fmt;
 
-use crate::poison::{KnownPoison, Poison};
+use crate::poison::{KnownPoison, Poison, PoisonKind};
 
 /// Result alias for the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -34,16 +40,70 @@ pub enum Class {
     Definite,
 }
 
-/// An error with its class and an operator-facing message.
+/// What an error is, for the code that decides on it: the supervisor (restart, count, stop), the pipeline and
+/// the relay (dead-letter a refused record), the readers and their callers. Code that acts on an error
+/// matches its kind, never its message; the message is for the person who reads it.
+///
+/// Each kind has one class ([`Error::class`]), set by its constructor: [`Kind::AuthorizationDenied`],
+/// [`Kind::RecordsDeleted`] and [`Kind::Poison`] are definite, the others transient.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Kind {
+    /// Nothing beyond its class: a transient error is retried, a definite one stops.
+    Other,
+    /// This instance no longer provably holds its lease ([`Error::lease_lost`]): it stops publishing and
+    /// waits as a standby.
+    LeaseLost,
+    /// The lease is held on another server than the one `source.host` now leads to (the binlog connection's,
+    /// after a switchover or behind a name over several servers) ([`Error::lease_elsewhere`]): another
+    /// instance could hold the lease there, so this run does not start.
+    LeaseElsewhere,
+    /// A transactional producer was fenced ([`Error::producer_fenced`]): a newer one with its
+    /// `transactional.id` started, or the broker aborted a transaction open past `transaction.timeout.ms`.
+    /// Not a producer fault: not counted towards [`Kind::ProducerFatal`]'s stop.
+    ProducerFenced,
+    /// The idempotent producer failed fatally ([`Error::producer_fatal`]): the run restarts with a new
+    /// producer, a bounded number of times in a row.
+    ProducerFatal,
+    /// A stop gave up waiting for a Kafka commit's outcome ([`Error::commit_unknown`]): it is neither
+    /// counted as committed nor aborted; the next start's `init_transactions` settles it.
+    CommitUnknown,
+    /// The broker refused an operation for want of an ACL on this kind of resource
+    /// ([`Error::authorization_denied`]); the message names the `kafka-acls` command that grants it.
+    AuthorizationDenied(Denied),
+    /// Records a reader had not reached yet were deleted from under it (retention, DeleteRecords)
+    /// ([`Error::records_deleted`]): the read stops instead of skipping them.
+    RecordsDeleted,
+    /// The broker refused one record for good ([`Error::refused_record`]): the run restarts from the
+    /// checkpoint and dead-letters that event.
+    RecordRefused(Box<KnownPoison>),
+    /// A row that cannot become a record, where poison stops the connector (`outbox.on_poison = "fail"`, a
+    /// release without `--skip-poison`) ([`Error::poison`]): [`PoisonKind::SchemaMissing`] when the
+    /// registry has no schema for it.
+    Poison(PoisonKind),
+}
+
+/// The kind of Kafka resource an ACL was missing on ([`Kind::AuthorizationDenied`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denied {
+    /// A topic (TOPIC_AUTHORIZATION_FAILED).
+    Topic,
+    /// A consumer group (GROUP_AUTHORIZATION_FAILED).
+    Group,
+    /// The cluster (CLUSTER_AUTHORIZATION_FAILED).
+    Cluster,
+    /// A transactional id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
+    TransactionalId,
+    /// A delegation token (DELEGATION_TOKEN_AUTHORIZATION_FAILED).
+    DelegationToken,
+}
+
+/// An error with its class, what it is ([`Kind`]) and an operator-facing message.
 #[derive(Debug, Clone, thiserror::Error)]
 pub struct Error {
     class: Class,
+    kind: Kind,
     message: String,
-    /// Set when the broker refused one record for good: the pipeline restarts and dead-letters it.
-    refused: Option<Box<KnownPoison>>,
-    /// Set when the idempotent producer failed fatally (its sequence state no longer matches the broker's):
-    /// the run restarts with a new producer, a bounded number of times in a row.
-    producer_fatal: bool,
 }
 
 impl fmt::Display for Error {
@@ -53,48 +113,83 @@ impl fmt::Display for Error {
 }
 
 impl Error {
-    fn new(class: Class, message: String, refused: Option<Box<KnownPoison>>) -> Self {
+    fn new(class: Class, kind: Kind, message: String) -> Self {
         let message = match crate::secret::redact(&message) {
             std::borrow::Cow::Borrowed(_) => message,
             std::borrow::Cow::Owned(redacted) => redacted,
         };
-        Error { class, message, refused, producer_fatal: false }
+        Error { class, kind, message }
     }
 
     /// An error that retrying from the last acknowledged position may cure.
     pub fn transient(message: impl Into<String>) -> Self {
-        Error::new(Class::Transient, message.into(), None)
-    }
-
-    /// The broker refused event `id` for a reason retrying cannot cure. Transient for the pipeline (it
-    /// restarts from the checkpoint), which then routes that event to the dead-letter path.
-    pub fn refused_record(id: String, message: String) -> Self {
-        Error::new(
-            Class::Transient,
-            format!("Kafka refused event {id} for good: {message}; it goes to the dead-letter path"),
-            Some(Box::new(KnownPoison { id, message })),
-        )
-    }
-
-    /// The refused record, for [`Error::refused_record`] errors.
-    pub fn refused(&self) -> Option<&KnownPoison> {
-        self.refused.as_deref()
+        Error::new(Class::Transient, Kind::Other, message.into())
     }
 
     /// An error that needs an operator: the message must say what to do.
     pub fn definite(message: impl Into<String>) -> Self {
-        Error::new(Class::Definite, message.into(), None)
+        Error::new(Class::Definite, Kind::Other, message.into())
     }
 
-    /// The idempotent producer failed fatally: transient (the run restarts from the checkpoint with a new
-    /// producer), and counted, so that a fault that recurs at once stops the connector instead.
+    /// The broker refused event `id` for good ([`Kind::RecordRefused`]). Transient for the pipeline (it
+    /// restarts from the checkpoint), which then routes that event to the dead-letter path.
+    pub fn refused_record(id: String, message: String) -> Self {
+        Error::new(
+            Class::Transient,
+            Kind::RecordRefused(Box::new(KnownPoison { id: id.clone(), message: message.clone() })),
+            format!("Kafka refused event {id} for good: {message}; it goes to the dead-letter path"),
+        )
+    }
+
+    /// The idempotent producer failed fatally ([`Kind::ProducerFatal`]): transient (the run restarts from
+    /// the checkpoint with a new producer), and counted, so that a fault that recurs at once stops the
+    /// connector instead.
     pub fn producer_fatal(message: impl Into<String>) -> Self {
-        Error { producer_fatal: true, ..Error::new(Class::Transient, message.into(), None) }
+        Error::new(Class::Transient, Kind::ProducerFatal, message.into())
     }
 
-    /// True for [`Error::producer_fatal`] errors.
-    pub fn is_producer_fatal(&self) -> bool {
-        self.producer_fatal
+    /// A transactional producer was fenced ([`Kind::ProducerFenced`]): transient, and not a producer fault.
+    /// [`fenced_transaction`] writes the message for the event producer.
+    pub fn producer_fenced(message: impl Into<String>) -> Self {
+        Error::new(Class::Transient, Kind::ProducerFenced, message.into())
+    }
+
+    /// This instance no longer provably holds its lease ([`Kind::LeaseLost`]): transient, the run ends and
+    /// the instance waits as a standby. `message` says what noticed it and what stopped.
+    pub fn lease_lost(message: impl Into<String>) -> Self {
+        Error::new(Class::Transient, Kind::LeaseLost, message.into())
+    }
+
+    /// The lease is held on another server than the one `source.host` now leads to ([`Kind::LeaseElsewhere`]):
+    /// transient, the run does not start and is tried again after the back-off.
+    pub fn lease_elsewhere(message: impl Into<String>) -> Self {
+        Error::new(Class::Transient, Kind::LeaseElsewhere, message.into())
+    }
+
+    /// A stop gave up waiting for a Kafka commit's outcome ([`Kind::CommitUnknown`]): transient.
+    pub fn commit_unknown(message: impl Into<String>) -> Self {
+        Error::new(Class::Transient, Kind::CommitUnknown, message.into())
+    }
+
+    /// The broker refused an operation for want of an ACL on a resource of kind `denied`
+    /// ([`Kind::AuthorizationDenied`]): definite, and `message` must name the grant.
+    pub fn authorization_denied(denied: Denied, message: impl Into<String>) -> Self {
+        Error::new(Class::Definite, Kind::AuthorizationDenied(denied), message.into())
+    }
+
+    /// Records not read yet were deleted from under a reader ([`Kind::RecordsDeleted`]): definite.
+    pub fn records_deleted(message: impl Into<String>) -> Self {
+        Error::new(Class::Definite, Kind::RecordsDeleted, message.into())
+    }
+
+    /// A poison row where poison stops the connector ([`Kind::Poison`]): definite.
+    pub fn poison(kind: PoisonKind, message: impl Into<String>) -> Self {
+        Error::new(Class::Definite, Kind::Poison(kind), message.into())
+    }
+
+    /// What this error is, for the code that decides on it.
+    pub fn kind(&self) -> &Kind {
+        &self.kind
     }
 
     /// The class of this error.
@@ -107,12 +202,9 @@ impl Error {
         self.class == Class::Definite
     }
 
-    /// Prefixes the message with what was being done, keeping the class.
+    /// Prefixes the message with what was being done, keeping the class and the kind.
     pub fn context(self, what: impl fmt::Display) -> Self {
-        Error {
-            producer_fatal: self.producer_fatal,
-            ..Error::new(self.class, format!("{what}: {}", self.message), self.refused)
-        }
+        Error::new(self.class, self.kind, format!("{what}: {}", self.message))
     }
 
     /// Process exit code for this error: 2 for definite (configuration or server problem), 3 for transient.
@@ -331,7 +423,14 @@ fn denied(code: rdkafka::types::RDKafkaErrorCode, text: &str, resource: Option<K
              authenticate otherwise"
         ),
     };
-    Error::definite(format!("Kafka: {text}. {fix}"))
+    let denied = match code {
+        C::GroupAuthorizationFailed => Denied::Group,
+        C::TransactionalIdAuthorizationFailed => Denied::TransactionalId,
+        C::TopicAuthorizationFailed => Denied::Topic,
+        C::ClusterAuthorizationFailed => Denied::Cluster,
+        _ => Denied::DelegationToken,
+    };
+    Error::authorization_denied(denied, format!("Kafka: {text}. {fix}"))
 }
 
 /// Classifies an `rdkafka` error once, for every caller.
@@ -422,8 +521,13 @@ pub fn classify_kafka_on(err: &rdkafka::error::KafkaError, resource: Option<Kafk
 /// Whether a transactional producer's error says a newer producer with its `transactional.id` started
 /// (another instance took over): it can never commit again.
 pub fn is_fenced(err: &rdkafka::error::KafkaError) -> bool {
+    err.rdkafka_error_code().is_some_and(is_fenced_code)
+}
+
+/// The codes of a fenced transactional producer (its own epoch ended by a newer one or by the coordinator).
+pub fn is_fenced_code(code: rdkafka::types::RDKafkaErrorCode) -> bool {
     use rdkafka::types::RDKafkaErrorCode as C;
-    matches!(err.rdkafka_error_code(), Some(C::Fenced | C::ProducerFenced | C::InvalidProducerEpoch))
+    matches!(code, C::Fenced | C::ProducerFenced | C::InvalidProducerEpoch)
 }
 
 /// The error of a transactional producer that was fenced: a newer instance with its `transactional.id`
@@ -432,7 +536,7 @@ pub fn is_fenced(err: &rdkafka::error::KafkaError) -> bool {
 /// broker that keeps refusing a producer's sequence numbers, it says nothing about lost partitions, so it
 /// is not counted towards the connector's stop after repeated fatal producer errors.
 pub fn fenced_transaction(what: impl fmt::Display) -> Error {
-    Error::transient(format!(
+    Error::producer_fenced(format!(
         "{what}: this producer's Kafka transaction was ended by the broker. Either another instance with the same \
          transactional.id started (it took over; this one stops), or the transaction stayed open longer than \
          transaction.timeout.ms and the broker aborted it (a stalled run: look for a broker or network pause). \
@@ -474,7 +578,7 @@ impl From<redb::Error> for Error {
 
 impl From<Poison> for Error {
     fn from(poison: Poison) -> Self {
-        Error::definite(poison.to_string())
+        Error::poison(poison.kind, poison.to_string())
     }
 }
 
@@ -600,6 +704,110 @@ mod tests {
             assert!(classified.is_definite(), "{error:?}: {classified}");
             assert!(classified.to_string().contains(says), "{error:?} must say {says:?}: {classified}");
             assert!(classified.to_string().contains("User:<the connector's principal>"), "{classified}");
+        }
+    }
+
+    /// Guards against a decision taken on a message's words (issue 46): each way the broker refuses an ACL
+    /// is classified as [`Kind::AuthorizationDenied`] naming the kind of resource (whatever the caller
+    /// named), the fatal producer codes as [`Kind::ProducerFatal`]; the rest is [`Kind::Other`] with its
+    /// class.
+    #[test]
+    fn kafka_errors_classify_to_their_kind() {
+        use rdkafka::error::KafkaError as K;
+        use rdkafka::types::RDKafkaErrorCode as C;
+        let denied = |d| (Class::Definite, Kind::AuthorizationDenied(d));
+        let cases: Vec<(K, Option<KafkaResource<'_>>, (Class, Kind))> = vec![
+            (K::MessageConsumption(C::TransactionalIdAuthorizationFailed), None, denied(Denied::TransactionalId)),
+            (
+                K::MessageConsumption(C::TransactionalIdAuthorizationFailed),
+                Some(KafkaResource::Group("g")),
+                denied(Denied::TransactionalId),
+            ),
+            (K::MessageConsumption(C::GroupAuthorizationFailed), None, denied(Denied::Group)),
+            (K::MetadataFetch(C::TopicAuthorizationFailed), None, denied(Denied::Topic)),
+            (K::AdminOp(C::ClusterAuthorizationFailed), None, denied(Denied::Cluster)),
+            (K::AdminOp(C::DelegationTokenAuthorizationFailed), None, denied(Denied::DelegationToken)),
+            (K::MessageProduction(C::OutOfOrderSequenceNumber), None, (Class::Transient, Kind::ProducerFatal)),
+            (K::MessageProduction(C::Fatal), None, (Class::Transient, Kind::ProducerFatal)),
+            (K::MessageProduction(C::UnknownProducerId), None, (Class::Transient, Kind::ProducerFatal)),
+            (K::MessageProduction(C::MessageSizeTooLarge), None, (Class::Definite, Kind::Other)),
+            (K::MessageConsumption(C::AllBrokersDown), None, (Class::Transient, Kind::Other)),
+        ];
+        for (error, resource, (class, kind)) in cases {
+            let classified = classify_kafka_on(&error, resource);
+            assert_eq!((classified.class(), classified.kind()), (class, &kind), "{error:?}: {classified}");
+        }
+    }
+
+    /// A transactional producer's commit that the broker answers PRODUCER_FENCED (a newer producer with its
+    /// `transactional.id` took over) is [`Kind::ProducerFenced`]: transient and not a producer fault. The
+    /// error is librdkafka's own, from a commit on the mock cluster (rust-rdkafka cannot build one).
+    #[test]
+    fn a_fenced_commit_classifies_as_producer_fenced() {
+        use rdkafka::config::ClientConfig;
+        use rdkafka::mocking::MockCluster;
+        use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+        use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+        use std::time::Duration;
+        let cluster = MockCluster::new(1).unwrap();
+        cluster.create_topic("t", 1, 1).unwrap();
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("transactional.id", "fenced")
+            .create()
+            .unwrap();
+        producer.init_transactions(Duration::from_secs(30)).unwrap();
+        producer.begin_transaction().unwrap();
+        producer.send(BaseRecord::<str, str>::to("t").key("k").payload("v")).map_err(|(e, _)| e).unwrap();
+        cluster.request_errors(RDKafkaApiKey::EndTxn, &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_PRODUCER_FENCED]);
+        let error = producer.commit_transaction(Duration::from_secs(30)).expect_err("fenced");
+        assert!(is_fenced(&error), "{error:?}");
+        let classified = classify_kafka(&error);
+        assert_eq!((classified.class(), classified.kind()), (Class::Transient, &Kind::ProducerFenced), "{classified}");
+    }
+
+    /// Each constructor gives its kind its class (the class rules of the module doc), and neither
+    /// [`Error::context`] nor redaction loses the kind.
+    #[test]
+    fn constructors_set_kind_and_class_and_context_keeps_them() {
+        let refused = || Kind::RecordRefused(Box::new(KnownPoison { id: "e-1".into(), message: "bad".into() }));
+        let cases = [
+            (Error::transient("t"), Class::Transient, Kind::Other),
+            (Error::definite("d"), Class::Definite, Kind::Other),
+            (Error::lease_lost("l"), Class::Transient, Kind::LeaseLost),
+            (Error::lease_elsewhere("e"), Class::Transient, Kind::LeaseElsewhere),
+            (Error::producer_fenced("f"), Class::Transient, Kind::ProducerFenced),
+            (fenced_transaction("delivery"), Class::Transient, Kind::ProducerFenced),
+            (Error::producer_fatal("p"), Class::Transient, Kind::ProducerFatal),
+            (Error::commit_unknown("u"), Class::Transient, Kind::CommitUnknown),
+            (
+                Error::authorization_denied(Denied::Group, "a"),
+                Class::Definite,
+                Kind::AuthorizationDenied(Denied::Group),
+            ),
+            (Error::records_deleted("r"), Class::Definite, Kind::RecordsDeleted),
+            (Error::refused_record("e-1".into(), "bad".into()), Class::Transient, refused()),
+            (
+                Error::from(Poison::new(PoisonKind::SchemaMissing, "no subject")),
+                Class::Definite,
+                Kind::Poison(PoisonKind::SchemaMissing),
+            ),
+        ];
+        for (error, class, kind) in cases {
+            let error = error.context("password=hunter2");
+            assert_eq!((error.class(), error.kind()), (class, &kind), "{error}");
+            assert!(!error.to_string().contains("hunter2"), "{error}");
+        }
+        let refused = Error::refused_record("e-1".into(), "bad".into()).context("publishing");
+        let Kind::RecordRefused(record) = refused.kind() else { panic!("{refused}") };
+        assert_eq!((record.id.as_str(), record.message.as_str()), ("e-1", "bad"));
+    }
+
+    /// MySQL errors are classified by class only: nothing acts on a kind of theirs.
+    #[test]
+    fn mysql_errors_have_no_kind() {
+        for error in [server(mysql_codes::FATAL_READING_BINLOG, "purged"), server(2013, "lost connection")] {
+            assert_eq!(classify_mysql(&error).kind(), &Kind::Other);
         }
     }
 }

@@ -39,7 +39,8 @@
 //!
 //! # Error model
 //! Every failure is transient (retry from the checkpoint) or definite (stop and tell the operator what to
-//! fix); see [`error`].
+//! fix); an error some code acts on beyond that (a lost lease, a fenced or failed producer, a refused record,
+//! …) has an [`error::Kind`] that the code matches, never its message; see [`error`].
 
 // These docs are for the connector's maintainers, read with `cargo doc --document-private-items`: module
 // essays link to the private items they explain.

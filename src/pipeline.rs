@@ -34,7 +34,7 @@ use std::sync::Arc;
 use crate::checkpoint::checkpointer::Checkpointer;
 use crate::checkpoint::Store;
 use crate::config::{Config, FilesSource, SnapshotMode, Source};
-use crate::error::{Error, Result};
+use crate::error::{Error, Kind, Result};
 use crate::health::health;
 use crate::lease::Lease;
 use crate::router::Router;
@@ -88,7 +88,7 @@ impl Pipeline {
             if let Err(e) = recorded {
                 tracing::warn!(error = %e, "cannot record the last error in the state store");
             }
-            if let Some(refused) = error.refused() {
+            if let Kind::RecordRefused(refused) = error.kind() {
                 // Remembered durably: after the restart this event takes the dead-letter path.
                 store.add_known_poison(refused)?;
             }

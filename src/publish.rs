@@ -150,10 +150,13 @@ impl Publisher {
         origin: &Origin,
     ) -> Result<Prepared<'_>> {
         if self.on_poison == OnPoison::Fail && poison.kind != PoisonKind::Quarantined {
-            return Err(Error::definite(format!(
-                "{poison} at {origin} (outbox.on_poison = \"fail\"). Fix or remove the row, or set \
-                 outbox.on_poison = \"dead_letter\" to divert it and hold its aggregate"
-            )));
+            return Err(Error::poison(
+                poison.kind,
+                format!(
+                    "{poison} at {origin} (outbox.on_poison = \"fail\"). Fix or remove the row, or set \
+                     outbox.on_poison = \"dead_letter\" to divert it and hold its aggregate"
+                ),
+            ));
         }
         // The hold must be durable before this record (or any later one of the aggregate) is produced.
         let hold = match aggregate {
@@ -219,6 +222,7 @@ impl<F: FnOnce() -> Origin> Lazy<F> {
 mod tests {
     use super::*;
     use crate::config::ValueFormat;
+    use crate::error::Kind;
     use crate::outbox::TableName;
     use crate::poison::KnownPoison;
     use crate::topic::TopicTemplate;
@@ -349,5 +353,6 @@ mod tests {
             publisher(&config("on_poison = \"fail\""), Arc::new(Store::open(&dir.path().join("b")).unwrap()));
         let err = strict.prepare(SourceRow::Decoded(&row("e-9", "")), Origin::default, |_| true).err().unwrap();
         assert!(err.is_definite() && err.to_string().contains("e-9"), "{err}");
+        assert_eq!(err.kind(), &Kind::Poison(PoisonKind::EmptyAggregateId), "{err}");
     }
 }

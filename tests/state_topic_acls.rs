@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use outbox_cdc::checkpoint::kafka::KafkaStore;
 use outbox_cdc::config::Config;
+use outbox_cdc::error::{Denied, Kind};
 use outbox_cdc::kafka::commit::Deadline;
 use outbox_cdc::kafka::read::{Starts, ToEnd, Until};
 use rdkafka::config::ClientConfig;
@@ -184,6 +185,7 @@ async fn a_refused_transactional_id_is_definite_and_names_the_acl() {
         .expect("a refusal, not a wait")
         .expect_err("open must fail");
     assert!(refused.is_definite(), "{refused}");
+    assert_eq!(refused.kind(), &Kind::AuthorizationDenied(Denied::TransactionalId), "{refused}");
     assert!(
         refused.to_string().contains("--operation Write --operation Describe --transactional-id x.state"),
         "{refused}"
@@ -202,6 +204,7 @@ async fn a_refused_state_topic_is_not_a_missing_one() {
     let config = config(&cluster.bootstrap_servers());
     let refused = KafkaStore::inspect(&config).await.expect_err("status must fail");
     assert!(refused.is_definite(), "{refused}");
+    assert_eq!(refused.kind(), &Kind::AuthorizationDenied(Denied::Topic), "{refused}");
     assert!(
         refused.to_string().contains("--operation Read --operation Describe --topic outbox-cdc.state"),
         "{refused}"
@@ -238,7 +241,7 @@ async fn records_deleted_under_a_reader_stop_it() {
     .await
     .unwrap();
     let err = read.expect_err("the read must not jump over the deleted records");
-    assert!(err.is_definite(), "{err}");
+    assert!(err.is_definite() && err.kind() == &Kind::RecordsDeleted, "{err}");
     for says in ["dead-letters/0 offsets 0 to", "the test's advice"] {
         assert!(err.to_string().contains(says), "must say {says:?}: {err}");
     }

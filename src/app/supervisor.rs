@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use super::backoff::Backoff;
-use crate::error::{Error, Result};
+use crate::error::{Error, Kind, Result};
 use crate::pipeline::Shutdown;
 
 /// A run that lasted this long was healthy: the next failure starts the back-off from the beginning.
@@ -47,7 +47,7 @@ impl Supervisor {
             self.backoff.reset();
             self.producer_fatal_runs = 0;
         }
-        if error.is_producer_fatal() {
+        if *error.kind() == Kind::ProducerFatal {
             self.producer_fatal_runs += 1;
             if self.producer_fatal_runs >= MAX_PRODUCER_FATAL_RUNS {
                 return ControlFlow::Break(Err(producer_fatal_again(&error)));

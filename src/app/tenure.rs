@@ -53,7 +53,7 @@ impl Tenure {
                 if let Some(lease) = self.lease.take() {
                     lease.release().await;
                 }
-                return Err(Error::transient(format!(
+                return Err(Error::lease_elsewhere(format!(
                     "source.host now leads to {reached}, but the lease is held on {held_on} (a switchover, the old \
                      server still up, or a name that leads to more than one server): released it before \
                      anything was fenced; the next run takes the lease on {reached}"
@@ -88,7 +88,7 @@ pub(super) async fn while_held(lease: &Lease, run: impl Future<Output = Result<(
     tokio::select! {
         result = run => result,
         reason = lease.lost() => {
-            let error = Error::transient(format!("lease lost ({reason}): stopped publishing; waiting as a standby"));
+            let error = Error::lease_lost(format!("lease lost ({reason}): stopped publishing; waiting as a standby"));
             // Not ready until it holds the lease and runs again.
             crate::health::health().pipeline_failed(&error);
             Err(error)

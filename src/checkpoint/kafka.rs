@@ -384,7 +384,7 @@ impl KafkaStore {
                     let _ = writer.abort_transaction(STATE_TIMEOUT);
                 }
                 if t.is_fatal() && crate::error::is_fenced(&e) {
-                    return Error::transient(format!(
+                    return Error::producer_fenced(format!(
                         "writing to the state topic {}: {e}. Another instance of connector {:?} took over \
                          (its start fenced this one): this instance stops writing",
                         self.topic, self.name
@@ -412,7 +412,7 @@ impl KafkaStore {
         // failure, a release would be written, and its events republished, twice), or a stop gives up.
         match until_known(writer, STATE_TIMEOUT, &self.deadline) {
             Outcome::Known(result) => result.map_err(|e| failed(e, "committing to")),
-            Outcome::Unknown => Err(Error::transient(format!(
+            Outcome::Unknown => Err(Error::commit_unknown(format!(
                 "stopping with the outcome of a commit to the state topic {} unknown: the next start's \
                  init_transactions completes or aborts it",
                 self.topic

@@ -339,7 +339,7 @@ impl Book {
         if gone.is_empty() {
             gone = behind.iter().map(|((t, p), at)| format!("{t}/{p} from offset {}", at.next)).collect();
         }
-        Error::definite(format!(
+        Error::records_deleted(format!(
             "reading {}: records this read had not reached yet were deleted from the topic (retention.ms, \
              retention.bytes or DeleteRecords): {}. The read stopped instead of skipping them: {}",
             self.what,
@@ -529,5 +529,22 @@ mod tests {
             book.record("t", 1, offset);
         }
         assert!(book.is_done());
+    }
+
+    /// Records deleted under the reader (librdkafka's `_AUTO_OFFSET_RESET`, after OFFSET_OUT_OF_RANGE) are
+    /// [`crate::error::Kind::RecordsDeleted`], definite, naming each partition below its end and the
+    /// caller's advice. (`tests/state_topic_acls.rs` deletes records under a real read.)
+    #[test]
+    fn records_deleted_under_the_reader_are_their_kind() {
+        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        cluster.create_topic("t", 2, 1).unwrap();
+        let consumer: BaseConsumer =
+            ClientConfig::new().set("bootstrap.servers", cluster.bootstrap_servers()).create().unwrap();
+        let mut book = book(Duration::from_secs(60), &[(0, 10, 4), (1, 5, 5)]);
+        book.if_lost = "the caller's advice".into();
+        let err = book.lost(&consumer);
+        assert!(err.is_definite() && err.kind() == &crate::error::Kind::RecordsDeleted, "{err}");
+        assert!(err.to_string().contains("t/0 from offset 4") && !err.to_string().contains("t/1"), "{err}");
+        assert!(err.to_string().contains("the caller's advice"), "{err}");
     }
 }

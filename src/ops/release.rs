@@ -200,11 +200,14 @@ async fn release_from(
                 report.skipped.push(id.clone());
             }
             Err(poison) => {
-                return Err(Error::definite(format!(
-                    "held event {id} of {aggregate_type}/{aggregate_id} is still poison: {poison}. Nothing was \
-                     republished. Fix the cause (e.g. raise max.message.bytes of the topic and \
-                     kafka.max_record_bytes), or pass --skip-poison to release the aggregate without it"
-                )));
+                return Err(Error::poison(
+                    poison.kind,
+                    format!(
+                        "held event {id} of {aggregate_type}/{aggregate_id} is still poison: {poison}. Nothing \
+                         was republished. Fix the cause (e.g. raise max.message.bytes of the topic and \
+                         kafka.max_record_bytes), or pass --skip-poison to release the aggregate without it"
+                    ),
+                ));
             }
         }
         ids.push(id);

@@ -144,7 +144,7 @@ fn literal(text: &str) -> String {
 
 /// The run's end when its lease is lost: nothing more is written.
 fn lost(why: &str) -> Error {
-    Error::transient(format!(
+    Error::lease_lost(format!(
         "poll: the lease is no longer provably held ({why}): stopped writing to the tables; waiting as a standby"
     ))
 }

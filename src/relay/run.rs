@@ -66,7 +66,7 @@ use super::server;
 use super::table::{key_bytes, sequence_value, Aggregate, Polled, Position, Relay, FULL_SWEEP_EVERY};
 use crate::checkpoint::{Store, TxId, Watermark};
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::{Error, Kind, Result};
 use crate::health::health;
 use crate::lease::Holding;
 use crate::metrics::metrics;
@@ -474,7 +474,7 @@ impl PollRun<'_> {
     /// (its row's `attempts` and `last_error`). What is in flight is purged; the run ends with the failure.
     pub(super) async fn failed(&mut self, error: Error) -> Error {
         self.sink.abort();
-        if let Some(refused) = error.refused() {
+        if let Kind::RecordRefused(refused) = error.kind() {
             let row = self.pending.iter().find_map(|b| {
                 b.rows.iter().find(|r| r.event_id.as_deref() == Some(refused.id.as_str())).map(|r| (b.t, r.key.clone()))
             });

@@ -275,7 +275,7 @@ pub(super) async fn judged(
             }
             match lease.is_held() {
                 true => Err(Refusal::LockElsewhere { connection, server_id: seen.server_id }.into()),
-                false => Err(Error::transient(
+                false => Err(Error::lease_lost(
                     "poll: the lease was lost while the relay proved its connection's server; waiting as a standby",
                 )),
             }

@@ -25,7 +25,7 @@ use tokio::sync::{Notify, Semaphore};
 use super::limits::{blame_size_refusal, describe_limit, required_topic_limit, SizeBlame};
 use super::Delivered;
 use crate::checkpoint::{TxId, Watermark};
-use crate::error::{classify_kafka, is_record_refusal, is_size_refusal, Error};
+use crate::error::{classify_kafka, is_fenced_code, is_record_refusal, is_size_refusal, Error};
 use crate::health::health;
 use crate::metrics::metrics;
 
@@ -234,9 +234,4 @@ fn aggregate_type<'a>(message: &'a rdkafka::message::BorrowedMessage<'_>) -> Opt
 fn header<'a>(message: &'a rdkafka::message::BorrowedMessage<'_>, name: &str) -> Option<&'a str> {
     use rdkafka::message::Headers;
     message.headers()?.iter().find(|h| h.key == name).and_then(|h| std::str::from_utf8(h.value?).ok())
-}
-
-/// The codes of a fenced transactional producer (its own epoch ended by a newer one or by the coordinator).
-pub(super) fn is_fenced_code(code: RDKafkaErrorCode) -> bool {
-    matches!(code, RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
 }

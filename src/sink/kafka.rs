@@ -41,13 +41,13 @@ use rdkafka::producer::{BaseRecord, Producer, PurgeConfig};
 use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::{Notify, Semaphore};
 
-use super::delivery::{is_fenced_code, InFlight, SinkContext, SinkProducer};
+use super::delivery::{InFlight, SinkContext, SinkProducer};
 use super::limits::{describe_limit, RECORD_OVERHEAD_BYTES};
 use super::topics::Topics;
 use super::transaction::{OnCommit, Transaction, Transactional};
 use crate::checkpoint::{TxId, Watermark};
 use crate::config::KafkaConfig;
-use crate::error::{classify_kafka, Error, Result};
+use crate::error::{classify_kafka, is_fenced_code, Error, Result};
 use crate::kafka::commit::{abort_within, init_within, Deadline};
 use crate::lease::Holding;
 use crate::metrics::metrics;
@@ -410,7 +410,7 @@ impl KafkaSink {
     /// topic checks, and after an earlier record of this run failed (the first failure is returned).
     pub async fn send(&mut self, tx: TxId, record: &KafkaRecord, occurred_at_ms: Option<i64>) -> Result<()> {
         if self.lease.as_ref().is_some_and(|l| !l.is_held()) {
-            return Err(Error::transient(
+            return Err(Error::lease_lost(
                 "the lease is no longer provably held (its renewal is overdue): stopped handing records to the \
                  producer; waiting as a standby",
             ));
@@ -612,6 +612,7 @@ mod tests {
     use rdkafka::{Offset, TopicPartitionList};
 
     use super::*;
+    use crate::error::Kind;
     use crate::sink::CheckpointRecord;
 
     const TOPIC: &str = "outbox.event.order";
@@ -796,7 +797,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let error = sink.send(tx, &record("A2", 100), None).await.unwrap_err();
-        assert!(!error.is_definite() && error.is_producer_fatal(), "{error}");
+        assert!(!error.is_definite() && error.kind() == &Kind::ProducerFatal, "{error}");
     }
 
     /// Guards against quarantining an innocent aggregate: the broker refused a *batch* of small records as
@@ -815,7 +816,7 @@ mod tests {
         }
         settled(&sink).await;
         let error = watermark.take_failure().expect("the batch was refused");
-        assert!(error.refused().is_none(), "a record was blamed: {error}");
+        assert_eq!(error.kind(), &Kind::Other, "a record was blamed: {error}");
         assert!(error.is_definite() && error.to_string().contains("max.message.bytes"), "{error}");
     }
 
@@ -832,7 +833,7 @@ mod tests {
         sink.send(tx, &record("big", 5_000), None).await.unwrap();
         settled(&sink).await;
         let error = watermark.take_failure().expect("the record was refused");
-        assert_eq!(error.refused().map(|r| r.id.as_str()), Some("big"), "{error}");
+        assert!(matches!(error.kind(), Kind::RecordRefused(r) if r.id == "big"), "{error}");
     }
 
     /// A transactional sink on the mock cluster (which runs the transaction protocol, though it does not
@@ -913,7 +914,7 @@ mod tests {
         assert_eq!(held(&sink), 1);
 
         let error = sink.finish_commit().await.unwrap_err();
-        assert!(!error.is_definite(), "{error}");
+        assert!(!error.is_definite() && error.kind() == &Kind::ProducerFenced, "{error}");
         assert!(!committed.load(Ordering::Acquire), "nothing of a failed commit counts as saved");
         assert_eq!(held(&sink), 0);
         settled(&sink).await;
@@ -955,8 +956,7 @@ mod tests {
         let sent = sink.send(tx, &record("A1", 100), None).await;
         settled(&sink).await;
         let error = sent.err().or_else(|| watermark.take_failure()).expect("the delivery failed");
-        assert!(!error.is_definite() && !error.is_producer_fatal(), "{error}");
-        assert!(error.to_string().contains("transaction.timeout.ms"), "{error}");
+        assert!(!error.is_definite() && error.kind() == &Kind::ProducerFenced, "{error}");
     }
 
     /// A commit that times out is still running in librdkafka and may commit: it is asked again until its
@@ -997,10 +997,11 @@ mod tests {
             .unwrap();
         sink.txn.as_ref().unwrap().deadline.set(Instant::now() + Duration::from_millis(500));
         let error = sink.finish_commit().await.unwrap_err();
-        assert!(!error.is_definite(), "{error}");
+        assert!(!error.is_definite() && error.kind() == &Kind::CommitUnknown, "{error}");
         assert!(!committed.load(Ordering::Acquire), "an unknown outcome is not a commit");
         assert!(matches!(sink.txn.as_ref().unwrap().state, Transaction::Unresolved), "left to the next start");
-        assert!(sink.send(tx, &record("A2", 100), None).await.is_err(), "nothing more goes into the producer");
+        let refused = sink.send(tx, &record("A2", 100), None).await.expect_err("nothing more goes into the producer");
+        assert_eq!(refused.kind(), &Kind::CommitUnknown, "{refused}");
         drop(sink);
     }
 }

@@ -251,7 +251,7 @@ impl Transaction {
                 drop_held(c.held, budget);
                 return (Transaction::Unresolved, Err(unresolved()));
             }
-            Ok(Outcome::Known(Err(e))) if crate::error::is_fenced(&e) => Error::transient(format!(
+            Ok(Outcome::Known(Err(e))) if crate::error::is_fenced(&e) => Error::producer_fenced(format!(
                 "the Kafka transaction could not commit: {e}. A newer producer with this transactional.id \
                  started (another instance took over); nothing of this transaction is visible"
             )),
@@ -296,7 +296,7 @@ fn drop_held(held: VecDeque<Held>, budget: &Semaphore) {
 
 /// Why nothing more goes into a producer whose commit's outcome was left unknown.
 fn unresolved() -> Error {
-    Error::transient(
+    Error::commit_unknown(
         "the process stops with the outcome of the last Kafka commit unknown: its checkpoint is not counted as \
          saved, and the next start completes or aborts the transaction before it reads where to resume",
     )
