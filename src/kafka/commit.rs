@@ -62,34 +62,6 @@ pub enum Outcome {
     Unknown,
 }
 
-/// Waits until Kafka acknowledged every record produced so far (librdkafka's flush), asking again in short
-/// calls until `deadline`; says every `report_every` that it still waits. `false` when the deadline passed
-/// first (the records' outcome, and so the transaction's, is left to the next start).
-pub fn flush_until<P: Producer<C>, C: rdkafka::producer::ProducerContext>(
-    producer: &P,
-    report_every: Duration,
-    deadline: &Deadline,
-) -> bool {
-    let started = Instant::now();
-    let mut reported = started;
-    loop {
-        let Some(call) = deadline.allow(CALL.min(report_every)) else { return false };
-        match producer.flush(call) {
-            Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) => {
-                if reported.elapsed() >= report_every {
-                    reported = Instant::now();
-                    tracing::warn!(
-                        waited_s = started.elapsed().as_secs(),
-                        "the records of the Kafka transaction are not all acknowledged yet: waiting before its commit"
-                    );
-                }
-            }
-            // Anything else ends the wait: the commit that follows reports the transaction's real state.
-            _ => return true,
-        }
-    }
-}
-
 /// Commits the open transaction, calling `commit_transaction` again for as long as it fails retriably,
 /// until `deadline`. Says every `report_every` that it still waits.
 pub fn until_known<P: Producer<C>, C: rdkafka::producer::ProducerContext>(

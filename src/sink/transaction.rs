@@ -145,14 +145,13 @@ impl Transaction {
         }
     }
 
-    /// Open (begun first if idle) → Committing: on a blocking thread, waits for the transaction's records
-    /// to be acknowledged, then writes `checkpoint`, if any, into it under `target`'s key and commits; says
-    /// every `attempt` that it still waits, and gives up at `deadline`. A refused checkpoint record is the
-    /// commit's known failure ([`Transaction::finish`] then leaves the transaction to be aborted).
+    /// Open (begun first if idle) → Committing: writes `checkpoint`, if any, into the transaction under
+    /// `target`'s key and starts its commit on a blocking thread, which says every `attempt` that it still
+    /// waits, and gives up at `deadline`.
     ///
     /// # Errors
-    /// As [`Transaction::begin`]; when `target` has no place for a checkpoint, the error with the
-    /// transaction still open: the caller aborts it.
+    /// As [`Transaction::begin`]; when the checkpoint record is refused, or `target` has no place for it,
+    /// the error with the transaction still open: the caller aborts it.
     pub(super) fn commit(
         self,
         producer: &Arc<SinkProducer>,
@@ -166,34 +165,26 @@ impl Transaction {
         if let Err(error) = begun {
             return (open, Err(error));
         }
-        let checkpoint = match (checkpoint, &target.checkpoint) {
-            (None, _) => None,
+        match (checkpoint, &target.checkpoint) {
+            (None, _) => {}
             (Some(_), None) => {
                 return (open, Err(Error::definite("this transactional producer writes no checkpoint record")));
             }
-            (Some(checkpoint), Some(place)) => Some((place.clone(), checkpoint.to_vec())),
-        };
-        let (producer, deadline) = (producer.clone(), deadline.clone());
-        let task = tokio::task::spawn_blocking(move || {
-            // The records first, the checkpoint last: the state topic's partition joins the transaction only
-            // once its records are acknowledged, for the commit's last round trips. A process killed while
-            // they flush leaves no transaction open on the state topic, which every connector sharing it
-            // reads to its end at each start (`read_committed` cannot pass an open transaction).
-            if !crate::kafka::commit::flush_until(&*producer, attempt, &deadline) {
-                return Outcome::Unknown;
-            }
-            if let Some((place, checkpoint)) = &checkpoint {
+            (Some(checkpoint), Some(place)) => {
                 let record_bytes = checkpoint.len() as u32;
                 let in_flight = InFlight { tx: None, permits: 0, record_bytes, occurred_at_ms: None };
                 let record =
                     BaseRecord::with_opaque_to(&place.topic, Box::new(in_flight)).key(&place.key).payload(checkpoint);
                 if let Err((e, _)) = producer.send(record) {
-                    return Outcome::Known(Err(e));
+                    let error = classify_kafka(&e).context("writing the checkpoint into the Kafka transaction");
+                    return (open, Err(error));
                 }
             }
-            crate::failpoint!("before_kafka_commit");
-            crate::kafka::commit::until_known(&*producer, attempt, &deadline)
-        });
+        }
+        crate::failpoint!("before_kafka_commit");
+        let (producer, deadline) = (producer.clone(), deadline.clone());
+        let task =
+            tokio::task::spawn_blocking(move || crate::kafka::commit::until_known(&*producer, attempt, &deadline));
         let committing = Committing { task, outcome: None, started: Instant::now(), on_commit, held: VecDeque::new() };
         (Transaction::Committing(committing), Ok(()))
     }
