@@ -48,7 +48,7 @@ impl Tenure {
         }
         if let Some(held) = &self.lease {
             let reached = crate::lease::server_reached_by(source).await?;
-            if *held.server() != reached {
+            if !held.server().is(reached.server_id, reached.server_uuid.as_deref()) {
                 let held_on = held.server().to_string();
                 if let Some(lease) = self.lease.take() {
                     lease.release().await;
