@@ -23,13 +23,8 @@ pub async fn print(config: &Config, json: bool) -> Result<()> {
     if matches!(config.source.kind, Source::Poll(_)) {
         return print_relay(config, json).await;
     }
-    let Some(inspection) = Store::inspect_for(config).await? else {
-        match json {
-            true => println!("{}", serde_json::json!({ "holds": [], "last_error": null })),
-            false => println!("no checkpoint in {} (the connector has not started yet)", config.state_location()),
-        }
-        return Ok(());
-    };
+    // No store yet reads as an empty one: no checkpoint, no holds, no error.
+    let inspection = Store::inspect_for(config).await?.unwrap_or_default();
     let last_error = redacted(inspection.last_error);
     let Some(cp) = &inspection.checkpoint else {
         // JSON without the checkpoint's fields (no `position`): the first run may have stopped before its
