@@ -233,6 +233,12 @@ impl Holding {
         &self.lock
     }
 
+    /// The `wait_timeout` of the lock's connection, in seconds (`floor(F)`): a session of the holder that
+    /// falls silent ends no later than its lease can pass to a standby.
+    pub fn session_timeout_s(&self) -> u64 {
+        self.timing.session_timeout_s()
+    }
+
     /// As [`Lease::connection_id`].
     pub fn connection_id(&self) -> u64 {
         self.connection_id

@@ -22,12 +22,40 @@
 //! A write that changed no row asks the server whether the lease is still this instance's; if not, the
 //! run ends (transient: it stands by), and nothing it meant to write is taken as written.
 //!
+//! # A successor reads after its predecessor's last write ([`Fence::drain`])
+//! The check holds when the server changes a row; the change is seen when the statement commits. A relay
+//! killed (or cut off) in the middle of a mark leaves the statement running on the server: it changes the
+//! rows it reached while the lease was still its own and commits when it ends, after the lease moved. A
+//! successor that read in between saw those rows unpublished and publishes them again, and its next read,
+//! after the commit, skips the rest: a crash's replay with a hole in it, an aggregate's events going back
+//! and then forward past some (seen once in a full-length kill -9 during a catch-up: 5 events of one
+//! aggregate republished after 40 later ones). So every write names the lease in a comment
+//! ([`Fence::condition`]), and a run reads nothing until no statement naming it runs on another
+//! connection: one `information_schema.PROCESSLIST` query, needing the `PROCESS` privilege every relay
+//! has.
+//!
+//! # A round of marks commits whole or not at all ([`Fence::begin`], [`Fence::commit`])
+//! A statement that outlives the lease changes the rows it reached before the lease moved and not those
+//! after (the check in its `WHERE`): in the order of its plan, which for a small table is the primary key's
+//! (event ids, in no order of the relay's), so the rows a successor finds left to publish could be any
+//! subset. The marker's writes are therefore one transaction per round: committed only when the server
+//! still names this instance's lease connection as the lock's holder once every row is written (a lock
+//! released never returns to the same connection, so the lease was held throughout) and the clock still
+//! says held; rolled back otherwise, and by the server when the client goes away in the middle. Its
+//! session's `wait_timeout` is the lease's (`floor(F)`), and it pings while idle: a relay paused or cut
+//! off in the middle of a round holds those rows' locks no longer than it could hold the lease. What is
+//! left is a host whose clock did not count a pause between the check and the `COMMIT`. The main
+//! connection's writes (a parked row) are single-row statements in autocommit.
+//!
 //! # Statement-based binlogs
 //! With `binlog_format = STATEMENT` a replica runs the statement itself, where no relay holds the lock:
 //! `IS_USED_LOCK` in it would change nothing on the replica. There the check is evaluated into a user
 //! variable first (`SET @outbox_cdc_fence = …`), which the binlog carries with the statement; it holds for
 //! the statement's start only, and a pause between the two statements is not seen. Use `ROW` or `MIXED`
 //! (MIXED logs these statements as rows).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
@@ -38,6 +66,10 @@ use crate::outbox::quote_ident;
 
 /// The user variable the check is evaluated into with `binlog_format = STATEMENT`.
 const VARIABLE: &str = "@outbox_cdc_fence";
+
+/// How often [`Fence::drain`] looks again, and how often it says that it still waits.
+const DRAIN_POLL: Duration = Duration::from_millis(100);
+const DRAIN_REPORT: Duration = Duration::from_secs(10);
 
 /// How the writes of a run are fenced by its lease.
 #[derive(Debug, Clone)]
@@ -77,17 +109,101 @@ impl Fence {
 
     /// The condition a write adds to its `WHERE`, for a table with the `NOT NULL` column `column`
     /// (unquoted).
+    /// The comment names the lease, so that a successor waits for the statement ([`Fence::drain`]).
     pub fn condition(&self, column: &str) -> String {
         match self {
             Fence::Unleased => "TRUE".to_string(),
             Fence::InStatement(lease) => format!(
-                "IS_USED_LOCK(IF({} IS NULL, NULL, {})) = {}",
+                "{} IS_USED_LOCK(IF({} IS NULL, NULL, {})) = {}",
+                tag(lease),
                 quote_ident(column),
                 literal(lease.lock()),
                 lease.connection_id()
             ),
-            Fence::Variable(_) => format!("{VARIABLE} = 1"),
+            Fence::Variable(lease) => format!("{} {VARIABLE} = 1", tag(lease)),
         }
+    }
+
+    /// Before a run reads or writes anything: waits until no write under this lease (an earlier run's, of
+    /// this instance or another) is still running on the server of `conn`, so that every row it will ever
+    /// mark is marked before the run reads (module docs). Returns at once without a lease; early when
+    /// `stop` resolves (a stop requested: the caller reads nothing then).
+    ///
+    /// # Errors
+    /// Transient when the lease is lost while waiting; classified query errors.
+    pub async fn drain(&self, conn: &mut Conn, stop: impl Future<Output = ()>) -> Result<()> {
+        let Some(lease) = self.lease() else { return Ok(()) };
+        let sql = format!(
+            "SELECT ID, TIME, LEFT(INFO, 120) FROM information_schema.PROCESSLIST \
+             WHERE ID <> CONNECTION_ID() AND INFO LIKE {}",
+            literal(&format!("%{}%", tag(lease)))
+        );
+        tokio::pin!(stop);
+        let started = Instant::now();
+        let mut reported: Option<Instant> = None;
+        loop {
+            let running: Vec<(u64, u64, Option<String>)> = conn
+                .query(&sql)
+                .await
+                .map_err(|e| classify_mysql(&e).context("poll: listing the writes of an earlier run"))?;
+            let Some((id, time, info)) = running.first() else {
+                if reported.is_some() {
+                    tracing::info!(waited_ms = started.elapsed().as_millis() as u64, "the earlier run's writes ended");
+                }
+                return Ok(());
+            };
+            if reported.is_none_or(|at| at.elapsed() >= DRAIN_REPORT) {
+                tracing::warn!(
+                    statements = running.len(),
+                    connection = id,
+                    running_s = time,
+                    statement = info.as_deref().unwrap_or(""),
+                    "waiting for writes an earlier run of this relay left running on the server to end: read \
+                     before they commit, the rows they mark would be published again with a hole in the replay \
+                     (`KILL QUERY <connection>` ends one; the rows it would have marked are published again)"
+                );
+                reported = Some(Instant::now());
+            }
+            if !lease.is_held() {
+                return Err(lost("its renewal is overdue"));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(DRAIN_POLL) => {}
+                _ = &mut stop => return Ok(()),
+            }
+        }
+    }
+
+    /// Begins a round of writes on `conn` that [`Fence::commit`] ends.
+    ///
+    /// # Errors
+    /// Classified query errors.
+    pub async fn begin(&self, conn: &mut Conn) -> Result<()> {
+        conn.query_drop("START TRANSACTION").await.map_err(|e| classify_mysql(&e).context("poll: beginning the marks"))
+    }
+
+    /// Ends the round [`Fence::begin`] began: commits it when the lease is still this instance's on the
+    /// server, after every row of it was written, and by the clock; rolls it back otherwise (module docs).
+    ///
+    /// # Errors
+    /// Transient when the lease is no longer this instance's (nothing of the round was written); classified
+    /// query errors (the round's outcome is then the server's: it rolls back a session that ends first).
+    pub async fn commit(&self, conn: &mut Conn) -> Result<()> {
+        let failed = |e: mysql_async::Error| classify_mysql(&e).context("poll: committing the marks");
+        let Some(lease) = self.lease() else { return conn.query_drop("COMMIT").await.map_err(failed) };
+        let held: Option<Option<i64>> =
+            conn.query_first(format!("SELECT {}", held_on_server(lease))).await.map_err(failed)?;
+        if held.flatten() != Some(1) || !lease.is_held() {
+            conn.query_drop("ROLLBACK").await.map_err(failed)?;
+            return Err(lost("the server or the clock says so at the end of a round of marks"));
+        }
+        conn.query_drop(format!("COMMIT {}", tag(lease))).await.map_err(failed)
+    }
+
+    /// The `wait_timeout` a writing connection's session gets ([`Fence::begin`]): the lease's, or `None`
+    /// without one (the server's default stays).
+    pub fn session_timeout_s(&self) -> Option<u64> {
+        self.lease().map(Holding::session_timeout_s)
     }
 
     /// Before a write: the lease still provably held by the clock, and with a statement-based binlog the
@@ -135,6 +251,12 @@ impl Fence {
 /// `IS_USED_LOCK(<lock>) = <connection>` for `lease`.
 fn held_on_server(lease: &Holding) -> String {
     format!("IS_USED_LOCK({}) = {}", literal(lease.lock()), lease.connection_id())
+}
+
+/// The comment every write under `lease` carries: `/* outbox-cdc fence <lock> */` (a lock name is made of
+/// `[A-Za-z0-9._~/-]`: it cannot end the comment).
+fn tag(lease: &Holding) -> String {
+    format!("/* outbox-cdc fence {} */", lease.lock())
 }
 
 /// `text` as an SQL string literal.

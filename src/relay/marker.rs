@@ -7,13 +7,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
+use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Value};
 use tokio::sync::mpsc::{Receiver, UnboundedSender};
 use tokio::task::JoinHandle;
 
 use super::table::Relay;
-use crate::error::{Error, Result};
+use crate::error::{classify_mysql, Error, Result};
 use crate::metrics::metrics;
 
 /// The marker task of a run, aborted when dropped: a run dropped because its lease was lost (the app drops
@@ -90,13 +92,27 @@ async fn marker(
     mut requests: Receiver<MarkRequest>,
     done: UnboundedSender<(usize, Vec<Vec<u8>>)>,
 ) -> Result<()> {
-    while let Some(first) = requests.recv().await {
+    // Its session ends when silent for the lease's `wait_timeout` (`relay::fence`): a ping keeps it while idle.
+    let keepalive = relay.fence.session_timeout_s().map(|s| Duration::from_secs(s.max(1)) / 3);
+    loop {
+        let next = match keepalive {
+            None => requests.recv().await,
+            Some(every) => match tokio::time::timeout(every, requests.recv()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    conn.ping().await.map_err(|e| classify_mysql(&e).context("poll: the marks' connection"))?;
+                    continue;
+                }
+            },
+        };
+        let Some(first) = next else { break };
         let mut waiting = vec![first];
         while let Ok(more) = requests.try_recv() {
             waiting.push(more);
         }
         // One statement per table for all the requests waiting (their `done` stays with each request).
         let mut by_table: BTreeMap<usize, MarkRequest> = BTreeMap::new();
+        let mut published = 0;
         for request in &waiting {
             let merged = by_table.entry(request.t).or_insert_with(|| MarkRequest::new(request.t));
             merged.keys.extend(request.keys.iter().cloned());
@@ -105,6 +121,8 @@ async fn marker(
             merged.held.extend(&request.held);
             merged.by_frontier += request.by_frontier;
         }
+        // One transaction: committed whole while the lease is this run's, else not at all (`relay::fence`).
+        relay.fence.begin(&mut conn).await?;
         for (t, merged) in by_table {
             // Held rows first: the frontier written below may pass them, and rows marked on their own
             // may be among them (released since).
@@ -112,13 +130,15 @@ async fn marker(
                 relay.mark_held(&mut conn, t, &merged.held).await?;
             }
             if !merged.keys.is_empty() {
-                relay.mark_published(&mut conn, t, &merged.keys, &merged.seqs).await?;
+                published += relay.mark_published(&mut conn, t, &merged.keys, &merged.seqs).await?;
             }
             if let Some(frontier) = merged.frontier {
                 relay.write_frontier(&mut conn, t, frontier).await?;
             }
-            metrics().poll_published(merged.by_frontier);
+            published += merged.by_frontier;
         }
+        relay.fence.commit(&mut conn).await?;
+        metrics().poll_published(published);
         for request in waiting {
             // The run may have ended meanwhile: nothing to tell then.
             let _ = done.send((request.t, request.done));

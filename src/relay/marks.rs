@@ -18,7 +18,8 @@ use crate::metrics::{metrics, PollQuery, POLL_BACKLOG_CAP};
 use crate::outbox::{quote_ident, TableName};
 
 impl Relay {
-    /// Marks rows of table `t` published; returns how many changed. With the sequence order, `seqs` are
+    /// Marks rows of table `t` published; returns how many changed (counted by the caller once its round
+    /// commits, `relay::fence`). With the sequence order, `seqs` are
     /// their sequence numbers, marked as ranges of consecutive numbers (a range of consecutive numbers names
     /// exactly those rows, and a range scan costs the server a fraction of a long key list: measured on
     /// MariaDB 10.11, 1,000 rows in about a third of the time); else `keys`, their primary keys. One
@@ -57,7 +58,6 @@ impl Relay {
                 marked
             }
         };
-        metrics().poll_published(marked);
         Ok(marked)
     }
 

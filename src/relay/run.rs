@@ -174,6 +174,11 @@ pub async fn run(
     let fence = Fence::for_run(&mut conn, lease.clone()).await?;
     let progress = config.poll.progress.table();
     server::prove(&mut conn, &fence, "reading", progress).await?;
+    // What an earlier run left running marks its rows before anything is read, the number included.
+    fence.drain(&mut conn, shutdown.requested()).await?;
+    if shutdown.is_requested() {
+        return Ok(());
+    }
     fresh_counters(&mut conn).await?;
     require_listing(&mut conn).await?;
     let relay = Arc::new(Relay::load(&mut conn, config).await?.fenced(fence));
@@ -187,7 +192,7 @@ pub async fn run(
     // It ends when the run drops `marks`, and with the run; it writes only while the lease is this run's.
     let mut marker_conn = source.connect().await?;
     server::prove(&mut marker_conn, &relay.fence, "marking", progress).await?;
-    Relay::ready_marker(&mut marker_conn).await?;
+    relay.ready_marker(&mut marker_conn).await?;
     let marker = MarkerTask::spawn(relay.clone(), marker_conn, requests, done);
     let watermark = Arc::new(Watermark::new(None));
     let (commits, mut sink) = RelayCommit::start(config, &watermark, shutdown.kafka_deadline()).await?;

@@ -174,11 +174,19 @@ impl Relay {
     /// Readies the connection the marks go through: `READ COMMITTED` (unless the binlog is in `STATEMENT`
     /// format, where InnoDB refuses writes at that level), so that a mark never waits for a transaction
     /// that inserted a row and has not committed. At the server's default, `REPEATABLE READ`, a mark that
-    /// scans past such a row (a small table is marked by a scan of its primary key) waits for its lock: up to `innodb_lock_wait_timeout` (50 s), then the run failed.
+    /// scans past such a row (a small table is marked by a scan of its primary key) waits for its lock: up
+    /// to `innodb_lock_wait_timeout` (50 s), then the run failed. With a lease, the session's `wait_timeout`
+    /// is the lease's: a round of marks left open by a relay that fell silent ends with it
+    /// ([`super::fence`]).
     ///
     /// # Errors
     /// Classified query errors.
-    pub async fn ready_marker(conn: &mut Conn) -> Result<()> {
+    pub async fn ready_marker(&self, conn: &mut Conn) -> Result<()> {
+        if let Some(s) = self.fence.session_timeout_s() {
+            conn.query_drop(format!("SET SESSION wait_timeout = {s}"))
+                .await
+                .map_err(|e| classify_mysql(&e).context("poll: setting the marks' session timeout"))?;
+        }
         let format: Option<String> = conn
             .query_first("SELECT @@binlog_format")
             .await
