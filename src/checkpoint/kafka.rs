@@ -13,6 +13,7 @@
 //! | `<name>/hold/<aggregate_type>\0<id>`  | a hold                 |
 //! | `<name>/poison/<event id>`            | a known poison event   |
 //! | `<name>/last_error`                   | the last error         |
+//! | `<name>/paused`                       | an operator's pause (a tombstone when resumed) |
 //! | `<name>/producers`                    | the transactional ids of the last start |
 //!
 //! A removed hold or poison event is a tombstone. Compaction keeps the newest record of each key; a
@@ -60,7 +61,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use serde::de::DeserializeOwned;
 
-use super::records::{hold_key, Inspection, LastError};
+use super::records::{hold_key, Inspection, LastError, Paused};
 use super::Checkpoint;
 use crate::config::{Config, KafkaConfig};
 use crate::error::{classify_kafka, classify_kafka_on, Error, KafkaResource, Result};
@@ -78,6 +79,7 @@ struct State {
     holds: BTreeMap<String, Hold>,
     poison: BTreeMap<String, KnownPoison>,
     last_error: Option<LastError>,
+    paused: Option<Paused>,
     producers: Option<Producers>,
 }
 
@@ -88,6 +90,7 @@ impl State {
             holds: self.holds.into_values().collect(),
             last_error: self.last_error,
             known_poison: self.poison.into_values().collect(),
+            paused: self.paused,
         }
     }
 }
@@ -368,6 +371,17 @@ impl KafkaStore {
 
     pub(super) fn last_error(&self) -> Option<LastError> {
         self.lock().last_error.clone()
+    }
+
+    pub(super) fn set_paused(&self, paused: Option<&Paused>) -> Result<()> {
+        let json = paused.map(|p| serde_json::to_vec(p).expect("serializes"));
+        self.write(vec![(format!("{}/paused", self.name), json)])?;
+        self.lock().paused = paused.cloned();
+        Ok(())
+    }
+
+    pub(super) fn paused(&self) -> Option<Paused> {
+        self.lock().paused.clone()
     }
 
     /// Writes `records` (`None`: a tombstone) in one transaction of the state writer and waits for its
@@ -778,6 +792,9 @@ fn merge(topic: &str, states: BTreeMap<i32, State>) -> Result<State> {
         if state.last_error.as_ref().map(|e| e.at_ms) > merged.last_error.as_ref().map(|e| e.at_ms) {
             merged.last_error = state.last_error;
         }
+        if state.paused.as_ref().map(|p| p.at_ms) > merged.paused.as_ref().map(|p| p.at_ms) {
+            merged.paused = state.paused;
+        }
         merged.producers = merged.producers.or(state.producers);
     }
     Ok(merged)
@@ -808,6 +825,8 @@ fn apply(state: &mut State, key: &str, value: Option<&[u8]>) -> Result<()> {
         state.checkpoint = value.map(|v| parse(key, v)).transpose()?;
     } else if key == "last_error" {
         state.last_error = value.map(|v| parse(key, v)).transpose()?;
+    } else if key == "paused" {
+        state.paused = value.map(|v| parse(key, v)).transpose()?;
     } else if key == "producers" {
         state.producers = value.map(|v| parse(key, v)).transpose()?;
     } else if let Some(hold) = key.strip_prefix("hold/") {
@@ -882,6 +901,11 @@ mod tests {
         assert_eq!((state.holds.len(), state.poison.len()), (1, 1));
         apply(&mut state, "hold/t\0a", None).unwrap();
         assert!(state.holds.is_empty());
+        // A pause, then its end (a tombstone): what a standby taking over reads.
+        apply(&mut state, "paused", Some(br#"{"at_ms":5,"by":"api"}"#)).unwrap();
+        assert_eq!(state.paused, Some(Paused { at_ms: 5, by: "api".into() }));
+        apply(&mut state, "paused", None).unwrap();
+        assert_eq!(state.paused, None);
         let err = apply(&mut state, "checkpoint", Some(b"{not json")).unwrap_err();
         assert!(err.is_definite() && err.to_string().contains("unreadable state record"), "{err}");
     }

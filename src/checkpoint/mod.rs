@@ -134,7 +134,7 @@ impl Checkpoint {
 }
 
 /// Copies what `from` holds (another backend's state, read with [`Store::inspect_for`]) into `to`: the
-/// checkpoint as it is (same position, server and snapshot progress), holds and known poison. For
+/// checkpoint as it is (same position, server and snapshot progress), holds, known poison and a pause. For
 /// `outbox-cdc state copy`, which checks first that `to` holds nothing newer.
 ///
 /// # Errors
@@ -157,6 +157,7 @@ pub fn copy_into(from: &store::Inspection, to: &Store) -> crate::error::Result<(
     let known: std::collections::HashSet<_> = from.known_poison.iter().map(|p| &p.id).collect();
     let gone: Vec<String> = to.known_poison()?.into_iter().map(|p| p.id).filter(|id| !known.contains(id)).collect();
     to.forget_known_poison(&gone)?;
+    to.set_paused(from.paused.as_ref())?;
     // Last: a copy cut short leaves the target without a checkpoint rather than one without its holds.
     if let Some(checkpoint) = &from.checkpoint {
         to.save(checkpoint)?;

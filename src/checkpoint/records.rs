@@ -18,6 +18,18 @@ pub struct Inspection {
     pub last_error: Option<LastError>,
     /// Events the broker refused for good.
     pub known_poison: Vec<KnownPoison>,
+    /// An operator's pause, until resumed.
+    pub paused: Option<Paused>,
+}
+
+/// An operator paused the connector (`POST /v1/pause`, `outbox-cdc pause`): it reads and publishes nothing,
+/// across restarts and failovers, until resumed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Paused {
+    /// When (Unix ms).
+    pub at_ms: u64,
+    /// What asked: `api` or `cli`.
+    pub by: String,
 }
 
 /// The last error that stopped or restarted the pipeline.

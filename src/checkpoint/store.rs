@@ -16,7 +16,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::kafka::KafkaStore;
 use super::records::hold_key;
-pub use super::records::{Inspection, LastError};
+pub use super::records::{Inspection, LastError, Paused};
 use super::Checkpoint;
 use crate::config::{Config, StateBackend};
 use crate::error::{Error, Result};
@@ -28,9 +28,10 @@ const CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("checkpoi
 const HOLDS: TableDefinition<&str, &[u8]> = TableDefinition::new("quarantine_holds");
 /// Events the broker refused for good: event id → [`KnownPoison`] as JSON.
 const KNOWN_POISON: TableDefinition<&str, &[u8]> = TableDefinition::new("known_poison");
-/// Operational notes: `last_error` → [`LastError`] as JSON.
+/// Operational notes: `last_error` → [`LastError`], `paused` → [`Paused`], as JSON.
 const NOTES: TableDefinition<&str, &[u8]> = TableDefinition::new("notes");
 const LAST_ERROR_KEY: &str = "last_error";
+const PAUSED_KEY: &str = "paused";
 /// Key of the stream checkpoint (other keys are reserved for snapshot progress and quarantine holds).
 const STREAM_KEY: &str = "stream";
 const FILE_NAME: &str = "outbox-cdc.redb";
@@ -171,6 +172,7 @@ impl Store {
                         holds: store.holds()?,
                         last_error: store.last_error()?,
                         known_poison: store.known_poison()?,
+                        paused: store.paused()?,
                     }));
                 }
             };
@@ -180,6 +182,7 @@ impl Store {
             holds: read_all(&path, &tx, HOLDS)?,
             last_error: read_one(&path, &tx, NOTES, LAST_ERROR_KEY)?,
             known_poison: read_all(&path, &tx, KNOWN_POISON)?,
+            paused: read_one(&path, &tx, NOTES, PAUSED_KEY)?,
         }))
     }
 
@@ -320,6 +323,28 @@ impl Store {
             Backend::Kafka(k) => Ok(k.last_error()),
         }
     }
+
+    /// Records an operator's pause (`Some`) or its end (`None`), durably.
+    ///
+    /// # Errors
+    /// A definite error when the write fails.
+    pub fn set_paused(&self, paused: Option<&Paused>) -> Result<()> {
+        match &self.backend {
+            Backend::Local(l) => l.set_paused(paused),
+            Backend::Kafka(k) => k.set_paused(paused),
+        }
+    }
+
+    /// The operator's pause, if the connector is paused.
+    ///
+    /// # Errors
+    /// A definite error when the store cannot be read.
+    pub fn paused(&self) -> Result<Option<Paused>> {
+        match &self.backend {
+            Backend::Local(l) => l.paused(),
+            Backend::Kafka(k) => Ok(k.paused()),
+        }
+    }
 }
 
 impl Local {
@@ -434,6 +459,22 @@ impl Local {
     /// A definite error when the store cannot be read.
     fn last_error(&self) -> Result<Option<LastError>> {
         self.read(|path, tx| read_one(path, tx, NOTES, LAST_ERROR_KEY))
+    }
+
+    fn set_paused(&self, paused: Option<&Paused>) -> Result<()> {
+        let json = paused.map(|p| serde_json::to_vec(p).expect("serializes"));
+        self.write(|tx| {
+            let mut notes = tx.open_table(NOTES)?;
+            match &json {
+                Some(json) => drop(notes.insert(PAUSED_KEY, json.as_slice())?),
+                None => drop(notes.remove(PAUSED_KEY)?),
+            }
+            Ok(())
+        })
+    }
+
+    fn paused(&self) -> Result<Option<Paused>> {
+        self.read(|path, tx| read_one(path, tx, NOTES, PAUSED_KEY))
     }
 }
 
@@ -580,6 +621,7 @@ mod tests {
             holds: vec![hold("kept"), hold("new")],
             last_error: None,
             known_poison: vec![poison("e-new")],
+            paused: None,
         };
         crate::checkpoint::copy_into(&from, &target).unwrap();
         let mut held: Vec<String> = target.holds().unwrap().into_iter().map(|h| h.aggregate_id).collect();

@@ -63,6 +63,7 @@ pub async fn copy(config: &Config, to: StateBackend) -> Result<CopyReport> {
                     holds: store.holds()?,
                     last_error: store.last_error()?,
                     known_poison: store.known_poison()?,
+                    paused: store.paused()?,
                 }
             }
             // Any number of partitions: this is the way out of a state topic whose partitions were added.
@@ -124,7 +125,7 @@ mod tests {
     }
 
     fn inspection(checkpoint: Checkpoint) -> Inspection {
-        Inspection { checkpoint: Some(checkpoint), holds: vec![], last_error: None, known_poison: vec![] }
+        Inspection { checkpoint: Some(checkpoint), holds: vec![], last_error: None, known_poison: vec![], paused: None }
     }
 
     /// Only a copy that holds everything the target holds, from the same server, may replace it.
