@@ -44,10 +44,15 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
     // Aborted when `run` returns (the handles' guards).
     let _endpoint = match config.metrics.enabled {
         true => {
-            let listener = crate::http::bind(config.metrics.listen).await?;
+            let listener = crate::http::bind(
+                config.metrics.listen,
+                "/metrics",
+                "set [metrics] listen to a free address or enabled = false",
+            )
+            .await?;
             let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
             tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-            Some(AbortOnDrop(tokio::spawn(crate::http::serve(listener))))
+            Some(AbortOnDrop(tokio::spawn(crate::http::serve(listener, crate::http::ops()))))
         }
         false => None,
     };
