@@ -4,12 +4,15 @@
 //!
 //! Each piece has one owner: the [`Supervisor`] decides after each run whether and when the next one
 //! starts, the [`Tenure`] holds the lease (only its holder runs), the [`State`] holds the state store and
-//! lends each run the one it writes. `run` builds them and runs the loop; it decides nothing itself.
+//! lends each run the one it writes, the [`Control`] brings an operator's commands (pause, resume, a
+//! release), carried out between runs ([`control`]). `run` builds them and runs the loop; it decides
+//! nothing itself.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::checkpoint::Store;
 use crate::config::{Config, Source, StateBackend};
 use crate::error::Result;
 use crate::pipeline::{Pipeline, Shutdown};
@@ -18,11 +21,13 @@ use crate::source::binlog::ReaderSettings;
 use crate::source::SourceConn;
 
 mod backoff;
+pub mod control;
 mod purge;
 mod state;
 mod supervisor;
 mod tenure;
 
+use control::{Control, Role};
 use state::State;
 use supervisor::Supervisor;
 pub use supervisor::MAX_PRODUCER_FATAL_RUNS;
@@ -40,7 +45,19 @@ pub struct RunOptions {
 /// # Errors
 /// The first definite error; transient ones are retried with capped, jittered exponential back-off.
 pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Result<()> {
-    let config = Arc::new(config);
+    run_controlled(Arc::new(config), options, shutdown, control::channel().0).await
+}
+
+/// [`run`], answering an operator's commands from `control` (the control API's, `crate::ops::api`).
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_controlled(
+    config: Arc<Config>,
+    options: RunOptions,
+    shutdown: Shutdown,
+    mut control: Control,
+) -> Result<()> {
     // Aborted when `run` returns (the handles' guards).
     let _endpoint = match config.metrics.enabled {
         true => {
@@ -97,8 +114,13 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
         (Tenure::new(config.state.name.clone(), config.fingerprint(), config.delivery.failover_timeout), source)
     });
     let mut supervisor = Supervisor::new(config.source.reconnect_initial_backoff, config.source.reconnect_max_backoff);
+    // After a command the lease is still held: the instance keeps showing what the command made it.
+    let mut again = false;
     let outcome = loop {
         let started = Instant::now();
+        if !std::mem::take(&mut again) {
+            control.show(Role::Waiting, None);
+        }
         let lease = match &mut tenure {
             None => None,
             Some((tenure, source)) => match tenure.hold(source, &shutdown).await {
@@ -117,10 +139,22 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
             _ = shutdown.requested() => break Ok(()),
         };
         let result = match opened {
-            Ok(store) => match lease {
-                None => pipeline.run(&store, None, &shutdown).await,
-                Some(lease) => tenure::while_held(lease, pipeline.run(&store, Some(lease), &shutdown)).await,
-            },
+            Ok(store) => {
+                let turn = hold_turn(&pipeline, &store, lease, &shutdown, &mut control);
+                match lease {
+                    None => turn.await,
+                    Some(lease) => tenure::while_held(lease, turn).await,
+                }
+            }
+            Err(error) => Err(error),
+        };
+        let result = match result {
+            // A command was carried out with the run stopped: the lease and the state are taken again.
+            Ok(Turn::Again) => {
+                again = true;
+                continue;
+            }
+            Ok(Turn::Ended) => Ok(()),
             Err(error) => Err(error),
         };
         if let ControlFlow::Break(outcome) = supervisor.after(result, started, &shutdown).await {
@@ -131,6 +165,73 @@ pub async fn run(config: Config, options: RunOptions, shutdown: Shutdown) -> Res
         tenure.release().await;
     }
     outcome
+}
+
+/// How a turn under the lease ended.
+enum Turn {
+    /// The run ended by itself or by the stop: the supervisor decides what follows.
+    Ended,
+    /// An operator's command was carried out with no run reading, or a pause ended: the state is taken
+    /// again before the next run, as before any run (the Kafka one read again after its fence: a commit
+    /// whose outcome a stop left unknown is resolved there, never taken from this run's memory).
+    Again,
+}
+
+/// One turn with the lease held (or none needed) and `store` open. Paused, it answers the operator's
+/// commands until a resume. Otherwise it runs the pipeline until it ends by itself or by `shutdown`, or
+/// until a command needs it stopped: then it stops it as a shutdown would and carries the command out
+/// with no run reading ([`control`]).
+///
+/// # Errors
+/// The run's error, and the store's.
+async fn hold_turn(
+    pipeline: &Pipeline,
+    store: &Arc<Store>,
+    lease: Option<&crate::lease::Lease>,
+    shutdown: &Shutdown,
+    control: &mut Control,
+) -> Result<Turn> {
+    if store.paused()?.is_some() {
+        control.show(Role::Paused, Some(store.clone()));
+        loop {
+            tokio::select! {
+                command = control.next() => if !control.carry_out(command, store).await? {
+                    return Ok(Turn::Again);
+                },
+                _ = shutdown.requested() => return Ok(Turn::Ended),
+            }
+        }
+    }
+    control.show(Role::Running, Some(store.clone()));
+    // The run stops on its own signal: the process's shutdown, or a command that needs it stopped.
+    let (stop, run_shutdown) = Shutdown::new();
+    let run = pipeline.run(store, lease, &run_shutdown);
+    tokio::pin!(run);
+    let mut command = None;
+    let result = loop {
+        tokio::select! {
+            result = &mut run => break result,
+            _ = shutdown.requested(), if !run_shutdown.is_requested() => stop.trigger(),
+            next = control.next(), if command.is_none() => match next.stops_a_run() {
+                true => {
+                    stop.trigger();
+                    command = Some(next);
+                }
+                false => next.answer_running(),
+            },
+        }
+    };
+    let Some(command) = command else { return result.map(|()| Turn::Ended) };
+    if let Err(error) = result {
+        command.fail(&error);
+        return Err(error);
+    }
+    if shutdown.is_requested() {
+        command.fail(&crate::error::Error::transient("the connector is stopping"));
+        return Ok(Turn::Ended);
+    }
+    control.carry_out(command, store).await?;
+    Ok(Turn::Again)
 }
 
 /// Aborts a background task when dropped.

@@ -12,6 +12,8 @@ pub struct Health {
     source_connected: AtomicBool,
     broker_connected: AtomicBool,
     failed: AtomicBool,
+    /// An operator paused the connector: ready by design, with nothing connected.
+    paused: AtomicBool,
     /// The last error that stopped or restarted the pipeline, for `/readyz`.
     last_error: Mutex<Option<String>>,
 }
@@ -44,11 +46,23 @@ impl Health {
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.to_string());
     }
 
-    /// Connected to source and broker, and not failed.
+    /// An operator paused the connector (`true`) or resumed it.
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
+    }
+
+    /// Whether an operator paused the connector.
+    pub fn paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+
+    /// Connected to source and broker, and not failed; or paused by an operator, which is what they asked
+    /// for (`/readyz` says so).
     pub fn ready(&self) -> bool {
-        self.source_connected.load(Ordering::Relaxed)
-            && self.broker_connected.load(Ordering::Relaxed)
-            && !self.failed.load(Ordering::Relaxed)
+        self.paused()
+            || (self.source_connected.load(Ordering::Relaxed)
+                && self.broker_connected.load(Ordering::Relaxed)
+                && !self.failed.load(Ordering::Relaxed))
     }
 
     /// Why the connector is not ready, for `/readyz`.

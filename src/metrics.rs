@@ -103,6 +103,9 @@ pub mod names {
     /// not ready by design, and healthy. 0 otherwise, also with the local backend, which has no lease.
     /// With [`LEASE_HELD`] it tells a standby from an instance that is not ready for a reason to act on.
     pub const STANDBY: &str = "outbox_cdc_standby";
+    /// Gauge: 1 while an operator has paused the connector (`POST /v1/pause`, `outbox-cdc pause`): it reads
+    /// and publishes nothing until resumed, by design; lag and readiness alerts leave it alone.
+    pub const PAUSED: &str = "outbox_cdc_paused";
 
     // The polling relay (`source.kind = "poll"`); 0 (or absent labels) under the binlog source.
     /// Counter by `kind` (claim, mark, fail, park, renew, backlog): SQL statements the relay sent to the
@@ -259,6 +262,7 @@ pub struct Metrics {
     kafka_transaction_commit_seconds: Histogram,
     lease_held: Gauge,
     standby: Gauge,
+    paused: Gauge,
     /// The polling relay's.
     poll: PollMetrics,
     /// Commit time (Unix seconds) of the last transaction read; 0 = none yet.
@@ -275,6 +279,23 @@ pub struct Metrics {
     topics: Handles<TopicHandles>,
     /// Per-aggregate-type latency histograms, likewise.
     latencies: Handles<Histogram>,
+}
+
+/// The gauges that say how far behind the connector is ([`Metrics::lag`]), each as on `/metrics`.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Lag {
+    /// [`names::SOURCE_SECONDS_BEHIND`].
+    pub source_seconds_behind: f64,
+    /// [`names::CHECKPOINT_LAG_SECONDS`].
+    pub checkpoint_lag_seconds: f64,
+    /// [`names::CHECKPOINT_AGE_SECONDS`].
+    pub checkpoint_age_seconds: f64,
+    /// [`names::RECORDS_IN_FLIGHT`].
+    pub records_in_flight: i64,
+    /// [`names::POLL_BACKLOG_ROWS`] (the polling relay).
+    pub poll_backlog_rows: i64,
+    /// [`names::POLL_OLDEST_DUE_SECONDS`] (the polling relay).
+    pub poll_oldest_due_seconds: f64,
 }
 
 /// End-to-end latency buckets: fine where latency targets live (1-100 ms), coarse out to minutes (a
@@ -398,6 +419,7 @@ impl Metrics {
             ),
             lease_held: reg!(names::LEASE_HELD, Gauge::default()),
             standby: reg!(names::STANDBY, Gauge::default()),
+            paused: reg!(names::PAUSED, Gauge::default()),
             poll: PollMetrics {
                 queries: reg!(names::POLL_QUERIES, Family::default()),
                 rows_claimed: reg!(names::POLL_ROWS_CLAIMED, Counter::default()),
@@ -423,6 +445,27 @@ impl Metrics {
 
     /// Renders every metric in the OpenMetrics text format, refreshing the time-derived gauges first.
     pub fn render(&self) -> String {
+        self.refresh();
+        let mut out = String::with_capacity(8 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        out
+    }
+
+    /// How far behind the connector is, as `/metrics` would say now (the control API's status).
+    pub fn lag(&self) -> Lag {
+        self.refresh();
+        Lag {
+            source_seconds_behind: self.source_seconds_behind.get(),
+            checkpoint_lag_seconds: self.checkpoint_lag_seconds.get(),
+            checkpoint_age_seconds: self.checkpoint_age_seconds.get(),
+            records_in_flight: self.records_in_flight.get(),
+            poll_backlog_rows: self.poll.backlog_rows.get(),
+            poll_oldest_due_seconds: self.poll.oldest_due_seconds.get(),
+        }
+    }
+
+    /// Sets the gauges derived from the time: lag, checkpoint age, readiness.
+    fn refresh(&self) {
         let now_s = now_ms() as f64 / 1000.0;
         let read = self.last_read_commit_s.load(Ordering::Relaxed);
         let behind = if read == 0 || self.caught_up.load(Ordering::Relaxed) { 0.0 } else { now_s - read as f64 };
@@ -434,9 +477,6 @@ impl Metrics {
         let age = if written == 0 { 0.0 } else { now_ms().saturating_sub(written) as f64 / 1000.0 };
         self.checkpoint_age_seconds.set(age);
         self.ready_gauge.set(i64::from(health().ready()));
-        let mut out = String::with_capacity(8 * 1024);
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
-        out
     }
 
     /// One event read from the source, routed to `topic`.
@@ -596,6 +636,11 @@ impl Metrics {
         self.standby.set(i64::from(waiting));
     }
 
+    /// Whether an operator paused the connector.
+    pub fn paused(&self, paused: bool) {
+        self.paused.set(i64::from(paused));
+    }
+
     /// The latest purge-risk reading.
     pub fn purge_risk(&self, needed_age_seconds: u64, needed_bytes: u64, retention_seconds: u64, ratio: f64) {
         self.binlog_needed_age_seconds.set(needed_age_seconds as f64);
@@ -747,6 +792,9 @@ fn help(name: &str) -> &'static str {
         names::KAFKA_TRANSACTION_COMMIT_SECONDS => "Seconds each Kafka transaction's commit took (exactly_once)",
         names::LEASE_HELD => "1 while this instance holds its lease on the source server (active), else 0",
         names::STANDBY => "1 while this instance waits as a standby for the lease (not ready by design), else 0",
+        names::PAUSED => {
+            "1 while an operator has paused the connector (nothing read or published until resumed), else 0"
+        }
         names::POLL_QUERIES => "Polling relay: SQL statements sent to the source database, by kind",
         names::POLL_ROWS_CLAIMED => "Polling relay: rows claimed",
         names::POLL_ROWS_PUBLISHED => "Polling relay: rows marked published after Kafka acknowledged them",

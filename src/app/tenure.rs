@@ -84,7 +84,7 @@ impl Tenure {
 ///
 /// # Errors
 /// The run's error, or a transient one saying the lease was lost.
-pub(super) async fn while_held(lease: &Lease, run: impl Future<Output = Result<()>>) -> Result<()> {
+pub(super) async fn while_held<T>(lease: &Lease, run: impl Future<Output = Result<T>>) -> Result<T> {
     tokio::select! {
         result = run => result,
         reason = lease.lost() => {

@@ -34,6 +34,8 @@ async fn metrics_page() -> Response {
 /// `/readyz`'s answer to [`crate::health::Health::readiness`].
 fn readiness(readiness: std::result::Result<(), String>) -> (StatusCode, String) {
     match readiness {
+        // Paused by an operator: what they asked for, so ready (nothing is connected meanwhile).
+        Ok(()) if health().paused() => (StatusCode::OK, "ready (paused by an operator)\n".to_string()),
         Ok(()) => (StatusCode::OK, "ready\n".to_string()),
         Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")),
     }
