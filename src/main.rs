@@ -89,6 +89,11 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Stop reading and publishing until `resume`, across restarts and failovers: through the running
+    /// connector's control API, or in the state store of a stopped one (it then starts paused).
+    Pause,
+    /// End a pause.
+    Resume,
     /// Aggregates held after a poison row (see `outbox.on_poison`).
     Quarantine {
         #[command(subcommand)]
@@ -168,8 +173,8 @@ enum QuarantineAction {
         #[arg(long)]
         json: bool,
     },
-    /// Republish a held aggregate's events, in order, to their normal topics and lift the hold. Run it
-    /// with the connector stopped.
+    /// Republish a held aggregate's events, in order, to their normal topics and lift the hold: through
+    /// the running connector's control API (it stops reading meanwhile), or with the connector stopped.
     Release {
         /// Aggregate type of the held aggregate.
         aggregate_type: String,
@@ -233,6 +238,8 @@ fn main() -> ExitCode {
             Command::Run { accept_new_server } => run(config, RunOptions { accept_new_server }).await?,
             Command::Check => return ops::check::run(&config).await,
             Command::Status { json } => ops::status::print(&config, json).await?,
+            Command::Pause => ops::pause::set(&config, true).await?,
+            Command::Resume => ops::pause::set(&config, false).await?,
             Command::Quarantine { action: QuarantineAction::List { json } } => {
                 ops::quarantine::list(&config, json).await?
             }
@@ -317,5 +324,8 @@ async fn run(config: Config, options: RunOptions) -> Result<(), Error> {
         outbox_cdc::kafka::read::stop_waiting();
         trigger.trigger();
     });
-    app::run(config, options, shutdown).await
+    let config = std::sync::Arc::new(config);
+    let (control, handle) = app::control::channel();
+    let _api = ops::api::start(&config, handle).await?;
+    app::run_controlled(config, options, shutdown, control).await
 }

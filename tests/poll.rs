@@ -234,8 +234,10 @@ async fn a_relays_metrics_count_queries_rows_and_backlog() {
     let port = free_port();
     let mut relay = relay_config(&db, &broker, "poll_interval_ms = 50");
     let config = std::fs::read_to_string(relay.config_path()).unwrap();
-    let config =
-        config.replace(common::connector::EPHEMERAL_METRICS, &format!("\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n"));
+    let config = config.replace(
+        common::connector::EPHEMERAL_METRICS,
+        &format!("\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n{}", common::connector::EPHEMERAL_CONTROL),
+    );
     std::fs::write(relay.config_path(), config).unwrap();
     relay.run(&relay.config_path());
     let records = broker.read_all(TOPIC, expected.len(), CATCH_UP);

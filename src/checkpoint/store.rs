@@ -485,7 +485,7 @@ impl Local {
 /// or it is a volume whose mode the platform owns (Kubernetes' `fsGroup` makes it group-accessible, and a
 /// process that does not own it cannot chmod it); a connector silently changing what it did not create
 /// would surprise them more than it protects. Nothing secret is stored (see [`crate::secret`]).
-fn create_private_dir(dir: &Path) -> Result<()> {
+pub(crate) fn create_private_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     match std::fs::metadata(dir) {
         Ok(meta) => {

@@ -13,6 +13,7 @@
 //! not when the config is loaded, so `status` works without them. Secrets are never logged: [`Secret`] and
 //! [`Properties`] redact themselves in `Debug`, and a TOML error never quotes the file (see [`crate::secret`]).
 
+mod control;
 mod delivery;
 mod kafka;
 mod metrics;
@@ -29,6 +30,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use self::control::{ControlConfig, TokenSource, TOKEN_ENV, TOKEN_FILE_NAME};
 pub use self::delivery::{DeliveryConfig, Guarantee};
 pub use self::kafka::{KafkaConfig, KeyFormat, RecordTimestamp, ValueFormat, DEFAULT_TRANSACTION_TIMEOUT_MS};
 pub use self::metrics::MetricsConfig;
@@ -67,6 +69,9 @@ struct ConfigFile {
     /// The operations endpoint (`/metrics`, `/healthz`, `/readyz`) and purge-risk monitoring.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// The control API of a running connector.
+    #[serde(default)]
+    pub control: ControlConfig,
     /// `outbox-cdc prune`: deleting published outbox rows.
     #[serde(default)]
     pub prune: PruneConfig,
@@ -97,6 +102,8 @@ pub struct Config {
     pub snapshot: SnapshotConfig,
     /// The operations endpoint (`/metrics`, `/healthz`, `/readyz`) and purge-risk monitoring.
     pub metrics: MetricsConfig,
+    /// The control API of a running connector.
+    pub control: ControlConfig,
     /// `outbox-cdc prune`: deleting published outbox rows.
     pub prune: PruneConfig,
     /// The polling relay (`source.kind = "poll"`).
@@ -256,6 +263,7 @@ impl ConfigFile {
         self.delivery.validate(&self.state, kind, &self.kafka)?;
         let topic = TopicTemplate::parse(&self.kafka.topic)?;
         self.metrics.validate()?;
+        self.control.validate()?;
         self.kafka.validate()?;
         self.snapshot.validate()?;
         self.prune.validate()?;
@@ -268,6 +276,7 @@ impl ConfigFile {
             state: self.state,
             snapshot: self.snapshot,
             metrics: self.metrics,
+            control: self.control,
             prune: self.prune,
             poll: self.poll,
             delivery: self.delivery,

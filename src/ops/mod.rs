@@ -1,14 +1,19 @@
 //! Operator commands, run beside the pipeline or instead of it: [`check`] before a first run, [`status`]
 //! while it runs, [`audit`] to prove the promise held, [`quarantine`] and [`release`] for held aggregates,
-//! [`replay`] to publish again what a consumer lost, [`prune`] to delete what Kafka has, [`state`] to move the state between backends. Each reads the same
-//! configuration and state directory as `run`; the functions here print what a command reports. [`ids`]
-//! compares an id column with an id as published, for all of them.
+//! [`replay`] to publish again what a consumer lost, [`prune`] to delete what Kafka has, [`state`] to move
+//! the state between backends, [`pause`] to hold a connector still. [`api`] is the control API a running
+//! connector serves, which `status`, `pause`/`resume` and `quarantine release` reach first ([`client`]). Each reads the
+//! same configuration and state directory as `run`; the functions here print what a command reports.
+//! [`ids`] compares an id column with an id as published, for all of them.
 //!
 //! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 
+pub mod api;
 pub mod audit;
 pub mod check;
+pub mod client;
 pub mod ids;
+pub mod pause;
 pub mod prune;
 pub mod quarantine;
 pub mod release;
@@ -18,8 +23,9 @@ pub mod status;
 
 use std::process::ExitCode;
 
-use crate::config::Config;
-use crate::error::Result;
+use crate::checkpoint::Store;
+use crate::config::{Config, StateBackend};
+use crate::error::{Error, Result};
 use audit::{AuditOptions, EXIT_AUDIT_FAILED};
 use prune::PruneOptions;
 use replay::ReplayOptions;
@@ -86,4 +92,35 @@ pub async fn run_prune(config: &Config, options: &PruneOptions) -> Result<()> {
         report.rows_deleted, report.cutoff, report.batches, report.checkpoint, report.view
     );
     Ok(())
+}
+
+/// Runs `work` with the state store taken as its one writer, which only a stopped connector allows: the
+/// local store opened (a running connector holds it), or with the Kafka backend the lease of a stopped
+/// connector taken first (released after). `why` says why the command needs the connector stopped.
+///
+/// # Errors
+/// Definite when a connector runs; `work`'s error.
+pub(crate) async fn with_stopped_store<T>(
+    config: &Config,
+    why: &str,
+    work: impl AsyncFnOnce(&Store) -> Result<T>,
+) -> Result<T> {
+    let stopped = |e: Error| e.context(why);
+    match config.state.backend {
+        StateBackend::Local => {
+            let store = Store::open(&config.state.dir).map_err(stopped)?;
+            work(&store).await
+        }
+        // The Kafka backend: a stopped connector is one that holds no lease.
+        StateBackend::Kafka => {
+            let lease = crate::lease::Lease::of_stopped_connector(config).await.map_err(stopped)?;
+            let result = async {
+                let store = Store::open_for(config, &crate::kafka::commit::Deadline::default()).await?;
+                work(&store).await
+            }
+            .await;
+            lease.release().await;
+            result
+        }
+    }
 }

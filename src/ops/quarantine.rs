@@ -6,6 +6,7 @@
 use crate::checkpoint::Store;
 use crate::config::Config;
 use crate::error::Result;
+use crate::schema::registry::encode_path;
 
 /// `outbox-cdc quarantine list`: the aggregates on hold, as text or JSON.
 ///
@@ -32,9 +33,35 @@ pub async fn release(
     skip_poison: bool,
     accept_missing: bool,
 ) -> Result<()> {
+    if let Some(client) = super::client::Client::for_config(config)? {
+        let path = format!(
+            "/v1/holds/{}/{}/release?skip_poison={skip_poison}&accept_missing={accept_missing}",
+            encode_path(aggregate_type),
+            encode_path(aggregate_id)
+        );
+        if let Some(answer) = tokio::task::block_in_place(|| client.call("POST", &path))? {
+            let republished = answer["republished"].as_u64().unwrap_or(0);
+            let skipped: Vec<&str> =
+                answer["skipped"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
+            let missing_first = answer["missing_first"].as_str().map(String::from);
+            let report = super::release::ReleaseReport {
+                republished,
+                skipped: skipped.into_iter().map(String::from).collect(),
+                missing_first,
+            };
+            print_report(aggregate_type, aggregate_id, report, " (by the running connector)");
+            return Ok(());
+        }
+    }
     let report = super::release::release(config, aggregate_type, aggregate_id, skip_poison, accept_missing).await?;
+    print_report(aggregate_type, aggregate_id, report, "");
+    Ok(())
+}
+
+/// What a release did, as both ways print it.
+fn print_report(aggregate_type: &str, aggregate_id: &str, report: super::release::ReleaseReport, by: &str) {
     println!(
-        "released {aggregate_type}/{aggregate_id}: {} event(s) republished{}",
+        "released {aggregate_type}/{aggregate_id}{by}: {} event(s) republished{}",
         report.republished,
         match report.skipped.len() {
             0 => String::new(),
@@ -44,5 +71,4 @@ pub async fn release(
     if let Some(first) = report.missing_first {
         println!("the hold's first event {first} was not in the dead-letter topic (--accept-missing)");
     }
-    Ok(())
 }

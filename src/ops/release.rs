@@ -42,7 +42,6 @@ use super::ids::IdColumn;
 use crate::checkpoint::{Store, Watermark};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::kafka::commit::Deadline;
 use crate::kafka::read::{Starts, ToEnd, Until};
 use crate::outbox::{quote_ident, TableName};
 use crate::poison::{Hold, PoisonKind};
@@ -83,33 +82,16 @@ pub async fn release(
     skip_poison: bool,
     accept_missing: bool,
 ) -> Result<ReleaseReport> {
-    let stopped = |e: Error| {
-        e.context(
-            "quarantine release needs the connector stopped (it takes the state store, and no newer event \
-                   of the aggregate may be published before the held ones)",
-        )
-    };
-    match config.state.backend {
-        crate::config::StateBackend::Local => {
-            let store = Store::open(&config.state.dir).map_err(stopped)?;
-            release_from(&store, config, aggregate_type, aggregate_id, skip_poison, accept_missing).await
-        }
-        // The Kafka backend: a stopped connector is one that holds no lease.
-        crate::config::StateBackend::Kafka => {
-            let lease = crate::lease::Lease::of_stopped_connector(config).await.map_err(stopped)?;
-            let result = async {
-                let store = Store::open_for(config, &Deadline::default()).await?;
-                release_from(&store, config, aggregate_type, aggregate_id, skip_poison, accept_missing).await
-            }
-            .await;
-            lease.release().await;
-            result
-        }
-    }
+    let why = "quarantine release needs the connector stopped or its control API (it takes the state store, and \
+               no newer event of the aggregate may be published before the held ones)";
+    super::with_stopped_store(config, why, async |store| {
+        release_from(store, config, aggregate_type, aggregate_id, skip_poison, accept_missing).await
+    })
+    .await
 }
 
 /// [`release`] with the store taken.
-async fn release_from(
+pub(super) async fn release_from(
     store: &Store,
     config: &Config,
     aggregate_type: &str,

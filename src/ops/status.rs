@@ -3,7 +3,7 @@
 //!
 //! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 
-use crate::checkpoint::store::LastError;
+use crate::checkpoint::store::{Inspection, LastError, Paused};
 use crate::checkpoint::{Checkpoint, Store};
 use crate::config::{Config, Source};
 use crate::error::Result;
@@ -20,33 +20,39 @@ use crate::time::utc_text;
 /// # Errors
 /// A definite error when the store cannot be read.
 pub async fn print(config: &Config, json: bool) -> Result<()> {
+    // A running connector answers from its memory (its control API), with where it is and its lag.
+    let live = match super::client::Client::for_config(config)? {
+        Some(client) => tokio::task::block_in_place(|| client.call("GET", "/v1/status"))?,
+        None => None,
+    };
+    if let Some(live) = &live {
+        if json {
+            println!("{}", serde_json::to_string_pretty(live).expect("serializes"));
+            return Ok(());
+        }
+        println!("connector:       {} ({})", config.state.name, describe_role(live));
+    }
     if matches!(config.source.kind, Source::Poll(_)) {
         return print_relay(config, json).await;
     }
     // No store yet reads as an empty one: no checkpoint, no holds, no error.
-    let inspection = Store::inspect_for(config).await?.unwrap_or_default();
+    let inspection = match live.map(inspection_of).transpose()?.flatten() {
+        Some(inspection) => inspection,
+        None => Store::inspect_for(config).await?.unwrap_or_default(),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&document(config, inspection)).expect("serializes"));
+        return Ok(());
+    }
     let last_error = redacted(inspection.last_error);
     let Some(cp) = &inspection.checkpoint else {
-        // JSON without the checkpoint's fields (no `position`): the first run may have stopped before its
-        // first checkpoint, with an error worth showing.
-        if json {
-            let value = serde_json::json!({ "holds": inspection.holds, "last_error": last_error });
-            println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
-            return Ok(());
-        }
         println!("no checkpoint in {} (the connector has not started yet)", config.state_location());
+        print_paused(inspection.paused.as_ref(), crate::time::now_ms());
         if let Some(e) = &last_error {
             println!("{}", last_error_line(e, crate::time::now_ms()));
         }
         return Ok(());
     };
-    if json {
-        let mut value = serde_json::to_value(cp).expect("serializes");
-        value["holds"] = serde_json::to_value(&inspection.holds).expect("serializes");
-        value["last_error"] = serde_json::to_value(&last_error).expect("serializes");
-        println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
-        return Ok(());
-    }
     let now_ms = crate::time::now_ms();
     let now_s = now_ms / 1000;
     println!("position:        {}", cp.position());
@@ -105,8 +111,84 @@ pub async fn print(config: &Config, json: bool) -> Result<()> {
     }
     let age_ms = now_ms.saturating_sub(cp.written_at_ms());
     println!("written:         {} ({:.1} s ago)", utc_text(cp.written_at_ms()), age_ms as f64 / 1000.0);
+    print_paused(inspection.paused.as_ref(), now_ms);
     print_holds_and_last_error(inspection.holds.len(), last_error.as_ref(), now_ms);
     Ok(())
+}
+
+/// The document `status --json` prints and `GET /v1/status` answers (which adds where the connector is
+/// and its lag): the stored checkpoint's record (Unix times, unchanged: scripts read it), with the holds,
+/// the last error and, when paused, the pause beside it; before the first checkpoint those alone (no
+/// `position`: the first run may have stopped before it, with an error worth showing). The polling relay
+/// keeps no checkpoint: `source` says `poll`.
+pub fn document(config: &Config, inspection: Inspection) -> serde_json::Value {
+    let mut value = match &inspection.checkpoint {
+        Some(cp) => serde_json::to_value(cp).expect("serializes"),
+        None => serde_json::json!({}),
+    };
+    if matches!(config.source.kind, Source::Poll(_)) {
+        value["source"] = serde_json::json!("poll");
+    }
+    value["holds"] = serde_json::to_value(&inspection.holds).expect("serializes");
+    value["last_error"] = serde_json::to_value(redacted(inspection.last_error)).expect("serializes");
+    // Only when paused: the document of a connector that was never paused stays as scripts read it
+    // (tests/golden_state.rs).
+    if let Some(paused) = &inspection.paused {
+        value["paused"] = serde_json::to_value(paused).expect("serializes");
+    }
+    value
+}
+
+/// Where a running connector is, from its control API's status.
+fn describe_role(live: &serde_json::Value) -> String {
+    let lag = &live["lag"];
+    match live["role"].as_str().unwrap_or("?") {
+        "running" => format!(
+            "running, {:.1} s behind the source, {} record(s) in flight; live from its control API",
+            lag["source_seconds_behind"].as_f64().unwrap_or(0.0),
+            lag["records_in_flight"].as_i64().unwrap_or(0)
+        ),
+        "paused" => "paused by an operator; live from its control API".to_string(),
+        _ => "this instance does not hold the lease (a standby, or starting); the rest is the stored state".to_string(),
+    }
+}
+
+/// The store's part of a running connector's status document, as `status` reads a store: `None` when the
+/// instance holds no store (a standby: the stored state is read instead).
+///
+/// # Errors
+/// A definite error when the document is not one this build's API answers.
+fn inspection_of(mut live: serde_json::Value) -> Result<Option<Inspection>> {
+    if live["role"] == "waiting" {
+        return Ok(None);
+    }
+    let unreadable = |e: serde_json::Error| {
+        crate::error::Error::definite(format!("the control API's status is not this build's: {e}"))
+    };
+    let mut take = |key: &str| live.as_object_mut().and_then(|o| o.remove(key)).unwrap_or(serde_json::Value::Null);
+    let holds = serde_json::from_value(take("holds")).map_err(unreadable)?;
+    let last_error = serde_json::from_value(take("last_error")).map_err(unreadable)?;
+    let paused = serde_json::from_value(take("paused")).map_err(unreadable)?;
+    for key in ["name", "role", "ready", "lag", "live", "note", "source"] {
+        take(key);
+    }
+    let checkpoint = match live.get("position") {
+        Some(_) => Some(serde_json::from_value(live).map_err(unreadable)?),
+        None => None,
+    };
+    Ok(Some(Inspection { checkpoint, holds, last_error, known_poison: Vec::new(), paused }))
+}
+
+/// The `paused:` line, when an operator paused the connector.
+fn print_paused(paused: Option<&Paused>, now_ms: u64) {
+    if let Some(p) = paused {
+        let ago = now_ms.saturating_sub(p.at_ms) / 1000;
+        println!(
+            "paused:          since {} ({ago} s ago, by {}): nothing is read or published until `outbox-cdc resume`",
+            utc_text(p.at_ms),
+            p.by
+        );
+    }
 }
 
 /// The stored last error with its message redacted: messages are redacted when an error is built, but a
@@ -168,14 +250,16 @@ async fn print_relay(config: &Config, json: bool) -> Result<()> {
             published_through: relay.progress().published_through(t),
         });
     }
-    let inspection = Store::inspect_for(config).await?;
-    let holds = inspection.as_ref().map(|i| i.holds.clone()).unwrap_or_default();
-    let last_error = redacted(inspection.and_then(|i| i.last_error));
+    let inspection = Store::inspect_for(config).await?.unwrap_or_default();
     if json {
-        let value = serde_json::json!({ "source": "poll", "tables": tables, "holds": holds, "last_error": last_error });
+        let mut value = document(config, inspection);
+        value["tables"] = serde_json::to_value(&tables).expect("serializes");
         println!("{}", serde_json::to_string_pretty(&value).expect("serializes"));
         return Ok(());
     }
+    let paused = inspection.paused.clone();
+    let holds = inspection.holds;
+    let last_error = redacted(inspection.last_error);
     let progress = match relay.progress().table() {
         Some(table) => format!("the progress table {table} and each row's published_at are its progress"),
         None => "each row's published_at is its progress".to_string(),
@@ -194,6 +278,7 @@ async fn print_relay(config: &Config, json: bool) -> Result<()> {
             t.table, t.due_rows, t.parked_rows
         );
     }
+    print_paused(paused.as_ref(), crate::time::now_ms());
     print_holds_and_last_error(holds.len(), last_error.as_ref(), crate::time::now_ms());
     Ok(())
 }

@@ -663,8 +663,9 @@ fn not_a_registry(base: &str, method: &str, path: &str, reply: &Reply, probe: Op
     ))
 }
 
-/// A subject in a URL path: everything but unreserved characters percent-encoded.
-fn encode_path(subject: &str) -> String {
+/// A subject (or any text) as one URL path segment: everything but unreserved characters percent-encoded
+/// (RFC 3986 §2.3). The control API's client encodes aggregate ids with it too.
+pub(crate) fn encode_path(subject: &str) -> String {
     let mut out = String::with_capacity(subject.len());
     for b in subject.bytes() {
         match b {

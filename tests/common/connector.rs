@@ -49,9 +49,13 @@ impl AuditRun {
     }
 }
 
-/// The `[metrics]` table of every test config that does not choose its own: an ephemeral port, so that
-/// connectors running in parallel never collide.
-pub const EPHEMERAL_METRICS: &str = "\n[metrics]\nlisten = \"127.0.0.1:0\"\n";
+/// The `[metrics]` and `[control]` tables of every test config that does not choose its own: ephemeral
+/// ports, so that connectors running in parallel never collide (a command never reaches a control API on
+/// port 0: it works offline, as before the API).
+pub const EPHEMERAL_METRICS: &str = "\n[metrics]\nlisten = \"127.0.0.1:0\"\n\n[control]\nlisten = \"127.0.0.1:0\"\n";
+
+/// The `[control]` table of a test config that chooses its own `[metrics]` and not its `[control]`.
+pub const EPHEMERAL_CONTROL: &str = "\n[control]\nlisten = \"127.0.0.1:0\"\n";
 
 /// Writes `<dir>/connector.toml` for `db` and `broker` (user `cdc`, a random replica `server_id` in
 /// `1000..60000`, topic `outbox.event.${aggregate_type}`, state in `<dir>/state`), with
@@ -91,7 +95,12 @@ pub fn write_config(dir: &Path, db: &MariaDb, broker: &Broker, extra_toml: &str)
         // Tests of the stream start without a snapshot unless they configure one.
         snapshot = if extra_toml.contains("[snapshot]") { "" } else { "\n[snapshot]\nmode = \"never\"\n" },
         // Tests that scrape set their own.
-        metrics = if extra_toml.contains("[metrics]") { "" } else { EPHEMERAL_METRICS },
+        metrics = match (extra_toml.contains("[metrics]"), extra_toml.contains("[control]")) {
+            (false, false) => EPHEMERAL_METRICS,
+            (true, false) => EPHEMERAL_CONTROL,
+            (false, true) => "\n[metrics]\nlisten = \"127.0.0.1:0\"\n",
+            (true, true) => "",
+        },
     );
     let path = dir.join("connector.toml");
     std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));

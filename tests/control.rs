@@ -1,0 +1,309 @@
+//! The control API of a running connector (`[control]`, README "The control API") against a real MariaDB
+//! and broker, and the commands that use it: every endpoint refused without the token, a pause under load
+//! (nothing published while paused, across a restart, then everything once each after the resume), a
+//! stopped connector paused and resumed through its store, and a hold released by the running connector.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::{free_port, insert_event, wait_until, Broker, Connector, Engine, MariaDb, OutboxRow, Received};
+use common::{Writer, WriterConfig};
+use mysql_async::prelude::Queryable;
+
+const TOPIC: &str = "outbox.event.order";
+const DLQ: &str = "dlq";
+const READ_TIMEOUT: Duration = Duration::from_secs(120);
+const TOKEN: &str = "s3cret-control-token";
+
+/// An answer of the API: status code, headers (lower-case names) and the body.
+#[derive(Debug)]
+struct Answer {
+    code: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// `method path` on `port` with `headers`, HTTP/1.1 over a plain socket: nothing of ours between the test and
+/// the bytes the server sends. `None` when nothing listens.
+fn call(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Option<Answer> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if method == "POST" {
+        request.push_str("Content-Length: 0\r\n");
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let mut lines = head.lines();
+    let code = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Some(Answer { code, headers, body: body.to_string() })
+}
+
+/// [`call`] with the bearer token `token`.
+fn with_token(port: u16, method: &str, path: &str, token: &str) -> Answer {
+    let auth = format!("Bearer {token}");
+    call(port, method, path, &[("Authorization", &auth)]).unwrap_or_else(|| panic!("nothing listens on {port}"))
+}
+
+/// A connector (not started) whose control API listens on a port of its own, with the token in a file of
+/// its work dir when `token_file`, else one it makes itself; `extra` appended.
+fn connector(db: &MariaDb, broker: &Broker, token_file: bool, extra: &str) -> (Connector, u16) {
+    let control = free_port();
+    let c = Connector::new();
+    let token = match token_file {
+        true => {
+            let path = c.dir().join("control-token");
+            std::fs::write(&path, TOKEN).unwrap();
+            format!("token_file = {}\n", common::connector::toml_str(&path.to_string_lossy()))
+        }
+        false => String::new(),
+    };
+    c.write_config(db, broker, &format!("[control]\nlisten = \"127.0.0.1:{control}\"\n{token}{extra}"));
+    (c, control)
+}
+
+/// Every endpoint refuses a request without the token, or with another, with `401` and
+/// `WWW-Authenticate: Bearer`; with it: the status from memory, a pause and a resume, a release of an
+/// aggregate that has no hold refused (`409`), a request meant for another connector refused (`421`), an
+/// unknown path `404`, all JSON.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_endpoint_needs_the_token() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    for _ in 0..5 {
+        insert_event(&mut conn, &OutboxRow::new("A-1")).await.unwrap();
+    }
+    let (mut connector, port) = connector(&db, &broker, true, "");
+    connector.run(&connector.config_path());
+    assert_eq!(broker.read_all(TOPIC, 5, READ_TIMEOUT).len(), 5, "{}", connector.logs());
+    assert!(
+        wait_until(Duration::from_secs(30), || call(port, "GET", "/v1/status", &[]).is_some()),
+        "{}",
+        connector.logs()
+    );
+
+    let endpoints = [
+        ("GET", "/v1/status"),
+        ("POST", "/v1/pause"),
+        ("POST", "/v1/resume"),
+        ("POST", "/v1/holds/order/A-1/release"),
+        ("GET", "/v1/no-such-thing"),
+    ];
+    for (method, path) in endpoints {
+        for auth in [None, Some("Bearer wrong-token"), Some("Basic czNjcmV0"), Some(TOKEN)] {
+            let headers: Vec<(&str, &str)> = auth.map(|a| ("Authorization", a)).into_iter().collect();
+            let answer = call(port, method, path, &headers).expect("the API answers");
+            assert_eq!(answer.code, 401, "{method} {path} with {auth:?}: {answer:?}");
+            assert_eq!(answer.header("www-authenticate"), Some("Bearer"), "{answer:?}");
+            assert!(!answer.body.contains(TOKEN), "{answer:?}");
+        }
+    }
+
+    // The status, from the running process: where it is, the checkpoint's fields as `status --json`, lag.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        let status = with_token(port, "GET", "/v1/status", TOKEN);
+        assert_eq!(status.code, 200, "{status:?}");
+        let json = status.json();
+        if json.get("position").is_some() || Instant::now() > deadline {
+            break json;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(status["role"], "running", "{status}");
+    assert_eq!(status["live"], true, "{status}");
+    assert_eq!(status["paused"], serde_json::Value::Null, "{status}");
+    assert!(status["position"].is_object(), "{status}");
+    assert!(status["lag"]["source_seconds_behind"].is_number(), "{status}");
+    assert_eq!(status["holds"], serde_json::json!([]), "{status}");
+
+    let pause = with_token(port, "POST", "/v1/pause", TOKEN);
+    assert_eq!((pause.code, pause.json()["paused"].clone()), (200, serde_json::json!(true)), "{pause:?}");
+    assert_eq!(with_token(port, "GET", "/v1/status", TOKEN).json()["role"], "paused");
+    let again = with_token(port, "POST", "/v1/pause", TOKEN).json();
+    assert_eq!(again["was_paused"], true, "{again}");
+    let resume = with_token(port, "POST", "/v1/resume", TOKEN);
+    assert_eq!((resume.code, resume.json()["was_paused"].clone()), (200, serde_json::json!(true)), "{resume:?}");
+    assert_eq!(with_token(port, "GET", "/v1/status", TOKEN).json()["role"], "running");
+
+    let release = with_token(port, "POST", "/v1/holds/order/A-1/release", TOKEN);
+    assert_eq!(release.code, 409, "{release:?}");
+    assert!(release.json()["error"].as_str().unwrap().contains("no hold on aggregate order/A-1"), "{release:?}");
+
+    let auth = format!("Bearer {TOKEN}");
+    let other = call(port, "POST", "/v1/pause", &[("Authorization", &auth), ("Outbox-Cdc-Connector", "another")]);
+    let other = other.expect("the API answers");
+    assert_eq!(other.code, 421, "{other:?}");
+    assert_eq!(with_token(port, "GET", "/v1/status", TOKEN).json()["role"], "running", "not paused by it");
+    let unknown = with_token(port, "GET", "/v1/no-such-thing", TOKEN);
+    assert_eq!(unknown.code, 404, "{unknown:?}");
+    assert!(unknown.json()["error"].is_string());
+
+    // Still publishing after all that, and stopping as before.
+    insert_event(&mut conn, &OutboxRow::new("A-1")).await.unwrap();
+    assert_eq!(broker.read_all(TOPIC, 6, READ_TIMEOUT).len(), 6, "{}", connector.logs());
+    assert!(connector.terminate().success(), "{}", connector.logs());
+}
+
+/// The number of records on [`TOPIC`] once it has been quiet for a while.
+fn settled(broker: &Broker) -> usize {
+    broker.read_all_quiet(TOPIC, usize::MAX, Duration::from_secs(2), Duration::from_secs(20)).len()
+}
+
+/// `outbox-cdc pause` under a steady load of 4 writers (until the end of the test): the connector publishes nothing from the answer on
+/// (its lag grows, it is ready and says paused, `outbox_cdc_paused` is 1), stays paused across a restart,
+/// and once stopped `outbox-cdc resume` writes its store: started again it publishes every event written
+/// meanwhile, once each and in order (a pause stops the run as a graceful stop does: nothing repeated).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_under_load_holds_every_event_until_resumed_across_a_restart() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let metrics = free_port();
+    let (mut connector, port) =
+        connector(&db, &broker, false, &format!("[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n"));
+    connector.run(&connector.config_path());
+    let writer = Writer::start(
+        db.opts_root(),
+        WriterConfig { tasks: 4, max_events: 1_000_000, pause: Duration::from_millis(5), ..WriterConfig::default() },
+    );
+    writer.wait_committed(500, Duration::from_secs(120)).await;
+    assert!(
+        wait_until(Duration::from_secs(60), || broker.read_all(TOPIC, 100, Duration::from_secs(1)).len() >= 100),
+        "{}",
+        connector.logs()
+    );
+
+    // The CLI finds the running connector through its API, with the token the connector made.
+    assert!(connector.state_dir().join("control.token").exists(), "the connector made its token");
+    let (status, out, err) = connector.command(&["pause"], Duration::from_secs(60)).unwrap();
+    assert!(status.success(), "{out}{err}\n{}", connector.logs());
+    assert!(out.contains("paused (through its control API)"), "{out}{err}");
+    let at_pause = settled(&broker);
+    let committed_at_pause = writer.committed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(writer.committed() > committed_at_pause + 100, "the writers went on");
+    assert_eq!(settled(&broker), at_pause, "published while paused:\n{}", connector.logs());
+
+    let token = std::fs::read_to_string(connector.state_dir().join("control.token")).unwrap();
+    let live = with_token(port, "GET", "/v1/status", &token).json();
+    assert_eq!(live["role"], "paused", "{live}");
+    assert_eq!(live["paused"]["by"], "cli", "{live}");
+    assert_eq!(live["ready"], true, "{live}");
+    let ready = call(metrics, "GET", "/readyz", &[]).unwrap();
+    assert_eq!(ready.code, 200, "{ready:?}");
+    assert!(ready.body.contains("paused"), "{ready:?}");
+    let page = call(metrics, "GET", "/metrics", &[]).unwrap().body;
+    assert!(page.lines().any(|l| l == "outbox_cdc_paused 1"), "{page}");
+    let (_, text, _) = connector.command(&["status"], Duration::from_secs(60)).unwrap();
+    assert!(text.contains("paused:          since"), "{text}");
+
+    // Paused across a restart: the pause is in the store.
+    assert!(connector.terminate().success(), "{}", connector.logs());
+    connector.restart();
+    assert!(wait_until(Duration::from_secs(60), || {
+        call(port, "GET", "/v1/status", &[("Authorization", &format!("Bearer {token}"))])
+            .is_some_and(|a| a.code == 200 && a.json()["role"] == "paused")
+    }));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(settled(&broker), at_pause, "published after a restart while paused:\n{}", connector.logs());
+
+    // Stopped, it is resumed in its store, and starts publishing.
+    assert!(connector.terminate().success(), "{}", connector.logs());
+    let (status, out, err) = connector.command(&["resume"], Duration::from_secs(60)).unwrap();
+    assert!(status.success(), "{out}{err}");
+    assert!(out.contains("resumed: it is not running; it starts publishing"), "{out}{err}");
+    writer.stop();
+    let written = writer.finish().await;
+    assert!(written.errors.is_empty(), "{:?}", written.errors);
+    connector.restart();
+    let (_, report) = common::read_and_audit(&broker, TOPIC, &written.expected, READ_TIMEOUT, &connector);
+    assert_eq!(report.duplicates, 0, "a pause repeats nothing: {}", report.summary());
+    assert!(connector.terminate().success());
+}
+
+/// Inserts a row whose `event_type` is not UTF-8 (an undecodable row: poison that holds its aggregate).
+async fn insert_undecodable(conn: &mut mysql_async::Conn, id: &str, aggregate_id: &str) {
+    conn.exec_drop(
+        "INSERT INTO shop.outbox_events (id, aggregate_type, aggregate_id, event_type, schema_version, payload, \
+         occurred_at, next_attempt_at) VALUES (?, 'order', ?, ?, 1, '{}', NOW(6), NOW(6))",
+        (id, aggregate_id, b"\xff\xfe".to_vec()),
+    )
+    .await
+    .unwrap();
+}
+
+/// Event ids of one aggregate (key), in partition offset order.
+fn ids(records: &[Received], key: &str) -> Vec<String> {
+    let mut of_key: Vec<&Received> = records.iter().filter(|r| r.key_str() == Some(key)).collect();
+    of_key.sort_by_key(|r| (r.partition, r.offset));
+    of_key.iter().filter_map(|r| r.header_str("id").map(String::from)).collect()
+}
+
+/// `quarantine release` with the connector running: the command asks it through the API, the connector
+/// stops reading for the release, republishes the held events in order, lifts the hold and reads on; a
+/// later event of the aggregate follows the released ones. (Before the API the command refused to run
+/// beside a connector: the state store is its.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hold_is_released_by_the_running_connector() {
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    conn.query_drop("ALTER TABLE shop.outbox_events MODIFY event_type VARBINARY(128) NOT NULL").await.unwrap();
+    let (mut connector, _) = connector(&db, &broker, false, "");
+    let config = connector.config_path();
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "topic = \"outbox.event.${aggregate_type}\"",
+        "topic = \"outbox.event.${aggregate_type}\"\ndead_letter_topic = \"dlq\"",
+    );
+    std::fs::write(&config, text).unwrap();
+    let first = OutboxRow::new("A-1");
+    insert_event(&mut conn, &first).await.unwrap();
+    insert_undecodable(&mut conn, "poison-1", "P-1").await;
+    let held = [OutboxRow::new("P-1"), OutboxRow::new("P-1")];
+    for row in &held {
+        insert_event(&mut conn, row).await.unwrap();
+    }
+    connector.run(&config);
+    assert_eq!(broker.read_all(DLQ, 3, READ_TIMEOUT).len(), 3, "{}", connector.logs());
+    assert_eq!(broker.read_all(TOPIC, 1, READ_TIMEOUT).len(), 1);
+
+    let (status, out, err) = connector
+        .command(&["quarantine", "release", "order", "P-1", "--skip-poison"], Duration::from_secs(180))
+        .unwrap();
+    assert!(status.success(), "{out}{err}\n{}", connector.logs());
+    assert!(out.contains("released order/P-1 (by the running connector): 2 event(s) republished"), "{out}{err}");
+    assert!(connector.is_running(), "{}", connector.logs());
+
+    let after = OutboxRow::new("P-1");
+    insert_event(&mut conn, &after).await.unwrap();
+    let normal = broker.read_all(TOPIC, 4, READ_TIMEOUT);
+    let expected: Vec<String> = held.iter().chain([&after]).map(|r| r.id.clone()).collect();
+    assert_eq!(ids(&normal, "P-1"), expected, "{}", connector.logs());
+    let (_, out, _) = connector.command(&["quarantine", "list", "--json"], Duration::from_secs(30)).unwrap();
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap(), serde_json::json!([]), "{out}");
+    assert!(connector.terminate().success(), "{}", connector.logs());
+}
