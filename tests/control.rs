@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use common::reliability::{self, Duplicates};
 use common::{free_port, insert_event, wait_until, Broker, Connector, Engine, MariaDb, OutboxRow, Received};
 use common::{Writer, WriterConfig};
 use mysql_async::prelude::Queryable;
@@ -239,9 +240,25 @@ async fn a_pause_under_load_holds_every_event_until_resumed_across_a_restart() {
     writer.stop();
     let written = writer.finish().await;
     assert!(written.errors.is_empty(), "{:?}", written.errors);
+    let resumed = Instant::now();
     connector.restart();
     let (_, report) = common::read_and_audit(&broker, TOPIC, &written.expected, READ_TIMEOUT, &connector);
+    let caught_up = resumed.elapsed();
     assert_eq!(report.duplicates, 0, "a pause repeats nothing: {}", report.summary());
+    let name = "paused under load, across a restart, resumed";
+    let audit = reliability::closing_audit(name, &connector, &written, Duplicates::AfterCheckpoint);
+    let held = written.len() - at_pause;
+    reliability::record(
+        name,
+        &written,
+        &audit,
+        Some(caught_up),
+        &format!(
+            "4 writers; `pause` through the control API after {at_pause} records, nothing published for 3 s, \
+             a restart while paused, `resume` of the stopped connector; {held} events held, published once each \
+             (recovery: start after the resume to the last record read)"
+        ),
+    );
     assert!(connector.terminate().success());
 }
 
