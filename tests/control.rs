@@ -324,3 +324,57 @@ async fn a_hold_is_released_by_the_running_connector() {
     assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap(), serde_json::json!([]), "{out}");
     assert!(connector.terminate().success(), "{}", connector.logs());
 }
+
+/// The polling relay runs under the same turn: paused through the API under 2 steady writers it publishes
+/// nothing (the rows written meanwhile wait in the table, unpublished), is shown paused, and resumed it
+/// publishes every row once, in order (its stop marks what Kafka acknowledged, as a graceful stop does).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_relay_publishes_nothing_until_resumed() {
+    use common::patterns::{self, Mode};
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    patterns::prepare(&db, Mode::Marking);
+    let port = free_port();
+    let probe = Connector::new();
+    let token_file = probe.dir().join("control-token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let control = format!(
+        "[control]\nlisten = \"127.0.0.1:{port}\"\ntoken_file = {}\n",
+        common::connector::toml_str(&token_file.to_string_lossy())
+    );
+    let mut relay =
+        patterns::relay_config(&db, &broker, Mode::Marking, "poll_interval_ms = 50", &control, Some(free_port()));
+    relay.run(&relay.config_path());
+    let writer = Writer::start(
+        db.opts_root(),
+        WriterConfig { tasks: 2, max_events: 1_000_000, pause: Duration::from_millis(5), ..WriterConfig::default() },
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || broker.read_all(TOPIC, 100, Duration::from_secs(1)).len() >= 100),
+        "{}",
+        relay.logs()
+    );
+
+    let pause = with_token(port, "POST", "/v1/pause", TOKEN);
+    assert_eq!(pause.code, 200, "{pause:?}\n{}", relay.logs());
+    let at_pause = settled(&broker);
+    let committed_at_pause = writer.committed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(writer.committed() > committed_at_pause + 100, "the writers went on");
+    assert_eq!(settled(&broker), at_pause, "published while paused:\n{}", relay.logs());
+    let mut conn = db.conn().await;
+    let waiting: u64 =
+        conn.query_first("SELECT COUNT(*) FROM shop.outbox_events WHERE published_at IS NULL").await.unwrap().unwrap();
+    assert!(waiting > 100, "the rows written while paused wait unpublished: {waiting}");
+    let status = with_token(port, "GET", "/v1/status", TOKEN).json();
+    assert_eq!((status["role"].as_str(), status["source"].as_str()), (Some("paused"), Some("poll")), "{status}");
+
+    let resume = with_token(port, "POST", "/v1/resume", TOKEN);
+    assert_eq!(resume.code, 200, "{resume:?}");
+    writer.stop();
+    let written = writer.finish().await;
+    assert!(written.errors.is_empty(), "{:?}", written.errors);
+    let (_, report) = common::read_and_audit(&broker, TOPIC, &written.expected, READ_TIMEOUT, &relay);
+    assert_eq!(report.duplicates, 0, "a pause repeats nothing: {}", report.summary());
+    assert!(relay.terminate().success(), "{}", relay.logs());
+}
