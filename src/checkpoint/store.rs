@@ -166,14 +166,7 @@ impl Store {
                         .map_err(|e| store_error(&path, "cannot create a temporary directory", e))?;
                     std::fs::copy(&path, copy.path().join(FILE_NAME))
                         .map_err(|_| store_error(&path, "cannot open read-only", read_only_error))?;
-                    let store = Store::open(copy.path())?;
-                    return Ok(Some(Inspection {
-                        checkpoint: store.load()?,
-                        holds: store.holds()?,
-                        last_error: store.last_error()?,
-                        known_poison: store.known_poison()?,
-                        paused: store.paused()?,
-                    }));
+                    return Store::open(copy.path())?.inspection().map(Some);
                 }
             };
         let tx = db.begin_read().map_err(|e| store_error(&path, "begin read", e))?;
@@ -184,6 +177,20 @@ impl Store {
             known_poison: read_all(&path, &tx, KNOWN_POISON)?,
             paused: read_one(&path, &tx, NOTES, PAUSED_KEY)?,
         }))
+    }
+
+    /// Everything in this store, as [`Store::inspect`] reads a store it does not hold.
+    ///
+    /// # Errors
+    /// A definite error when the store cannot be read or holds an unreadable record.
+    pub fn inspection(&self) -> Result<Inspection> {
+        Ok(Inspection {
+            checkpoint: self.load()?,
+            holds: self.holds()?,
+            last_error: self.last_error()?,
+            known_poison: self.known_poison()?,
+            paused: self.paused()?,
+        })
     }
 
     /// The stored stream checkpoint, if any.

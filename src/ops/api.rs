@@ -145,18 +145,7 @@ async fn status(State(api): State<Api>, headers: HeaderMap) -> Response {
         return refused;
     }
     let live = api.control.live();
-    let inspection = match &live.store {
-        None => Ok(Inspection::default()),
-        Some(store) => (|| {
-            Ok::<_, Error>(Inspection {
-                checkpoint: store.load()?,
-                holds: store.holds()?,
-                last_error: store.last_error()?,
-                known_poison: store.known_poison()?,
-                paused: store.paused()?,
-            })
-        })(),
-    };
+    let inspection = live.store.as_ref().map_or(Ok(Inspection::default()), |store| store.inspection());
     let mut document = match inspection {
         Ok(inspection) => super::status::document(&api.config, inspection),
         Err(e) => return answer(Err(e)),

@@ -56,16 +56,7 @@ pub async fn copy(config: &Config, to: StateBackend) -> Result<CopyReport> {
         // The local store opened as its one writer: no connector with the local backend runs either.
         let stopped = |e: Error| e.context("state copy needs the connector stopped");
         let from = match from_backend {
-            StateBackend::Local => {
-                let store = Store::open(&config.state.dir).map_err(stopped)?;
-                Inspection {
-                    checkpoint: store.load()?,
-                    holds: store.holds()?,
-                    last_error: store.last_error()?,
-                    known_poison: store.known_poison()?,
-                    paused: store.paused()?,
-                }
-            }
+            StateBackend::Local => Store::open(&config.state.dir).map_err(stopped)?.inspection()?,
             // Any number of partitions: this is the way out of a state topic whose partitions were added.
             StateBackend::Kafka => crate::checkpoint::kafka::KafkaStore::inspect_merging_partitions(&from_config)
                 .await?
