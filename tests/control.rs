@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::reliability::{self, Duplicates};
-use common::{free_port, insert_event, wait_until, Broker, Connector, Engine, MariaDb, OutboxRow, Received};
+use common::{free_port, ids_of_key, insert_event, wait_until, Broker, Connector, Engine, MariaDb, OutboxRow};
 use common::{Writer, WriterConfig};
 use mysql_async::prelude::Queryable;
 
@@ -273,13 +273,6 @@ async fn insert_undecodable(conn: &mut mysql_async::Conn, id: &str, aggregate_id
     .unwrap();
 }
 
-/// Event ids of one aggregate (key), in partition offset order.
-fn ids(records: &[Received], key: &str) -> Vec<String> {
-    let mut of_key: Vec<&Received> = records.iter().filter(|r| r.key_str() == Some(key)).collect();
-    of_key.sort_by_key(|r| (r.partition, r.offset));
-    of_key.iter().filter_map(|r| r.header_str("id").map(String::from)).collect()
-}
-
 /// `quarantine release` with the connector running: the command asks it through the API, the connector
 /// stops reading for the release, republishes the held events in order, lifts the hold and reads on; a
 /// later event of the aggregate follows the released ones. (Before the API the command refused to run
@@ -319,7 +312,7 @@ async fn a_hold_is_released_by_the_running_connector() {
     insert_event(&mut conn, &after).await.unwrap();
     let normal = broker.read_all(TOPIC, 4, READ_TIMEOUT);
     let expected: Vec<String> = held.iter().chain([&after]).map(|r| r.id.clone()).collect();
-    assert_eq!(ids(&normal, "P-1"), expected, "{}", connector.logs());
+    assert_eq!(ids_of_key(&normal, "P-1"), expected, "{}", connector.logs());
     let (_, out, _) = connector.command(&["quarantine", "list", "--json"], Duration::from_secs(30)).unwrap();
     assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap(), serde_json::json!([]), "{out}");
     assert!(connector.terminate().success(), "{}", connector.logs());

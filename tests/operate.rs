@@ -8,7 +8,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{free_port, insert_event, wait_until, Broker, Connector, Engine, MariaDb, OutboxRow, Received};
+use common::{
+    free_port, ids_of_key, insert_event, wait_until, Broker, Connector, Engine, MariaDb, OutboxRow, Received,
+};
 use mysql_async::prelude::Queryable;
 use outbox_cdc::metrics::{names, COMMIT, VERSION};
 use serde_json::json;
@@ -140,13 +142,6 @@ fn by_id<'a>(records: &'a [Received], id: &str) -> &'a Received {
     records.iter().find(|r| r.header_str("id") == Some(id)).unwrap_or_else(|| panic!("no record with id {id}"))
 }
 
-/// Event ids of one aggregate (key), in partition offset order.
-fn ids(records: &[Received], key: &str) -> Vec<String> {
-    let mut of_key: Vec<&Received> = records.iter().filter(|r| r.key_str() == Some(key)).collect();
-    of_key.sort_by_key(|r| (r.partition, r.offset));
-    of_key.iter().filter_map(|r| r.header_str("id").map(String::from)).collect()
-}
-
 /// Poison rows of each kind go to the dead-letter topic with their coordinates and reason, their
 /// aggregates are held (later events follow them there, also after a restart), other aggregates flow on,
 /// and `quarantine release` republishes the held events in order once the poison is skipped.
@@ -191,7 +186,7 @@ async fn poison_rows_are_dead_lettered_held_and_released() {
     assert_eq!(dead.len(), 7, "{}", connector.logs());
     let normal = broker.read_all(TOPIC, 2, READ_TIMEOUT);
     assert_eq!(normal.len(), 2, "only healthy aggregates flow on");
-    assert_eq!(ids(&normal, "A-1"), [e1.id.clone(), e8.id.clone()]);
+    assert_eq!(ids_of_key(&normal, "A-1"), [e1.id.clone(), e8.id.clone()]);
 
     for (id, kind) in [
         ("undecodable-1", "undecodable"),
@@ -253,7 +248,7 @@ async fn poison_rows_are_dead_lettered_held_and_released() {
     assert!(out.contains("2 event(s) republished"), "{out}");
     let normal = broker.read_all(TOPIC, 4, READ_TIMEOUT);
     assert_eq!(normal.len(), 4);
-    assert_eq!(ids(&normal, "P-1"), [e3.id.clone(), e10.id.clone()]);
+    assert_eq!(ids_of_key(&normal, "P-1"), [e3.id.clone(), e10.id.clone()]);
     assert!(by_id(&normal, &e3.id).header_str("released_from_hold").is_some_and(|h| h.starts_with("undecodable-1@")));
 
     // Released: new events of P-1 flow normally again, after the released ones.
@@ -261,7 +256,7 @@ async fn poison_rows_are_dead_lettered_held_and_released() {
     let e11 = good("P-1");
     insert_event(&mut conn, &e11).await.unwrap();
     let normal = broker.read_all(TOPIC, 5, READ_TIMEOUT);
-    assert_eq!(ids(&normal, "P-1"), [e3.id.clone(), e10.id.clone(), e11.id.clone()], "{}", connector.logs());
+    assert_eq!(ids_of_key(&normal, "P-1"), [e3.id.clone(), e10.id.clone(), e11.id.clone()], "{}", connector.logs());
     assert!(connector.terminate().success());
     let (_, out, _) = connector.command(&["quarantine", "list", "--json"], Duration::from_secs(30)).unwrap();
     assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap().as_array().unwrap().len(), 4, "{out}");

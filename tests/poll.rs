@@ -1351,6 +1351,20 @@ async fn a_truncated_table_is_read_again_from_its_first_row() {
     assert!(report.is_clean() && report.duplicates == 0, "{}", report.summary());
 }
 
+/// The relay's marks of the outbox table that run on the server now.
+const MARKS_RUNNING: &str = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'relay' \
+                             AND INFO LIKE 'UPDATE `shop`.`outbox_events`%'";
+
+/// Waits until one mark of `relay` runs on the server: one waiting for the row lock a transaction of the
+/// test holds.
+async fn wait_for_a_mark_on_a_lock(conn: &mut mysql_async::Conn, relay: &Connector) {
+    let deadline = Instant::now() + CATCH_UP;
+    while conn.query_first::<u64, _>(MARKS_RUNNING).await.unwrap() != Some(1) {
+        assert!(Instant::now() < deadline, "the mark never waited for the row's lock:\n{}", relay.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Issue 45, finding 7: a relay that lost its lease kept writing (its marker task was never stopped, and
 /// nothing in its statements named the lease), so a paused relay could mark a row its successor had
 /// published as held again. Here its mark of a published row is sent while it holds the lease and waits
@@ -1375,13 +1389,7 @@ async fn a_relay_that_lost_its_lease_writes_nothing_more() {
     std::fs::write(relay.config_path(), text.replace("[state]\n", "[state]\nname = \"fenced\"\n")).unwrap();
     relay.run(&relay.config_path());
     broker.read_all(TOPIC, 1, CATCH_UP);
-    let waiting = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'relay' \
-                   AND INFO LIKE 'UPDATE `shop`.`outbox_events`%'";
-    let deadline = Instant::now() + CATCH_UP;
-    while conn.query_first::<u64, _>(waiting).await.unwrap() != Some(1) {
-        assert!(Instant::now() < deadline, "the mark never waited for the row's lock:\n{}", relay.logs());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_a_mark_on_a_lock(&mut conn, &relay).await;
 
     // The stand-in successor waits for the lock first, so that it gets it the moment it is free.
     let lock = "outbox-cdc/fenced";
@@ -1405,7 +1413,7 @@ async fn a_relay_that_lost_its_lease_writes_nothing_more() {
 
     tx.commit().await.unwrap();
     let deadline = Instant::now() + CATCH_UP;
-    while conn.query_first::<u64, _>(waiting).await.unwrap() != Some(0) {
+    while conn.query_first::<u64, _>(MARKS_RUNNING).await.unwrap() != Some(0) {
         assert!(Instant::now() < deadline, "the mark never ended:\n{}", relay.logs());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -1441,13 +1449,7 @@ async fn the_next_run_reads_after_a_killed_relays_last_mark() {
 
     let mut relay = relay(&db, &broker, "poll_interval_ms = 50");
     assert_eq!(broker.read_all(TOPIC, 100, CATCH_UP).len(), 100);
-    let waiting = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE USER = 'relay' \
-                   AND INFO LIKE 'UPDATE `shop`.`outbox_events`%'";
-    let deadline = Instant::now() + CATCH_UP;
-    while conn.query_first::<u64, _>(waiting).await.unwrap() != Some(1) {
-        assert!(Instant::now() < deadline, "the mark never waited for the row's lock:\n{}", relay.logs());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_a_mark_on_a_lock(&mut conn, &relay).await;
     relay.kill();
     relay.restart();
     assert!(

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{insert_event, Broker, Connector, Engine, MariaDb, OutboxRow, Received};
+use common::{ids_of_key, insert_event, Broker, Connector, Engine, MariaDb, OutboxRow};
 use mysql_async::prelude::Queryable;
 use outbox_cdc::ops::prune::{self, PruneOptions};
 use serde_json::json;
@@ -53,13 +53,6 @@ fn big(aggregate_id: &str) -> OutboxRow {
     OutboxRow::new(aggregate_id).payload(json!({ "blob": blob() }))
 }
 
-/// Event ids of one aggregate (key), in partition offset order.
-fn ids(records: &[Received], key: &str) -> Vec<String> {
-    let mut of_key: Vec<&Received> = records.iter().filter(|r| r.key_str() == Some(key)).collect();
-    of_key.sort_by_key(|r| (r.partition, r.offset));
-    of_key.iter().filter_map(|r| r.header_str("id").map(String::from)).collect()
-}
-
 /// `ids` read in order, with repeats of an id right after itself allowed (at-least-once), is `expected`.
 fn assert_in_order(ids: &[String], expected: &[&str], logs: &str) {
     let mut deduped: Vec<&str> = Vec::new();
@@ -102,7 +95,7 @@ async fn an_oversized_row_is_released_whole_after_prune() {
     let config = write_config(&connector, &db, &broker, PRUNE_TOML);
     connector.run(&config);
     let dead = broker.read_all(DLQ, 2, READ_TIMEOUT);
-    assert_eq!(ids(&dead, "P-1"), [poison.id.clone(), held.id.clone()], "{}", connector.logs());
+    assert_eq!(ids_of_key(&dead, "P-1"), [poison.id.clone(), held.id.clone()], "{}", connector.logs());
     assert!(broker.read_all(TOPIC, 1, READ_TIMEOUT).iter().any(|r| r.header_str("id") == Some(&healthy.id)));
 
     // Every row is ten days old and delivered (to its topic or the dead-letter topic): only the healthy
@@ -122,7 +115,7 @@ async fn an_oversized_row_is_released_whole_after_prune() {
     assert!(status.success(), "{out}{err}");
     assert!(out.contains("2 event(s) republished"), "{out}");
     let normal = broker.read_all(TOPIC, 3, READ_TIMEOUT);
-    assert_in_order(&ids(&normal, "P-1"), &[&poison.id, &held.id], &connector.logs());
+    assert_in_order(&ids_of_key(&normal, "P-1"), &[&poison.id, &held.id], &connector.logs());
     let released = normal.iter().find(|r| r.header_str("id") == Some(&poison.id)).unwrap();
     let value = String::from_utf8_lossy(released.value.as_deref().unwrap());
     assert!(value.contains(&blob()), "the released event lacks its payload: {}", &value[..value.len().min(300)]);
@@ -198,7 +191,7 @@ async fn release_refuses_when_the_first_record_of_the_hold_is_gone() {
     let config = write_config(&connector, &db, &broker, "");
     connector.run(&config);
     let dead = broker.read_all(DLQ, 1, READ_TIMEOUT);
-    assert_eq!(ids(&dead, "P-1"), [poison.id.as_str()], "{}", connector.logs());
+    assert_eq!(ids_of_key(&dead, "P-1"), [poison.id.as_str()], "{}", connector.logs());
     assert!(connector.terminate().success());
 
     // The memory engine forgets every record on restart: the hold's first record is gone.
@@ -207,7 +200,7 @@ async fn release_refuses_when_the_first_record_of_the_hold_is_gone() {
     let later = OutboxRow::new("P-1");
     insert_event(&mut conn, &later).await.unwrap();
     let dead = broker.read_all(DLQ, 1, READ_TIMEOUT);
-    assert_eq!(ids(&dead, "P-1"), [later.id.as_str()], "{}", connector.logs());
+    assert_eq!(ids_of_key(&dead, "P-1"), [later.id.as_str()], "{}", connector.logs());
     assert!(connector.terminate().success());
 
     raise_limit(&config);
@@ -224,7 +217,7 @@ async fn release_refuses_when_the_first_record_of_the_hold_is_gone() {
         connector.command(&["quarantine", "release", "order", "P-1", "--accept-missing"], CLI_TIMEOUT).unwrap();
     assert!(status.success(), "{out}{err}");
     assert!(out.contains("1 event(s) republished") && out.contains(&poison.id), "{out}");
-    assert_eq!(ids(&broker.read_all(TOPIC, 1, READ_TIMEOUT), "P-1"), [later.id.as_str()]);
+    assert_eq!(ids_of_key(&broker.read_all(TOPIC, 1, READ_TIMEOUT), "P-1"), [later.id.as_str()]);
     let (_, out, _) = connector.command(&["quarantine", "list", "--json"], CLI_TIMEOUT).unwrap();
     assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap().as_array().map(Vec::len), Some(0), "{out}");
 }
@@ -251,14 +244,14 @@ fn crash_after_the_poison_row_then_release(
     let dead = broker.read_all(DLQ, 2, READ_TIMEOUT);
     let normal = broker.read_all(TOPIC, 1, READ_TIMEOUT);
     assert!(connector.terminate().success());
-    let held = ids(&dead, "P-1");
+    let held = ids_of_key(&dead, "P-1");
     assert!(!held.contains(&before.id), "the event before the poison row was diverted: {held:?}\n{}", connector.logs());
     assert!(held.contains(&poison.id) && held.contains(&after.id), "{held:?}");
-    assert!(ids(&normal, "P-1").contains(&before.id));
+    assert!(ids_of_key(&normal, "P-1").contains(&before.id));
 
     raise_limit(&config);
     let (status, out, err) = connector.command(&["quarantine", "release", "order", "P-1"], CLI_TIMEOUT).unwrap();
     assert!(status.success(), "{out}{err}");
     let normal = broker.read_all(TOPIC, 3, READ_TIMEOUT);
-    assert_in_order(&ids(&normal, "P-1"), &[&before.id, &poison.id, &after.id], &connector.logs());
+    assert_in_order(&ids_of_key(&normal, "P-1"), &[&before.id, &poison.id, &after.id], &connector.logs());
 }

@@ -151,6 +151,13 @@ pub struct Received {
     pub timestamp: Option<i64>,
 }
 
+/// Event ids (the `id` header) of one aggregate's records (`key`), in partition offset order.
+pub fn ids_of_key(records: &[Received], key: &str) -> Vec<String> {
+    let mut of_key: Vec<&Received> = records.iter().filter(|r| r.key_str() == Some(key)).collect();
+    of_key.sort_by_key(|r| (r.partition, r.offset));
+    of_key.iter().filter_map(|r| r.header_str("id").map(String::from)).collect()
+}
+
 impl Received {
     /// The first header named `name`.
     pub fn header(&self, name: &str) -> Option<&[u8]> {

@@ -41,7 +41,7 @@ pub mod workload;
 #[allow(unused_imports)]
 pub use audit::{audit, AuditReport, Expected};
 #[allow(unused_imports)]
-pub use broker::{noida_db_path, Broker, Engine, Isolation, Received, NOIDA_DB_VERSION};
+pub use broker::{ids_of_key, noida_db_path, Broker, Engine, Isolation, Received, NOIDA_DB_VERSION};
 #[allow(unused_imports)]
 pub use connector::{write_config, AuditRun, Connector};
 #[allow(unused_imports)]
