@@ -567,6 +567,7 @@ async fn connector_records(mysql_url: &str, topic: &str, limit: usize) -> anyhow
                 occurred_at: Some(occurred_at),
                 additional: Vec::new(),
                 from_snapshot: false,
+                snapshot_id: None,
             };
             router.route(&row).map_err(err)
         })

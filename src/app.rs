@@ -89,6 +89,7 @@ pub async fn run_controlled(
             heartbeat,
         }),
         accept_new_server: options.accept_new_server,
+        requests: control.snapshot_requests(),
         config: config.clone(),
     };
     let state = State::open(&config)?;

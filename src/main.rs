@@ -94,6 +94,15 @@ enum Command {
     Pause,
     /// End a pause.
     Resume,
+    /// Snapshots on demand: publish the rows of an outbox table, or a slice of it, again into the live
+    /// topics while the stream runs (records carry `source: snapshot` and `snapshot_id`).
+    Snapshot {
+        #[command(subcommand)]
+        action: SnapshotAction,
+        /// JSON output.
+        #[arg(long, global = true)]
+        json: bool,
+    },
     /// Aggregates held after a poison row (see `outbox.on_poison`).
     Quarantine {
         #[command(subcommand)]
@@ -163,6 +172,41 @@ enum StateAction {
 enum Backend {
     Local,
     Kafka,
+}
+
+#[derive(Debug, Subcommand)]
+enum SnapshotAction {
+    /// Ask for a snapshot of one outbox table, or of the rows every given condition selects.
+    Start {
+        /// `database.table`; may be left out when one table is configured.
+        #[arg(long)]
+        table: Option<String>,
+        /// Only this aggregate type.
+        #[arg(long)]
+        aggregate_type: Option<String>,
+        /// Only this aggregate id.
+        #[arg(long)]
+        aggregate_id: Option<String>,
+        /// Only rows with occurred_at at or after this (e.g. "2026-11-30 12:00:00").
+        #[arg(long)]
+        occurred_from: Option<String>,
+        /// Only rows with occurred_at before this.
+        #[arg(long)]
+        occurred_before: Option<String>,
+        /// Only rows this SQL condition on the outbox table selects (e.g. "aggregate_type = 'order'").
+        #[arg(long = "where")]
+        condition: Option<String>,
+    },
+    /// List the snapshots asked, the one being read with its acknowledged rows.
+    List,
+    /// Show one.
+    Show { id: String },
+    /// Stop reading one, keeping its progress.
+    Pause { id: String },
+    /// Read a paused one on from where it stopped.
+    Resume { id: String },
+    /// Read nothing more of one.
+    Cancel { id: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -240,6 +284,34 @@ fn main() -> ExitCode {
             Command::Status { json } => ops::status::print(&config, json).await?,
             Command::Pause => ops::pause::set(&config, true).await?,
             Command::Resume => ops::pause::set(&config, false).await?,
+            Command::Snapshot { action, json } => {
+                use ops::snapshot::{Ask, Change, Command as Do};
+                let command = match action {
+                    SnapshotAction::Start {
+                        table,
+                        aggregate_type,
+                        aggregate_id,
+                        occurred_from,
+                        occurred_before,
+                        condition,
+                    } => Do::Start(Ask {
+                        table,
+                        slice: outbox_cdc::position::on_demand::Slice {
+                            aggregate_type,
+                            aggregate_id,
+                            occurred_from,
+                            occurred_before,
+                            condition,
+                        },
+                    }),
+                    SnapshotAction::List => Do::List,
+                    SnapshotAction::Show { id } => Do::Show(id),
+                    SnapshotAction::Pause { id } => Do::Change(id, Change::Pause),
+                    SnapshotAction::Resume { id } => Do::Change(id, Change::Resume),
+                    SnapshotAction::Cancel { id } => Do::Change(id, Change::Cancel),
+                };
+                ops::snapshot::run(&config, command, json).await?
+            }
             Command::Quarantine { action: QuarantineAction::List { json } } => {
                 ops::quarantine::list(&config, json).await?
             }

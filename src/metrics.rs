@@ -67,6 +67,10 @@ pub mod names {
     pub const SNAPSHOT_ROWS_DONE: &str = "outbox_cdc_snapshot_rows_done";
     /// Gauge: the snapshot's row estimate.
     pub const SNAPSHOT_ROWS_TOTAL: &str = "outbox_cdc_snapshot_rows_total";
+    /// Gauge: 1 while a snapshot on demand is being read, else 0.
+    pub const SNAPSHOT_ON_DEMAND_ACTIVE: &str = "outbox_cdc_snapshot_on_demand_active";
+    /// Gauge: rows the snapshot on demand being read has produced.
+    pub const SNAPSHOT_ON_DEMAND_ROWS: &str = "outbox_cdc_snapshot_on_demand_rows";
     /// Counter by `kind`: records sent to the dead-letter topic.
     pub const DEAD_LETTERS: &str = "outbox_cdc_dead_letters";
     /// Gauge: aggregates held in quarantine.
@@ -247,6 +251,8 @@ pub struct Metrics {
     records_in_flight: Gauge,
     snapshot_rows_done: Gauge,
     snapshot_rows_total: Gauge,
+    on_demand_active: Gauge,
+    on_demand_rows: Gauge,
     dead_letters: Family<KindLabel, Counter>,
     quarantined: Gauge,
     source_seconds_behind: FloatGauge,
@@ -401,6 +407,8 @@ impl Metrics {
             records_in_flight: reg!(names::RECORDS_IN_FLIGHT, Gauge::default()),
             snapshot_rows_done: reg!(names::SNAPSHOT_ROWS_DONE, Gauge::default()),
             snapshot_rows_total: reg!(names::SNAPSHOT_ROWS_TOTAL, Gauge::default()),
+            on_demand_active: reg!(names::SNAPSHOT_ON_DEMAND_ACTIVE, Gauge::default()),
+            on_demand_rows: reg!(names::SNAPSHOT_ON_DEMAND_ROWS, Gauge::default()),
             dead_letters: reg!(names::DEAD_LETTERS, Family::default()),
             quarantined: reg!(names::QUARANTINED_AGGREGATES, Gauge::default()),
             source_seconds_behind: reg!(names::SOURCE_SECONDS_BEHIND, FloatGauge::default()),
@@ -616,6 +624,12 @@ impl Metrics {
         self.snapshot_rows_total.set(total.max(done) as i64);
     }
 
+    /// A snapshot on demand's progress: `None` when none is being read.
+    pub fn on_demand_progress(&self, rows: Option<u64>) {
+        self.on_demand_active.set(i64::from(rows.is_some()));
+        self.on_demand_rows.set(rows.unwrap_or(0) as i64);
+    }
+
     /// A record went to the dead-letter topic.
     pub fn dead_letter(&self, kind: &str) {
         self.dead_letters.get_or_create(&KindLabel { kind: kind.to_string() }).inc();
@@ -778,6 +792,8 @@ fn help(name: &str) -> &'static str {
         names::RECORDS_IN_FLIGHT => "Records not yet acknowledged",
         names::SNAPSHOT_ROWS_DONE => "Rows produced by the initial snapshot",
         names::SNAPSHOT_ROWS_TOTAL => "Estimated rows of the initial snapshot",
+        names::SNAPSHOT_ON_DEMAND_ACTIVE => "1 while a snapshot on demand is being read",
+        names::SNAPSHOT_ON_DEMAND_ROWS => "Rows produced by the snapshot on demand being read",
         names::DEAD_LETTERS => "Records sent to the dead-letter topic",
         names::QUARANTINED_AGGREGATES => "Aggregates held in quarantine",
         names::BINLOG_NEEDED_AGE_SECONDS => "Age of the checkpointed transaction (oldest binlog still needed)",

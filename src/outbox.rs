@@ -34,6 +34,8 @@ pub struct OutboxRow {
     pub additional: Vec<ColumnValue>,
     /// Read by the initial snapshot rather than from the binlog.
     pub from_snapshot: bool,
+    /// The snapshot on demand that read it (its `snapshot_id` header), when one did.
+    pub snapshot_id: Option<std::sync::Arc<str>>,
 }
 
 /// The value of an additionally placed column (`[outbox] additional_placement`), as its type reads.

@@ -44,11 +44,13 @@ use crate::source::overlap::Overlap;
 use crate::source::{preflight, SourceConn, SourceReader};
 
 mod commit;
+mod on_demand;
 mod plan;
 mod read_ahead;
 mod run;
 mod shutdown;
 
+use on_demand::OnDemand;
 use plan::{FilesPlan, First, ServerPlan};
 use run::Run;
 pub use shutdown::{Shutdown, ShutdownTrigger, KAFKA_STOP_LIMIT, SHUTDOWN_GRACE};
@@ -67,6 +69,8 @@ pub struct Pipeline {
     pub reader: Arc<ReaderSettings>,
     /// Resume even when the checkpoint belongs to another server (`--accept-new-server`).
     pub accept_new_server: bool,
+    /// Woken when a snapshot on demand was asked, paused, resumed or cancelled in the state store.
+    pub requests: Arc<tokio::sync::Notify>,
 }
 
 impl Pipeline {
@@ -169,7 +173,8 @@ impl Pipeline {
             version = %info.version,
             "streaming"
         );
-        run.stream(&start, reader, overlap).await
+        let on_demand = OnDemand::start(config, source.clone(), store.clone(), self.requests.clone(), &start).await?;
+        run.stream(&start, reader, overlap, on_demand).await
     }
 
     /// A run over binlog files (`source.kind = "files"`): the stream phase with a [`FilesReader`] instead of
@@ -193,7 +198,7 @@ impl Pipeline {
             "reading binlog files"
         );
         let reader = SourceReader::Files(FilesReader::start(paths, self.reader.clone(), start.position.clone())?);
-        run.stream(&start, reader, None).await?;
+        run.stream(&start, reader, None, OnDemand::none(&self.config, store.clone())).await?;
         if run.unsettled() > 0 {
             // Exit 0 must mean "everything in the files is in Kafka": resume from the checkpoint instead.
             return Err(Error::transient("records of the binlog files were not acknowledged in time; resuming"));

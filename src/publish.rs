@@ -248,6 +248,7 @@ mod tests {
             occurred_at: Some("2026-11-30T00:00:00.000000".into()),
             additional: Vec::new(),
             from_snapshot: false,
+            snapshot_id: None,
         }
     }
 

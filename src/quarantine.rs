@@ -155,6 +155,7 @@ impl DeadRow {
             occurred_at: optional("occurred_at")?,
             additional,
             from_snapshot,
+            snapshot_id: None,
         })
     }
 }
@@ -413,6 +414,7 @@ mod tests {
             occurred_at: Some("2026-11-30T01:02:03.000004".into()),
             additional: Vec::new(),
             from_snapshot: false,
+            snapshot_id: None,
         }
     }
 

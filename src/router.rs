@@ -8,7 +8,8 @@
 //!   producer and consumer of the topic agrees on which partition holds an aggregate.
 //! - Value: an envelope with the payload embedded as JSON (not as an escaped string), or the payload alone.
 //! - Headers: `id`, `event_type`, `aggregate_type`, `schema_version`, `source: snapshot` for rows read by the
-//!   initial snapshot, then each top-level string entry of the row's `headers` JSON object (e.g. `traceparent`).
+//!   initial snapshot or a snapshot on demand (and then `snapshot_id`, its id), then each top-level string
+//!   entry of the row's `headers` JSON object (e.g. `traceparent`).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -364,6 +365,9 @@ impl Router {
         if row.from_snapshot {
             headers.put_static("source", b"snapshot");
         }
+        if let Some(id) = &row.snapshot_id {
+            headers.put_static("snapshot_id", id.as_bytes());
+        }
         for (placement, placed) in &self.placements {
             if placement.target != PlacementTarget::Header {
                 continue;
@@ -590,6 +594,7 @@ mod tests {
             occurred_at: Some("2026-11-30T12:34:56.123456".into()),
             additional: Vec::new(),
             from_snapshot: false,
+            snapshot_id: None,
         }
     }
 

@@ -96,6 +96,7 @@ pub struct Live {
 pub struct Control {
     commands: mpsc::Receiver<Command>,
     live: watch::Sender<Live>,
+    snapshots: Arc<tokio::sync::Notify>,
 }
 
 /// The control API's end: sends commands, reads [`Live`]. Cheap to clone.
@@ -103,16 +104,26 @@ pub struct Control {
 pub struct ControlHandle {
     commands: mpsc::Sender<Command>,
     live: watch::Receiver<Live>,
+    snapshots: Arc<tokio::sync::Notify>,
 }
 
 /// A new pair.
 pub fn channel() -> (Control, ControlHandle) {
     let (tx, rx) = mpsc::channel(16);
     let (live_tx, live_rx) = watch::channel(Live::default());
-    (Control { commands: rx, live: live_tx }, ControlHandle { commands: tx, live: live_rx })
+    let snapshots = Arc::new(tokio::sync::Notify::new());
+    (
+        Control { commands: rx, live: live_tx, snapshots: snapshots.clone() },
+        ControlHandle { commands: tx, live: live_rx, snapshots },
+    )
 }
 
 impl ControlHandle {
+    /// Tells the running pipeline that a snapshot on demand was stored or changed in the state store.
+    pub fn snapshots_changed(&self) {
+        self.snapshots.notify_one();
+    }
+
     /// What the connector shows now.
     pub fn live(&self) -> Live {
         self.live.borrow().clone()
@@ -135,6 +146,11 @@ impl ControlHandle {
 }
 
 impl Control {
+    /// What wakes the pipeline when a snapshot on demand was stored or changed ([`ControlHandle::snapshots_changed`]).
+    pub(super) fn snapshot_requests(&self) -> Arc<tokio::sync::Notify> {
+        self.snapshots.clone()
+    }
+
     /// Shows `role` with `store`.
     pub(super) fn show(&self, role: Role, store: Option<Arc<Store>>) {
         crate::metrics::metrics().paused(role == Role::Paused);

@@ -150,6 +150,7 @@ impl Checkpointer {
             written_at_ms: now_ms(),
             snapshot: mark.snapshot.as_deref().cloned(),
             inside: mark.inside.clone(),
+            on_demand: mark.on_demand.as_deref().cloned(),
         }
     }
 

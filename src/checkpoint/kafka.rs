@@ -14,6 +14,7 @@
 //! | `<name>/poison/<event id>`            | a known poison event   |
 //! | `<name>/last_error`                   | the last error         |
 //! | `<name>/paused`                       | an operator's pause (a tombstone when resumed) |
+//! | `<name>/snapshot/<id>`                | a snapshot on demand as it now is |
 //! | `<name>/producers`                    | the transactional ids of the last start |
 //!
 //! A removed hold or poison event is a tombstone. Compaction keeps the newest record of each key; a
@@ -61,7 +62,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use serde::de::DeserializeOwned;
 
-use super::records::{hold_key, Inspection, LastError, Paused};
+use super::records::{hold_key, Inspection, LastError, Paused, SnapshotRequest};
 use super::Checkpoint;
 use crate::config::{Config, KafkaConfig};
 use crate::error::{classify_kafka, classify_kafka_on, Error, KafkaResource, Result};
@@ -80,6 +81,7 @@ struct State {
     poison: BTreeMap<String, KnownPoison>,
     last_error: Option<LastError>,
     paused: Option<Paused>,
+    snapshots: BTreeMap<String, SnapshotRequest>,
     producers: Option<Producers>,
 }
 
@@ -91,6 +93,7 @@ impl State {
             last_error: self.last_error,
             known_poison: self.poison.into_values().collect(),
             paused: self.paused,
+            snapshots: self.snapshots.into_values().collect(),
         }
     }
 }
@@ -382,6 +385,17 @@ impl KafkaStore {
 
     pub(super) fn paused(&self) -> Option<Paused> {
         self.lock().paused.clone()
+    }
+
+    pub(super) fn put_snapshot(&self, request: &SnapshotRequest) -> Result<()> {
+        let json = serde_json::to_vec(request).expect("serializes");
+        self.write(vec![(format!("{}/snapshot/{}", self.name, request.id), Some(json))])?;
+        self.lock().snapshots.insert(request.id.clone(), request.clone());
+        Ok(())
+    }
+
+    pub(super) fn snapshots(&self) -> Vec<SnapshotRequest> {
+        self.lock().snapshots.values().cloned().collect()
     }
 
     /// Writes `records` (`None`: a tombstone) in one transaction of the state writer and waits for its
@@ -795,6 +809,7 @@ fn merge(topic: &str, states: BTreeMap<i32, State>) -> Result<State> {
         if state.paused.as_ref().map(|p| p.at_ms) > merged.paused.as_ref().map(|p| p.at_ms) {
             merged.paused = state.paused;
         }
+        merged.snapshots.extend(state.snapshots);
         merged.producers = merged.producers.or(state.producers);
     }
     Ok(merged)
@@ -833,6 +848,11 @@ fn apply(state: &mut State, key: &str, value: Option<&[u8]>) -> Result<()> {
         match value {
             Some(v) => drop(state.holds.insert(hold.to_string(), parse(key, v)?)),
             None => drop(state.holds.remove(hold)),
+        }
+    } else if let Some(id) = key.strip_prefix("snapshot/") {
+        match value {
+            Some(v) => drop(state.snapshots.insert(id.to_string(), parse(key, v)?)),
+            None => drop(state.snapshots.remove(id)),
         }
     } else if let Some(id) = key.strip_prefix("poison/") {
         match value {

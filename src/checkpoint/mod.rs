@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 pub use store::Store;
 pub use watermark::{Mark, TxId, Watermark};
 
+use crate::position::on_demand::OnDemandProgress;
 use crate::position::snapshot::SnapshotState;
 use crate::position::{EndEvent, Position, ServerIdentity, TxProgress};
 
@@ -63,6 +64,10 @@ pub struct Checkpoint {
     /// ignores it and publishes those rows again (duplicates, never a loss).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     inside: Option<TxProgress>,
+    /// How far the snapshot on demand being read got (`pipeline::on_demand`). A build without this field
+    /// starts that snapshot again from its first row (duplicates, never a loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    on_demand: Option<OnDemandProgress>,
 }
 
 impl Checkpoint {
@@ -106,6 +111,11 @@ impl Checkpoint {
         self.inside.as_ref()
     }
 
+    /// How far the snapshot on demand being read got.
+    pub fn on_demand(&self) -> Option<&OnDemandProgress> {
+        self.on_demand.as_ref()
+    }
+
     /// Where a run resumes: the stored position as the watermark's starting mark.
     pub fn into_mark(self) -> Mark {
         Mark {
@@ -114,6 +124,7 @@ impl Checkpoint {
             end_event: self.end_event,
             snapshot: self.snapshot.map(std::sync::Arc::new),
             inside: self.inside,
+            on_demand: self.on_demand.map(std::sync::Arc::new),
         }
     }
 
@@ -129,6 +140,7 @@ impl Checkpoint {
             written_at_ms: 1,
             snapshot,
             inside: None,
+            on_demand: None,
         }
     }
 }
@@ -158,6 +170,9 @@ pub fn copy_into(from: &store::Inspection, to: &Store) -> crate::error::Result<(
     let gone: Vec<String> = to.known_poison()?.into_iter().map(|p| p.id).filter(|id| !known.contains(id)).collect();
     to.forget_known_poison(&gone)?;
     to.set_paused(from.paused.as_ref())?;
+    for request in &from.snapshots {
+        to.put_snapshot(request)?;
+    }
     // Last: a copy cut short leaves the target without a checkpoint rather than one without its holds.
     if let Some(checkpoint) = &from.checkpoint {
         to.save(checkpoint)?;

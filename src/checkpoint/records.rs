@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Checkpoint;
 use crate::poison::{Hold, KnownPoison};
+pub use crate::position::on_demand::{RequestState, SnapshotRequest};
 
 /// Everything in the store, read without the writer role.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -20,6 +21,8 @@ pub struct Inspection {
     pub known_poison: Vec<KnownPoison>,
     /// An operator's pause, until resumed.
     pub paused: Option<Paused>,
+    /// Snapshots on demand asked of the connector, in the order they were asked.
+    pub snapshots: Vec<SnapshotRequest>,
 }
 
 /// An operator paused the connector (`POST /v1/pause`, `outbox-cdc pause`): it reads and publishes nothing,

@@ -16,7 +16,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::kafka::KafkaStore;
 use super::records::hold_key;
-pub use super::records::{Inspection, LastError, Paused};
+pub use super::records::{Inspection, LastError, Paused, RequestState, SnapshotRequest};
 use super::Checkpoint;
 use crate::config::{Config, StateBackend};
 use crate::error::{Error, Result};
@@ -32,6 +32,8 @@ const KNOWN_POISON: TableDefinition<&str, &[u8]> = TableDefinition::new("known_p
 const NOTES: TableDefinition<&str, &[u8]> = TableDefinition::new("notes");
 const LAST_ERROR_KEY: &str = "last_error";
 const PAUSED_KEY: &str = "paused";
+/// Notes' keys of snapshot requests: `snapshot/<id>` → [`SnapshotRequest`].
+const SNAPSHOT_PREFIX: &str = "snapshot/";
 /// Key of the stream checkpoint (other keys are reserved for snapshot progress and quarantine holds).
 const STREAM_KEY: &str = "stream";
 const FILE_NAME: &str = "outbox-cdc.redb";
@@ -176,6 +178,7 @@ impl Store {
             last_error: read_one(&path, &tx, NOTES, LAST_ERROR_KEY)?,
             known_poison: read_all(&path, &tx, KNOWN_POISON)?,
             paused: read_one(&path, &tx, NOTES, PAUSED_KEY)?,
+            snapshots: read_snapshots(&path, &tx)?,
         }))
     }
 
@@ -190,6 +193,7 @@ impl Store {
             last_error: self.last_error()?,
             known_poison: self.known_poison()?,
             paused: self.paused()?,
+            snapshots: self.snapshots()?,
         })
     }
 
@@ -352,6 +356,28 @@ impl Store {
             Backend::Kafka(k) => Ok(k.paused()),
         }
     }
+
+    /// Stores an operator's snapshot on demand as it now is (asked, paused, cancelled, ended), durably.
+    ///
+    /// # Errors
+    /// A definite error when the write fails.
+    pub fn put_snapshot(&self, request: &SnapshotRequest) -> Result<()> {
+        match &self.backend {
+            Backend::Local(l) => l.put_snapshot(request),
+            Backend::Kafka(k) => k.put_snapshot(request),
+        }
+    }
+
+    /// Every snapshot on demand asked of this connector, in the order they were asked.
+    ///
+    /// # Errors
+    /// A definite error when the store cannot be read.
+    pub fn snapshots(&self) -> Result<Vec<SnapshotRequest>> {
+        match &self.backend {
+            Backend::Local(l) => l.read(read_snapshots),
+            Backend::Kafka(k) => Ok(k.snapshots()),
+        }
+    }
 }
 
 impl Local {
@@ -480,6 +506,14 @@ impl Local {
         })
     }
 
+    fn put_snapshot(&self, request: &SnapshotRequest) -> Result<()> {
+        let json = serde_json::to_vec(request).expect("serializes");
+        self.write(|tx| {
+            tx.open_table(NOTES)?.insert(format!("{SNAPSHOT_PREFIX}{}", request.id).as_str(), json.as_slice())?;
+            Ok(())
+        })
+    }
+
     fn paused(&self) -> Result<Option<Paused>> {
         self.read(|path, tx| read_one(path, tx, NOTES, PAUSED_KEY))
     }
@@ -545,6 +579,23 @@ fn read_one<T: serde::de::DeserializeOwned>(
     value.map(|v| decode(path, v.value())).transpose()
 }
 
+/// The snapshot requests among the notes (keys `snapshot/<id>`), in id order.
+fn read_snapshots(path: &Path, tx: &redb::ReadTransaction) -> Result<Vec<SnapshotRequest>> {
+    let table = match tx.open_table(NOTES) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(store_error(path, "open table", e)),
+    };
+    let mut out = Vec::new();
+    // Every key of the prefix sorts before the prefix with its last byte raised ('/' + 1 = '0').
+    let end = format!("{}0", SNAPSHOT_PREFIX.trim_end_matches('/'));
+    for entry in table.range(SNAPSHOT_PREFIX..end.as_str()).map_err(|e| store_error(path, "read", e))? {
+        let (_, value) = entry.map_err(|e| store_error(path, "read", e))?;
+        out.push(decode(path, value.value())?);
+    }
+    Ok(out)
+}
+
 fn read_all<T: serde::de::DeserializeOwned>(
     path: &Path,
     tx: &redb::ReadTransaction,
@@ -583,6 +634,7 @@ mod tests {
             written_at_ms: 1,
             snapshot: None,
             inside: None,
+            on_demand: None,
         }
     }
 
@@ -629,6 +681,7 @@ mod tests {
             last_error: None,
             known_poison: vec![poison("e-new")],
             paused: None,
+            snapshots: Vec::new(),
         };
         crate::checkpoint::copy_into(&from, &target).unwrap();
         let mut held: Vec<String> = target.holds().unwrap().into_iter().map(|h| h.aggregate_id).collect();

@@ -46,6 +46,8 @@ pub struct Mark {
     /// The outbox rows of the transaction after `position` already published (`exactly_once` commits inside
     /// a long source transaction): a resume skips them.
     pub inside: Option<TxProgress>,
+    /// How far the snapshot on demand being read got at this point (`pipeline::on_demand`).
+    pub on_demand: Option<std::sync::Arc<crate::position::on_demand::OnDemandProgress>>,
 }
 
 impl Mark {
@@ -55,7 +57,7 @@ impl Mark {
         position: Position,
         snapshot: Option<std::sync::Arc<crate::position::snapshot::SnapshotState>>,
     ) -> Self {
-        Mark { position, timestamp: None, end_event: None, snapshot, inside: None }
+        Mark { position, timestamp: None, end_event: None, snapshot, inside: None, on_demand: None }
     }
 }
 
@@ -168,6 +170,17 @@ impl Watermark {
     /// The acknowledged mark, if any.
     pub fn mark(&self) -> Option<Mark> {
         self.lock().watermark.clone()
+    }
+
+    /// The mark of the last transaction closed (acknowledged or not), else the acknowledged mark: where an
+    /// entry registered now and closed at once may put the checkpoint without moving it backwards.
+    pub fn last_closed(&self) -> Option<Mark> {
+        let inner = self.lock();
+        let closed = inner.slots.iter().rev().find_map(|slot| match &slot.end {
+            End::Closed(mark) => Some(mark),
+            End::Open | End::Abandoned => None,
+        });
+        closed.or(inner.watermark.as_ref()).cloned()
     }
 
     /// Takes the first delivery failure, if one happened.

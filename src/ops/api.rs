@@ -1,8 +1,11 @@
 //! The control API of a running connector (`[control]`), on a listener of its own, every request with the
 //! bearer token: `GET /v1/status`, `POST /v1/pause`, `POST /v1/resume`,
-//! `POST /v1/holds/{aggregate_type}/{aggregate_id}/release`. The app carries the commands out between
-//! runs ([`crate::app::control`]); the CLI's `status`, `pause`, `resume` and `quarantine release` come here
-//! first when the connector runs ([`super::client`]).
+//! `POST /v1/holds/{aggregate_type}/{aggregate_id}/release`, and the snapshots on demand:
+//! `POST`/`GET /v1/snapshots`, `GET`/`DELETE /v1/snapshots/{id}`, `POST /v1/snapshots/{id}/pause|resume`.
+//! The app carries pause, resume and release out between runs ([`crate::app::control`]); a snapshot is
+//! stored in the state store and read by the running pipeline, whose run it never stops. The CLI's
+//! `status`, `pause`, `resume`, `snapshot` and `quarantine release` come here first when the connector runs
+//! ([`super::client`]).
 //!
 //! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 //!
@@ -66,13 +69,17 @@ pub async fn start(config: &Arc<Config>, control: ControlHandle) -> Result<Optio
         }
     };
     let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-    tracing::info!(%addr, "serving the control API (/v1/status, /v1/pause, /v1/resume, /v1/holds/.../release)");
+    tracing::info!(%addr, "serving the control API (/v1/status, /v1/pause, /v1/resume, /v1/holds, /v1/snapshots)");
     let api = Api { name: config.state.name.clone().into(), config: config.clone(), control };
     let routes = Router::new()
         .route("/v1/status", get(status))
         .route("/v1/pause", post(pause))
         .route("/v1/resume", post(resume))
         .route("/v1/holds/{aggregate_type}/{aggregate_id}/release", post(release))
+        .route("/v1/snapshots", post(snapshot_ask).get(snapshot_list))
+        .route("/v1/snapshots/{id}", get(snapshot_show).delete(snapshot_cancel))
+        .route("/v1/snapshots/{id}/pause", post(snapshot_pause))
+        .route("/v1/snapshots/{id}/resume", post(snapshot_resume))
         .fallback(not_found)
         .with_state(api);
     let task = tokio::spawn(crate::http::serve(listener, require_bearer(routes, token)));
@@ -169,8 +176,7 @@ async fn pause(State(api): State<Api>, headers: HeaderMap) -> Response {
     if let Some(refused) = other_connector(&api, &headers) {
         return refused;
     }
-    let by = headers.get("user-agent").and_then(|v| v.to_str().ok()).unwrap_or("api");
-    let by = if by.starts_with("outbox-cdc") { "cli" } else { "api" }.to_string();
+    let by = if is_cli(&headers) { "cli" } else { "api" }.to_string();
     answer(api.control.ask(|answer| Command::Pause { by, answer }).await)
 }
 
@@ -227,9 +233,128 @@ async fn release(
     answer(api.control.ask(|answer| Command::WhileStopped { what: "quarantine release", work, answer }).await)
 }
 
+/// The store of the instance holding the lease, or the answer of one that does not.
+fn leased_store(api: &Api, headers: &HeaderMap) -> std::result::Result<Arc<crate::checkpoint::Store>, Box<Response>> {
+    if let Some(refused) = other_connector(api, headers) {
+        return Err(Box::new(refused));
+    }
+    let live = api.control.live();
+    match (live.role, live.store) {
+        (Role::Running | Role::Paused, Some(store)) => Ok(store),
+        _ => Err(Box::new(error_response(
+            StatusCode::CONFLICT,
+            "this instance does not hold the lease (a standby, or starting): send the command to the active one, or \
+             try again in a moment",
+        ))),
+    }
+}
+
+fn error_response(status: StatusCode, error: impl std::fmt::Display) -> Response {
+    (status, Json(serde_json::json!({ "error": error.to_string() }))).into_response()
+}
+
+/// `POST /v1/snapshots` with `{"table", "aggregate_type", "aggregate_id", "occurred_from", "occurred_before",
+/// "where"}` (all optional): `202` with the request, stored as queued; `400` for a request the config or the
+/// server refuses.
+async fn snapshot_ask(State(api): State<Api>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    let store = match leased_store(&api, &headers) {
+        Ok(store) => store,
+        Err(refused) => return *refused,
+    };
+    let ask: super::snapshot::Ask = match body.is_empty() {
+        true => super::snapshot::Ask::default(),
+        false => match serde_json::from_slice(&body) {
+            Ok(ask) => ask,
+            Err(e) => return error_response(StatusCode::BAD_REQUEST, format_args!("the request's JSON: {e}")),
+        },
+    };
+    let by = if is_cli(&headers) { "cli" } else { "api" };
+    match super::snapshot::ask(&api.config, &store, ask, by).await {
+        Ok(request) => {
+            api.control.snapshots_changed();
+            (StatusCode::ACCEPTED, Json(request)).into_response()
+        }
+        Err(e) if e.is_definite() => error_response(StatusCode::BAD_REQUEST, e),
+        Err(e) => error_response(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}
+
+/// `GET /v1/snapshots`: every snapshot asked, the one being read with `running` and `rows_done`.
+async fn snapshot_list(State(api): State<Api>, headers: HeaderMap) -> Response {
+    let store = match leased_store(&api, &headers) {
+        Ok(store) => store,
+        Err(refused) => return *refused,
+    };
+    match store.inspection() {
+        Ok(inspection) => {
+            let list: Vec<_> = inspection.snapshots.iter().map(|r| super::snapshot::view(&inspection, r)).collect();
+            (StatusCode::OK, Json(serde_json::json!({ "snapshots": list }))).into_response()
+        }
+        Err(e) => error_response(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}
+
+/// `GET /v1/snapshots/{id}`.
+async fn snapshot_show(State(api): State<Api>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    let store = match leased_store(&api, &headers) {
+        Ok(store) => store,
+        Err(refused) => return *refused,
+    };
+    match store.inspection() {
+        Ok(inspection) => match super::snapshot::find(&inspection, &id) {
+            Ok(request) => (StatusCode::OK, Json(super::snapshot::view(&inspection, request))).into_response(),
+            Err(e) => error_response(StatusCode::NOT_FOUND, e),
+        },
+        Err(e) => error_response(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}
+
+/// `DELETE /v1/snapshots/{id}`: cancel.
+async fn snapshot_cancel(State(api): State<Api>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    snapshot_change(&api, &id, &headers, super::snapshot::Change::Cancel)
+}
+
+/// `POST /v1/snapshots/{id}/pause`.
+async fn snapshot_pause(State(api): State<Api>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    snapshot_change(&api, &id, &headers, super::snapshot::Change::Pause)
+}
+
+/// `POST /v1/snapshots/{id}/resume`.
+async fn snapshot_resume(State(api): State<Api>, Path(id): Path<String>, headers: HeaderMap) -> Response {
+    snapshot_change(&api, &id, &headers, super::snapshot::Change::Resume)
+}
+
+/// Applies `change` to snapshot `id`: `200` with it as it now is, `404` when there is none, `409` when it ended.
+fn snapshot_change(api: &Api, id: &str, headers: &HeaderMap, change: super::snapshot::Change) -> Response {
+    let store = match leased_store(api, headers) {
+        Ok(store) => store,
+        Err(refused) => return *refused,
+    };
+    let known = store.inspection().map(|i| i.snapshots.iter().any(|r| r.id == id));
+    match known {
+        Ok(true) => {}
+        Ok(false) => return error_response(StatusCode::NOT_FOUND, format_args!("no snapshot on demand {id:?}")),
+        Err(e) => return error_response(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+    match tokio::task::block_in_place(|| super::snapshot::change(&store, id, change)) {
+        Ok(request) => {
+            api.control.snapshots_changed();
+            (StatusCode::OK, Json(request)).into_response()
+        }
+        Err(e) if e.is_definite() => error_response(StatusCode::CONFLICT, e),
+        Err(e) => error_response(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}
+
+/// Whether the request comes from the CLI.
+fn is_cli(headers: &HeaderMap) -> bool {
+    headers.get("user-agent").and_then(|v| v.to_str().ok()).is_some_and(|a| a.starts_with("outbox-cdc"))
+}
+
 async fn not_found() -> Response {
     let error = "no such endpoint: GET /v1/status, POST /v1/pause, /v1/resume, \
-                 /v1/holds/{aggregate_type}/{aggregate_id}/release";
+                 /v1/holds/{aggregate_type}/{aggregate_id}/release, POST or GET /v1/snapshots, GET or DELETE \
+                 /v1/snapshots/{id}, POST /v1/snapshots/{id}/pause, /v1/snapshots/{id}/resume";
     (StatusCode::NOT_FOUND, Json(serde_json::json!({ "error": error }))).into_response()
 }
 

@@ -54,6 +54,19 @@ impl Client {
     /// The API's refusal (`{"error": …}`) with its class (`409`: definite, else transient); transient for a
     /// connection that broke or an answer that is not the API's.
     pub fn call(&self, method: &str, path: &str) -> Result<Option<serde_json::Value>> {
+        self.call_with(method, path, None)
+    }
+
+    /// [`Client::call`] with a JSON body (`POST`).
+    ///
+    /// # Errors
+    /// As [`Client::call`]; `400` and `404` are definite too.
+    pub fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<Option<serde_json::Value>> {
         let agent = ureq::Agent::config_builder()
             .timeout_connect(Some(Duration::from_secs(2)))
             .timeout_global(Some(COMMAND_TIMEOUT))
@@ -62,19 +75,19 @@ impl Client {
             .build()
             .new_agent();
         let url = format!("{}{path}", self.base);
-        let request = match method {
-            "GET" => agent.get(&url).header("authorization", &format!("Bearer {}", self.token)),
+        let bearer = format!("Bearer {}", self.token);
+        let sent = match method {
+            "GET" => agent.get(&url).header("authorization", &bearer).header(CONNECTOR_HEADER, &self.name).call(),
+            "DELETE" => agent.delete(&url).header("authorization", &bearer).header(CONNECTOR_HEADER, &self.name).call(),
             _ => {
-                return self.send(
-                    agent
-                        .post(&url)
-                        .header("authorization", &format!("Bearer {}", self.token))
-                        .header(CONNECTOR_HEADER, &self.name)
-                        .send_empty(),
-                )
+                let post = agent.post(&url).header("authorization", &bearer).header(CONNECTOR_HEADER, &self.name);
+                match body {
+                    Some(body) => post.send_json(body),
+                    None => post.send_empty(),
+                }
             }
         };
-        self.send(request.header(CONNECTOR_HEADER, &self.name).call())
+        self.send(sent)
     }
 
     fn send(
@@ -115,8 +128,8 @@ impl Client {
         };
         let error = || body["error"].as_str().unwrap_or("no reason given").to_string();
         match status.as_u16() {
-            200 => Ok(Some(body)),
-            409 => Err(Error::definite(error())),
+            200 | 202 => Ok(Some(body)),
+            400 | 404 | 409 => Err(Error::definite(error())),
             _ => Err(Error::transient(error())),
         }
     }

@@ -18,6 +18,7 @@ pub mod prune;
 pub mod quarantine;
 pub mod release;
 pub mod replay;
+pub mod snapshot;
 pub mod state;
 pub mod status;
 

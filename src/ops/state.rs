@@ -116,7 +116,14 @@ mod tests {
     }
 
     fn inspection(checkpoint: Checkpoint) -> Inspection {
-        Inspection { checkpoint: Some(checkpoint), holds: vec![], last_error: None, known_poison: vec![], paused: None }
+        Inspection {
+            checkpoint: Some(checkpoint),
+            holds: vec![],
+            last_error: None,
+            known_poison: vec![],
+            paused: None,
+            snapshots: vec![],
+        }
     }
 
     /// Only a copy that holds everything the target holds, from the same server, may replace it.

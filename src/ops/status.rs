@@ -3,11 +3,12 @@
 //!
 //! Floor 6, the top (docs/ARCHITECTURE.md): may import anything below; nothing imports it but `main.rs`.
 
-use crate::checkpoint::store::{Inspection, LastError, Paused};
+use crate::checkpoint::store::{Inspection, LastError, Paused, RequestState, SnapshotRequest};
 use crate::checkpoint::{Checkpoint, Store};
 use crate::config::{Config, Source};
 use crate::error::Result;
 use crate::metrics::POLL_BACKLOG_CAP;
+use crate::position::on_demand::OnDemandProgress;
 use crate::relay::Relay;
 use crate::source::{self, preflight, SourceConn};
 use crate::time::utc_text;
@@ -109,6 +110,9 @@ pub async fn print(config: &Config, json: bool) -> Result<()> {
             }
         }
     }
+    for line in snapshot_lines(&inspection.snapshots, cp.on_demand()) {
+        println!("on demand:       {line}");
+    }
     let age_ms = now_ms.saturating_sub(cp.written_at_ms());
     println!("written:         {} ({:.1} s ago)", utc_text(cp.written_at_ms()), age_ms as f64 / 1000.0);
     print_paused(inspection.paused.as_ref(), now_ms);
@@ -136,7 +140,33 @@ pub fn document(config: &Config, inspection: Inspection) -> serde_json::Value {
     if let Some(paused) = &inspection.paused {
         value["paused"] = serde_json::to_value(paused).expect("serializes");
     }
+    // Likewise only once a snapshot on demand was asked; its progress is the checkpoint's `on_demand`.
+    if !inspection.snapshots.is_empty() {
+        value["snapshots"] = serde_json::to_value(&inspection.snapshots).expect("serializes");
+    }
     value
+}
+
+/// One line per snapshot on demand, the one being read with its acknowledged rows (`progress`).
+pub fn snapshot_lines(requests: &[SnapshotRequest], progress: Option<&OnDemandProgress>) -> Vec<String> {
+    requests
+        .iter()
+        .map(|r| {
+            let slice = serde_json::to_string(&r.slice).expect("serializes");
+            let slice = if r.slice.is_whole() { "every row".to_string() } else { slice };
+            let state = match (r.state, progress.filter(|p| p.id == r.id)) {
+                (RequestState::Queued, Some(p)) => format!("running, {} rows published", p.rows_done),
+                (RequestState::Paused, Some(p)) => format!("paused at {} rows", p.rows_done),
+                (RequestState::Failed, _) => format!("failed: {}", r.error.as_deref().unwrap_or("?")),
+                (state, _) => {
+                    let state = serde_json::to_value(state).expect("serializes");
+                    let rows = r.rows.map(|n| format!(", {n} rows")).unwrap_or_default();
+                    format!("{}{rows}", state.as_str().unwrap_or("?"))
+                }
+            };
+            format!("{} of {} ({slice}): {state}, asked by {} at {}", r.id, r.table, r.by, utc_text(r.requested_at_ms))
+        })
+        .collect()
 }
 
 /// Where a running connector is, from its control API's status.
@@ -169,6 +199,10 @@ fn inspection_of(mut live: serde_json::Value) -> Result<Option<Inspection>> {
     let holds = serde_json::from_value(take("holds")).map_err(unreadable)?;
     let last_error = serde_json::from_value(take("last_error")).map_err(unreadable)?;
     let paused = serde_json::from_value(take("paused")).map_err(unreadable)?;
+    let snapshots = match take("snapshots") {
+        serde_json::Value::Null => Vec::new(),
+        list => serde_json::from_value(list).map_err(unreadable)?,
+    };
     for key in ["name", "role", "ready", "lag", "live", "note", "source"] {
         take(key);
     }
@@ -176,7 +210,7 @@ fn inspection_of(mut live: serde_json::Value) -> Result<Option<Inspection>> {
         Some(_) => Some(serde_json::from_value(live).map_err(unreadable)?),
         None => None,
     };
-    Ok(Some(Inspection { checkpoint, holds, last_error, known_poison: Vec::new(), paused }))
+    Ok(Some(Inspection { checkpoint, holds, last_error, known_poison: Vec::new(), paused, snapshots }))
 }
 
 /// The `paused:` line, when an operator paused the connector.

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use super::commit::Commit;
+use super::on_demand::OnDemand;
 use super::read_ahead::ReadAhead;
 use super::shutdown::Shutdown;
 use crate::checkpoint::checkpointer::{Checkpointer, Periodic};
@@ -17,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::health::health;
 use crate::metrics::metrics;
 use crate::poison::{Origin, ResumePoint};
+use crate::position::on_demand::OnDemandProgress;
 use crate::position::server::EndEvent;
 use crate::position::snapshot::{Segment, SnapshotState};
 use crate::position::{Position, TxProgress, TxStart};
@@ -83,7 +85,13 @@ impl<'a> Run<'a> {
     ///
     /// # Errors
     /// The error that ended the phase, or a failed final checkpoint.
-    pub(super) async fn stream(&mut self, start: &Mark, reader: SourceReader, overlap: Option<Overlap>) -> Result<()> {
+    pub(super) async fn stream(
+        &mut self,
+        start: &Mark,
+        reader: SourceReader,
+        overlap: Option<Overlap>,
+        mut on_demand: OnDemand<'_>,
+    ) -> Result<()> {
         let mut reader = ReadAhead::spawn(reader, self.config.source.read_ahead_bytes);
         health().set_source_connected(true);
         self.publisher.resume(ResumePoint::Stream(&start.position));
@@ -96,7 +104,7 @@ impl<'a> Run<'a> {
             skip_rows: 0,
             split: false,
         };
-        let result = self.read_and_produce(&mut reader, &mut stream).await;
+        let result = self.read_and_produce(&mut reader, &mut stream, &mut on_demand).await;
         drop(reader);
         if let Some(tx) = stream.current.take() {
             self.watermark.abandon(tx);
@@ -215,16 +223,38 @@ impl<'a> Run<'a> {
     /// Reads changes and produces their rows until shutdown (between source transactions), the end of
     /// binlog files or the first error; what a closed transaction, a due commit or a returned one means is
     /// [`Commit`]'s.
-    async fn read_and_produce(&mut self, reader: &mut ReadAhead, stream: &mut StreamState) -> Result<()> {
-        let Run { sink, publisher, watermark, periodic, shutdown, commit, .. } = self;
+    async fn read_and_produce(
+        &mut self,
+        reader: &mut ReadAhead,
+        stream: &mut StreamState,
+        on_demand: &mut OnDemand<'_>,
+    ) -> Result<()> {
+        let Run { sink, publisher, watermark, checkpointer, periodic, shutdown, commit, .. } = self;
         // Made once and polled by reference: a fresh shutdown future per change was measurable at 100k/s.
         let mut requested = std::pin::pin!(shutdown.requested());
         let mut grace = std::pin::pin!(shutdown.grace_expired());
         // A failed delivery ends the run at once, also while the source is idle.
         let delivery_failed = sink.failure_notice();
+        // A snapshot on demand asked, paused or cancelled.
+        let requests = on_demand.changed();
+        let mut requested_snapshot = std::pin::pin!(requests.notified());
         loop {
             if let Some(error) = watermark.take_failure().or_else(|| periodic.failure()) {
                 return Err(error);
+            }
+            // A snapshot on demand's chunk goes between source transactions, once the one before it is
+            // acknowledged; a chunk read already goes at once, also while the binlog keeps the loop busy.
+            if stream.current.is_none() && !shutdown.is_requested() {
+                if on_demand.settling() {
+                    on_demand.settle(checkpointer).await?;
+                }
+                if on_demand.ready(watermark) {
+                    if let Some(chunk) = on_demand.try_chunk() {
+                        if produce_chunk(chunk?, sink, publisher, watermark, commit, on_demand, &mut grace).await? {
+                            return Ok(());
+                        }
+                    }
+                }
             }
             // A long source transaction commits inside itself: its Kafka transaction would otherwise stay
             // open past `transaction.timeout.ms`, and the broker would abort it at every try.
@@ -279,7 +309,7 @@ impl<'a> Run<'a> {
                         }
                     }
                     Some(Change::Commit { position, timestamp, end_event }) => {
-                        let (tx, mark) = stream.close(watermark, position, timestamp, end_event);
+                        let (tx, mark) = stream.close(watermark, position, timestamp, end_event, on_demand.progress());
                         commit.closed(sink, watermark, tx, mark).await?;
                         if stopping {
                             return Ok(());
@@ -287,6 +317,18 @@ impl<'a> Run<'a> {
                     }
                 },
                 wake = Commit::wait(sink, commit_at) => commit.woke(sink, wake).await?,
+                chunk = on_demand.next_chunk(), if stream.current.is_none() && !stopping && on_demand.ready(watermark) =>
+                {
+                    if produce_chunk(chunk?, sink, publisher, watermark, commit, on_demand, &mut grace).await? {
+                        return Ok(());
+                    }
+                }
+                // A chunk's acknowledgement, or the checkpoint of the last one, is looked for again shortly.
+                () = tokio::time::sleep(ON_DEMAND_LOOK), if on_demand.waiting(watermark) || on_demand.settling() => {}
+                () = &mut requested_snapshot => {
+                    requested_snapshot.set(requests.notified());
+                    on_demand.reload().await?;
+                }
                 _ = &mut requested, if !stopping => if stream.current.is_some() {
                     tracing::info!("stopping after the current source transaction");
                 },
@@ -294,6 +336,61 @@ impl<'a> Run<'a> {
             }
         }
     }
+}
+
+/// How soon the stream looks again for a chunk's acknowledgement while nothing else wakes it.
+const ON_DEMAND_LOOK: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Produces `chunk` of the snapshot on demand (`None`: the end of its slice, a mark with no rows) as one
+/// entry of the watermark, closed at once with the last closed mark and the snapshot's progress. Returns
+/// `true` when the shutdown grace period expired first (the chunk is abandoned: it is read again).
+///
+/// # Errors
+/// As [`Publisher::prepare`] and [`KafkaSink::send`].
+async fn produce_chunk(
+    chunk: Option<snapshot::Chunk>,
+    sink: &mut KafkaSink,
+    publisher: &mut Publisher,
+    watermark: &Watermark,
+    commit: &mut Commit,
+    on_demand: &mut OnDemand<'_>,
+    grace: &mut (impl Future<Output = ()> + Unpin),
+) -> Result<bool> {
+    // A definite scan error ended the snapshot (failed): nothing to produce.
+    let Some((id, rows_before)) = on_demand.current() else { return Ok(false) };
+    let Some(last) = watermark.last_closed() else { return Ok(false) };
+    let tx = watermark.open();
+    let (rows, last_key) = match chunk {
+        Some(chunk) => {
+            let rows = chunk.rows.len() as u64;
+            for (index, mut row) in chunk.rows.into_iter().enumerate() {
+                row.snapshot_id = Some(id.clone());
+                let origin = || Origin {
+                    snapshot: true,
+                    gtid: None,
+                    file: String::new(),
+                    position: 0,
+                    row_index: rows_before + index as u64,
+                };
+                let prepared = publisher.prepare(SourceRow::Decoded(&row), origin, |r| sink.fits(r))?;
+                tokio::select! {
+                    biased;
+                    sent = sink.send(tx, prepared.record, prepared.occurred_at_ms) => sent?,
+                    () = &mut *grace => {
+                        watermark.abandon(tx);
+                        commit.cut_off();
+                        return Ok(true);
+                    }
+                }
+                crate::failpoint!("on_demand_row");
+            }
+            (rows, Some(chunk.last_key))
+        }
+        None => (0, None),
+    };
+    let mark = on_demand.produced(tx, rows, last_key, last).expect("a snapshot is active");
+    commit.closed(sink, watermark, tx, mark).await?;
+    Ok(false)
 }
 
 /// Per-run state of the stream phase.
@@ -418,6 +515,7 @@ impl StreamState {
         position: Position,
         timestamp: u32,
         end_event: Option<EndEvent>,
+        on_demand: Option<Arc<OnDemandProgress>>,
     ) -> (TxId, Mark) {
         metrics().transaction_read(timestamp);
         let tx = self.current.take().unwrap_or_else(|| watermark.open());
@@ -433,7 +531,7 @@ impl StreamState {
             }
         }
         // Rows of a transaction not met yet (another GTID came first) stay published in every mark until it is.
-        let mark = Mark { position, timestamp, end_event, snapshot, inside: self.published.clone() };
+        let mark = Mark { position, timestamp, end_event, snapshot, inside: self.published.clone(), on_demand };
         self.skip_rows = 0;
         self.split = false;
         (tx, mark)

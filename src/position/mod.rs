@@ -77,6 +77,7 @@ macro_rules! serde_as_string {
 
 pub mod mariadb;
 pub mod mysql;
+pub mod on_demand;
 pub mod server;
 pub mod snapshot;
 pub mod tx;

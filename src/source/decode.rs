@@ -308,6 +308,7 @@ impl OutboxTable {
             occurred_at,
             additional,
             from_snapshot: false,
+            snapshot_id: None,
         })
     }
 }

@@ -72,6 +72,7 @@ use super::{ServerInfo, SourceConn};
 use crate::config::{ColumnNames, Config, PayloadEncoding, SnapshotLock};
 use crate::error::{classify_mysql, Error, Result};
 use crate::outbox::{quote_ident, ColumnValue, OutboxRow, Payload, SchemaVersion, TableName};
+use crate::position::on_demand::Slice;
 use crate::position::snapshot::{KeyTable, SnapshotKey};
 use crate::position::{BinlogCoord, Flavor, Gtids, Position};
 
@@ -90,6 +91,10 @@ pub struct Scanner {
     tables: Vec<Arc<TableName>>,
     columns: ColumnNames,
     filter: Option<String>,
+    /// The parameters of `filter`'s placeholders (a snapshot on demand's slice).
+    filter_params: Vec<mysql_async::Value>,
+    /// A snapshot on demand's read: always prepared.
+    on_demand: bool,
     chunk_rows: usize,
     /// First table to scan, and the key to continue after in it.
     table: usize,
@@ -159,12 +164,119 @@ pub async fn open(
             tables,
             columns: config.outbox.columns.clone(),
             filter: config.snapshot.r#where.clone(),
+            filter_params: Vec::new(),
+            on_demand: false,
             chunk_rows: config.snapshot.chunk_rows,
             table,
             after,
         },
         position,
     ))
+}
+
+/// Opens the sorted read of `slice` of `table` for a snapshot on demand, from after `after`: the initial
+/// snapshot's read ([`Scanner`], in key order, chunked), in a read view of its own with no position and no
+/// lock. A snapshot on demand hands nothing over to the stream, which goes on where it is: it publishes
+/// again what the slice holds.
+///
+/// # Errors
+/// A definite error for a slice on `occurred_at` of a table without that column; classified query errors.
+pub async fn open_slice(
+    source: &SourceConn,
+    config: &Config,
+    table: &TableName,
+    slice: &Slice,
+    after: Option<SnapshotKey>,
+) -> Result<Scanner> {
+    let mut conn = source.connect().await?;
+    let (filter, filter_params) = slice_sql(&mut conn, table, &config.outbox.columns, slice).await?;
+    let q = |e: mysql_async::Error| classify_mysql(&e).context("opening a snapshot on demand's read");
+    conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ").await.map_err(q)?;
+    conn.query_drop("SET SESSION net_write_timeout = @@SESSION.wait_timeout").await.map_err(q)?;
+    conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY").await.map_err(q)?;
+    Ok(Scanner {
+        conn,
+        tables: vec![Arc::new(table.clone())],
+        columns: config.outbox.columns.clone(),
+        filter,
+        filter_params,
+        on_demand: true,
+        chunk_rows: config.snapshot.chunk_rows,
+        table: 0,
+        after,
+    })
+}
+
+/// Checks that the server accepts the read of `slice` of `table` (its `where` parses, its columns exist)
+/// by preparing it, without reading a row: a request is refused when asked, not failed later.
+///
+/// # Errors
+/// A definite error naming what the server said; transient when the server cannot be reached.
+pub async fn check_slice(source: &SourceConn, config: &Config, table: &TableName, slice: &Slice) -> Result<()> {
+    let mut conn = source.connect().await?;
+    let (filter, filter_params) = slice_sql(&mut conn, table, &config.outbox.columns, slice).await?;
+    let mut scanner = Scanner {
+        conn,
+        tables: vec![Arc::new(table.clone())],
+        columns: config.outbox.columns.clone(),
+        filter,
+        filter_params,
+        on_demand: true,
+        chunk_rows: 1,
+        table: 0,
+        after: None,
+    };
+    let table = scanner.tables[0].clone();
+    let present = present_roles(&mut scanner.conn, &table, &scanner.columns).await?;
+    let keys = KeyColumns::load(&mut scanner.conn, &table, &scanner.columns).await?;
+    let (sql, _) = scanner.scan_sql(&table, present, &keys, None, None)?;
+    let statement = scanner.conn.prep(&sql).await.map_err(|e| match &e {
+        mysql_async::Error::Server(server) => {
+            Error::definite(format!("the server refuses the slice's read of {table}: {}", server.message))
+        }
+        _ => classify_mysql(&e).context(format_args!("checking the slice's read of {table}")),
+    })?;
+    let _ = scanner.conn.close(statement).await;
+    let _ = scanner.conn.disconnect().await;
+    Ok(())
+}
+
+/// The slice's conditions on `table` as SQL with `?` placeholders, and their values in order.
+///
+/// # Errors
+/// A definite error for a window on `occurred_at` when the table has no such column.
+async fn slice_sql(
+    conn: &mut Conn,
+    table: &TableName,
+    columns: &ColumnNames,
+    slice: &Slice,
+) -> Result<(Option<String>, Vec<mysql_async::Value>)> {
+    if (slice.occurred_from.is_some() || slice.occurred_before.is_some())
+        // present_roles' slot 7 is occurred_at.
+        && !present_roles(conn, table, columns).await?[7]
+    {
+        return Err(Error::definite(format!(
+            "{table} has no `{}` column: a snapshot on demand cannot select an occurred_at window of it",
+            columns.occurred_at
+        )));
+    }
+    let mut conditions = Vec::new();
+    let mut params = Vec::new();
+    for (column, value, op) in [
+        (&columns.aggregate_type, &slice.aggregate_type, "="),
+        (&columns.aggregate_id, &slice.aggregate_id, "="),
+        (&columns.occurred_at, &slice.occurred_from, ">="),
+        (&columns.occurred_at, &slice.occurred_before, "<"),
+    ] {
+        if let Some(value) = value {
+            conditions.push(format!("{} {op} ?", quote_ident(column)));
+            params.push(mysql_async::Value::from(value.as_str()));
+        }
+    }
+    if let Some(condition) = &slice.condition {
+        conditions.push(format!("({condition})"));
+    }
+    Ok(((!conditions.is_empty()).then(|| conditions.join(" AND ")), params))
 }
 
 /// Takes the snapshot's brief MySQL lock (`snapshot.lock`) on `conn`, waiting at most `timeout_s` seconds.
@@ -233,7 +345,9 @@ impl Scanner {
                 encoding: self.columns.payload_encoding(),
                 chunk_rows: self.chunk_rows,
             };
-            let open = match params.is_empty() {
+            // A snapshot on demand's read is always a prepared statement: its `where` is one condition,
+            // never a second statement.
+            let open = match params.is_empty() && self.filter_params.is_empty() && !self.on_demand {
                 true => scan.send(self.conn.query_iter(sql).await.map_err(failed)?, tx).await?,
                 false => scan.send(self.conn.exec_iter(sql, params).await.map_err(failed)?, tx).await?,
             };
@@ -269,7 +383,7 @@ impl Scanner {
         if let Some(filter) = &self.filter {
             conditions.push(format!("({filter})"));
         }
-        let mut params: Vec<mysql_async::Value> = Vec::new();
+        let mut params: Vec<mysql_async::Value> = self.filter_params.clone();
         if let Some(after) = after {
             // Expanded form of (a, b, c, d) > (?, ?, ?, ?): every optimizer turns it into an index range.
             // Each value is typed as its column (key_order): the order of `ORDER BY`, not of the text.
@@ -497,6 +611,7 @@ pub(crate) fn decode(
         id,
         additional,
         from_snapshot: true,
+        snapshot_id: None,
     })
 }
 
@@ -579,6 +694,19 @@ impl Prefetch {
     /// Classified query errors; definite errors for rows that cannot be decoded.
     pub async fn next_chunk(&mut self) -> Result<Option<Chunk>> {
         self.rx.recv().await.unwrap_or_else(|| Err(Error::transient("the snapshot scan task stopped unexpectedly")))
+    }
+}
+
+impl Prefetch {
+    /// [`Prefetch::next_chunk`] if one is read already, without waiting.
+    pub fn try_next_chunk(&mut self) -> Option<Result<Option<Chunk>>> {
+        match self.rx.try_recv() {
+            Ok(next) => Some(next),
+            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => None,
+            Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
+                Some(Err(Error::transient("the snapshot scan task stopped unexpectedly")))
+            }
+        }
     }
 }
 

@@ -176,6 +176,7 @@ fn row(id: &str) -> Change {
         occurred_at: Some("2026-12-01T00:00:00".into()),
         additional: Vec::new(),
         from_snapshot: false,
+        snapshot_id: None,
     })
 }
 

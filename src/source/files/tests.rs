@@ -797,6 +797,7 @@ fn mysql_outbox_transaction_routes_like_mariadb() {
         occurred_at: Some("2026-03-01T12:34:56.789012".into()),
         additional: Vec::new(),
         from_snapshot: false,
+        snapshot_id: None,
     };
     assert_eq!(OutboxRow { payload: mariadb.payload.clone(), ..rows[0].clone() }, mariadb);
     assert_eq!(rows[0].payload, r#"{"amount":12,"sku":"A-1"}"#.into());
