@@ -126,7 +126,7 @@ impl Pipeline {
         if let Some(lease) = lease {
             lease.server().check_same(info.identity.server_id, info.identity.server_uuid.as_deref())?;
         }
-        let checkpointer = Checkpointer::new(store.clone(), info.identity.clone());
+        let checkpointer = Checkpointer::new(store.clone(), info.identity.clone(), config.table_names());
         // The run's start first ([`Plan::first`]): with exactly_once it fences every older producer and
         // catches the state up, and only then may a fresh start point be written over the checkpoint.
         let mut run = Run::new(&self.config, self.router.clone(), checkpointer.clone(), shutdown).await?;
@@ -136,8 +136,8 @@ impl Pipeline {
         }
         let start = match first {
             First::Stream(mark) => mark,
-            First::Snapshot(progress) => {
-                let result = run.snapshot(source, &info, progress).await;
+            First::Snapshot(snapshot) => {
+                let result = run.snapshot(source, &info, *snapshot).await;
                 match run.settle(result).await? {
                     Some(mark) if config.snapshot.mode != SnapshotMode::InitialOnly => mark,
                     Some(_) => {
@@ -183,7 +183,7 @@ impl Pipeline {
     /// is no table), no server to ask (see [`crate::source::files`]).
     async fn run_files(&self, files: &FilesSource, store: &Arc<Store>, shutdown: &Shutdown) -> Result<()> {
         let FilesPlan { paths, first, identity, plan } = plan::files(files, store, self.accept_new_server)?;
-        let checkpointer = Checkpointer::new(store.clone(), identity.clone());
+        let checkpointer = Checkpointer::new(store.clone(), identity.clone(), self.config.table_names());
         let mut run = Run::new(&self.config, self.router.clone(), checkpointer.clone(), shutdown).await?;
         let start = match plan.first(&checkpointer)? {
             First::Stream(mark) => mark,

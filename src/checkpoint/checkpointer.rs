@@ -36,6 +36,8 @@ use crate::time::now_ms;
 pub(crate) struct Checkpointer {
     store: Arc<Store>,
     server: ServerIdentity,
+    /// The outbox tables this run publishes, written into every record.
+    tables: Vec<String>,
     /// The last mark written. Held while writing.
     saved: Mutex<Option<Mark>>,
     /// `exactly_once`: the watermark is never written; each checkpoint goes into the Kafka transaction
@@ -44,10 +46,11 @@ pub(crate) struct Checkpointer {
 }
 
 impl Checkpointer {
-    pub(crate) fn new(store: Arc<Store>, server: ServerIdentity) -> Arc<Self> {
+    pub(crate) fn new(store: Arc<Store>, server: ServerIdentity, tables: Vec<String>) -> Arc<Self> {
         Arc::new(Checkpointer {
             store,
             server,
+            tables,
             saved: Mutex::new(None),
             in_transactions: std::sync::atomic::AtomicBool::new(false),
         })
@@ -151,6 +154,7 @@ impl Checkpointer {
             snapshot: mark.snapshot.as_deref().cloned(),
             inside: mark.inside.clone(),
             on_demand: mark.on_demand.as_deref().cloned(),
+            tables: self.tables.clone(),
         }
     }
 
@@ -280,7 +284,7 @@ mod tests {
     fn a_save_only_moves_forward_within_a_run() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(dir.path()).unwrap());
-        let checkpointer = Checkpointer::new(store.clone(), server());
+        let checkpointer = Checkpointer::new(store.clone(), server(), Vec::new());
         checkpointer.save_now(mark("0-1-10", 900)).unwrap();
         checkpointer.save_now(mark("0-1-10", 900)).expect("the same position again is not backwards");
         let err = checkpointer.save_now(mark("0-1-9", 800)).unwrap_err();
@@ -291,11 +295,11 @@ mod tests {
         checkpointer.save_now(mark("0-1-11,1-1-1", 1000)).unwrap();
 
         // A run declares where it resumes; its writes move forward from there.
-        let next_run = Checkpointer::new(store.clone(), server());
+        let next_run = Checkpointer::new(store.clone(), server(), Vec::new());
         next_run.already_saved(mark("0-1-20", 2000));
         assert!(next_run.save_now(mark("0-1-19", 1900)).is_err());
         // A new run that declares nothing (a new snapshot after an unresumable checkpoint) starts anew.
-        let fresh = Checkpointer::new(store.clone(), server());
+        let fresh = Checkpointer::new(store.clone(), server(), Vec::new());
         fresh.save_now(mark("0-1-2", 300)).unwrap();
         assert_eq!(store.load().unwrap().unwrap().position(), &mark("0-1-2", 300).position);
     }
@@ -311,7 +315,7 @@ mod tests {
         };
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(dir.path()).unwrap());
-        let checkpointer = Checkpointer::new(store.clone(), server());
+        let checkpointer = Checkpointer::new(store.clone(), server(), Vec::new());
         checkpointer.save_now(mark("0-1-10", 900)).unwrap();
         checkpointer.save_now(inside(500)).unwrap();
         checkpointer.save_now(inside(500)).expect("the same count again is not backwards");

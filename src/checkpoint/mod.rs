@@ -68,6 +68,11 @@ pub struct Checkpoint {
     /// starts that snapshot again from its first row (duplicates, never a loss).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     on_demand: Option<OnDemandProgress>,
+    /// The outbox tables the run that wrote it publishes, as `database.table`: a table configured later is
+    /// snapshotted at the next start (`pipeline::plan`). Empty in records of earlier versions, which are
+    /// taken to cover the tables configured.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    tables: Vec<String>,
 }
 
 impl Checkpoint {
@@ -111,6 +116,11 @@ impl Checkpoint {
         self.inside.as_ref()
     }
 
+    /// The outbox tables the run that wrote it publishes (empty: written by an earlier version).
+    pub fn tables(&self) -> &[String] {
+        &self.tables
+    }
+
     /// How far the snapshot on demand being read got.
     pub fn on_demand(&self) -> Option<&OnDemandProgress> {
         self.on_demand.as_ref()
@@ -128,6 +138,12 @@ impl Checkpoint {
         }
     }
 
+    /// This record, written by a run that published `tables`.
+    #[cfg(test)]
+    pub(crate) fn covering(self, tables: &[&str]) -> Self {
+        Checkpoint { tables: tables.iter().map(ToString::to_string).collect(), ..self }
+    }
+
     /// A record for unit tests of the modules that read checkpoints.
     #[cfg(test)]
     pub(crate) fn for_test(position: Position, server: ServerIdentity, snapshot: Option<SnapshotState>) -> Self {
@@ -141,6 +157,7 @@ impl Checkpoint {
             snapshot,
             inside: None,
             on_demand: None,
+            tables: Vec::new(),
         }
     }
 }

@@ -635,6 +635,7 @@ mod tests {
             snapshot: None,
             inside: None,
             on_demand: None,
+            tables: Vec::new(),
         }
     }
 

@@ -201,6 +201,11 @@ impl Config {
         &self.tables
     }
 
+    /// The outbox tables as `database.table`, in [`Config::tables`]' order.
+    pub fn table_names(&self) -> Vec<String> {
+        self.tables().iter().map(ToString::to_string).collect()
+    }
+
     /// `outbox.additional_placement`, parsed: more columns to publish as headers or envelope fields.
     pub fn placements(&self) -> &[Placement] {
         &self.placements

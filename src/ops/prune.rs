@@ -149,7 +149,7 @@ pub async fn prune(config: &Config, options: &PruneOptions) -> Result<PruneRepor
     drop(conn);
     let first = usable_checkpoint(config, &info.identity).await?;
 
-    let (mut scanner, cut) = snapshot::open(&source, &info, config, None).await?;
+    let (mut scanner, cut) = snapshot::open(&source, &info, config, config.tables(), None).await?;
     let result = async {
         let checkpoint = wait_for_coverage(config, &info.identity, first, &cut, options.wait).await?;
         // Read after the covering checkpoint (see "What delivered covers").
@@ -554,6 +554,7 @@ mod tests {
 
         let cut = pos(maria("0-1-40"), "b.000001", 4);
         let unfinished = SnapshotState {
+            added: false,
             segments: vec![crate::position::snapshot::Segment { view: cut, after: None }],
             last_key: None,
             rows_done: 10,

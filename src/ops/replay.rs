@@ -177,7 +177,7 @@ pub async fn replay(config: &Config, options: &ReplayOptions) -> Result<ReplayRe
 
     let mut scan_config = config.clone();
     scan_config.snapshot.r#where = filter.clone();
-    let (mut scanner, view) = snapshot::open(&source, &info, &scan_config, None).await?;
+    let (mut scanner, view) = snapshot::open(&source, &info, &scan_config, scan_config.tables(), None).await?;
     tracing::info!(
         position = %view,
         filter = filter.as_deref().unwrap_or("(all rows)"),

@@ -14,6 +14,7 @@ use crate::checkpoint::checkpointer::Checkpointer;
 use crate::checkpoint::{Checkpoint, Mark, Store};
 use crate::config::{Config, FilesSource, ServerSource, SnapshotMode};
 use crate::error::{Error, Result};
+use crate::outbox::TableName;
 use crate::position::snapshot::SnapshotState;
 use crate::position::{Flavor, Gtids, Position, ServerIdentity};
 use crate::source::files::{self, Scan};
@@ -22,9 +23,9 @@ use crate::source::{preflight, server_info, start_position, ServerInfo, SourceCo
 /// What a run does first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Plan {
-    /// Scan the outbox tables (from the start, or resuming after the stored progress), then stream from the
-    /// snapshot's cut.
-    Snapshot(Option<SnapshotState>),
+    /// Scan outbox tables (from the start, or resuming after the stored progress), then stream: from the
+    /// snapshot's cut, or for tables added later from the checkpoint ([`SnapshotPlan`]).
+    Snapshot(Box<SnapshotPlan>),
     /// Stream from the stored checkpoint (with a finished snapshot's overlap rule while it is in force).
     Resume(Mark),
     /// No checkpoint and no snapshot: stream from a start point, stored before anything is produced so that
@@ -48,7 +49,7 @@ impl Plan {
     /// A definite error when the start point cannot be stored.
     pub(super) fn first(self, checkpointer: &Checkpointer) -> Result<First> {
         match self {
-            Plan::Snapshot(progress) => Ok(First::Snapshot(progress)),
+            Plan::Snapshot(snapshot) => Ok(First::Snapshot(snapshot)),
             Plan::Resume(mark) => Ok(First::Stream(mark)),
             Plan::Fresh(position) => {
                 let mark = Mark::boundary(position, None);
@@ -62,17 +63,30 @@ impl Plan {
 /// What a run does first, from a durable start point.
 #[derive(Debug)]
 pub(super) enum First {
-    /// Scan the outbox tables, then stream from the snapshot's cut.
-    Snapshot(Option<SnapshotState>),
+    /// Scan outbox tables, then stream.
+    Snapshot(Box<SnapshotPlan>),
     /// Stream from this mark.
     Stream(Mark),
+}
+
+/// A snapshot to take before the stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SnapshotPlan {
+    /// The tables to scan, in order.
+    pub tables: Vec<TableName>,
+    /// The stored progress to resume after, if any.
+    pub progress: Option<SnapshotState>,
+    /// Tables added to a connector that streamed already: the checkpoint its stream resumes from (before the
+    /// cut; the overlap rule skips the rows the snapshot read). `None` for the initial snapshot, whose stream
+    /// starts at its cut.
+    pub added_at: Option<Mark>,
 }
 
 /// What [`decide`] chose, before a fresh start point is looked up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Decision {
     /// See [`Plan::Snapshot`].
-    Snapshot(Option<SnapshotState>),
+    Snapshot(Box<SnapshotPlan>),
     /// See [`Plan::Resume`].
     Resume(Mark),
     /// See [`Plan::Fresh`]: the start point is the source's to say.
@@ -80,15 +94,45 @@ pub(super) enum Decision {
 }
 
 /// Where to start, from the stored checkpoint (`None`: none, or one that may not be resumed and is to be
-/// replaced by a new snapshot) and `snapshot.mode`.
-pub(super) fn decide(stored: Option<Checkpoint>, mode: SnapshotMode) -> Decision {
+/// replaced by a new snapshot), `snapshot.mode` and the `configured` tables.
+///
+/// A checkpoint whose run published fewer tables than are configured now has the new ones snapshotted
+/// first, unless `snapshot.mode` is `never` (then they are streamed from the checkpoint on) or
+/// `initial_only` (which only ever takes the first snapshot). A checkpoint of an earlier version names no
+/// tables: it is taken to cover the configured ones.
+pub(super) fn decide(stored: Option<Checkpoint>, mode: SnapshotMode, configured: &[TableName]) -> Decision {
+    let initial = |progress: Option<SnapshotState>| {
+        let tables = progress.as_ref().map_or_else(|| configured.to_vec(), |p| p.tables_or(configured.to_vec()));
+        Decision::Snapshot(Box::new(SnapshotPlan { tables, progress, added_at: None }))
+    };
     match stored {
         Some(cp) => match cp.snapshot() {
-            Some(state) if !state.done => Decision::Snapshot(Some(state.clone())),
-            _ => Decision::Resume(cp.into_mark()),
+            Some(state) if !state.done && state.added => {
+                let progress = Some(state.clone());
+                let tables = state.tables.iter().filter_map(|t| TableName::parse(t).ok()).collect();
+                Decision::Snapshot(Box::new(SnapshotPlan { tables, progress, added_at: Some(cp.into_mark()) }))
+            }
+            Some(state) if !state.done => initial(Some(state.clone())),
+            _ => {
+                let covered = cp.tables();
+                let added: Vec<TableName> = configured
+                    .iter()
+                    .filter(|t| !covered.is_empty() && !covered.contains(&t.to_string()))
+                    .cloned()
+                    .collect();
+                let snapshots = matches!(mode, SnapshotMode::Initial | SnapshotMode::WhenNeeded);
+                match added.is_empty() || !snapshots {
+                    true => Decision::Resume(cp.into_mark()),
+                    false => Decision::Snapshot(Box::new(SnapshotPlan {
+                        tables: added,
+                        progress: None,
+                        added_at: Some(cp.into_mark()),
+                    })),
+                }
+            }
         },
         None if mode == SnapshotMode::Never => Decision::Fresh,
-        None => Decision::Snapshot(None),
+        None => initial(None),
     }
 }
 
@@ -154,8 +198,18 @@ pub(super) async fn server(
     }
     report.into_result()?;
     let stored = stored.filter(|_| !snapshot_again);
-    let plan = match decide(stored, config.snapshot.mode) {
-        Decision::Snapshot(progress) => Plan::Snapshot(progress),
+    let plan = match decide(stored, config.snapshot.mode, config.tables()) {
+        Decision::Snapshot(snapshot) => {
+            if let (Some(mark), None) = (&snapshot.added_at, &snapshot.progress) {
+                let tables: Vec<String> = snapshot.tables.iter().map(ToString::to_string).collect();
+                tracing::info!(
+                    tables = %tables.join(", "),
+                    position = %mark.position,
+                    "tables added to [outbox] since the checkpoint: snapshotting them before the stream resumes"
+                );
+            }
+            Plan::Snapshot(snapshot)
+        }
         Decision::Resume(mark) => Plan::Resume(mark),
         Decision::Fresh => {
             let position = start_position(&mut conn, &info, server).await?;
@@ -193,7 +247,7 @@ pub(super) fn files(source: &FilesSource, store: &Store, accept_new_server: bool
             tracing::warn!(position = %cp.position(), "source.start_after is ignored: resuming from the checkpoint");
         }
     }
-    let plan = match decide(stored, SnapshotMode::Never) {
+    let plan = match decide(stored, SnapshotMode::Never, &[]) {
         Decision::Resume(mark) => Plan::Resume(Mark { snapshot: None, ..mark }),
         Decision::Snapshot(_) => unreachable!("a checkpoint with an unfinished snapshot was refused above"),
         Decision::Fresh => {
@@ -259,6 +313,7 @@ mod tests {
 
     fn snapshot(done: bool) -> SnapshotState {
         SnapshotState {
+            added: false,
             segments: vec![Segment { view: position("0-1-5"), after: None }],
             last_key: None,
             rows_done: 3,
@@ -273,26 +328,56 @@ mod tests {
         Some(Checkpoint::for_test(position("0-1-5"), server, snapshot))
     }
 
+    fn tables(names: &[&str]) -> Vec<TableName> {
+        names.iter().map(|t| TableName::parse(t).unwrap()).collect()
+    }
+
     /// One row per rule: a checkpoint is resumed unless its snapshot is unfinished (which resumes the
-    /// snapshot); without one, `snapshot.mode` decides between a new snapshot and a fresh start point.
+    /// snapshot) or tables were configured since it was written (which are snapshotted first, from it);
+    /// without one, `snapshot.mode` decides between a new snapshot and a fresh start point.
     #[test]
     fn a_run_starts_where_the_checkpoint_and_snapshot_mode_say() {
         use SnapshotMode::*;
+        let one = tables(&["shop.outbox_events"]);
+        let two = tables(&["shop.outbox_events", "shop.outbox_payments"]);
         let resume = |snapshot: Option<SnapshotState>| Decision::Resume(stored(snapshot).unwrap().into_mark());
+        let initial = |progress: Option<SnapshotState>| {
+            Decision::Snapshot(Box::new(SnapshotPlan { tables: one.clone(), progress, added_at: None }))
+        };
+        let covering_one = || stored(None).map(|c| c.covering(&["shop.outbox_events"]));
+        let added_at = covering_one().unwrap().into_mark();
+        let added = Decision::Snapshot(Box::new(SnapshotPlan {
+            tables: tables(&["shop.outbox_payments"]),
+            progress: None,
+            added_at: Some(added_at.clone()),
+        }));
+        let unfinished_added =
+            SnapshotState { added: true, tables: vec!["shop.outbox_payments".into()], ..snapshot(false) };
+        let resumed_added = Decision::Snapshot(Box::new(SnapshotPlan {
+            tables: tables(&["shop.outbox_payments"]),
+            progress: Some(unfinished_added.clone()),
+            added_at: Some(stored(Some(unfinished_added.clone())).unwrap().into_mark()),
+        }));
         let cases = [
-            (stored(None), Initial, resume(None)),
-            (stored(None), Never, resume(None)),
-            (stored(Some(snapshot(true))), Initial, resume(Some(snapshot(true)))),
-            (stored(Some(snapshot(false))), Initial, Decision::Snapshot(Some(snapshot(false)))),
-            (stored(Some(snapshot(false))), Never, Decision::Snapshot(Some(snapshot(false)))),
-            (None, Initial, Decision::Snapshot(None)),
-            (None, InitialOnly, Decision::Snapshot(None)),
-            (None, WhenNeeded, Decision::Snapshot(None)),
-            (None, Never, Decision::Fresh),
+            (stored(None), Initial, &one, resume(None), "a checkpoint"),
+            (stored(None), Never, &one, resume(None), "a checkpoint, never"),
+            (stored(Some(snapshot(true))), Initial, &one, resume(Some(snapshot(true))), "a finished snapshot"),
+            (stored(Some(snapshot(false))), Initial, &one, initial(Some(snapshot(false))), "an unfinished one"),
+            (stored(Some(snapshot(false))), Never, &one, initial(Some(snapshot(false))), "an unfinished one, never"),
+            (None, Initial, &one, initial(None), "nothing"),
+            (None, InitialOnly, &one, initial(None), "nothing, initial_only"),
+            (None, WhenNeeded, &one, initial(None), "nothing, when_needed"),
+            (None, Never, &one, Decision::Fresh, "nothing, never"),
+            (covering_one(), Initial, &two, added.clone(), "a table added"),
+            (covering_one(), WhenNeeded, &two, added, "a table added, when_needed"),
+            (covering_one(), Never, &two, Decision::Resume(added_at.clone()), "a table added, never"),
+            (covering_one(), InitialOnly, &two, Decision::Resume(added_at), "a table added, initial_only"),
+            (stored(None), Initial, &two, resume(None), "a checkpoint of an earlier version covers them all"),
+            (covering_one(), Initial, &one, Decision::Resume(covering_one().unwrap().into_mark()), "as configured"),
+            (stored(Some(unfinished_added)), Initial, &two, resumed_added, "an unfinished added-table snapshot"),
         ];
-        for (stored, mode, expected) in cases {
-            let name = format!("{:?} with {mode:?}", stored.as_ref().map(|c| c.snapshot().map(|s| s.done)));
-            assert_eq!(decide(stored, mode), expected, "{name}");
+        for (stored, mode, configured, expected, what) in cases {
+            assert_eq!(decide(stored, mode, configured), expected, "{what}");
         }
     }
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use super::commit::Commit;
 use super::on_demand::OnDemand;
+use super::plan::SnapshotPlan;
 use super::read_ahead::ReadAhead;
 use super::shutdown::Shutdown;
 use crate::checkpoint::checkpointer::{Checkpointer, Periodic};
@@ -124,21 +125,18 @@ impl<'a> Run<'a> {
         self.commit.settle(&mut self.sink, &self.watermark, &self.checkpointer, result).await
     }
 
-    /// Scans the outbox tables in one consistent view and produces every row; ends with the watermark's
-    /// last mark saying `done` once everything is acknowledged (see [`crate::source::snapshot`]).
-    pub(super) async fn snapshot(
-        &mut self,
-        source: &SourceConn,
-        info: &ServerInfo,
-        progress: Option<SnapshotState>,
-    ) -> Result<()> {
+    /// Scans the plan's outbox tables in one consistent view and produces every row; ends with the
+    /// watermark's last mark saying `done` once everything is acknowledged (see
+    /// [`crate::source::snapshot`]). The marks are at the cut for the initial snapshot, and at the
+    /// checkpoint the stream resumes from for tables added later ([`SnapshotPlan::added_at`]).
+    pub(super) async fn snapshot(&mut self, source: &SourceConn, info: &ServerInfo, plan: SnapshotPlan) -> Result<()> {
         let Run { config, sink, publisher, watermark, checkpointer, periodic, shutdown, commit } = self;
-        let tables = config.tables().to_vec();
+        let SnapshotPlan { tables, progress, added_at } = plan;
         if let Some(progress) = &progress {
-            progress.check_tables(&tables).map_err(Error::definite)?;
+            progress.check_tables(config.tables()).map_err(Error::definite)?;
         }
         let after = progress.as_ref().and_then(|p| p.last_key.clone());
-        let (mut scanner, view) = snapshot::open(source, info, config, after.clone()).await?;
+        let (mut scanner, view) = snapshot::open(source, info, config, &tables, after.clone()).await?;
         health().set_source_connected(true);
         let mut state = match progress {
             Some(mut state) => {
@@ -161,14 +159,21 @@ impl<'a> Run<'a> {
                     rows_estimate,
                     done: false,
                     tables: tables.iter().map(ToString::to_string).collect(),
+                    added: added_at.is_some(),
                 }
             }
         };
         let cut = state.cut().clone();
+        // Where the marks are: the initial snapshot's at its cut, where its stream starts; an added table's at
+        // the checkpoint, where the stream resumes (the other tables' events after it are still to come).
+        let mark_of = |state: &SnapshotState| match &added_at {
+            Some(at) => Mark { snapshot: Some(Arc::new(state.clone())), ..at.clone() },
+            None => Mark::boundary(cut.clone(), Some(Arc::new(state.clone()))),
+        };
         publisher.resume(ResumePoint::Snapshot { rows_done: state.rows_done });
         // The new segment must be durable before any of its rows is produced: a crash must not resume
         // with a segment list that misses the view those rows came from.
-        checkpointer.save_now(Mark::boundary(cut.clone(), Some(Arc::new(state.clone()))))?;
+        checkpointer.save_now(mark_of(&state))?;
         watermark.reset(checkpointer.saved().expect("just saved"));
 
         let progress_bar = crate::progress::Progress::new(state.rows_estimate, state.rows_done);
@@ -209,12 +214,11 @@ impl<'a> Run<'a> {
             state.last_key = Some(chunk.last_key);
             progress_bar.set(state.rows_done);
             metrics().snapshot_progress(state.rows_done, state.rows_estimate);
-            let mark = Mark::boundary(cut.clone(), Some(Arc::new(state.clone())));
-            commit.closed(sink, watermark, tx, mark).await?;
+            commit.closed(sink, watermark, tx, mark_of(&state)).await?;
         }
         state.done = true;
         let tx = watermark.open();
-        commit.closed(sink, watermark, tx, Mark::boundary(cut, Some(Arc::new(state.clone())))).await?;
+        commit.closed(sink, watermark, tx, mark_of(&state)).await?;
         progress_bar.finish(state.rows_done);
         tracing::info!(rows = state.rows_done, "snapshot read; waiting for the last acknowledgements");
         Ok(())

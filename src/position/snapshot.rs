@@ -115,6 +115,12 @@ pub struct SnapshotState {
     /// The outbox tables as `database.table`, in scan order. Empty in checkpoints of earlier versions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tables: Vec<String>,
+    /// Tables added to `[outbox]` of a connector that streamed already: its stream resumes at the
+    /// checkpoint's position, before the cut, and skips the rows of these tables that a segment's view
+    /// holds, the first segment's included (`source::overlap`). `false` for the initial snapshot, whose
+    /// stream starts at the cut.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub added: bool,
 }
 
 impl SnapshotState {
@@ -130,6 +136,20 @@ impl SnapshotState {
     /// The message of a definite error naming both lists and the fix.
     pub fn check_tables(&self, configured: &[TableName]) -> Result<(), String> {
         let configured: Vec<String> = configured.iter().map(ToString::to_string).collect();
+        if self.added {
+            // Tables added later are scanned alone: the others may change, these must stay.
+            let gone: Vec<&String> = self.tables.iter().filter(|t| !configured.contains(t)).collect();
+            if gone.is_empty() {
+                return Ok(());
+            }
+            return Err(format!(
+                "the unfinished snapshot of the tables added to [outbox] ({}) needs them configured, but [outbox] \
+                 now configures {}: restore them until the snapshot is done (`outbox-cdc status` shows its \
+                 progress)",
+                self.tables.join(", "),
+                configured.join(", ")
+            ));
+        }
         let legacy_single = self.tables.is_empty() && configured.len() == 1;
         if self.tables == configured || legacy_single {
             return Ok(());
@@ -164,6 +184,7 @@ mod table_list_tests {
 
     fn state(tables: &[&str]) -> SnapshotState {
         SnapshotState {
+            added: false,
             segments: Vec::new(),
             last_key: None,
             rows_done: 0,

@@ -9,8 +9,10 @@
 //!
 //! > the row was already emitted iff `k` lies in a resumed segment (not the first) whose view holds `p`.
 //!
-//! The first segment needs no rule: the stream starts at its view, so it never reads a transaction that
-//! view holds.
+//! The first segment of the initial snapshot needs no rule: the stream starts at its view, so it never reads
+//! a transaction that view holds. A snapshot of tables added later ([`SnapshotState::added`]) is different:
+//! its stream resumes at the checkpoint, before the first view, so the rule holds for every segment, and
+//! only for the rows of those tables (the others were never scanned).
 //!
 //! # Invariants
 //! - "Which segment holds `k`" is [`segment_holding`]: the last segment whose range starts before `k`. A
@@ -77,7 +79,8 @@ pub struct Overlap {
 }
 
 impl Overlap {
-    /// The rule for a completed snapshot; `None` when it can never skip (a single segment).
+    /// The rule for a completed snapshot; `None` when it can never skip (a single segment of the initial
+    /// snapshot).
     ///
     /// # Errors
     /// Connection errors; definite errors for key columns that cannot be ordered.
@@ -87,7 +90,7 @@ impl Overlap {
         tables: Vec<TableName>,
         columns: &ColumnNames,
     ) -> Result<Option<Self>> {
-        if state.segments.len() < 2 {
+        if state.segments.len() < 2 && !state.added {
             return Ok(None);
         }
         let tables = state.tables_or(tables);
@@ -118,7 +121,7 @@ impl Overlap {
             return Ok(false);
         };
         let segment = self.segment_of(table, row).await?;
-        Ok(segment > 0 && self.state.segments[segment].view.holds(start))
+        Ok((segment > 0 || self.state.added) && self.state.segments[segment].view.holds(start))
     }
 
     /// Index of the segment whose key range holds the row's key.

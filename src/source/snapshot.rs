@@ -101,7 +101,7 @@ pub struct Scanner {
     after: Option<SnapshotKey>,
 }
 
-/// Opens a consistent read view and returns it with its exact binlog position.
+/// Opens a consistent read view of `tables` and returns it with its exact binlog position.
 ///
 /// # Errors
 /// Classified query errors; a definite error when the server cannot report the position.
@@ -109,9 +109,10 @@ pub async fn open(
     source: &SourceConn,
     info: &ServerInfo,
     config: &Config,
+    tables: &[TableName],
     after: Option<SnapshotKey>,
 ) -> Result<(Scanner, Position)> {
-    let tables: Vec<Arc<TableName>> = config.tables().iter().cloned().map(Arc::new).collect();
+    let tables: Vec<Arc<TableName>> = tables.iter().cloned().map(Arc::new).collect();
     // A server connection (`source`) exists only for the kinds that have a `resume_by`.
     let resume_by = config.source.kind.resume_by().unwrap_or_default();
     let mut conn = source.connect().await?;
