@@ -50,7 +50,7 @@ fn connector(db: &MariaDb, broker: &Broker) -> (Connector, u16) {
         db,
         broker,
         &format!(
-            "[control]\nlisten = \"127.0.0.1:{control}\"\ntoken_file = {token}\n[snapshot]\nchunk_rows = {CHUNK_ROWS}\n[state]\ncheckpoint_interval_ms = 100\n"
+            "[control]\nlisten = \"127.0.0.1:{control}\"\ntoken_file = {token}\n[snapshot]\nchunk_rows = {CHUNK_ROWS}\n[state]\ncheckpoint_interval_ms = 20\n"
         ),
     );
     (c, control)
@@ -73,8 +73,8 @@ fn wait_state(port: u16, id: &str, state: &str, connector: &Connector) -> serde_
     last
 }
 
-/// Under 4 writers, a snapshot of every `order` row asked through the API, the connector crashed (a
-/// failpoint's abort, as a kill -9) at the snapshot's 3,500th row, restarted: the snapshot resumes from its
+/// Under 4 writers, a snapshot of every `order` row (12,000 and what the writers add) asked through the API,
+/// the connector crashed (a failpoint's abort, as a kill -9) at the snapshot's 10,000th row, restarted: the snapshot resumes from its
 /// last checkpointed chunk (fewer rows again than Kafka had of it: a start over republishes them all) and
 /// ends.
 /// Judged on every record: each row that was in the table when it was asked comes with `source: snapshot`
@@ -85,15 +85,18 @@ fn wait_state(port: u16, id: &str, state: &str, connector: &Connector) -> serde_
 ///
 /// Its first version killed the connector once 600 snapshot records were read, and passed with the resume
 /// broken (progress ignored): the 4,000 rows took 0.3 s, so the kill came after the snapshot was done.
+/// With four chunks in flight, 3,500 rows took less than the 100 ms between checkpoints, and it failed for
+/// want of a checkpoint before the crash: hence 10,000 rows and 20 ms.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_snapshot_on_demand_under_load_resumes_after_a_kill_and_keeps_each_order() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
-    let before = Writer::start(db.opts_root(), WriterConfig { tasks: 4, max_events: 4_000, ..WriterConfig::default() });
+    let before =
+        Writer::start(db.opts_root(), WriterConfig { tasks: 4, max_events: 12_000, ..WriterConfig::default() });
     let before = before.join().await;
-    assert!(before.errors.is_empty() && before.len() >= 4_000, "{} written, {:?}", before.len(), before.errors);
+    assert!(before.errors.is_empty() && before.len() >= 12_000, "{} written, {:?}", before.len(), before.errors);
     let (mut connector, port) = connector(&db, &broker);
-    connector.env(FAILPOINT, "on_demand_row:3500");
+    connector.env(FAILPOINT, "on_demand_row:10000");
     connector.run(&connector.config_path());
     assert!(broker.read_all(TOPIC, before.len(), READ_TIMEOUT).len() >= before.len(), "{}", connector.logs());
 
@@ -108,8 +111,8 @@ async fn a_snapshot_on_demand_under_load_resumes_after_a_kill_and_keeps_each_ord
     let id = asked["id"].as_str().expect("an id").to_string();
     assert_eq!(asked["state"], "queued", "{asked}");
 
-    // Killed (aborted, as by kill -9: nothing flushed, nothing checkpointed on the way out) at its 3,500th
-    // row, armed before the start: the snapshot is under way, with checkpoints behind it.
+    // Killed (aborted, as by kill -9: nothing flushed, nothing checkpointed on the way out) at its 10,000th
+    // row, armed before the start: the snapshot is under way, with checkpoints (every 20 ms) behind it.
     assert!(connector.wait_exit(READ_TIMEOUT).is_some_and(|s| !s.success()), "no crash:\n{}", connector.logs());
     let delivered_before = split(&broker.read_all(TOPIC, 0, Duration::from_secs(2)), &id).0.len();
     assert!(delivered_before > 0, "nothing of the snapshot before the crash:\n{}", connector.logs());

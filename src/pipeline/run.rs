@@ -392,7 +392,7 @@ async fn produce_chunk(
         }
         None => (0, None),
     };
-    let mark = on_demand.produced(tx, rows, last_key, last).expect("a snapshot is active");
+    let mark = on_demand.produced(tx, rows, last_key, last, watermark.settled_before()).expect("a snapshot is active");
     commit.closed(sink, watermark, tx, mark).await?;
     Ok(false)
 }
