@@ -766,6 +766,7 @@ async fn decode_floor(config_path: &std::path::Path, gtid: &str, route: bool) ->
         columns: config.outbox.columns.clone(),
         on_update: config.outbox.on_update,
         heartbeat: server.heartbeat_interval,
+        signal_table: None,
     });
     let router = Router::new(TopicTemplate::parse(&config.kafka.topic).map_err(err)?, config.kafka.value_format);
     let target = mariadb_gtids(gtid)?;
@@ -784,6 +785,7 @@ async fn decode_floor(config_path: &std::path::Path, gtid: &str, route: bool) ->
                 }
             }
             Change::Undecodable(_) => bail!("undecodable row in the benchmark workload"),
+            Change::Signal(_) => bail!("a signal in the benchmark workload: no signal table is configured"),
             Change::Commit { position, .. } => {
                 txs += 1;
                 if target.is_within(&position.gtids) == Some(true) {

@@ -87,6 +87,7 @@ pub async fn run_controlled(
             columns: config.outbox.columns.clone(),
             on_update: config.outbox.on_update,
             heartbeat,
+            signal_table: config.signal_table().cloned(),
         }),
         accept_new_server: options.accept_new_server,
         requests: control.snapshot_requests(),

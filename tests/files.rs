@@ -122,6 +122,7 @@ async fn positions_match_the_next_files_gtid_list() {
         columns: Default::default(),
         on_update: Default::default(),
         heartbeat: Duration::from_secs(1),
+        signal_table: None,
     });
     let first = scan(&files[0]).unwrap();
     let start = start_position(&files[0], &first.header, None).unwrap();
@@ -135,6 +136,7 @@ async fn positions_match_the_next_files_gtid_list() {
                 Change::Commit { position, .. } => last = position,
                 Change::Row(_) => rows += 1,
                 Change::Undecodable(bad) => panic!("undecodable row: {}", bad.message),
+                Change::Signal(signal) => panic!("no signal table is configured: {signal:?}"),
                 Change::Begin(_) => {}
             }
         }
@@ -245,6 +247,7 @@ async fn end_events_compare_with_the_live_binlog() {
         columns: Default::default(),
         on_update: Default::default(),
         heartbeat: Duration::from_secs(1),
+        signal_table: None,
     });
     let mut reader = FilesReader::start(vec![path], settings, start).unwrap();
     let mut ends: Vec<(Position, EndEvent)> = Vec::new();

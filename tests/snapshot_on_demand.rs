@@ -1,8 +1,8 @@
 //! Snapshots on demand (README "Snapshots on demand") against a real MariaDB and broker: asked through the
 //! control API under a steady write load and killed (-9) in the middle, every row of the slice published
 //! again with the snapshot headers, each aggregate's snapshot rows in order on every record, the stream
-//! complete and in order beside it; and through the CLI on a stopped connector: a slice, a pause and a
-//! cancel kept across the restart, the refusals.
+//! complete and in order beside it; through the CLI on a stopped connector: a slice, a pause and a cancel
+//! kept across the restart, the refusals; and asked from SQL through a signal table in Debezium's layout.
 
 mod common;
 
@@ -50,7 +50,8 @@ fn connector(db: &MariaDb, broker: &Broker) -> (Connector, u16) {
         db,
         broker,
         &format!(
-            "[control]\nlisten = \"127.0.0.1:{control}\"\ntoken_file = {token}\n[snapshot]\nchunk_rows = {CHUNK_ROWS}\n[state]\ncheckpoint_interval_ms = 20\n"
+            "[control]\nlisten = \"127.0.0.1:{control}\"\ntoken_file = {token}\n[snapshot]\nchunk_rows = {CHUNK_ROWS}\n\
+             [state]\ncheckpoint_interval_ms = 20\n"
         ),
     );
     (c, control)
@@ -282,5 +283,108 @@ async fn snapshots_asked_paused_and_cancelled_through_the_cli_and_the_api() {
     assert_eq!(code, 409, "{answer}");
     let status = connector.status_json().unwrap();
     assert_eq!(status["snapshots"].as_array().map(Vec::len), Some(3), "{status}");
+    assert!(connector.terminate().success(), "{}", connector.logs());
+}
+
+/// Signals from SQL, in Debezium's layout: the README's example (the table, an `execute-snapshot` of every
+/// `order` row) run as written, and an `execute-snapshot` with `additional-conditions` for one aggregate,
+/// read from the binlog, each ask for a snapshot of their slice; one in a
+/// rolled-back transaction asks nothing; one naming a table that is not an outbox table is stored as failed,
+/// saying why; a type outbox-cdc does not take is recorded and ignored. With the checkpoint put back before
+/// them (as after a crash), the signals are read again and nothing is asked twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn signals_in_debeziums_layout_ask_for_snapshots_once() {
+    use mysql_async::prelude::Queryable;
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    // The README's example, as written: the table, and an execute-snapshot of every `order` row.
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = &readme[readme.find("### Signals").expect("README has ### Signals")..];
+    let block = &section[section.find("```sql\n").expect("a sql block") + 7..];
+    let statements: Vec<&str> =
+        block[..block.find("```").unwrap()].split(";\n").map(str::trim).filter(|s| !s.is_empty()).collect();
+    assert_eq!(statements.len(), 2, "{statements:?}");
+    conn.query_drop(statements[0].trim_end_matches(';')).await.unwrap();
+    for i in 0..300 {
+        insert_event(&mut conn, &OutboxRow::new(format!("A-{}", i % 3))).await.unwrap();
+    }
+    let (mut connector, port) = connector(&db, &broker);
+    let config = std::fs::read_to_string(connector.config_path()).unwrap();
+    let config = config.replacen(
+        "table = \"shop.outbox_events\"\n",
+        "table = \"shop.outbox_events\"\nsignal_table = \"shop.debezium_signal\"\n",
+        1,
+    );
+    std::fs::write(connector.config_path(), config).unwrap();
+    connector.run(&connector.config_path());
+    assert_eq!(broker.read_all(TOPIC, 300, READ_TIMEOUT).len(), 300, "{}", connector.logs());
+    let first_checkpoint = connector.status_json().unwrap();
+
+    let signal = |id: &str, kind: &str, data: &str| {
+        format!("INSERT INTO shop.debezium_signal (id, type, data) VALUES ('{id}', '{kind}', '{data}')")
+    };
+    conn.query_drop(statements[1].trim_end_matches(';')).await.unwrap();
+    conn.query_drop("BEGIN").await.unwrap();
+    conn.query_drop(signal("s-rolled-back", "execute-snapshot", r#"{"data-collections": ["shop.outbox_events"]}"#))
+        .await
+        .unwrap();
+    conn.query_drop("ROLLBACK").await.unwrap();
+    conn.query_drop(signal(
+        "s-1",
+        "execute-snapshot",
+        concat!(
+            r#"{"data-collections": ["shop.outbox_events"], "type": "incremental", "additional-conditions": "#,
+            r#"[{"data-collection": "shop.outbox_events", "filter": "aggregate_id = ''A-1''"}]}"#
+        ),
+    ))
+    .await
+    .unwrap();
+    conn.query_drop(signal("s-2", "execute-snapshot", r#"{"data-collections": ["shop.not_an_outbox"]}"#))
+        .await
+        .unwrap();
+    conn.query_drop(signal("s-3", "log", r#"{"message": "hello"}"#)).await.unwrap();
+
+    let listed = || call(port, "GET", "/v1/snapshots", None).map(|(_, v)| v["snapshots"].clone()).unwrap_or_default();
+    assert!(
+        wait_until(READ_TIMEOUT, || listed()
+            .as_array()
+            .is_some_and(|l| l.len() == 3 && l.iter().filter(|r| r["state"] == "done").count() == 2)),
+        "{}\n{}",
+        listed(),
+        connector.logs()
+    );
+    let list = listed();
+    let list = list.as_array().unwrap();
+    let readmes = list.iter().find(|r| r["by"] == "signal ad-hoc-1").expect("the README's signal");
+    assert_eq!((readmes["state"].as_str(), readmes["rows"].as_u64()), (Some("done"), Some(300)), "{readmes}");
+    assert_eq!(readmes["slice"]["where"], "aggregate_type = 'order'", "{readmes}");
+    let done = list.iter().find(|r| r["by"] == "signal s-1").unwrap();
+    assert_eq!((done["state"].as_str(), done["rows"].as_u64()), (Some("done"), Some(100)), "{done}");
+    assert_eq!(done["slice"]["where"], "aggregate_id = 'A-1'", "{done}");
+    let failed = list.iter().find(|r| r["state"] == "failed").expect("the signal naming another table failed");
+    assert!(failed["error"].as_str().unwrap().contains("not one of the outbox tables"), "{failed}");
+    let records = broker.read_all_quiet(TOPIC, 700, Duration::from_secs(3), READ_TIMEOUT);
+    let id = done["id"].as_str().unwrap();
+    assert_eq!(split(&records, id).0.len(), 100);
+    assert!(split(&records, id).0.iter().all(|r| r.key_str() == Some("A-1")));
+    assert!(connector.logs().contains("signal of a type outbox-cdc does not take"), "{}", connector.logs());
+
+    // The checkpoint put back before the signals: read again, nothing is asked twice.
+    assert!(connector.terminate().success(), "{}", connector.logs());
+    let before = first_checkpoint.clone();
+    common::connector::rewrite_checkpoint(&connector.state_dir(), |record| {
+        record["position"] = before["position"].clone();
+        record["end_event"] = before["end_event"].clone();
+        record["source_timestamp"] = before["source_timestamp"].clone();
+    });
+    connector.restart();
+    // Read again (the log says so, at debug level, for each of the three signals it carried out).
+    assert!(
+        wait_until(READ_TIMEOUT, || connector.logs().matches("signal carried out before: skipped").count() == 4),
+        "the signals were not read again:\n{}",
+        connector.logs()
+    );
+    assert_eq!(listed().as_array().map(Vec::len), Some(3), "a signal carried out twice: {}", listed());
     assert!(connector.terminate().success(), "{}", connector.logs());
 }

@@ -15,6 +15,7 @@
 //! | `<name>/last_error`                   | the last error         |
 //! | `<name>/paused`                       | an operator's pause (a tombstone when resumed) |
 //! | `<name>/snapshot/<id>`                | a snapshot on demand as it now is |
+//! | `<name>/signal/<id>`                  | a signal of `[outbox] signal_table` carried out |
 //! | `<name>/producers`                    | the transactional ids of the last start |
 //!
 //! A removed hold or poison event is a tombstone. Compaction keeps the newest record of each key; a
@@ -62,7 +63,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use serde::de::DeserializeOwned;
 
-use super::records::{hold_key, Inspection, LastError, Paused, SnapshotRequest};
+use super::records::{hold_key, AppliedSignal, Inspection, LastError, Paused, SnapshotRequest};
 use super::Checkpoint;
 use crate::config::{Config, KafkaConfig};
 use crate::error::{classify_kafka, classify_kafka_on, Error, KafkaResource, Result};
@@ -82,6 +83,7 @@ struct State {
     last_error: Option<LastError>,
     paused: Option<Paused>,
     snapshots: BTreeMap<String, SnapshotRequest>,
+    signals: BTreeMap<String, AppliedSignal>,
     producers: Option<Producers>,
 }
 
@@ -396,6 +398,17 @@ impl KafkaStore {
 
     pub(super) fn snapshots(&self) -> Vec<SnapshotRequest> {
         self.lock().snapshots.values().cloned().collect()
+    }
+
+    pub(super) fn put_applied_signal(&self, id: &str, applied: &AppliedSignal) -> Result<()> {
+        let json = serde_json::to_vec(applied).expect("serializes");
+        self.write(vec![(format!("{}/signal/{id}", self.name), Some(json))])?;
+        self.lock().signals.insert(id.to_string(), applied.clone());
+        Ok(())
+    }
+
+    pub(super) fn applied_signal(&self, id: &str) -> Option<AppliedSignal> {
+        self.lock().signals.get(id).cloned()
     }
 
     /// Writes `records` (`None`: a tombstone) in one transaction of the state writer and waits for its
@@ -810,6 +823,7 @@ fn merge(topic: &str, states: BTreeMap<i32, State>) -> Result<State> {
             merged.paused = state.paused;
         }
         merged.snapshots.extend(state.snapshots);
+        merged.signals.extend(state.signals);
         merged.producers = merged.producers.or(state.producers);
     }
     Ok(merged)
@@ -848,6 +862,11 @@ fn apply(state: &mut State, key: &str, value: Option<&[u8]>) -> Result<()> {
         match value {
             Some(v) => drop(state.holds.insert(hold.to_string(), parse(key, v)?)),
             None => drop(state.holds.remove(hold)),
+        }
+    } else if let Some(id) = key.strip_prefix("signal/") {
+        match value {
+            Some(v) => drop(state.signals.insert(id.to_string(), parse(key, v)?)),
+            None => drop(state.signals.remove(id)),
         }
     } else if let Some(id) = key.strip_prefix("snapshot/") {
         match value {

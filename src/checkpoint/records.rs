@@ -35,6 +35,17 @@ pub struct Paused {
     pub by: String,
 }
 
+/// A signal of `[outbox] signal_table` carried out (kept by its id, so that one read again is not).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedSignal {
+    /// When (Unix ms).
+    pub at_ms: u64,
+    /// Its type.
+    pub kind: String,
+    /// What it did.
+    pub outcome: String,
+}
+
 /// The last error that stopped or restarted the pipeline.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastError {

@@ -16,7 +16,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::kafka::KafkaStore;
 use super::records::hold_key;
-pub use super::records::{Inspection, LastError, Paused, RequestState, SnapshotRequest};
+pub use super::records::{AppliedSignal, Inspection, LastError, Paused, RequestState, SnapshotRequest};
 use super::Checkpoint;
 use crate::config::{Config, StateBackend};
 use crate::error::{Error, Result};
@@ -34,6 +34,8 @@ const LAST_ERROR_KEY: &str = "last_error";
 const PAUSED_KEY: &str = "paused";
 /// Notes' keys of snapshot requests: `snapshot/<id>` → [`SnapshotRequest`].
 const SNAPSHOT_PREFIX: &str = "snapshot/";
+/// Notes' keys of the signals carried out: `signal/<id>` → [`AppliedSignal`].
+const SIGNAL_PREFIX: &str = "signal/";
 /// Key of the stream checkpoint (other keys are reserved for snapshot progress and quarantine holds).
 const STREAM_KEY: &str = "stream";
 const FILE_NAME: &str = "outbox-cdc.redb";
@@ -365,6 +367,34 @@ impl Store {
         match &self.backend {
             Backend::Local(l) => l.put_snapshot(request),
             Backend::Kafka(k) => k.put_snapshot(request),
+        }
+    }
+
+    /// Records that signal `id` was carried out: read again after a restart, it is not carried out twice.
+    ///
+    /// # Errors
+    /// A definite error when the write fails.
+    pub fn put_applied_signal(&self, id: &str, applied: &AppliedSignal) -> Result<()> {
+        match &self.backend {
+            Backend::Local(l) => {
+                let json = serde_json::to_vec(applied).expect("serializes");
+                l.write(|tx| {
+                    tx.open_table(NOTES)?.insert(format!("{SIGNAL_PREFIX}{id}").as_str(), json.as_slice())?;
+                    Ok(())
+                })
+            }
+            Backend::Kafka(k) => k.put_applied_signal(id, applied),
+        }
+    }
+
+    /// Whether signal `id` was carried out.
+    ///
+    /// # Errors
+    /// A definite error when the store cannot be read.
+    pub fn applied_signal(&self, id: &str) -> Result<Option<AppliedSignal>> {
+        match &self.backend {
+            Backend::Local(l) => l.read(|path, tx| read_one(path, tx, NOTES, &format!("{SIGNAL_PREFIX}{id}"))),
+            Backend::Kafka(k) => Ok(k.applied_signal(id)),
         }
     }
 

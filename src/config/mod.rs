@@ -115,6 +115,8 @@ pub struct Config {
     pub schema_registry: Option<SchemaRegistryConfig>,
     /// The outbox tables, parsed, sorted, without duplicates; never empty.
     tables: Vec<TableName>,
+    /// `[outbox] signal_table`, parsed.
+    signal_table: Option<TableName>,
     /// `kafka.topic`, parsed.
     topic: TopicTemplate,
     /// `outbox.additional_placement`, parsed.
@@ -201,6 +203,11 @@ impl Config {
         &self.tables
     }
 
+    /// `[outbox] signal_table`, parsed: the table whose inserts are signals.
+    pub fn signal_table(&self) -> Option<&TableName> {
+        self.signal_table.as_ref()
+    }
+
     /// The outbox tables as `database.table`, in [`Config::tables`]' order.
     pub fn table_names(&self) -> Vec<String> {
         self.tables().iter().map(ToString::to_string).collect()
@@ -262,6 +269,7 @@ impl ConfigFile {
     fn validate(mut self) -> Result<Config> {
         let tables = self.outbox.tables()?;
         let kind = self.source.kind;
+        let signal_table = self.outbox.signal_table(&tables, kind)?;
         let source = self.source.validate(self.snapshot.mode)?;
         self.poll.validate(kind, &self.kafka, &tables)?;
         self.state.validate(kind)?;
@@ -287,6 +295,7 @@ impl ConfigFile {
             delivery: self.delivery,
             schema_registry: self.schema_registry,
             tables,
+            signal_table,
             topic,
             placements,
         })

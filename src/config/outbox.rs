@@ -47,11 +47,26 @@ pub struct OutboxConfig {
     /// (Debezium: `table.fields.additional.placement`, same syntax.)
     #[serde(default)]
     pub additional_placement: Vec<String>,
+    /// A signal table in Debezium's layout (`id`, `type`, `data`, in that order), as `database.table`: its
+    /// inserts, read from the binlog, ask for snapshots on demand and pause, resume or stop them
+    /// (`execute-snapshot`, `pause-snapshot`, `resume-snapshot`, `stop-snapshot`). (Debezium:
+    /// `signal.data.collection`.) Off by default.
+    #[serde(default)]
+    pub signal_table: Option<String>,
 }
 
 /// Headers the connector writes itself: an additional placement may not take their names.
-const RESERVED_HEADERS: &[&str] =
-    &["id", "event_type", "aggregate_type", "schema_version", "source", "replay", "replayed_at", "released_from_hold"];
+const RESERVED_HEADERS: &[&str] = &[
+    "id",
+    "event_type",
+    "aggregate_type",
+    "schema_version",
+    "source",
+    "snapshot_id",
+    "replay",
+    "replayed_at",
+    "released_from_hold",
+];
 
 /// Envelope fields the connector writes itself.
 const RESERVED_ENVELOPE_FIELDS: &[&str] =
@@ -309,6 +324,27 @@ impl OutboxConfig {
             return Err(Error::definite("configure the outbox table: [outbox] table = \"database.table\""));
         }
         Ok(names)
+    }
+
+    /// `signal_table`, parsed: never one of the outbox `tables`, and only where a binlog is read.
+    ///
+    /// # Errors
+    /// A definite error for a name that does not parse, an outbox table, or a source without a binlog.
+    pub(super) fn signal_table(&self, tables: &[TableName], kind: super::SourceKind) -> Result<Option<TableName>> {
+        let Some(name) = &self.signal_table else { return Ok(None) };
+        let table = TableName::parse(name).map_err(|e| Error::definite(format!("outbox.signal_table: {e}")))?;
+        if tables.contains(&table) {
+            return Err(Error::definite(format!(
+                "outbox.signal_table = {name:?} is an outbox table: signals go to a table of their own"
+            )));
+        }
+        if kind != super::SourceKind::Server {
+            return Err(Error::definite(
+                "outbox.signal_table is read from a server's binlog: it needs [source] kind = \"server\" (the \
+                 polling relay and binlog files have no snapshots on demand)",
+            ));
+        }
+        Ok(Some(table))
     }
 
     /// The record's shape, with the value format it is written in: payload encoding, additional

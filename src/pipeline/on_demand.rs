@@ -27,14 +27,15 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use crate::checkpoint::checkpointer::Checkpointer;
-use crate::checkpoint::store::{RequestState, SnapshotRequest};
+use crate::checkpoint::store::{AppliedSignal, RequestState, SnapshotRequest};
 use crate::checkpoint::{Mark, Store, TxId, Watermark};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::metrics::metrics;
 use crate::outbox::TableName;
-use crate::position::on_demand::OnDemandProgress;
+use crate::position::on_demand::{OnDemandProgress, Slice};
 use crate::position::snapshot::SnapshotKey;
+use crate::source::binlog::Signal;
 use crate::source::snapshot::{self, Chunk, Prefetch};
 use crate::source::SourceConn;
 
@@ -312,6 +313,137 @@ impl<'a> OnDemand<'a> {
     /// Whether the done snapshot waits for its checkpoint.
     pub(crate) fn settling(&self) -> bool {
         self.active.as_ref().is_some_and(|a| a.progress.done)
+    }
+}
+
+impl OnDemand<'_> {
+    /// Carries out a signal of `[outbox] signal_table` (Debezium's layout and types), once per signal id:
+    /// `execute-snapshot` asks for a snapshot of each of its `data-collections` (with its
+    /// `additional-conditions` filter as the slice's `where`); `pause-snapshot`, `resume-snapshot` and
+    /// `stop-snapshot` pause, resume or cancel the snapshots not ended (`stop-snapshot` those of its
+    /// `data-collections` when it names any). A request the connector cannot carry out is stored as failed,
+    /// saying why; a type it does not take is logged and recorded. Signals read again after a restart
+    /// (their transaction not checkpointed yet) are recognised by id and skipped.
+    ///
+    /// # Errors
+    /// The store's; a transient error when the server cannot be asked whether a slice reads.
+    pub(crate) async fn signal(&mut self, signal: &Signal) -> Result<()> {
+        let Some(source) = self.source.clone() else { return Ok(()) };
+        if self.store.applied_signal(&signal.id)?.is_some() {
+            tracing::debug!(id = %signal.id, kind = %signal.kind, "signal carried out before: skipped");
+            return Ok(());
+        }
+        let by = format!("signal {}", signal.id);
+        let requests = self.store.snapshots()?;
+        let data: serde_json::Value = match signal.data.as_deref().map(serde_json::from_str).transpose() {
+            Ok(data) => data.unwrap_or(serde_json::Value::Null),
+            Err(e) => serde_json::json!({ "unreadable": e.to_string() }),
+        };
+        let collections: Vec<String> = data["data-collections"]
+            .as_array()
+            .map(|list| list.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
+        let outcome = match signal.kind.as_str() {
+            "execute-snapshot" if requests.iter().any(|r| r.by == by) => "asked before".to_string(),
+            "execute-snapshot" if collections.is_empty() => {
+                let (id, data) = (&signal.id, &signal.data);
+                tracing::error!(%id, ?data, "execute-snapshot signal without data-collections: nothing asked");
+                "refused: no data-collections".to_string()
+            }
+            "execute-snapshot" => {
+                let mut asked = Vec::new();
+                for (n, collection) in collections.iter().enumerate() {
+                    let request = self.signalled_request(&source, collection, &data, &by, n).await?;
+                    self.store.put_snapshot(&request)?;
+                    let (state, error) = (request.state, &request.error);
+                    tracing::info!(signal = %signal.id, id = %request.id, table = %collection, ?state, ?error,
+                        "snapshot on demand asked by a signal");
+                    asked.push(request.id);
+                }
+                format!("asked {}", asked.join(", "))
+            }
+            "pause-snapshot" => self.change_all(&requests, &[], RequestState::Queued, RequestState::Paused)?,
+            "resume-snapshot" => self.change_all(&requests, &[], RequestState::Paused, RequestState::Queued)?,
+            "stop-snapshot" => self.cancel_all(&requests, &collections)?,
+            other => {
+                tracing::warn!(
+                    id = %signal.id,
+                    kind = other,
+                    "signal of a type outbox-cdc does not take: ignored (it takes execute-snapshot, pause-snapshot, \
+                     resume-snapshot and stop-snapshot)"
+                );
+                "ignored: unknown type".to_string()
+            }
+        };
+        let applied = AppliedSignal { at_ms: crate::time::now_ms(), kind: signal.kind.clone(), outcome };
+        self.store.put_applied_signal(&signal.id, &applied)?;
+        self.reload().await
+    }
+
+    /// The request an `execute-snapshot` signal asks for `collection`: queued, or failed with the reason
+    /// when the table is not an outbox table or the server refuses its filter.
+    async fn signalled_request(
+        &self,
+        source: &SourceConn,
+        collection: &str,
+        data: &serde_json::Value,
+        by: &str,
+        n: usize,
+    ) -> Result<SnapshotRequest> {
+        // Debezium's `additional-conditions` (a filter per collection), and the older single `additional-condition`.
+        let filter = data["additional-conditions"]
+            .as_array()
+            .and_then(|list| list.iter().find(|c| c["data-collection"].as_str() == Some(collection)))
+            .and_then(|c| c["filter"].as_str())
+            .or_else(|| data["additional-condition"].as_str())
+            .filter(|f| !f.trim().is_empty())
+            .map(str::to_string);
+        let slice = Slice { condition: filter, ..Slice::default() };
+        let now = crate::time::now_ms();
+        let salt = (now as u16).wrapping_add(n as u16).rotate_left(5) ^ (std::process::id() as u16);
+        let request = SnapshotRequest::new(collection.to_string(), slice, by, now, salt);
+        let checked = match TableName::parse(collection) {
+            Err(e) => Err(Error::definite(format!("data-collection {collection:?}: {e}"))),
+            Ok(table) if !self.config.tables().contains(&table) => {
+                Err(Error::definite(format!("{table} is not one of the outbox tables ([outbox] tables)")))
+            }
+            Ok(table) => snapshot::check_slice(source, self.config, &table, &request.slice).await,
+        };
+        match checked {
+            Ok(()) => Ok(request),
+            Err(e) if e.is_definite() => Ok(request.finished(RequestState::Failed, now, 0, Some(e.to_string()))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Moves every request in `from` (of `tables`, or all when empty) to `to`; says how many.
+    fn change_all(
+        &self,
+        requests: &[SnapshotRequest],
+        tables: &[String],
+        from: RequestState,
+        to: RequestState,
+    ) -> Result<String> {
+        let mut changed = 0;
+        for request in requests.iter().filter(|r| r.state == from && (tables.is_empty() || tables.contains(&r.table))) {
+            self.store.put_snapshot(&SnapshotRequest { state: to, ..request.clone() })?;
+            changed += 1;
+        }
+        Ok(format!("{changed} snapshot(s) now {to:?}").to_lowercase())
+    }
+
+    /// Cancels every snapshot not ended (of `tables`, or all when empty); says how many.
+    fn cancel_all(&self, requests: &[SnapshotRequest], tables: &[String]) -> Result<String> {
+        let mut cancelled = 0;
+        let now = crate::time::now_ms();
+        for request in
+            requests.iter().filter(|r| !r.state.is_final() && (tables.is_empty() || tables.contains(&r.table)))
+        {
+            let rows = self.active.as_ref().filter(|a| a.id.as_ref() == request.id).map_or(0, |a| a.progress.rows_done);
+            self.store.put_snapshot(&request.clone().finished(RequestState::Cancelled, now, rows, None))?;
+            cancelled += 1;
+        }
+        Ok(format!("{cancelled} snapshot(s) cancelled"))
     }
 }
 

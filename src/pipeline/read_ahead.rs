@@ -230,6 +230,7 @@ fn size_of_change(change: &Change) -> usize {
                     + row.additional.iter().map(column_value_size).sum::<usize>()
             }
             Change::Undecodable(bad) => bad.message.len() + serde_json::to_vec(&bad.image).map_or(0, |json| json.len()),
+            Change::Signal(signal) => signal.id.len() + signal.kind.len() + signal.data.as_ref().map_or(0, String::len),
             Change::Begin(start) => start.coord.file.len(),
             Change::Commit { .. } => 0,
         }

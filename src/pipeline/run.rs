@@ -312,6 +312,7 @@ impl<'a> Run<'a> {
                             Produced::Stopped => return Ok(()),
                         }
                     }
+                    Some(Change::Signal(signal)) => on_demand.signal(&signal).await?,
                     Some(Change::Commit { position, timestamp, end_event }) => {
                         let (tx, mark) = stream.close(watermark, position, timestamp, end_event, on_demand.progress());
                         commit.closed(sink, watermark, tx, mark).await?;

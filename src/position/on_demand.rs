@@ -73,7 +73,7 @@ pub struct SnapshotRequest {
     pub slice: Slice,
     /// When it was asked (Unix ms).
     pub requested_at_ms: u64,
-    /// What asked: `api`, `cli` or `signal`.
+    /// What asked: `api`, `cli`, or `signal <its id>`.
     pub by: String,
     /// Where it is.
     pub state: RequestState,

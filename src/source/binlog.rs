@@ -25,7 +25,7 @@ use mysql_common::packets::{GnoInterval, Sid};
 
 use super::change::event_type;
 pub(crate) use super::change::{parse_event, read_event_bytes, FORMAT_DESCRIPTION};
-pub use super::change::{Change, ChangeDecoder, ReaderSettings};
+pub use super::change::{Change, ChangeDecoder, ReaderSettings, Signal};
 use super::{ServerInfo, SourceConn};
 use crate::error::{classify_mysql, Error, Result};
 use crate::position::{Flavor, Gtids, Position};

@@ -57,6 +57,7 @@ use mysql_common::binlog::events::{
     Event, EventData, FormatDescriptionEvent, RowsEventData, TableMapEvent, TransactionPayloadEvent,
 };
 
+use super::rows::RowLayout;
 use super::statement::{self, Statement};
 use super::{NameCase, OutboxTable, ResolvedTables};
 use crate::config::{ColumnNames, OnUpdate};
@@ -75,6 +76,9 @@ pub enum Change {
     Row(OutboxRow),
     /// An outbox row inserted by the current transaction that cannot be decoded (a poison row).
     Undecodable(Box<super::decode::Undecodable>),
+    /// A row inserted into `[outbox] signal_table` by the current transaction (handed on only once its
+    /// group committed, as rows are).
+    Signal(Box<Signal>),
     /// The current transaction committed; `position` is right after it.
     Commit {
         /// Resume point after this transaction.
@@ -85,6 +89,17 @@ pub enum Change {
         /// that ended without an end event of its own (the next group began).
         end_event: Option<EndEvent>,
     },
+}
+
+/// A row of the signal table, in Debezium's layout: its first three columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signal {
+    /// `id`: unique per signal; a signal read again (after a restart) is recognised by it.
+    pub id: String,
+    /// `type`: `execute-snapshot`, `pause-snapshot`, …
+    pub kind: String,
+    /// `data`: JSON text, or `None` for NULL.
+    pub data: Option<String>,
 }
 
 /// Reader settings that do not change across reconnects.
@@ -100,6 +115,8 @@ pub struct ReaderSettings {
     pub on_update: OnUpdate,
     /// Heartbeat period asked of the server.
     pub heartbeat: Duration,
+    /// `[outbox] signal_table`: its inserts become [`Change::Signal`]s.
+    pub signal_table: Option<TableName>,
 }
 
 /// Event type codes that mysql_common does not parse (MariaDB) or that we treat specially.
@@ -177,6 +194,8 @@ pub struct ChangeDecoder {
     payload_event: Option<EndEvent>,
     /// table_id -> decoder and TABLE_MAP for outbox tables, `None` for other tables.
     tables: HashMap<u64, Option<(Arc<OutboxTable>, TableMapEvent<'static>)>>,
+    /// table_id -> the signal table's layout (its first three columns).
+    signal_tables: HashMap<u64, Arc<RowLayout>>,
     outbox_names: OutboxNames,
     pending: VecDeque<Change>,
 }
@@ -365,6 +384,7 @@ impl ChangeDecoder {
             payload_left: 0,
             payload_event: None,
             tables: HashMap::new(),
+            signal_tables: HashMap::new(),
             pending: VecDeque::new(),
         }
     }
@@ -374,6 +394,7 @@ impl ChangeDecoder {
         self.outbox_names =
             OutboxNames::new(resolved.case, resolved.tables.iter().map(|t| (t.configured.clone(), t.server.clone())));
         self.tables.clear();
+        self.signal_tables.clear();
     }
 
     /// Position after the last transaction read.
@@ -524,6 +545,15 @@ impl ChangeDecoder {
             EventData::XidEvent(_) => self.commit(event, log_pos),
             EventData::TableMapEvent(tme) => {
                 let table_id = tme.table_id();
+                self.signal_tables.remove(&table_id);
+                if self.is_signal_table(&tme.database_name(), &tme.table_name()) {
+                    let layout = RowLayout::new(&tme, &[0, 1, 2]).map_err(|e| {
+                        Error::definite(format!("cannot read the signal table's columns from the binlog: {e}"))
+                    })?;
+                    self.signal_tables.insert(table_id, Arc::new(layout));
+                    self.tables.insert(table_id, None);
+                    return Ok(());
+                }
                 match self.outbox_names.table_map(&tme.database_name(), &tme.table_name())? {
                     Some(name) => {
                         let reuse = matches!(self.tables.get(&table_id), Some(Some((_, known))) if *known == tme);
@@ -677,8 +707,63 @@ impl ChangeDecoder {
         }
     }
 
+    /// Whether `database.table` is `[outbox] signal_table` (compared as the server compares names, and
+    /// case-insensitively where that is not known).
+    fn is_signal_table(&self, database: &str, table: &str) -> bool {
+        let Some(signal) = &self.settings.signal_table else { return false };
+        match self.outbox_names.case {
+            NameCase::Sensitive => signal.database == database && signal.table == table,
+            NameCase::Insensitive | NameCase::Unknown => {
+                signal.database.eq_ignore_ascii_case(database) && signal.table.eq_ignore_ascii_case(table)
+            }
+        }
+    }
+
+    /// Inserts into the signal table: held as the group's rows are, handed on as [`Change::Signal`]s.
+    /// Updates and deletes of signals mean nothing.
+    fn on_signal_rows(&mut self, layout: &RowLayout, rows: &RowsEventData<'_>, log_pos: u32, size: u32) -> Result<()> {
+        if !matches!(rows, RowsEventData::WriteRowsEvent(_) | RowsEventData::WriteRowsEventV1(_)) {
+            return Ok(());
+        }
+        if self.tx.state == TxState::Idle {
+            self.begin(TxState::Open, None, log_pos);
+        }
+        if self.tx.skipped {
+            return Ok(());
+        }
+        for slots in layout.after_images(rows) {
+            let slots = slots.map_err(|e| Error::definite(format!("cannot decode a row of the signal table: {e}")))?;
+            let text = |slot: Option<&Option<mysql_common::binlog::value::BinlogValue<'static>>>| match slot {
+                Some(Some(mysql_common::binlog::value::BinlogValue::Value(mysql_common::Value::Bytes(b)))) => {
+                    Ok(Some(String::from_utf8_lossy(b).into_owned()))
+                }
+                Some(Some(mysql_common::binlog::value::BinlogValue::Value(mysql_common::Value::NULL)))
+                | Some(None)
+                | None => Ok(None),
+                Some(Some(other)) => Err(Error::definite(format!(
+                    "the signal table's columns must be texts in Debezium's layout (id, type, data); read {other:?}"
+                ))),
+            };
+            let (id, kind, data) = (text(slots.first())?, text(slots.get(1))?, text(slots.get(2))?);
+            let (Some(id), Some(kind)) = (id, kind) else {
+                return Err(Error::definite(
+                    "a signal without an id or a type: the signal table's first two columns are NOT NULL in \
+                     Debezium's layout",
+                ));
+            };
+            self.tx.hold(Change::Signal(Box::new(Signal { id, kind, data })));
+        }
+        if self.tx.past_hold_back(size) {
+            self.pending.extend(self.tx.release());
+        }
+        Ok(())
+    }
+
     fn on_rows(&mut self, rows: RowsEventData<'_>, log_pos: u32, event_size: u32) -> Result<()> {
         let table_id = rows.table_id();
+        if let Some(layout) = self.signal_tables.get(&table_id).cloned() {
+            return self.on_signal_rows(&layout, &rows, log_pos, event_size);
+        }
         let Some(Some((decoder, _))) = self.tables.get(&table_id) else {
             return Ok(());
         };

@@ -247,6 +247,7 @@ pub fn scan(path: &Path) -> Result<Scan> {
         columns: Default::default(),
         on_update: Default::default(),
         heartbeat: std::time::Duration::from_secs(1),
+        signal_table: None,
     });
     let len = std::fs::metadata(path).map_err(|e| Error::definite(format!("{}: {e}", path.display())))?.len();
     let mut file = EventFile::open(path)?;

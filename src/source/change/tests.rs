@@ -32,6 +32,7 @@ fn settings(tables: &[&str]) -> Arc<ReaderSettings> {
         columns: ColumnNames::default(),
         on_update: OnUpdate::Ignore,
         heartbeat: Duration::from_secs(5),
+        signal_table: None,
     })
 }
 

@@ -314,6 +314,7 @@ fn outbox_settings(tables: &[&str]) -> Arc<ReaderSettings> {
         columns: Default::default(),
         on_update: Default::default(),
         heartbeat: std::time::Duration::from_secs(1),
+        signal_table: None,
     })
 }
 
