@@ -11,6 +11,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use common::reliability::{self, Duplicates};
 use common::{free_port, insert_event, wait_until, Broker, Connector, Engine, MariaDb, OutboxRow, Received};
 use common::{Writer, WriterConfig};
 
@@ -209,6 +210,22 @@ async fn a_snapshot_on_demand_under_load_resumes_after_a_kill_and_keeps_each_ord
         before.len(),
         stream.len(),
         expected.len()
+    );
+    let written = common::Written { expected, ..common::Written::default() };
+    let name = "snapshot on demand under load, crashed in the middle";
+    let audit = reliability::closing_audit(name, &connector, &written, Duplicates::Reported);
+    reliability::record(
+        name,
+        &written,
+        &audit,
+        None,
+        &format!(
+            "4 writers; a snapshot on demand of the {} rows in the table through the control API, aborted at its \
+             10,000th row and resumed: {again} rows again of {delivered_before} delivered before the crash, every \
+             row of the table in the snapshot, each aggregate's snapshot rows in order on every record; the \
+             duplicates are the snapshot's, on purpose",
+            before.len()
+        ),
     );
     assert!(connector.terminate().success(), "{}", connector.logs());
 }
