@@ -230,13 +230,15 @@ async fn a_snapshot_on_demand_under_load_resumes_after_a_kill_and_keeps_each_ord
     assert!(connector.terminate().success(), "{}", connector.logs());
 }
 
-/// Through the CLI on a stopped connector: a slice (one aggregate) asked, another asked and paused, a
-/// third asked and cancelled; started, the connector publishes the slice again and only it, leaves the
-/// paused one until `snapshot resume` (through the API then), and never reads the cancelled one. The
-/// refusals: a table not configured, a condition the server does not take, an unknown id, a change to an
+/// Through the CLI on a stopped connector: a snapshot whose condition names a column dropped after it was
+/// asked (it fails, saying why, and the next is read), a slice (one aggregate) asked, another asked and
+/// paused, a third asked and cancelled; started, the connector publishes the slice again and only it,
+/// leaves the paused one until `snapshot resume` (through the API then), and never reads the cancelled
+/// one. The refusals: a table not configured, a condition the server does not take, an unknown id, a change to an
 /// ended snapshot.
 #[tokio::test(flavor = "multi_thread")]
 async fn snapshots_asked_paused_and_cancelled_through_the_cli_and_the_api() {
+    use mysql_async::prelude::Queryable;
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
     let mut conn = db.conn().await;
@@ -267,6 +269,11 @@ async fn snapshots_asked_paused_and_cancelled_through_the_cli_and_the_api() {
         out
     };
     let id_of = |out: &str| out.split_whitespace().find(|w| w.starts_with("snap-")).unwrap().to_string();
+    // First in line, a snapshot whose condition breaks after it was asked: it fails, saying why, and the
+    // next one is read.
+    conn.query_drop("ALTER TABLE shop.outbox_events ADD COLUMN doomed INT NULL").await.unwrap();
+    let doomed = id_of(&cli(&["snapshot", "start", "--where", "doomed IS NULL"]));
+    conn.query_drop("ALTER TABLE shop.outbox_events DROP COLUMN doomed").await.unwrap();
     let slice = cli(&["snapshot", "start", "--aggregate-id", "A-1"]);
     assert!(slice.contains("in its state store: it is not running"), "{slice}");
     let slice = id_of(&slice);
@@ -279,6 +286,8 @@ async fn snapshots_asked_paused_and_cancelled_through_the_cli_and_the_api() {
     assert!(list.contains("cancelled"), "{list}");
 
     connector.restart();
+    let failed = wait_state(port, &doomed, "failed", &connector);
+    assert!(failed["error"].as_str().unwrap().contains("refuses the snapshot's read"), "{failed}");
     let done = wait_state(port, &slice, "done", &connector);
     assert_eq!(done["rows"], 100, "{done}");
     let shown = wait_state(port, &paused, "paused", &connector);
@@ -299,7 +308,7 @@ async fn snapshots_asked_paused_and_cancelled_through_the_cli_and_the_api() {
     let (code, answer) = call(port, "DELETE", &format!("/v1/snapshots/{slice}"), None).unwrap();
     assert_eq!(code, 409, "{answer}");
     let status = connector.status_json().unwrap();
-    assert_eq!(status["snapshots"].as_array().map(Vec::len), Some(3), "{status}");
+    assert_eq!(status["snapshots"].as_array().map(Vec::len), Some(4), "{status}");
     assert!(connector.terminate().success(), "{}", connector.logs());
 }
 

@@ -53,6 +53,9 @@ pub(crate) struct OnDemand<'a> {
     /// Woken when a request was stored or changed.
     changed: Arc<Notify>,
     active: Option<Active>,
+    /// A snapshot failed since the requests were last read: the next one asked is to be taken
+    /// ([`OnDemand::settle`]).
+    stale: bool,
 }
 
 /// The snapshot being read.
@@ -72,7 +75,7 @@ struct Active {
 impl<'a> OnDemand<'a> {
     /// None: a run over binlog files reads no table.
     pub(crate) fn none(config: &'a Config, store: Arc<Store>) -> OnDemand<'a> {
-        OnDemand { config, source: None, store, changed: Arc::new(Notify::new()), active: None }
+        OnDemand { config, source: None, store, changed: Arc::new(Notify::new()), active: None, stale: false }
     }
 
     /// The snapshots on demand of a run whose stream starts at `start`: the one its checkpoint was reading,
@@ -87,7 +90,7 @@ impl<'a> OnDemand<'a> {
         changed: Arc<Notify>,
         start: &Mark,
     ) -> Result<OnDemand<'a>> {
-        let mut on_demand = OnDemand { config, source: Some(source), store, changed, active: None };
+        let mut on_demand = OnDemand { config, source: Some(source), store, changed, active: None, stale: false };
         let requests = on_demand.store.snapshots()?;
         if let Some(progress) = &start.on_demand {
             match requests.iter().find(|r| r.id == progress.id) {
@@ -194,6 +197,7 @@ impl<'a> OnDemand<'a> {
         }
         let Some(active) = self.active.take() else { return Err(error) };
         tracing::error!(id = %active.id, %error, "snapshot on demand failed; the stream goes on");
+        self.stale = true;
         let rows = active.progress.rows_done;
         self.store.put_snapshot(&active.request.finished(
             RequestState::Failed,
@@ -291,12 +295,15 @@ impl<'a> OnDemand<'a> {
         Some(Mark { on_demand: Some(active.progress.clone()), ..last })
     }
 
-    /// Stores the active snapshot as done once its last mark is durable; the next snapshot asked, if any,
-    /// starts.
+    /// Stores the active snapshot as done once its last mark is durable, or takes the requests again after
+    /// one failed; the next snapshot asked, if any, starts.
     ///
     /// # Errors
     /// As [`OnDemand::start`].
     pub(crate) async fn settle(&mut self, checkpointer: &Checkpointer) -> Result<()> {
+        if std::mem::take(&mut self.stale) {
+            return self.reload().await;
+        }
         let Some(active) = self.active.as_ref().filter(|a| a.progress.done) else { return Ok(()) };
         if checkpointer.saved().and_then(|m| m.on_demand).as_ref() != Some(&active.progress) {
             return Ok(());
@@ -310,9 +317,10 @@ impl<'a> OnDemand<'a> {
         self.reload_from(requests).await
     }
 
-    /// Whether the done snapshot waits for its checkpoint.
+    /// Whether [`OnDemand::settle`] has work: the done snapshot waits for its checkpoint, or one failed and
+    /// the next is to be taken.
     pub(crate) fn settling(&self) -> bool {
-        self.active.as_ref().is_some_and(|a| a.progress.done)
+        self.stale || self.active.as_ref().is_some_and(|a| a.progress.done)
     }
 }
 

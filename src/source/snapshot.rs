@@ -280,6 +280,22 @@ async fn slice_sql(
     Ok(((!conditions.is_empty()).then(|| conditions.join(" AND ")), params))
 }
 
+/// A scan's error: as [`classify_mysql`] says, except that a snapshot on demand's statement the server
+/// refuses for good (its `where` names a column that is gone, no longer parses, names a table that is
+/// gone) is definite: the snapshot fails, saying why, and the stream goes on, instead of a run retried for
+/// ever on a statement that cannot run.
+fn scan_error(error: &mysql_async::Error, on_demand: bool) -> Error {
+    /// ER_BAD_FIELD_ERROR, ER_PARSE_ERROR, ER_NON_UNIQ_ERROR, ER_UNKNOWN_TABLE, ER_SP_DOES_NOT_EXIST,
+    /// ER_WRONG_ARGUMENTS: the statement itself.
+    const STATEMENT_REFUSED: [u16; 6] = [1054, 1064, 1052, 1109, 1305, 1210];
+    match error {
+        mysql_async::Error::Server(server) if on_demand && STATEMENT_REFUSED.contains(&server.code) => Error::definite(
+            format!("the server refuses the snapshot's read ({} {}): {}", server.code, server.state, server.message),
+        ),
+        _ => classify_mysql(error),
+    }
+}
+
 /// Takes the snapshot's brief MySQL lock (`snapshot.lock`) on `conn`, waiting at most `timeout_s` seconds.
 ///
 /// A `LOCK TABLES … READ` queues behind any open transaction that wrote to the outbox, and while it waits
@@ -339,7 +355,9 @@ impl Scanner {
             let index = index_in_key_order(&mut self.conn, &table, &index_prefix(names)).await?;
             let after = self.after.take().filter(|k| k.table == KeyTable::of(&table));
             let (sql, params) = self.scan_sql(&table, present, &keys, index.as_deref(), after.as_ref())?;
-            let failed = |e: mysql_async::Error| classify_mysql(&e).context(format_args!("snapshot scan of {table}"));
+            let on_demand = self.on_demand;
+            let failed =
+                |e: mysql_async::Error| scan_error(&e, on_demand).context(format_args!("snapshot scan of {table}"));
             let scan = Stream {
                 table: &table,
                 present,
