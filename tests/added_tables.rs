@@ -19,30 +19,35 @@ const MORE: &str = "outbox.event.more";
 const READ_TIMEOUT: Duration = Duration::from_secs(180);
 const FAILPOINT: &str = "OUTBOX_CDC_FAILPOINT";
 
-/// Inserts `n` rows into `shop.outbox_more` (aggregate type `more`, 10 aggregates round-robin), one
-/// autocommit statement each, recording each aggregate's ids in commit order in `ids`.
+/// Inserts the `i`th row of `shop.outbox_more` (aggregate type `more`, 10 aggregates round-robin) in one
+/// autocommit statement, recording its id after its aggregate's earlier ones in `ids` (commit order).
+async fn insert_more_row(conn: &mut mysql_async::Conn, i: usize, ids: &mut BTreeMap<String, Vec<String>>) {
+    let aggregate = format!("M-{}", i % 10);
+    let row = OutboxRow { aggregate_type: "more".into(), ..OutboxRow::new(aggregate.clone()) };
+    conn.exec_drop(
+        "INSERT INTO shop.outbox_more (id, aggregate_type, aggregate_id, event_type, schema_version, payload, \
+         occurred_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            &row.id,
+            &row.aggregate_type,
+            &row.aggregate_id,
+            &row.event_type,
+            row.schema_version,
+            row.payload.to_string(),
+            &row.occurred_at,
+            &row.next_attempt_at,
+        ),
+    )
+    .await
+    .unwrap();
+    ids.entry(aggregate).or_default().push(row.id);
+}
+
+/// Inserts `n` rows into `shop.outbox_more` ([`insert_more_row`]), recording them in `ids`.
 async fn insert_more(db: &MariaDb, n: usize, ids: &mut BTreeMap<String, Vec<String>>) {
     let mut conn = db.conn().await;
     for i in 0..n {
-        let aggregate = format!("M-{}", i % 10);
-        let row = OutboxRow { aggregate_type: "more".into(), ..OutboxRow::new(aggregate.clone()) };
-        conn.exec_drop(
-            "INSERT INTO shop.outbox_more (id, aggregate_type, aggregate_id, event_type, schema_version, payload, \
-             occurred_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                &row.id,
-                &row.aggregate_type,
-                &row.aggregate_id,
-                &row.event_type,
-                row.schema_version,
-                row.payload.to_string(),
-                &row.occurred_at,
-                &row.next_attempt_at,
-            ),
-        )
-        .await
-        .unwrap();
-        ids.entry(aggregate).or_default().push(row.id);
+        insert_more_row(&mut conn, i, ids).await;
     }
 }
 
@@ -54,25 +59,7 @@ fn keep_inserting(db: &MariaDb, stop: Arc<AtomicBool>) -> tokio::task::JoinHandl
         let mut ids: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut i = 0;
         while !stop.load(Ordering::SeqCst) {
-            let aggregate = format!("M-{}", i % 10);
-            let row = OutboxRow { aggregate_type: "more".into(), ..OutboxRow::new(aggregate.clone()) };
-            conn.exec_drop(
-                "INSERT INTO shop.outbox_more (id, aggregate_type, aggregate_id, event_type, schema_version, \
-                 payload, occurred_at, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    &row.id,
-                    &row.aggregate_type,
-                    &row.aggregate_id,
-                    &row.event_type,
-                    row.schema_version,
-                    row.payload.to_string(),
-                    &row.occurred_at,
-                    &row.next_attempt_at,
-                ),
-            )
-            .await
-            .unwrap();
-            ids.entry(aggregate).or_default().push(row.id);
+            insert_more_row(&mut conn, i, &mut ids).await;
             i += 1;
             tokio::time::sleep(Duration::from_millis(2)).await;
         }

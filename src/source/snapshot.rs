@@ -189,23 +189,13 @@ pub async fn open_slice(
     slice: &Slice,
     after: Option<SnapshotKey>,
 ) -> Result<Scanner> {
-    let mut conn = source.connect().await?;
-    let (filter, filter_params) = slice_sql(&mut conn, table, &config.outbox.columns, slice).await?;
+    let mut scanner = Scanner::of_slice(source, config, table, slice, after).await?;
     let q = |e: mysql_async::Error| classify_mysql(&e).context("opening a snapshot on demand's read");
+    let conn = &mut scanner.conn;
     conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ").await.map_err(q)?;
     conn.query_drop("SET SESSION net_write_timeout = @@SESSION.wait_timeout").await.map_err(q)?;
     conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY").await.map_err(q)?;
-    Ok(Scanner {
-        conn,
-        tables: vec![Arc::new(table.clone())],
-        columns: config.outbox.columns.clone(),
-        filter,
-        filter_params,
-        on_demand: true,
-        chunk_rows: config.snapshot.chunk_rows,
-        table: 0,
-        after,
-    })
+    Ok(scanner)
 }
 
 /// Checks that the server accepts the read of `slice` of `table` (its `where` parses, its columns exist)
@@ -214,19 +204,7 @@ pub async fn open_slice(
 /// # Errors
 /// A definite error naming what the server said; transient when the server cannot be reached.
 pub async fn check_slice(source: &SourceConn, config: &Config, table: &TableName, slice: &Slice) -> Result<()> {
-    let mut conn = source.connect().await?;
-    let (filter, filter_params) = slice_sql(&mut conn, table, &config.outbox.columns, slice).await?;
-    let mut scanner = Scanner {
-        conn,
-        tables: vec![Arc::new(table.clone())],
-        columns: config.outbox.columns.clone(),
-        filter,
-        filter_params,
-        on_demand: true,
-        chunk_rows: 1,
-        table: 0,
-        after: None,
-    };
+    let mut scanner = Scanner::of_slice(source, config, table, slice, None).await?;
     let table = scanner.tables[0].clone();
     let present = present_roles(&mut scanner.conn, &table, &scanner.columns).await?;
     let keys = KeyColumns::load(&mut scanner.conn, &table, &scanner.columns).await?;
@@ -324,6 +302,30 @@ pub async fn take_lock(conn: &mut Conn, lock_sql: &str, timeout_s: u32) -> Resul
 }
 
 impl Scanner {
+    /// The read of `slice` of `table` after `after`, on a new connection, before any statement of its own:
+    /// what [`open_slice`] opens a read view for and [`check_slice`] prepares.
+    async fn of_slice(
+        source: &SourceConn,
+        config: &Config,
+        table: &TableName,
+        slice: &Slice,
+        after: Option<SnapshotKey>,
+    ) -> Result<Scanner> {
+        let mut conn = source.connect().await?;
+        let (filter, filter_params) = slice_sql(&mut conn, table, &config.outbox.columns, slice).await?;
+        Ok(Scanner {
+            conn,
+            tables: vec![Arc::new(table.clone())],
+            columns: config.outbox.columns.clone(),
+            filter,
+            filter_params,
+            on_demand: true,
+            chunk_rows: config.snapshot.chunk_rows,
+            table: 0,
+            after,
+        })
+    }
+
     /// Estimated rows to scan (server statistics; exact for small tables).
     ///
     /// # Errors
