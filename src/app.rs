@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crate::checkpoint::Store;
 use crate::config::{Config, Source, StateBackend};
 use crate::error::Result;
-use crate::pipeline::{Pipeline, Shutdown};
+use crate::pipeline::{Pipeline, Shutdown, SignalledPause};
 use crate::router::Router;
 use crate::source::binlog::ReaderSettings;
 use crate::source::SourceConn;
@@ -91,6 +91,7 @@ pub async fn run_controlled(
         }),
         accept_new_server: options.accept_new_server,
         requests: control.snapshot_requests(),
+        pause: SignalledPause::default(),
         config: config.clone(),
     };
     let state = State::open(&config)?;
@@ -180,9 +181,10 @@ enum Turn {
 }
 
 /// One turn with the lease held (or none needed) and `store` open. Paused, it answers the operator's
-/// commands until a resume. Otherwise it runs the pipeline until it ends by itself or by `shutdown`, or
-/// until a command needs it stopped: then it stops it as a shutdown would and carries the command out
-/// with no run reading ([`control`]).
+/// commands and watches the signal table until a resume. Otherwise it runs the pipeline until it ends by
+/// itself or by `shutdown`, or until a command or a `pause` signal needs it stopped: then it stops it as a
+/// shutdown would and carries the command out with no run reading ([`control`]); the run stored the
+/// signal's pause itself.
 ///
 /// # Errors
 /// The run's error, and the store's.
@@ -195,25 +197,37 @@ async fn hold_turn(
 ) -> Result<Turn> {
     if store.paused()?.is_some() {
         control.show(Role::Paused, Some(store.clone()));
+        let resume = pipeline.resume_signal(store);
+        tokio::pin!(resume);
         loop {
             tokio::select! {
                 command = control.next() => if !control.carry_out(command, store).await? {
                     return Ok(Turn::Again);
                 },
+                signal = &mut resume => {
+                    control.resume_by_signal(store, &signal.id)?;
+                    return Ok(Turn::Again);
+                }
                 _ = shutdown.requested() => return Ok(Turn::Ended),
             }
         }
     }
+    pipeline.pause.take();
     control.show(Role::Running, Some(store.clone()));
     // The run stops on its own signal: the process's shutdown, or a command that needs it stopped.
     let (stop, run_shutdown) = Shutdown::new();
     let run = pipeline.run(store, lease, &run_shutdown);
     tokio::pin!(run);
     let mut command = None;
+    let mut signalled = false;
     let result = loop {
         tokio::select! {
             result = &mut run => break result,
             _ = shutdown.requested(), if !run_shutdown.is_requested() => stop.trigger(),
+            _ = pipeline.pause.asked(), if !signalled => {
+                signalled = true;
+                stop.trigger();
+            }
             next = control.next(), if command.is_none() => match next.stops_a_run() {
                 true => {
                     stop.trigger();
@@ -223,6 +237,10 @@ async fn hold_turn(
             },
         }
     };
+    // Paused by a signal (stored by the run): the next turn finds the pause, unless the process stops.
+    if pipeline.pause.take().is_some() && command.is_none() && !shutdown.is_requested() {
+        return result.map(|()| Turn::Again);
+    }
     let Some(command) = command else { return result.map(|()| Turn::Ended) };
     if let Err(error) = result {
         command.fail(&error);

@@ -49,11 +49,13 @@ mod plan;
 mod read_ahead;
 mod run;
 mod shutdown;
+pub mod signals;
 
 use on_demand::OnDemand;
 use plan::{FilesPlan, First, ServerPlan};
 use run::Run;
 pub use shutdown::{Shutdown, ShutdownTrigger, KAFKA_STOP_LIMIT, SHUTDOWN_GRACE};
+pub use signals::SignalledPause;
 
 /// Everything a run needs that outlives it. The state store and the lease are not here: the app owns
 /// them (the Kafka backend opens its store again before each run, the lease may be lost and taken again)
@@ -71,6 +73,8 @@ pub struct Pipeline {
     pub accept_new_server: bool,
     /// Woken when a snapshot on demand was asked, paused, resumed or cancelled in the state store.
     pub requests: Arc<tokio::sync::Notify>,
+    /// Where a run carries out a `pause` signal, and the app learns it must stop the run.
+    pub pause: SignalledPause,
 }
 
 impl Pipeline {
@@ -100,6 +104,12 @@ impl Pipeline {
         result
     }
 
+    /// Waits while the connector is paused for a `resume` signal of `[outbox] signal_table`, and returns
+    /// it ([`signals::watch_for_resume`]); never without a signal table.
+    pub async fn resume_signal(&self, store: &Store) -> crate::source::binlog::Signal {
+        signals::watch_for_resume(&self.config, self.source.as_ref(), &self.reader, store).await
+    }
+
     /// Wiring only: plans where the run starts ([`plan`]), builds its moving parts ([`Run`]) and runs its
     /// phases in order.
     async fn run_once(&self, store: &Arc<Store>, lease: Option<&Lease>, shutdown: &Shutdown) -> Result<()> {
@@ -115,6 +125,7 @@ impl Pipeline {
                     store.clone(),
                     lease.map(Lease::holding),
                     shutdown,
+                    &self.pause,
                 )
                 .await
             }
@@ -173,7 +184,9 @@ impl Pipeline {
             version = %info.version,
             "streaming"
         );
-        let on_demand = OnDemand::start(config, source.clone(), store.clone(), self.requests.clone(), &start).await?;
+        let on_demand =
+            OnDemand::start(config, source.clone(), store.clone(), (self.requests.clone(), self.pause.clone()), &start)
+                .await?;
         run.stream(&start, reader, overlap, on_demand).await
     }
 

@@ -371,3 +371,154 @@ async fn a_paused_relay_publishes_nothing_until_resumed() {
     assert_eq!(report.duplicates, 0, "a pause repeats nothing: {}", report.summary());
     assert!(relay.terminate().success(), "{}", relay.logs());
 }
+
+/// The signal table of the tests below, in Debezium's layout (README "Signals").
+const SIGNAL_TABLE: &str = "CREATE TABLE shop.debezium_signal (id VARCHAR(42) PRIMARY KEY, type VARCHAR(32) NOT NULL, \
+                            data VARCHAR(2048) NULL)";
+
+/// Inserts signal `id` of type `kind` (no data).
+async fn signal(conn: &mut mysql_async::Conn, id: &str, kind: &str) {
+    conn.exec_drop("INSERT INTO shop.debezium_signal (id, type) VALUES (?, ?)", (id, kind)).await.unwrap();
+}
+
+/// Waits until the API says `role`, paused by `by` when paused.
+fn wait_role(port: u16, role: &str, by: Option<&str>, connector: &Connector) {
+    let status = || call(port, "GET", "/v1/status", &[("Authorization", &format!("Bearer {TOKEN}"))]);
+    assert!(
+        wait_until(Duration::from_secs(60), || status().is_some_and(|a| a.code == 200
+            && a.json()["role"] == role
+            && by.is_none_or(|by| a.json()["paused"]["by"] == by))),
+        "not {role} by {by:?}: {:?}\n{}",
+        status(),
+        connector.logs()
+    );
+}
+
+/// `pause` and `resume` rows of the signal table under 4 steady writers: the connector reads the pause
+/// from the binlog, stores it naming the signal and publishes nothing more (its lag grows); killed -9 and
+/// started again it stays paused, reads its signal table on the side, notes a second `pause` written while
+/// paused, and resumes on the `resume` row; then every event once, in order. The pauses are read again by the
+/// resumed run (its checkpoint is before them) and not carried out twice: a second pause would hold the
+/// events and fail the read. A `resume` of the running connector, before, does nothing. The pause and the
+/// resume are the README's (section "Signals"), as written.
+#[tokio::test(flavor = "multi_thread")]
+async fn pause_and_resume_signals_under_load_across_a_kill() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = &readme[readme.find("### Signals").expect("README has ### Signals")..];
+    let second = section.match_indices("```sql\n").nth(1).expect("a second sql block").0 + 7;
+    let block = &section[second..second + section[second..].find("```").unwrap()];
+    let statements: Vec<&str> = block.split(";\n").map(str::trim).filter(|s| !s.is_empty()).collect();
+    let [pause, resume] = statements[..] else { panic!("the pause and the resume: {statements:?}") };
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    let mut conn = db.conn().await;
+    conn.query_drop(SIGNAL_TABLE).await.unwrap();
+    let (mut connector, port) = connector(&db, &broker, true, "");
+    let config = std::fs::read_to_string(connector.config_path()).unwrap();
+    let config = config.replacen(
+        "table = \"shop.outbox_events\"\n",
+        "table = \"shop.outbox_events\"\nsignal_table = \"shop.debezium_signal\"\n",
+        1,
+    );
+    std::fs::write(connector.config_path(), config).unwrap();
+    connector.run(&connector.config_path());
+    let writer = Writer::start(
+        db.opts_root(),
+        WriterConfig { tasks: 4, max_events: 1_000_000, pause: Duration::from_millis(5), ..WriterConfig::default() },
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || broker.read_all(TOPIC, 100, Duration::from_secs(1)).len() >= 100),
+        "{}",
+        connector.logs()
+    );
+    signal(&mut conn, "r-0", "resume").await;
+    conn.query_drop(pause.trim_end_matches(';')).await.unwrap();
+    let by = "signal maintenance-2026-12-07";
+    wait_role(port, "paused", Some(by), &connector);
+    let at_pause = settled(&broker);
+    let committed_at_pause = writer.committed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(writer.committed() > committed_at_pause + 100, "the writers went on");
+    assert_eq!(settled(&broker), at_pause, "published while paused:\n{}", connector.logs());
+    assert!(connector.logs().contains("paused by a signal"), "{}", connector.logs());
+
+    connector.kill();
+    connector.restart();
+    wait_role(port, "paused", Some(by), &connector);
+    signal(&mut conn, "p-2", "pause").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(settled(&broker), at_pause, "published after a restart while paused:\n{}", connector.logs());
+    conn.query_drop(resume.trim_end_matches(';')).await.unwrap();
+    wait_role(port, "running", None, &connector);
+    assert!(connector.logs().contains("resumed by a signal"), "{}", connector.logs());
+    writer.stop();
+    let written = writer.finish().await;
+    assert!(written.errors.is_empty(), "{:?}", written.errors);
+    let (_, report) = common::read_and_audit(&broker, TOPIC, &written.expected, READ_TIMEOUT, &connector);
+    assert_eq!(report.duplicates, 0, "a pause repeats nothing: {}", report.summary());
+    assert!(written.len() > at_pause + 100, "events were held by the pause");
+    assert!(connector.terminate().success(), "{}", connector.logs());
+}
+
+/// The polling relay polls its signal table (README "Signals"): a `pause` row under 2 steady writers pauses
+/// it (the rows written meanwhile wait unpublished), a `resume` row resumes it, and every row is
+/// published once, in order. A Debezium signal it does not take is noted and logged, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_relay_polls_pause_and_resume_signals() {
+    use common::patterns::{self, Mode};
+    let db = MariaDb::start();
+    let broker = Broker::start(Engine::Memory);
+    patterns::prepare(&db, Mode::Marking);
+    let mut conn = db.conn().await;
+    conn.query_drop(SIGNAL_TABLE).await.unwrap();
+    conn.query_drop("GRANT SELECT ON shop.debezium_signal TO 'relay'@'127.0.0.1'").await.unwrap();
+    signal(&mut conn, "old-1", "execute-snapshot").await;
+    let port = free_port();
+    let probe = Connector::new();
+    let token_file = probe.dir().join("control-token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let control = format!(
+        "[control]\nlisten = \"127.0.0.1:{port}\"\ntoken_file = {}\n",
+        common::connector::toml_str(&token_file.to_string_lossy())
+    );
+    let mut relay =
+        patterns::relay_config(&db, &broker, Mode::Marking, "poll_interval_ms = 50", &control, Some(free_port()));
+    let config = std::fs::read_to_string(relay.config_path()).unwrap();
+    let config = config.replacen(
+        "table = \"shop.outbox_events\"\n",
+        "table = \"shop.outbox_events\"\nsignal_table = \"shop.debezium_signal\"\n",
+        1,
+    );
+    std::fs::write(relay.config_path(), config).unwrap();
+    relay.run(&relay.config_path());
+    let writer = Writer::start(
+        db.opts_root(),
+        WriterConfig { tasks: 2, max_events: 1_000_000, pause: Duration::from_millis(5), ..WriterConfig::default() },
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || broker.read_all(TOPIC, 100, Duration::from_secs(1)).len() >= 100),
+        "{}",
+        relay.logs()
+    );
+    signal(&mut conn, "p-1", "pause").await;
+    wait_role(port, "paused", Some("signal p-1"), &relay);
+    let at_pause = settled(&broker);
+    let committed_at_pause = writer.committed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(writer.committed() > committed_at_pause + 100, "the writers went on");
+    assert_eq!(settled(&broker), at_pause, "published while paused:\n{}", relay.logs());
+    let waiting: u64 =
+        conn.query_first("SELECT COUNT(*) FROM shop.outbox_events WHERE published_at IS NULL").await.unwrap().unwrap();
+    assert!(waiting > 100, "the rows written while paused wait unpublished: {waiting}");
+
+    signal(&mut conn, "r-1", "resume").await;
+    wait_role(port, "running", None, &relay);
+    writer.stop();
+    let written = writer.finish().await;
+    assert!(written.errors.is_empty(), "{:?}", written.errors);
+    let (_, report) = common::read_and_audit(&broker, TOPIC, &written.expected, READ_TIMEOUT, &relay);
+    assert_eq!(report.duplicates, 0, "a pause repeats nothing: {}", report.summary());
+    let logs = relay.logs();
+    assert_eq!(logs.matches("signal the polling relay does not take").count(), 1, "{logs}");
+    assert!(relay.terminate().success(), "{}", relay.logs());
+}

@@ -14,7 +14,9 @@
 //!
 //! # A pause
 //! Stored in the state store ([`Paused`]) before it is answered: a connector restarted, or a standby
-//! taking over, stays paused until resumed. A paused instance keeps its lease (a standby must not start
+//! taking over, stays paused until resumed. A `pause` signal of `[outbox] signal_table` is stored by the
+//! run that reads it and stops the run the same way; a paused connector watches the signal table for a
+//! `resume` ([`crate::pipeline::signals`]). A paused instance keeps its lease (a standby must not start
 //! publishing) and its Kafka producer, closes its source reading, and is ready (`/readyz` says paused;
 //! `outbox_cdc_paused` is 1).
 
@@ -27,6 +29,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::checkpoint::store::Paused;
 use crate::checkpoint::Store;
 use crate::error::{Error, Result};
+use crate::pipeline::signals;
 
 /// Work run with the state store while no run reads (a hold's release), answering with a JSON value.
 pub type Work = Box<dyn FnOnce(Arc<Store>) -> Pin<Box<dyn Future<Output = Result<serde_json::Value>> + Send>> + Send>;
@@ -183,7 +186,7 @@ impl Control {
             }
             Command::Resume { answer } => {
                 if paused {
-                    store.set_paused(None)?;
+                    resume(store)?;
                     tracing::info!("resumed by an operator");
                 }
                 self.show(Role::Running, Some(store.clone()));
@@ -197,6 +200,31 @@ impl Control {
             }
         }
     }
+}
+
+impl Control {
+    /// Ends the pause on a `resume` signal of `[outbox] signal_table` read while paused, and notes it.
+    ///
+    /// # Errors
+    /// The store's.
+    pub(super) fn resume_by_signal(&self, store: &Arc<Store>, id: &str) -> Result<()> {
+        resume(store)?;
+        signals::note(store, id, "resume", "resumed")?;
+        tracing::info!(signal = id, "resumed by a signal");
+        self.show(Role::Running, Some(store.clone()));
+        Ok(())
+    }
+}
+
+/// Ends a pause. A pause by signal gets its note first, if the crash of its run left it without one: the
+/// pause was what marked the signal carried out.
+fn resume(store: &Store) -> Result<()> {
+    if let Some(id) = store.paused()?.as_ref().and_then(Paused::signal) {
+        if store.applied_signal(id)?.is_none() {
+            signals::note(store, id, "pause", "paused")?;
+        }
+    }
+    store.set_paused(None)
 }
 
 /// The answer of an instance that does not hold the lease.

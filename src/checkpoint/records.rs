@@ -31,9 +31,19 @@ pub struct Inspection {
 pub struct Paused {
     /// When (Unix ms).
     pub at_ms: u64,
-    /// What asked: `api` or `cli`.
+    /// What asked: `api`, `cli`, or `signal <id>` (a `pause` row of `[outbox] signal_table`).
     pub by: String,
 }
+
+impl Paused {
+    /// The id of the signal that paused, when one did.
+    pub fn signal(&self) -> Option<&str> {
+        self.by.strip_prefix(SIGNAL_BY)
+    }
+}
+
+/// How a request or a pause names the signal that asked for it: `signal <id>`.
+pub const SIGNAL_BY: &str = "signal ";
 
 /// A signal of `[outbox] signal_table` carried out (kept by its id, so that one read again is not).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

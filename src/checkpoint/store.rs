@@ -16,7 +16,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::kafka::KafkaStore;
 use super::records::hold_key;
-pub use super::records::{AppliedSignal, Inspection, LastError, Paused, RequestState, SnapshotRequest};
+pub use super::records::{AppliedSignal, Inspection, LastError, Paused, RequestState, SnapshotRequest, SIGNAL_BY};
 use super::Checkpoint;
 use crate::config::{Config, StateBackend};
 use crate::error::{Error, Result};
@@ -396,6 +396,15 @@ impl Store {
             Backend::Local(l) => l.read(|path, tx| read_one(path, tx, NOTES, &format!("{SIGNAL_PREFIX}{id}"))),
             Backend::Kafka(k) => Ok(k.applied_signal(id)),
         }
+    }
+
+    /// Whether signal `id` was carried out: its note, or the pause it asked for. A pause by signal is one
+    /// record (the pause names the signal), so a crash between it and its note cannot carry it out twice.
+    ///
+    /// # Errors
+    /// A definite error when the store cannot be read.
+    pub fn signal_carried_out(&self, id: &str) -> Result<bool> {
+        Ok(self.applied_signal(id)?.is_some() || self.paused()?.is_some_and(|p| p.signal() == Some(id)))
     }
 
     /// Every snapshot on demand asked of this connector, in the order they were asked.

@@ -326,10 +326,11 @@ impl OutboxConfig {
         Ok(names)
     }
 
-    /// `signal_table`, parsed: never one of the outbox `tables`, and only where a binlog is read.
+    /// `signal_table`, parsed: never one of the outbox `tables`, and only where a server is read (the
+    /// binlog source reads it from the binlog, the polling relay polls it).
     ///
     /// # Errors
-    /// A definite error for a name that does not parse, an outbox table, or a source without a binlog.
+    /// A definite error for a name that does not parse, an outbox table, or binlog files.
     pub(super) fn signal_table(&self, tables: &[TableName], kind: super::SourceKind) -> Result<Option<TableName>> {
         let Some(name) = &self.signal_table else { return Ok(None) };
         let table = TableName::parse(name).map_err(|e| Error::definite(format!("outbox.signal_table: {e}")))?;
@@ -338,10 +339,10 @@ impl OutboxConfig {
                 "outbox.signal_table = {name:?} is an outbox table: signals go to a table of their own"
             )));
         }
-        if kind != super::SourceKind::Server {
+        if kind == super::SourceKind::Files {
             return Err(Error::definite(
-                "outbox.signal_table is read from a server's binlog: it needs [source] kind = \"server\" (the \
-                 polling relay and binlog files have no snapshots on demand)",
+                "outbox.signal_table is read from a server: binlog files have no table to read it from, and no \
+                 snapshots on demand or pause to ask for",
             ));
         }
         Ok(Some(table))

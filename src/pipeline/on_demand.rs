@@ -27,7 +27,7 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use crate::checkpoint::checkpointer::Checkpointer;
-use crate::checkpoint::store::{AppliedSignal, RequestState, SnapshotRequest};
+use crate::checkpoint::store::{RequestState, SnapshotRequest, SIGNAL_BY};
 use crate::checkpoint::{Mark, Store, TxId, Watermark};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -38,6 +38,8 @@ use crate::position::snapshot::SnapshotKey;
 use crate::source::binlog::Signal;
 use crate::source::snapshot::{self, Chunk, Prefetch};
 use crate::source::SourceConn;
+
+use super::signals::SignalledPause;
 
 /// Chunks of a snapshot on demand produced and not yet acknowledged, at most: enough to keep the producer
 /// busy between acknowledgements (one at a time, a 1M-row snapshot read 17,400 rows/s beside a 5,000/s
@@ -52,6 +54,8 @@ pub(crate) struct OnDemand<'a> {
     store: Arc<Store>,
     /// Woken when a request was stored or changed.
     changed: Arc<Notify>,
+    /// Where a `pause` signal is carried out.
+    pause: SignalledPause,
     active: Option<Active>,
     /// A snapshot failed since the requests were last read: the next one asked is to be taken
     /// ([`OnDemand::settle`]).
@@ -75,7 +79,8 @@ struct Active {
 impl<'a> OnDemand<'a> {
     /// None: a run over binlog files reads no table.
     pub(crate) fn none(config: &'a Config, store: Arc<Store>) -> OnDemand<'a> {
-        OnDemand { config, source: None, store, changed: Arc::new(Notify::new()), active: None, stale: false }
+        let (changed, pause) = (Arc::new(Notify::new()), SignalledPause::default());
+        OnDemand { config, source: None, store, changed, pause, active: None, stale: false }
     }
 
     /// The snapshots on demand of a run whose stream starts at `start`: the one its checkpoint was reading,
@@ -87,10 +92,11 @@ impl<'a> OnDemand<'a> {
         config: &'a Config,
         source: SourceConn,
         store: Arc<Store>,
-        changed: Arc<Notify>,
+        (changed, pause): (Arc<Notify>, SignalledPause),
         start: &Mark,
     ) -> Result<OnDemand<'a>> {
-        let mut on_demand = OnDemand { config, source: Some(source), store, changed, active: None, stale: false };
+        let mut on_demand =
+            OnDemand { config, source: Some(source), store, changed, pause, active: None, stale: false };
         let requests = on_demand.store.snapshots()?;
         if let Some(progress) = &start.on_demand {
             match requests.iter().find(|r| r.id == progress.id) {
@@ -329,19 +335,20 @@ impl OnDemand<'_> {
     /// `execute-snapshot` asks for a snapshot of each of its `data-collections` (with its
     /// `additional-conditions` filter as the slice's `where`); `pause-snapshot`, `resume-snapshot` and
     /// `stop-snapshot` pause, resume or cancel the snapshots not ended (`stop-snapshot` those of its
-    /// `data-collections` when it names any). A request the connector cannot carry out is stored as failed,
-    /// saying why; a type it does not take is logged and recorded. Signals read again after a restart
-    /// (their transaction not checkpointed yet) are recognised by id and skipped.
+    /// `data-collections` when it names any); `pause` pauses the connector (`super::signals`), `resume`
+    /// of a connector that runs does nothing. A request the connector cannot carry out is stored as
+    /// failed, saying why; a type it does not take is logged and recorded. Signals read again after a
+    /// restart (their transaction not checkpointed yet) are recognised by id and skipped.
     ///
     /// # Errors
     /// The store's; a transient error when the server cannot be asked whether a slice reads.
     pub(crate) async fn signal(&mut self, signal: &Signal) -> Result<()> {
         let Some(source) = self.source.clone() else { return Ok(()) };
-        if self.store.applied_signal(&signal.id)?.is_some() {
+        if self.store.signal_carried_out(&signal.id)? {
             tracing::debug!(id = %signal.id, kind = %signal.kind, "signal carried out before: skipped");
             return Ok(());
         }
-        let by = format!("signal {}", signal.id);
+        let by = format!("{SIGNAL_BY}{}", signal.id);
         let requests = self.store.snapshots()?;
         let data: serde_json::Value = match signal.data.as_deref().map(serde_json::from_str).transpose() {
             Ok(data) => data.unwrap_or(serde_json::Value::Null),
@@ -373,18 +380,19 @@ impl OnDemand<'_> {
             "pause-snapshot" => self.change_all(&requests, &[], RequestState::Queued, RequestState::Paused)?,
             "resume-snapshot" => self.change_all(&requests, &[], RequestState::Paused, RequestState::Queued)?,
             "stop-snapshot" => self.cancel_all(&requests, &collections)?,
+            "pause" => return self.pause.carry_out(&self.store, &signal.id),
+            "resume" => "not paused: nothing to do".to_string(),
             other => {
                 tracing::warn!(
                     id = %signal.id,
                     kind = other,
                     "signal of a type outbox-cdc does not take: ignored (it takes execute-snapshot, pause-snapshot, \
-                     resume-snapshot and stop-snapshot)"
+                     resume-snapshot, stop-snapshot, pause and resume)"
                 );
                 "ignored: unknown type".to_string()
             }
         };
-        let applied = AppliedSignal { at_ms: crate::time::now_ms(), kind: signal.kind.clone(), outcome };
-        self.store.put_applied_signal(&signal.id, &applied)?;
+        super::signals::note(&self.store, &signal.id, &signal.kind, &outcome)?;
         self.reload().await
     }
 

@@ -2,7 +2,7 @@
 //! and mark each batch published once Kafka acknowledged all of it, while the next batches are read and
 //! produced.
 //!
-//! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4, and the pipeline's shutdown.
+//! Floor 5 (docs/ARCHITECTURE.md): imports floors 0-4, and the pipeline's shutdown and signals.
 //!
 //! The reads, the order and the gaps are in [`super::reads`] and [`super::gaps`]; rows become records
 //! through the same [`Publisher`] (router, dead letters) and [`KafkaSink`] as the binlog source's. There is
@@ -70,6 +70,7 @@ use crate::error::{Error, Kind, Result};
 use crate::health::health;
 use crate::lease::Holding;
 use crate::metrics::metrics;
+use crate::pipeline::signals::{poll_running, SignalledPause, SIGNAL_POLL_EVERY};
 use crate::pipeline::Shutdown;
 use crate::publish::{Publisher, SourceRow};
 use crate::quarantine::headers;
@@ -164,6 +165,7 @@ pub async fn run(
     store: Arc<Store>,
     lease: Option<Holding>,
     shutdown: &Shutdown,
+    pause: &SignalledPause,
 ) -> Result<()> {
     let ignored = config.poll.ignored_keys();
     if !ignored.is_empty() {
@@ -243,6 +245,7 @@ pub async fn run(
     let mut idle_wait = interval / 16;
     let mut backlog_due = Instant::now();
     let mut counters_due = Instant::now() + COUNTER_CHECK_EVERY;
+    let mut signals_due = Instant::now();
     let requested = shutdown.requested();
     tokio::pin!(requested);
     loop {
@@ -264,6 +267,11 @@ pub async fn run(
         if Instant::now() >= counters_due {
             run.check_counters().await?;
             counters_due = Instant::now() + COUNTER_CHECK_EVERY;
+        }
+        if let Some(table) = config.signal_table().filter(|_| Instant::now() >= signals_due) {
+            // A pause stops the run from the app (it waits for what is in flight, as a stop does).
+            poll_running(&mut run.conn, table, &run.store, pause).await?;
+            signals_due = Instant::now() + SIGNAL_POLL_EVERY;
         }
         if Instant::now() >= backlog_due {
             run.lift_released_holds().await?;

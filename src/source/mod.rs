@@ -17,6 +17,7 @@ pub mod overlap;
 pub mod preflight;
 pub mod purge;
 pub mod rows;
+pub mod signal;
 pub mod snapshot;
 pub mod statement;
 
