@@ -96,6 +96,7 @@ impl State {
             known_poison: self.poison.into_values().collect(),
             paused: self.paused,
             snapshots: self.snapshots.into_values().collect(),
+            signals: self.signals.into_iter().collect(),
         }
     }
 }
@@ -409,6 +410,10 @@ impl KafkaStore {
 
     pub(super) fn applied_signal(&self, id: &str) -> Option<AppliedSignal> {
         self.lock().signals.get(id).cloned()
+    }
+
+    pub(super) fn applied_signals(&self) -> Vec<(String, AppliedSignal)> {
+        self.lock().signals.iter().map(|(id, applied)| (id.clone(), applied.clone())).collect()
     }
 
     /// Writes `records` (`None`: a tombstone) in one transaction of the state writer and waits for its

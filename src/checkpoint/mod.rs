@@ -190,6 +190,10 @@ pub fn copy_into(from: &store::Inspection, to: &Store) -> crate::error::Result<(
     for request in &from.snapshots {
         to.put_snapshot(request)?;
     }
+    // Without them a signal read again would be carried out again (a relay reads its whole table).
+    for (id, applied) in &from.signals {
+        to.put_applied_signal(id, applied)?;
+    }
     // Last: a copy cut short leaves the target without a checkpoint rather than one without its holds.
     if let Some(checkpoint) = &from.checkpoint {
         to.save(checkpoint)?;

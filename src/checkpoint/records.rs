@@ -23,6 +23,9 @@ pub struct Inspection {
     pub paused: Option<Paused>,
     /// Snapshots on demand asked of the connector, in the order they were asked.
     pub snapshots: Vec<SnapshotRequest>,
+    /// The signals of `[outbox] signal_table` carried out, by id: kept while their rows may be read again
+    /// (a relay reads the whole table).
+    pub signals: Vec<(String, AppliedSignal)>,
 }
 
 /// An operator paused the connector (`POST /v1/pause`, `outbox-cdc pause`): it reads and publishes nothing,

@@ -181,6 +181,7 @@ impl Store {
             known_poison: read_all(&path, &tx, KNOWN_POISON)?,
             paused: read_one(&path, &tx, NOTES, PAUSED_KEY)?,
             snapshots: read_snapshots(&path, &tx)?,
+            signals: read_notes(&path, &tx, SIGNAL_PREFIX)?,
         }))
     }
 
@@ -196,6 +197,7 @@ impl Store {
             known_poison: self.known_poison()?,
             paused: self.paused()?,
             snapshots: self.snapshots()?,
+            signals: self.applied_signals()?,
         })
     }
 
@@ -395,6 +397,17 @@ impl Store {
         match &self.backend {
             Backend::Local(l) => l.read(|path, tx| read_one(path, tx, NOTES, &format!("{SIGNAL_PREFIX}{id}"))),
             Backend::Kafka(k) => Ok(k.applied_signal(id)),
+        }
+    }
+
+    /// Every signal carried out, by id.
+    ///
+    /// # Errors
+    /// A definite error when the store cannot be read.
+    pub fn applied_signals(&self) -> Result<Vec<(String, AppliedSignal)>> {
+        match &self.backend {
+            Backend::Local(l) => l.read(|path, tx| read_notes(path, tx, SIGNAL_PREFIX)),
+            Backend::Kafka(k) => Ok(k.applied_signals()),
         }
     }
 
@@ -620,6 +633,15 @@ fn read_one<T: serde::de::DeserializeOwned>(
 
 /// The snapshot requests among the notes (keys `snapshot/<id>`), in id order.
 fn read_snapshots(path: &Path, tx: &redb::ReadTransaction) -> Result<Vec<SnapshotRequest>> {
+    Ok(read_notes(path, tx, SNAPSHOT_PREFIX)?.into_iter().map(|(_, request)| request).collect())
+}
+
+/// The notes under `prefix` (`snapshot/`, `signal/`), by the rest of their key.
+fn read_notes<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    tx: &redb::ReadTransaction,
+    prefix: &str,
+) -> Result<Vec<(String, T)>> {
     let table = match tx.open_table(NOTES) {
         Ok(t) => t,
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
@@ -627,10 +649,10 @@ fn read_snapshots(path: &Path, tx: &redb::ReadTransaction) -> Result<Vec<Snapsho
     };
     let mut out = Vec::new();
     // Every key of the prefix sorts before the prefix with its last byte raised ('/' + 1 = '0').
-    let end = format!("{}0", SNAPSHOT_PREFIX.trim_end_matches('/'));
-    for entry in table.range(SNAPSHOT_PREFIX..end.as_str()).map_err(|e| store_error(path, "read", e))? {
-        let (_, value) = entry.map_err(|e| store_error(path, "read", e))?;
-        out.push(decode(path, value.value())?);
+    let end = format!("{}0", prefix.trim_end_matches('/'));
+    for entry in table.range(prefix..end.as_str()).map_err(|e| store_error(path, "read", e))? {
+        let (key, value) = entry.map_err(|e| store_error(path, "read", e))?;
+        out.push((key.value()[prefix.len()..].to_string(), decode(path, value.value())?));
     }
     Ok(out)
 }
@@ -722,8 +744,11 @@ mod tests {
             known_poison: vec![poison("e-new")],
             paused: None,
             snapshots: Vec::new(),
+            signals: vec![("s-1".into(), AppliedSignal { at_ms: 1, kind: "pause".into(), outcome: "paused".into() })],
         };
         crate::checkpoint::copy_into(&from, &target).unwrap();
+        assert_eq!(target.applied_signals().unwrap(), from.signals, "the signals carried out go with the state");
+        assert!(target.signal_carried_out("s-1").unwrap());
         let mut held: Vec<String> = target.holds().unwrap().into_iter().map(|h| h.aggregate_id).collect();
         held.sort();
         assert_eq!(held, ["kept", "new"]);

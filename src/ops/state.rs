@@ -10,8 +10,9 @@
 //!   Kafka backend holds it).
 //! - Nothing newer is overwritten: when the target already holds a checkpoint, the copied one must hold
 //!   every transaction it holds (same server); otherwise the copy is refused and nothing is written.
-//! - The checkpoint is copied as it is (position, server, snapshot progress), with holds and known poison:
-//!   the connector resumes from the target exactly where it would have resumed from the source.
+//! - The checkpoint is copied as it is (position, server, snapshot progress), with holds, known poison, the
+//!   pause, the snapshots on demand and the signals carried out: the connector resumes from the target
+//!   exactly where it would have resumed from the source.
 //! - A state topic with more than one partition, which every other command refuses, is read here, merged
 //!   per key ([`crate::checkpoint::kafka::KafkaStore::inspect_merging_partitions`]): `--to local`, then
 //!   `--to kafka` with `[state] topic` naming a new one-partition topic, moves the connector off it.
@@ -123,6 +124,7 @@ mod tests {
             known_poison: vec![],
             paused: None,
             snapshots: vec![],
+            signals: vec![],
         }
     }
 

@@ -210,7 +210,8 @@ fn inspection_of(mut live: serde_json::Value) -> Result<Option<Inspection>> {
         Some(_) => Some(serde_json::from_value(live).map_err(unreadable)?),
         None => None,
     };
-    Ok(Some(Inspection { checkpoint, holds, last_error, known_poison: Vec::new(), paused, snapshots }))
+    let signals = Vec::new();
+    Ok(Some(Inspection { checkpoint, holds, last_error, known_poison: Vec::new(), paused, snapshots, signals }))
 }
 
 /// The `paused:` line, when an operator paused the connector.
