@@ -421,6 +421,8 @@ async fn pause_and_resume_signals_under_load_across_a_kill() {
         1,
     );
     std::fs::write(connector.config_path(), config).unwrap();
+    let (_, out, _) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert!(out.contains("[ok  ] signal table shop.debezium_signal: expected id, type, data"), "{out}");
     connector.run(&connector.config_path());
     let writer = Writer::start(
         db.opts_root(),
@@ -471,7 +473,6 @@ async fn the_relay_polls_pause_and_resume_signals() {
     patterns::prepare(&db, Mode::Marking);
     let mut conn = db.conn().await;
     conn.query_drop(SIGNAL_TABLE).await.unwrap();
-    conn.query_drop("GRANT SELECT ON shop.debezium_signal TO 'relay'@'127.0.0.1'").await.unwrap();
     signal(&mut conn, "old-1", "execute-snapshot").await;
     let port = free_port();
     let probe = Connector::new();
@@ -490,6 +491,14 @@ async fn the_relay_polls_pause_and_resume_signals() {
         1,
     );
     std::fs::write(relay.config_path(), config).unwrap();
+    // `check` says what the relay needs of the table: the grant, then the layout.
+    let (status, out, _) = relay.command(&["check"], Duration::from_secs(60)).unwrap();
+    assert_eq!(status.code(), Some(2), "{out}");
+    assert!(out.contains("GRANT SELECT ON shop.debezium_signal TO 'relay'@'127.0.0.1'"), "{out}");
+    conn.query_drop("GRANT SELECT ON shop.debezium_signal TO 'relay'@'127.0.0.1'").await.unwrap();
+    let (_, out, _) = relay.command(&["check"], Duration::from_secs(60)).unwrap();
+    let line = out.lines().find(|l| l.contains("signal table shop.debezium_signal")).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.starts_with("[ok  ]") && line.contains("id varchar, type varchar, data varchar"), "{out}");
     relay.run(&relay.config_path());
     let writer = Writer::start(
         db.opts_root(),

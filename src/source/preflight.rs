@@ -64,6 +64,7 @@ pub async fn check(
     let mut report = Report::default();
     let account = current_account(conn).await?;
     check_privileges(conn, info.identity.flavor, config, &account, &mut report).await?;
+    check_signal_table(conn, config, false, &account, &mut report).await?;
     match check_server(conn, info, config, checkpoint, &account, &mut report).await {
         Err(e) if e.is_definite() && report.failures().next().is_some() => {
             report.push(
@@ -939,6 +940,7 @@ async fn check_snapshot_index(
 pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
     let mut report = Report::default();
     let account = current_account(conn).await?;
+    check_signal_table(conn, config, true, &account, &mut report).await?;
     let mut sequences: Vec<(&TableName, String)> = Vec::new();
     let read_only = check_relay_server(conn, config.poll.progress.table(), &mut report).await?;
     for table in config.tables() {
@@ -1062,6 +1064,59 @@ pub async fn check_poll(conn: &mut Conn, config: &Config) -> Result<Report> {
 /// and with `[poll] progress_table` (`progress`) numbering rows one by one. The relay also proves at run
 /// time that each of its connections reaches the server its lease is on, which a check without the lease
 /// cannot: the line names the server this connection reached. Returns whether the server is read-only.
+/// `[outbox] signal_table`, when set: in Debezium's layout (three columns at least, the first two texts) and,
+/// for the polling relay (`by_sql`), readable by the connector's user. The binlog source needs no grant on
+/// it, so a table its user cannot see is only a warning there.
+async fn check_signal_table(
+    conn: &mut Conn,
+    config: &Config,
+    by_sql: bool,
+    account: &Account,
+    report: &mut Report,
+) -> Result<()> {
+    let Some(table) = config.signal_table() else { return Ok(()) };
+    let setting = format!("signal table {table}");
+    let expected = "id, type, data: texts, in Debezium's layout";
+    let create = format!(
+        "CREATE TABLE {} (id VARCHAR(42) PRIMARY KEY, type VARCHAR(32) NOT NULL, data VARCHAR(2048) NULL) \
+         (README, Signals)",
+        table.quoted()
+    );
+    if by_sql {
+        match conn.query_drop(format!("SELECT * FROM {} LIMIT 0", table.quoted())).await {
+            Ok(()) => {}
+            Err(mysql_async::Error::Server(e)) if e.code == 1146 => {
+                report.push(&setting, expected, "does not exist", false, &create);
+                return Ok(());
+            }
+            Err(mysql_async::Error::Server(e)) if e.code == 1142 => {
+                let fix = format!("GRANT SELECT ON {table} TO {account} (the relay reads it every second)");
+                report.push(&setting, expected, "not readable by the relay's user", false, &fix);
+                return Ok(());
+            }
+            Err(e) => return Err(classify_mysql(&e)),
+        }
+    }
+    let columns: Vec<(String, String)> = conn
+        .exec(
+            "SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? \
+             ORDER BY ORDINAL_POSITION LIMIT 3",
+            (&table.database, &table.table),
+        )
+        .await
+        .map_err(|e| classify_mysql(&e))?;
+    if columns.is_empty() {
+        let fix = format!("none needed if it exists (read from the binlog, no grant needed); else {create}");
+        report.warn(&setting, expected, "not visible to the connector's user: its layout is not checked", &fix);
+        return Ok(());
+    }
+    let text = |t: &str| matches!(t, "varchar" | "char" | "text" | "tinytext" | "mediumtext" | "longtext" | "json");
+    let fits = columns.len() == 3 && columns[..2].iter().all(|(_, t)| text(&t.to_ascii_lowercase()));
+    let actual = columns.iter().map(|(name, t)| format!("{name} {t}")).collect::<Vec<_>>().join(", ");
+    report.push(&setting, expected, &actual, fits, &format!("make its first three columns texts: {create}"));
+    Ok(())
+}
+
 async fn check_relay_server(conn: &mut Conn, progress: Option<&TableName>, report: &mut Report) -> Result<bool> {
     use crate::relay::server::{Refusal, Seen};
     let seen = Seen::read(conn).await?;
