@@ -50,32 +50,16 @@ pub async fn checked(config: &Config, ask: Ask, by: &str) -> Result<SnapshotRequ
              files have none (the relay publishes every unpublished row anyway)",
         ));
     };
-    let configured = config.tables();
-    let table = match ask.table.as_deref() {
-        Some(name) => {
-            let table = TableName::parse(name).map_err(|e| Error::definite(format!("table {name:?}: {e}")))?;
-            configured.iter().find(|t| **t == table).cloned().ok_or_else(|| {
-                Error::definite(format!(
-                    "{table} is not one of the outbox tables ([outbox] tables): {}",
-                    list(configured)
-                ))
-            })?
-        }
-        None => match configured {
-            [one] => one.clone(),
-            _ => return Err(Error::definite(format!("say which table: one of {}", list(configured)))),
-        },
+    let table = match (ask.table, config.tables()) {
+        (Some(name), _) => name,
+        (None, [one]) => one.to_string(),
+        (None, configured) => return Err(Error::definite(format!("say which table: one of {}", list(configured)))),
     };
-    if let Some(condition) = &ask.slice.condition {
-        if condition.trim().is_empty() {
-            return Err(Error::definite("`where` is empty: leave it out to read every row"));
-        }
-    }
     let connection = config.source.kind.connection().ok_or_else(|| Error::definite("no source server configured"))?;
     let source = SourceConn::new(connection)?;
-    crate::source::snapshot::check_slice(&source, config, &table, &ask.slice).await?;
-    let salt = (crate::time::now_ms() as u16) ^ (std::process::id() as u16).rotate_left(7);
-    Ok(SnapshotRequest::new(table.to_string(), ask.slice, by, crate::time::now_ms(), salt))
+    let request = SnapshotRequest::asked(table, ask.slice, by, 0);
+    crate::source::snapshot::check_request(&source, config, &request).await?;
+    Ok(request)
 }
 
 fn list(tables: &[TableName]) -> String {

@@ -415,19 +415,13 @@ impl OnDemand<'_> {
             .filter(|f| !f.trim().is_empty())
             .map(str::to_string);
         let slice = Slice { condition: filter, ..Slice::default() };
-        let now = crate::time::now_ms();
-        let salt = (now as u16).wrapping_add(n as u16).rotate_left(5) ^ (std::process::id() as u16);
-        let request = SnapshotRequest::new(collection.to_string(), slice, by, now, salt);
-        let checked = match TableName::parse(collection) {
-            Err(e) => Err(Error::definite(format!("data-collection {collection:?}: {e}"))),
-            Ok(table) if !self.config.tables().contains(&table) => {
-                Err(Error::definite(format!("{table} is not one of the outbox tables ([outbox] tables)")))
-            }
-            Ok(table) => snapshot::check_slice(source, self.config, &table, &request.slice).await,
-        };
-        match checked {
+        let request = SnapshotRequest::asked(collection.to_string(), slice, by, n as u16);
+        match snapshot::check_request(source, self.config, &request).await {
             Ok(()) => Ok(request),
-            Err(e) if e.is_definite() => Ok(request.finished(RequestState::Failed, now, 0, Some(e.to_string()))),
+            // Stored as failed, saying why: the signal is carried out, and its failure shows in `status`.
+            Err(e) if e.is_definite() => {
+                Ok(request.finished(RequestState::Failed, crate::time::now_ms(), 0, Some(e.to_string())))
+            }
             Err(e) => Err(e),
         }
     }

@@ -104,6 +104,14 @@ impl SnapshotRequest {
         }
     }
 
+    /// A new request asked now, its id's salt from the time, this process and `n` (which tells apart the
+    /// requests one caller makes in one millisecond).
+    pub fn asked(table: String, slice: Slice, by: &str, n: u16) -> SnapshotRequest {
+        let now = crate::time::now_ms();
+        let salt = (now as u16).wrapping_add(n).rotate_left(5) ^ (std::process::id() as u16);
+        SnapshotRequest::new(table, slice, by, now, salt)
+    }
+
     /// Whether `id` is shaped like the ids [`SnapshotRequest::new`] makes (what a store key may hold).
     pub fn is_id(id: &str) -> bool {
         let Some(rest) = id.strip_prefix("snap-") else { return false };

@@ -72,7 +72,7 @@ use super::{ServerInfo, SourceConn};
 use crate::config::{ColumnNames, Config, PayloadEncoding, SnapshotLock};
 use crate::error::{classify_mysql, Error, Result};
 use crate::outbox::{quote_ident, ColumnValue, OutboxRow, Payload, SchemaVersion, TableName};
-use crate::position::on_demand::Slice;
+use crate::position::on_demand::{Slice, SnapshotRequest};
 use crate::position::snapshot::{KeyTable, SnapshotKey};
 use crate::position::{BinlogCoord, Flavor, Gtids, Position};
 
@@ -196,6 +196,25 @@ pub async fn open_slice(
     conn.query_drop("SET SESSION net_write_timeout = @@SESSION.wait_timeout").await.map_err(q)?;
     conn.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY").await.map_err(q)?;
     Ok(scanner)
+}
+
+/// Checks a snapshot on demand before it is stored, whoever asked (the API, the CLI, a signal): its table
+/// is an outbox table, its `where` is not empty, and the server accepts its slice's read.
+///
+/// # Errors
+/// A definite error saying what is wrong with the request; transient when the server cannot be reached.
+pub async fn check_request(source: &SourceConn, config: &Config, request: &SnapshotRequest) -> Result<()> {
+    let configured = config.tables();
+    let named = &request.table;
+    let parsed = TableName::parse(named).map_err(|e| Error::definite(format!("table {named:?}: {e}")))?;
+    let Some(table) = configured.iter().find(|t| **t == parsed) else {
+        let list = configured.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        return Err(Error::definite(format!("{parsed} is not one of the outbox tables ([outbox] tables): {list}")));
+    };
+    if request.slice.condition.as_deref().is_some_and(|c| c.trim().is_empty()) {
+        return Err(Error::definite("`where` is empty: leave it out to read every row"));
+    }
+    check_slice(source, config, table, &request.slice).await
 }
 
 /// Checks that the server accepts the read of `slice` of `table` (its `where` parses, its columns exist)
