@@ -73,6 +73,9 @@ pub async fn run_controlled(
         }
         false => None,
     };
+    if config.opentelemetry.enabled && crate::telemetry::tracer().is_none() {
+        crate::telemetry::start()?;
+    }
     // The binlog connection's settings; the files and poll readers read no replication stream.
     let (server_id, heartbeat) = match &config.source.kind {
         Source::Server(server) => (server.server_id, server.heartbeat_interval),
@@ -167,6 +170,8 @@ pub async fn run_controlled(
     if let Some((tenure, _)) = tenure {
         tenure.release().await;
     }
+    // The spans not yet exported: the batch processor's thread sends them (blocking).
+    let _ = tokio::task::spawn_blocking(crate::telemetry::shutdown).await;
     outcome
 }
 

@@ -73,5 +73,6 @@ pub mod schema;
 pub mod secret;
 pub mod sink;
 pub mod source;
+pub mod telemetry;
 pub mod time;
 pub mod topic;

@@ -14,6 +14,7 @@ use crate::poison::{new_hold, Origin, Poison, PoisonKind, ResumePoint};
 use crate::quarantine::{dead_letter_record, DeadLetter, DeadRow, Quarantine};
 use crate::router::{KafkaRecord, Router};
 use crate::source::decode::Undecodable;
+use crate::telemetry::EventSpans;
 use crate::time::parse_occurred_at_ms;
 
 /// A row as the source delivered it.
@@ -109,11 +110,22 @@ impl Publisher {
         // The registry is asked here, outside routing, so that its absence is a transient error (waited
         // out), never a poison verdict.
         self.router.resolve(row)?;
-        match self.router.route_into(row, &mut self.record) {
+        let routed = self.router.route_into(row, &mut self.record);
+        let occurred_at = || row.occurred_at.as_deref().and_then(parse_occurred_at_ms);
+        if let (Ok(()), Some(telemetry)) = (&routed, crate::telemetry::tracer()) {
+            let event = EventSpans {
+                table: &row.table,
+                id: &row.id,
+                aggregate_id: &row.aggregate_id,
+                event_type: row.event_type.as_deref(),
+                occurred_at_ms: occurred_at(),
+            };
+            telemetry.trace(&mut self.record, &event);
+        }
+        match routed {
             Ok(()) if fits(&self.record) => {
                 metrics().event_read(&self.record.topic);
-                let occurred_at_ms =
-                    if row.from_snapshot { None } else { row.occurred_at.as_deref().and_then(parse_occurred_at_ms) };
+                let occurred_at_ms = if row.from_snapshot { None } else { occurred_at() };
                 Ok(Prepared { record: &self.record, occurred_at_ms })
             }
             Ok(()) => {

@@ -17,6 +17,7 @@ mod control;
 mod delivery;
 mod kafka;
 mod metrics;
+mod opentelemetry;
 mod outbox;
 mod poll;
 mod prune;
@@ -34,6 +35,7 @@ pub use self::control::{ControlConfig, TokenSource, TOKEN_ENV, TOKEN_FILE_NAME};
 pub use self::delivery::{DeliveryConfig, Guarantee};
 pub use self::kafka::{KafkaConfig, KeyFormat, RecordTimestamp, ValueFormat, DEFAULT_TRANSACTION_TIMEOUT_MS};
 pub use self::metrics::MetricsConfig;
+pub use self::opentelemetry::OpenTelemetryConfig;
 pub use self::outbox::{ColumnNames, OnPoison, OnUpdate, OutboxConfig, PayloadEncoding, Placement, PlacementTarget};
 pub use self::poll::{PollConfig, PollOrder, PollProgress};
 pub use self::prune::PruneConfig;
@@ -72,6 +74,9 @@ struct ConfigFile {
     /// The control API of a running connector.
     #[serde(default)]
     pub control: ControlConfig,
+    /// Spans for the events that carry the writer's trace.
+    #[serde(default)]
+    pub opentelemetry: OpenTelemetryConfig,
     /// `outbox-cdc prune`: deleting published outbox rows.
     #[serde(default)]
     pub prune: PruneConfig,
@@ -104,6 +109,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// The control API of a running connector.
     pub control: ControlConfig,
+    /// Spans for the events that carry the writer's trace.
+    pub opentelemetry: OpenTelemetryConfig,
     /// `outbox-cdc prune`: deleting published outbox rows.
     pub prune: PruneConfig,
     /// The polling relay (`source.kind = "poll"`).
@@ -290,6 +297,7 @@ impl ConfigFile {
             snapshot: self.snapshot,
             metrics: self.metrics,
             control: self.control,
+            opentelemetry: self.opentelemetry,
             prune: self.prune,
             poll: self.poll,
             delivery: self.delivery,
