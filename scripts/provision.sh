@@ -28,6 +28,8 @@
 #     in a Python package (`python3 -m grpc_tools.protoc`). tests/protobuf_corpus.rs compiles every corpus
 #     schema from its text with it, not with the connector's own compiler (protox), and decodes the
 #     connector's messages with Python's protobuf runtime from those descriptors.
+#   - botocore 1.43.11 (pip, pinned, with jmespath and python-dateutil): the AWS SDK for Python, whose
+#     `generate_db_auth_token` tests/identity.rs compares the connector's RDS IAM auth tokens with.
 #   - noida-db 0.2.3 (pip, pinned; a prebuilt binary in a Python package): its Kafka service is the
 #     broker of the exactly-once tests, the only one here with working transactions. Not durable across
 #     its own restart, so never used where the broker restarts. tests/noida_smoke.rs pins its behaviour.
@@ -38,6 +40,7 @@ KUBERNETES_VALIDATE_VERSION=1.37.0
 NOIDA_DB_VERSION=0.2.3
 CONFLUENT_KAFKA_VERSION=2.16.1
 GRPCIO_TOOLS_VERSION=1.85.4
+BOTOCORE_VERSION=1.43.11
 # The extras' packages, pinned so that a provisioned machine decodes with the code the tests were run with.
 CONFLUENT_KAFKA_EXTRAS=(fastavro==1.13.1 avro==1.12.2 protobuf==7.36.2 googleapis-common-protos==1.76.0
     jsonschema==4.26.0 referencing==0.37.0 requests==2.34.2 attrs==26.1.0 cachetools==8.0.2 authlib==1.9.10
@@ -105,6 +108,16 @@ else
     # The protobuf runtime stays at the version confluent-kafka's extras pin.
     pip_install "grpcio-tools==$GRPCIO_TOOLS_VERSION" "grpcio==$GRPCIO_TOOLS_VERSION" \
         "$(printf '%s\n' "${CONFLUENT_KAFKA_EXTRAS[@]}" | grep '^protobuf==')"
+fi
+
+# --- botocore (Python): the independent RDS IAM auth token ---------------------------------------
+if python3 -c 'import importlib.metadata as m, sys
+import botocore.session
+sys.exit(m.version("botocore") != sys.argv[1])' "$BOTOCORE_VERSION" 2>/dev/null; then
+    log "botocore $BOTOCORE_VERSION already installed"
+else
+    log "pip install botocore==$BOTOCORE_VERSION (tests/identity.rs)"
+    pip_install "botocore==$BOTOCORE_VERSION" jmespath==1.1.0 python-dateutil==2.9.0.post0
 fi
 
 # --- noida-db (Python package with a prebuilt broker binary) ------------------------------------

@@ -257,22 +257,41 @@ async fn end_events_compare_with_the_live_binlog() {
         }
     }
     assert!(ends.len() >= 5, "{ends:?}");
-    async fn compared(conn: &mut mysql_async::Conn, position: &Position, end: EndEvent) -> Comparison {
-        compare(conn, Flavor::MariaDb, 4242, position, end).await.unwrap()
+    // The dump connection is opened as the connector opens its connections; root, as `conn` is.
+    let source = outbox_cdc::source::SourceConn::new(&outbox_cdc::config::Connection {
+        host: "127.0.0.1".into(),
+        port: db.port(),
+        user: "root".into(),
+        password: None,
+        password_env: None,
+        password_file: None,
+        tls: Default::default(),
+        tls_ca_file: None,
+        connect_timeout: Duration::from_secs(10),
+        auth: outbox_cdc::config::Auth::Password,
+    })
+    .unwrap();
+    async fn compared(
+        source: &outbox_cdc::source::SourceConn,
+        conn: &mut mysql_async::Conn,
+        position: &Position,
+        end: EndEvent,
+    ) -> Comparison {
+        compare(source, conn, Flavor::MariaDb, 4242, position, end).await.unwrap()
     }
     for (position, end) in &ends {
-        assert_eq!(compared(&mut conn, position, *end).await, Comparison::Same, "{position}");
+        assert_eq!(compared(&source, &mut conn, position, *end).await, Comparison::Same, "{position}");
     }
     let (position, end) = ends.last().unwrap().clone();
-    match compared(&mut conn, &position, EndEvent { crc32: end.crc32 ^ 1, ..end }).await {
+    match compared(&source, &mut conn, &position, EndEvent { crc32: end.crc32 ^ 1, ..end }).await {
         Comparison::Diverged(detail) => assert!(detail.contains("has an event of type 16"), "{detail}"),
         other => panic!("another CRC-32 compared {other:?}"),
     }
-    match compared(&mut conn, &position, EndEvent { len: end.len + 3, ..end }).await {
+    match compared(&source, &mut conn, &position, EndEvent { len: end.len + 3, ..end }).await {
         Comparison::Diverged(detail) => eprintln!("[history] a start inside an event: {detail}"),
         other => panic!("a start inside an event compared {other:?}"),
     }
     let purged =
         Position { coord: BinlogCoord { file: "mysql-bin.999999".into(), ..position.coord.clone() }, ..position };
-    assert_eq!(compared(&mut conn, &purged, end).await, Comparison::FileGone);
+    assert_eq!(compared(&source, &mut conn, &purged, end).await, Comparison::FileGone);
 }

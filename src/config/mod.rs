@@ -42,8 +42,8 @@ pub use self::prune::PruneConfig;
 pub use self::schema_registry::{RegistryAuth, RegistryVersion, SchemaRegistryConfig};
 pub use self::snapshot::{SnapshotConfig, SnapshotLock, SnapshotMode};
 pub use self::source::{
-    Binlogs, Connection, FilesSource, PollSource, ResumeBy, ServerSource, Source, SourceConfig, SourceKind, StartFrom,
-    TlsMode,
+    Auth, AuthKind, Binlogs, Connection, FilesSource, PollSource, ResumeBy, ServerSource, Source, SourceConfig,
+    SourceKind, StartFrom, TlsMode, TokenCloud, TokenFrom,
 };
 pub use self::state::{StateBackend, StateConfig};
 use crate::error::{Error, Result};

@@ -68,6 +68,37 @@ pub(super) struct SourceToml {
     /// file is an error naming the path.
     #[serde(default)]
     pub password_file: Option<PathBuf>,
+    /// Who the connector is to the server: "password" (default: `password`, `password_env` or
+    /// `password_file`), or a short-lived token from the cloud the connector runs in, made afresh for every
+    /// connection it opens and sent as the password with the cleartext plugin, so only over TLS that verifies
+    /// the server (`tls = "verify_identity"`); no password key may be set with one. "aws_iam": an RDS IAM auth
+    /// token signed with the AWS SDK's default credentials (environment, web identity for EKS IRSA, EKS Pod
+    /// Identity, ECS, instance profile). "gcp_iam": a Cloud SQL IAM database user's OAuth access token, from
+    /// the GCE/GKE metadata server or `token_file`. "azure_ad": a Microsoft Entra ID access token for Azure
+    /// Database for MySQL, from the instance metadata service (IMDS) or `token_file`. See
+    /// docs/MANAGED-MYSQL.md for the server side.
+    #[serde(default)]
+    pub auth: AuthKind,
+    /// `auth = "aws_iam"`: the region the RDS token is signed for (the database's region). Default: the SDK's
+    /// region chain (`AWS_REGION`, `AWS_DEFAULT_REGION`, the profile, the instance metadata).
+    #[serde(default)]
+    pub aws_region: Option<String>,
+    /// `auth = "gcp_iam"` or `"azure_ad"`: read the access token from this file (whole, one trailing line break
+    /// dropped) for every connection, as a Kubernetes projected token or a sidecar-refreshed one is, instead
+    /// of asking the metadata endpoint. An empty or unreadable file fails the connection attempt.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+    /// `auth = "gcp_iam"` or `"azure_ad"` without `token_file`: the URL of the metadata endpoint's token
+    /// request. Default: GCP's `http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/
+    /// default/token` (header `Metadata-Flavor: Google`), Azure's `http://169.254.169.254/metadata/identity/
+    /// oauth2/token?api-version=2018-02-01&resource=https://ossrdbms-aad.database.windows.net` (header
+    /// `Metadata: true`). A token is reused until a minute before its `expires_in` ends.
+    #[serde(default)]
+    pub metadata_url: Option<String>,
+    /// Unsafe, for tests only: lets an `auth` token go to a server whose TLS is not verified (`tls =
+    /// "disabled"` or `"required"`), where anyone on the path can read or intercept it.
+    #[serde(default)]
+    pub allow_cleartext_without_tls: bool,
     /// Replication client id; must be unique among all replicas and CDC clients of the server
     /// (a duplicate makes the server disconnect the older client). Required with `kind = "server"`, refused
     /// with `kind = "poll"`.
@@ -184,6 +215,107 @@ pub struct Connection {
     pub tls_ca_file: Option<PathBuf>,
     /// Timeout for establishing a connection.
     pub connect_timeout: Duration,
+    /// Who the connector is to the server: the password keys above, or a cloud token.
+    pub auth: Auth,
+}
+
+/// `source.auth` as written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthKind {
+    /// `password`, `password_env` or `password_file` (or none).
+    #[default]
+    Password,
+    /// An RDS IAM auth token.
+    AwsIam,
+    /// A Cloud SQL IAM database user's access token.
+    GcpIam,
+    /// A Microsoft Entra ID access token.
+    AzureAd,
+}
+
+impl AuthKind {
+    /// The name `source.auth` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AuthKind::Password => "password",
+            AuthKind::AwsIam => "aws_iam",
+            AuthKind::GcpIam => "gcp_iam",
+            AuthKind::AzureAd => "azure_ad",
+        }
+    }
+}
+
+/// `source.auth`, checked: what the password sent at each connection attempt is made from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Auth {
+    /// The configured password (`Connection::password`).
+    Password,
+    /// An RDS IAM auth token, signed for `region` (`None`: the SDK's region chain).
+    AwsIam {
+        /// `source.aws_region`.
+        region: Option<String>,
+    },
+    /// An OAuth access token of a cloud identity.
+    Token {
+        /// Which cloud, so which metadata endpoint and header.
+        cloud: TokenCloud,
+        /// Where the token comes from.
+        from: TokenFrom,
+    },
+}
+
+impl Auth {
+    /// The `source.auth` it was configured as.
+    pub fn kind(&self) -> AuthKind {
+        match self {
+            Auth::Password => AuthKind::Password,
+            Auth::AwsIam { .. } => AuthKind::AwsIam,
+            Auth::Token { cloud: TokenCloud::Gcp, .. } => AuthKind::GcpIam,
+            Auth::Token { cloud: TokenCloud::Azure, .. } => AuthKind::AzureAd,
+        }
+    }
+}
+
+/// The cloud whose metadata endpoint hands out access tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenCloud {
+    /// GCE/GKE metadata server (Cloud SQL IAM database authentication).
+    Gcp,
+    /// Azure Instance Metadata Service (Microsoft Entra ID authentication).
+    Azure,
+}
+
+impl TokenCloud {
+    /// The metadata endpoint's token URL.
+    pub fn default_url(self) -> &'static str {
+        match self {
+            TokenCloud::Gcp => {
+                "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token"
+            }
+            TokenCloud::Azure => {
+                "http://169.254.169.254/metadata/identity/oauth2/token?api-version=2018-02-01\
+                 &resource=https://ossrdbms-aad.database.windows.net"
+            }
+        }
+    }
+
+    /// The header the endpoint requires (it refuses requests without, against server-side request forgery).
+    pub fn header(self) -> (&'static str, &'static str) {
+        match self {
+            TokenCloud::Gcp => ("Metadata-Flavor", "Google"),
+            TokenCloud::Azure => ("Metadata", "true"),
+        }
+    }
+}
+
+/// Where an access token is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenFrom {
+    /// `source.token_file`, read for every connection.
+    File(PathBuf),
+    /// The metadata endpoint at this URL.
+    Endpoint(String),
 }
 
 impl Connection {
@@ -327,6 +459,7 @@ impl SourceToml {
         if self.tls != TlsMode::VerifyIdentity && self.tls_ca_file.is_some() {
             return Err(Error::definite("source.tls_ca_file only applies with source.tls = \"verify_identity\""));
         }
+        let auth = self.auth()?;
         if !(256 * 1024..=1024 * 1024 * 1024).contains(&self.read_ahead_bytes) {
             return Err(Error::definite("source.read_ahead_bytes must be between 256 KiB and 1 GiB"));
         }
@@ -343,6 +476,7 @@ impl SourceToml {
             tls: self.tls,
             tls_ca_file: self.tls_ca_file,
             connect_timeout: self.connect_timeout,
+            auth,
         };
         let kind = match self.kind {
             SourceKind::Server => Source::Server(ServerSource {
@@ -368,6 +502,68 @@ impl SourceToml {
             reconnect_max_backoff: self.reconnect_max_backoff,
             read_ahead_bytes: self.read_ahead_bytes,
         })
+    }
+
+    /// `auth` and the keys that go with it: a token is sent in clear text inside the connection, so only
+    /// over TLS that verifies the server, and it replaces the password.
+    fn auth(&self) -> Result<Auth> {
+        let kind = self.auth.name();
+        let token_keys = self.token_file.is_some() || self.metadata_url.is_some();
+        if self.auth != AuthKind::AwsIam && self.aws_region.is_some() {
+            return Err(Error::definite("source.aws_region applies only with source.auth = \"aws_iam\""));
+        }
+        if !matches!(self.auth, AuthKind::GcpIam | AuthKind::AzureAd) && token_keys {
+            return Err(Error::definite(
+                "source.token_file and source.metadata_url apply only with source.auth = \"gcp_iam\" or \"azure_ad\"",
+            ));
+        }
+        if self.auth == AuthKind::Password {
+            if self.allow_cleartext_without_tls {
+                return Err(Error::definite(
+                    "source.allow_cleartext_without_tls applies only with a token (source.auth other than \
+                     \"password\")",
+                ));
+            }
+            return Ok(Auth::Password);
+        }
+        if self.password.is_some() || self.password_env.is_some() || self.password_file.is_some() {
+            return Err(Error::definite(format!(
+                "source.auth = \"{kind}\" makes a fresh token the password of every connection: remove \
+                 source.password, source.password_env and source.password_file (or set source.auth = \"password\")"
+            )));
+        }
+        if self.tls != TlsMode::VerifyIdentity && !self.allow_cleartext_without_tls {
+            return Err(Error::definite(format!(
+                "source.auth = \"{kind}\" sends its token in clear text inside the connection (the cleartext \
+                 plugin), so only over TLS that verifies the server: set source.tls = \"verify_identity\" (with \
+                 source.tls_ca_file naming the cloud's CA bundle, e.g. RDS's global-bundle.pem, unless a public CA \
+                 signed the server's certificate)"
+            )));
+        }
+        let cloud = match self.auth {
+            AuthKind::Password => unreachable!("returned above"),
+            AuthKind::AwsIam => return Ok(Auth::AwsIam { region: self.aws_region.clone() }),
+            AuthKind::GcpIam => TokenCloud::Gcp,
+            AuthKind::AzureAd => TokenCloud::Azure,
+        };
+        let from = match (&self.token_file, &self.metadata_url) {
+            (Some(_), Some(_)) => {
+                return Err(Error::definite(format!(
+                    "source.auth = \"{kind}\" reads its token from source.token_file or from the metadata endpoint \
+                     (source.metadata_url), not both: remove one"
+                )))
+            }
+            (Some(file), None) => TokenFrom::File(file.clone()),
+            (None, url) => TokenFrom::Endpoint(url.clone().unwrap_or_else(|| cloud.default_url().to_string())),
+        };
+        if let TokenFrom::Endpoint(url) = &from {
+            if !url.starts_with("http://") && !url.starts_with("https://") {
+                return Err(Error::definite(format!(
+                    "source.metadata_url = {url:?} must be an http:// or https:// URL"
+                )));
+            }
+        }
+        Ok(Auth::Token { cloud, from })
     }
 
     /// Which settings `kind` allows and needs, and a `start_after` of either GTID kind.
@@ -496,5 +692,72 @@ mod tests {
         assert!(Config::parse(&live).unwrap_err().to_string().contains("only with"));
         let no_host = MINIMAL.replace("host = \"127.0.0.1\"", "");
         assert!(Config::parse(&no_host).unwrap_err().to_string().contains("source.host"));
+    }
+
+    /// `source.auth` and its keys: each refusal with the message that says what to set, and what each
+    /// accepted setting becomes. Guards against a token sent where TLS does not verify the server, and a
+    /// password left beside a token.
+    #[test]
+    fn auth_settings_are_validated() {
+        let iam = |lines: &str| {
+            MINIMAL
+                .replace("password = \"pw\"\n", "")
+                .replace("server_id = 5401", &format!("server_id = 5401\n{lines}"))
+        };
+        let tls = "tls = \"verify_identity\"\n";
+        let refused: &[(String, &str)] = &[
+            (iam("auth = \"aws_iam\""), "set source.tls = \"verify_identity\""),
+            (iam("auth = \"gcp_iam\"\ntls = \"required\""), "only over TLS that verifies the server"),
+            (iam("auth = \"azure_ad\"\ntls = \"disabled\""), "set source.tls = \"verify_identity\""),
+            (
+                MINIMAL.replace("password = \"pw\"", &format!("auth = \"aws_iam\"\npassword = \"pw\"\n{tls}")),
+                "remove source.password",
+            ),
+            (iam(&format!("auth = \"gcp_iam\"\npassword_file = \"/run/pw\"\n{tls}")), "remove source.password"),
+            (iam(&format!("auth = \"azure_ad\"\npassword_env = \"PW\"\n{tls}")), "remove source.password"),
+            (iam(&format!("auth = \"gcp_iam\"\ntoken_file = \"/t\"\nmetadata_url = \"http://x/\"\n{tls}")), "not both"),
+            (
+                iam(&format!("auth = \"aws_iam\"\ntoken_file = \"/t\"\n{tls}")),
+                "token_file and source.metadata_url apply only",
+            ),
+            (iam(&format!("auth = \"gcp_iam\"\naws_region = \"eu-west-1\"\n{tls}")), "aws_region applies only"),
+            (
+                MINIMAL.replace("password = \"pw\"", "password = \"pw\"\nallow_cleartext_without_tls = true"),
+                "applies only with a token",
+            ),
+            (iam(&format!("auth = \"gcp_iam\"\nmetadata_url = \"file:///etc/passwd\"\n{tls}")), "http:// or https://"),
+            (iam(&format!("auth = \"kerberos\"\n{tls}")), "unknown variant"),
+        ];
+        for (text, expected) in refused {
+            let error = Config::parse(text).expect_err(text).to_string();
+            assert!(error.contains(expected), "{text}\n-> {error}");
+        }
+        let accepted: &[(String, Auth)] = &[
+            (MINIMAL.to_string(), Auth::Password),
+            (
+                iam(&format!("auth = \"aws_iam\"\naws_region = \"eu-west-1\"\n{tls}")),
+                Auth::AwsIam { region: Some("eu-west-1".into()) },
+            ),
+            (iam(&format!("auth = \"aws_iam\"\n{tls}")), Auth::AwsIam { region: None }),
+            (
+                iam(&format!("auth = \"gcp_iam\"\n{tls}")),
+                Auth::Token { cloud: TokenCloud::Gcp, from: TokenFrom::Endpoint(TokenCloud::Gcp.default_url().into()) },
+            ),
+            (
+                iam(&format!("auth = \"azure_ad\"\ntoken_file = \"/var/run/token\"\n{tls}")),
+                Auth::Token { cloud: TokenCloud::Azure, from: TokenFrom::File("/var/run/token".into()) },
+            ),
+            (
+                iam("auth = \"azure_ad\"\nmetadata_url = \"http://127.0.0.1:9/t\"\nallow_cleartext_without_tls = true"),
+                Auth::Token { cloud: TokenCloud::Azure, from: TokenFrom::Endpoint("http://127.0.0.1:9/t".into()) },
+            ),
+        ];
+        for (text, auth) in accepted {
+            let config = Config::parse(text).unwrap_or_else(|e| panic!("{text}\n-> {e}"));
+            assert_eq!(&config.source.kind.connection().unwrap().auth, auth, "{text}");
+        }
+        assert!(TokenCloud::Azure
+            .default_url()
+            .ends_with("api-version=2018-02-01&resource=https://ossrdbms-aad.database.windows.net"));
     }
 }

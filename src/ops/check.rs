@@ -27,13 +27,16 @@ pub async fn run(config: &Config) -> Result<ExitCode> {
     };
     let source = SourceConn::new(&server.connection)?;
     let mut conn = source.connect().await?;
+    if let Some(who) = source.last_login() {
+        println!("identity: {who}: accepted by the server");
+    }
     let info = source::server_info(&mut conn).await?;
     let (checkpoint, unreadable) = read_checkpoint(config).await?;
     println!("server: {} ({})", preflight::describe_identity(&info.identity), info.version);
     let checked = match &checkpoint {
         Some(c) => {
             let resume = preflight::Resume { server: c.server(), position: c.position(), end_event: c.end_event() };
-            Some(preflight::ResumeCheck::run(&mut conn, &info, server.server_id, resume).await?)
+            Some(preflight::ResumeCheck::run(&source, &mut conn, &info, server.server_id, resume).await?)
         }
         None => None,
     };
@@ -103,6 +106,9 @@ async fn check_lease_server(conn: &mut mysql_async::Conn, report: &mut Report) -
 async fn check_poll(config: &Config) -> Result<ExitCode> {
     let source = SourceConn::from_config(config)?;
     let mut conn = source.connect().await?;
+    if let Some(who) = source.last_login() {
+        println!("identity: {who}: accepted by the server");
+    }
     let version: Option<String> = conn.query_first("SELECT VERSION()").await.map_err(|e| classify_mysql(&e))?;
     println!(
         "server: {} ({}), polling relay {}",

@@ -306,6 +306,11 @@ fn delete_conn(config: &Config) -> Result<SourceConn> {
             c.password = prune.password.clone();
             c.password_env = prune.password_env.clone();
             c.password_file = prune.password_file.clone();
+            // A user of its own with a password of its own logs in with that password, not with the token of
+            // the connector's identity.
+            if c.password.is_some() || c.password_env.is_some() || c.password_file.is_some() {
+                c.auth = crate::config::Auth::Password;
+            }
         }
         c
     };

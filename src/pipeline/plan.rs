@@ -177,7 +177,7 @@ pub(super) async fn server(
             // Another server's files are its own: nothing there to compare the checkpoint's last event with.
             end_event: cp.end_event().filter(|_| *cp.server() == info.identity),
         };
-        checked = Some(preflight::ResumeCheck::run(&mut conn, &info, server.server_id, resume).await?);
+        checked = Some(preflight::ResumeCheck::run(source, &mut conn, &info, server.server_id, resume).await?);
     }
     let mut snapshot_again = false;
     if let (Some(checked), SnapshotMode::WhenNeeded) = (&checked, config.snapshot.mode) {

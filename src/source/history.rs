@@ -48,13 +48,14 @@ const READ_TIMEOUT: Duration = Duration::from_secs(30);
 const LOG_EVENT_ARTIFICIAL: u16 = 0x20;
 
 /// Compares the checkpoint's last event, `end` ending at `position`, with what the server's binlog has
-/// there. `conn` is an ordinary connection (it lists the binlogs, and its options open the dump);
+/// there. `conn` is an ordinary connection (it lists the binlogs), `source` opens the dump;
 /// `replica_server_id` is the connector's replication id.
 ///
 /// # Errors
 /// Transient for connection problems and a server that does not answer in time; definite for other server
 /// errors, such as a missing privilege. A different history is not an error: it is [`Comparison::Diverged`].
 pub async fn compare(
+    source: &super::SourceConn,
     conn: &mut Conn,
     flavor: Flavor,
     replica_server_id: u32,
@@ -82,9 +83,8 @@ pub async fn compare(
             coord.file, coord.pos
         )));
     }
-    let opts = conn.opts().clone();
     let read = async {
-        let mut dump = Conn::new(opts).await.map_err(|e| classify_mysql(&e))?;
+        let mut dump = source.connect().await?;
         if flavor == Flavor::MariaDb {
             // As the stream asks, so that MariaDB sends its events unchanged.
             dump.query_drop("SET @mariadb_slave_capability = 4").await.map_err(|e| classify_mysql(&e))?;

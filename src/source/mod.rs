@@ -11,6 +11,7 @@ pub mod decode;
 pub mod files;
 pub mod grants;
 pub mod history;
+pub mod identity;
 pub mod key_order;
 pub mod managed;
 pub mod overlap;
@@ -29,8 +30,8 @@ use mysql_async::{Conn, Opts, OptsBuilder, SslOpts};
 
 pub use decode::OutboxTable;
 
-use crate::config::{Config, Connection, ResumeBy, ServerSource, StartFrom, TlsMode};
-use crate::error::{classify_mysql, Error, Result};
+use crate::config::{AuthKind, Config, Connection, ResumeBy, ServerSource, StartFrom, TlsMode};
+use crate::error::{classify_mysql, mysql_codes, Error, Result};
 use crate::outbox::TableName;
 use crate::position::{mariadb::GtidPos, mysql::GtidSet, BinlogCoord, Flavor, Gtids, Position, ServerIdentity};
 
@@ -39,10 +40,13 @@ pub const MYSQL_GTID_EXAMPLE: &str = "3e11fa47-71ca-11e1-9e33-c80aa9429562:1-100
 /// A MariaDB GTID position as messages show one (`@@gtid_binlog_pos`, a Debezium MariaDB offset's `gtids`).
 pub const MARIADB_GTID_EXAMPLE: &str = "0-1-1000";
 
-/// How to reach the server, built once from the config.
+/// How to reach the server, built once from the config; who to log in as is asked at every connect.
 #[derive(Clone)]
 pub struct SourceConn {
+    /// Everything but the password.
     opts: Opts,
+    /// The password of each connection attempt.
+    identity: identity::Identity,
     connect_timeout: Duration,
 }
 
@@ -52,6 +56,7 @@ impl std::fmt::Debug for SourceConn {
         f.debug_struct("SourceConn")
             .field("server", &self.describe())
             .field("user", &self.opts.user())
+            .field("identity", &self.identity)
             .field("connect_timeout", &self.connect_timeout)
             .finish_non_exhaustive()
     }
@@ -84,12 +89,11 @@ impl SourceConn {
     /// # Errors
     /// A definite error when the password variable is missing or the TLS CA file cannot be used.
     pub fn new(source: &Connection) -> Result<Self> {
-        let password = source.password()?;
+        let identity = identity::Identity::new(source)?;
         let mut builder = OptsBuilder::default()
             .ip_or_hostname(source.host.clone())
             .tcp_port(source.port)
             .user(Some(source.user.clone()))
-            .pass(password.map(|p| p.expose().to_string()))
             .prefer_socket(false)
             .stmt_cache_size(0)
             // TIMESTAMP columns read as UTC, as the binlog gives them (seconds since the epoch): the snapshot
@@ -124,23 +128,49 @@ impl SourceConn {
                 builder.ssl_opts(ssl)
             }
         };
-        Ok(SourceConn { opts: builder.into(), connect_timeout: source.connect_timeout })
+        Ok(SourceConn { opts: builder.into(), identity, connect_timeout: source.connect_timeout })
     }
 
-    /// Opens a connection, bounded by the configured timeout.
+    /// Opens a connection, bounded by the configured timeout, with a password asked of the identity for
+    /// this attempt: every connection the connector opens comes through here.
     ///
     /// # Errors
-    /// Classified connection errors; a timeout is transient.
+    /// The identity's (a token that cannot be had); classified connection errors, an access denied to a
+    /// token with what to check; a timeout is transient.
     pub async fn connect(&self) -> Result<Conn> {
-        match tokio::time::timeout(self.connect_timeout, Conn::new(self.opts.clone())).await {
-            Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(e)) => Err(classify_mysql(&e).context(format_args!("connecting to {}", self.describe()))),
+        let attempt = async {
+            let user = self.opts.user().unwrap_or_default();
+            let login = self.identity.login(self.opts.ip_or_hostname(), self.opts.tcp_port(), user).await?;
+            let opts = OptsBuilder::from_opts(self.opts.clone())
+                .pass(login.password.map(|p| p.expose().to_string()))
+                .enable_cleartext_plugin(login.cleartext);
+            Conn::new(opts).await.map_err(|e| {
+                let error = classify_mysql(&e);
+                let denied = matches!(&e, mysql_async::Error::Server(s) if s.code == mysql_codes::ACCESS_DENIED);
+                let error = match self.identity.denied_hint() {
+                    Some(hint) if denied => Error::definite(format!("{error}. {hint}")),
+                    _ => error,
+                };
+                match self.identity.kind() {
+                    AuthKind::Password => error.context(format_args!("connecting to {}", self.describe())),
+                    _ => error.context(format_args!("connecting to {} as {}", self.describe(), login.who)),
+                }
+            })
+        };
+        match tokio::time::timeout(self.connect_timeout, attempt).await {
+            Ok(result) => result,
             Err(_) => Err(Error::transient(format!(
                 "connecting to {} timed out after {:?}",
                 self.describe(),
                 self.connect_timeout
             ))),
         }
+    }
+
+    /// Who the last connection attempt logged in as (never the secret), if one was made: what
+    /// `outbox-cdc check` reports.
+    pub fn last_login(&self) -> Option<String> {
+        self.identity.last_login()
     }
 
     /// `host:port` for messages.

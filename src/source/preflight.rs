@@ -213,10 +213,16 @@ impl<'a> ResumeCheck<'a> {
     ///
     /// # Errors
     /// Transient errors of the comparison, and classified query errors of the purge check.
-    pub async fn run(conn: &mut Conn, info: &ServerInfo, server_id: u32, resume: Resume<'a>) -> Result<Self> {
+    pub async fn run(
+        source: &super::SourceConn,
+        conn: &mut Conn,
+        info: &ServerInfo,
+        server_id: u32,
+        resume: Resume<'a>,
+    ) -> Result<Self> {
         let history = match resume.end_event {
             Some(end) if *resume.server == info.identity => {
-                match history::compare(conn, info.identity.flavor, server_id, resume.position, end).await {
+                match history::compare(source, conn, info.identity.flavor, server_id, resume.position, end).await {
                     Err(e) if !e.is_definite() => return Err(e),
                     compared => Some(compared),
                 }
