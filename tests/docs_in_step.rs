@@ -8,6 +8,8 @@
 //! - **`connector.toml`**, which the README calls the complete, commented example: every row of every table
 //!   is a key of the file (set, or commented out) in that table, every key the file shows is a row of its
 //!   table's, and the file as it stands is accepted by `Config::parse`.
+//! - **docs/MANAGED-MYSQL.md's `[source]` examples** (its ```` ```toml ```` blocks) are accepted by
+//!   `Config::parse`.
 //!
 //! Both sides are derived, not listed here: the commands from the built binary's help (the clap
 //! definition lives in `src/main.rs`, out of a test's reach), the keys from what `Config::parse` itself
@@ -544,4 +546,46 @@ fn example_rules() {
             "line 15",
         ]
     );
+}
+
+/// The ```` ```toml ```` blocks of `markdown` (indentation removed), in order.
+fn toml_blocks(markdown: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut current: Option<(usize, String)> = None;
+    for line in markdown.lines() {
+        let trimmed = line.trim_start();
+        match &mut current {
+            None if trimmed == "```toml" => current = Some((line.len() - trimmed.len(), String::new())),
+            None => {}
+            Some(_) if trimmed == "```" => blocks.push(current.take().expect("in a block").1),
+            Some((indent, text)) => {
+                text.push_str(line.get(*indent..).unwrap_or(""));
+                text.push('\n');
+            }
+        }
+    }
+    blocks
+}
+
+/// Guards against a configuration example of docs/MANAGED-MYSQL.md (the `[source]` of each database
+/// identity) that the loader refuses: each block, completed with the `[outbox]` and `[kafka]` it leaves out,
+/// is accepted by `Config::parse`.
+#[test]
+fn managed_mysql_config_examples_parse() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/MANAGED-MYSQL.md");
+    let text = std::fs::read_to_string(&path).expect("read docs/MANAGED-MYSQL.md");
+    let blocks = toml_blocks(&text);
+    assert!(blocks.len() >= 3, "the identity examples: {blocks:#?}");
+    for block in blocks {
+        let mut config = block.clone();
+        if !config.contains("[outbox]") {
+            config.push_str("\n[outbox]\ntable = \"shop.outbox_events\"\n");
+        }
+        if !config.contains("[kafka]") {
+            config.push_str("\n[kafka]\nbootstrap_servers = \"kafka:9092\"\n");
+        }
+        if let Err(e) = outbox_cdc::config::Config::parse(&config) {
+            panic!("docs/MANAGED-MYSQL.md's example is refused: {e}\n{block}");
+        }
+    }
 }
