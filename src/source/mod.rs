@@ -141,10 +141,7 @@ impl SourceConn {
         let attempt = async {
             let user = self.opts.user().unwrap_or_default();
             let login = self.identity.login(self.opts.ip_or_hostname(), self.opts.tcp_port(), user).await?;
-            let opts = OptsBuilder::from_opts(self.opts.clone())
-                .pass(login.password.map(|p| p.expose().to_string()))
-                .enable_cleartext_plugin(login.cleartext);
-            Conn::new(opts).await.map_err(|e| {
+            Conn::new(self.opts_for(&login)).await.map_err(|e| {
                 let error = classify_mysql(&e);
                 let denied = matches!(&e, mysql_async::Error::Server(s) if s.code == mysql_codes::ACCESS_DENIED);
                 let error = match self.identity.denied_hint() {
@@ -165,6 +162,15 @@ impl SourceConn {
                 self.connect_timeout
             ))),
         }
+    }
+
+    /// The options of one attempt: the settings with the login's password, offered to the cleartext plugin
+    /// when the login asks for it (a token; config validation allows one only over verified TLS).
+    fn opts_for(&self, login: &identity::Login) -> Opts {
+        OptsBuilder::from_opts(self.opts.clone())
+            .pass(login.password.as_ref().map(|p| p.expose().to_string()))
+            .enable_cleartext_plugin(login.cleartext)
+            .into()
     }
 
     /// Who the last connection attempt logged in as (never the secret), if one was made: what
@@ -632,6 +638,35 @@ mod tests {
                 .ssl_opts()
                 .map(|ssl| (ssl.accept_invalid_certs(), ssl.skip_domain_validation(), ssl.disable_built_in_roots()));
             assert_eq!(actual, expected, "tls = {mode:?} {extra}");
+        }
+    }
+
+    /// Each attempt's options carry the password its login made, and a token is offered to the cleartext
+    /// plugin (as RDS, Cloud SQL and Azure ask) only under `auth` other than "password", over verified TLS.
+    /// Guards against a password built into the shared options once (a token would outlive its attempt),
+    /// and against the cleartext plugin enabled for a plain password.
+    #[tokio::test]
+    async fn each_attempt_gets_its_logins_password_and_plugin() {
+        let token = tempfile::NamedTempFile::new().unwrap();
+        let base = "[source]\nhost = \"db\"\nuser = \"cdc\"\nserver_id = 7\n\
+                    [outbox]\ntable = \"shop.outbox_events\"\n[kafka]\nbootstrap_servers = \"k:9092\"\n";
+        let with = |lines: &str| base.replace("server_id = 7\n", &format!("server_id = 7\n{lines}\n"));
+        let token_lines =
+            format!("auth = \"gcp_iam\"\ntls = \"verify_identity\"\ntoken_file = {:?}", token.path().to_str().unwrap());
+        let cases = [
+            (with("password = \"pw\""), None, "pw", false),
+            (with(&token_lines), Some("first-token"), "first-token", true),
+            (with(&token_lines), Some("second-token"), "second-token", true),
+        ];
+        for (text, file, password, cleartext) in cases {
+            if let Some(content) = file {
+                std::fs::write(token.path(), content).unwrap();
+            }
+            let conn = SourceConn::from_config(&Config::parse(&text).unwrap()).unwrap();
+            assert_eq!(conn.opts.pass(), None, "the shared options hold no password");
+            let login = conn.identity.login("db", 3306, "cdc").await.unwrap();
+            let opts = conn.opts_for(&login);
+            assert_eq!((opts.pass(), opts.enable_cleartext_plugin()), (Some(password), cleartext), "{text}");
         }
     }
 }
