@@ -95,10 +95,6 @@ pub(super) struct SourceToml {
     /// `Metadata: true`). A token is reused until a minute before its `expires_in` ends.
     #[serde(default)]
     pub metadata_url: Option<String>,
-    /// Unsafe, for tests only: lets an `auth` token go to a server whose TLS is not verified (`tls =
-    /// "disabled"` or `"required"`), where anyone on the path can read or intercept it.
-    #[serde(default)]
-    pub allow_cleartext_without_tls: bool,
     /// Replication client id; must be unique among all replicas and CDC clients of the server
     /// (a duplicate makes the server disconnect the older client). Required with `kind = "server"`, refused
     /// with `kind = "poll"`.
@@ -518,12 +514,6 @@ impl SourceToml {
             ));
         }
         if self.auth == AuthKind::Password {
-            if self.allow_cleartext_without_tls {
-                return Err(Error::definite(
-                    "source.allow_cleartext_without_tls applies only with a token (source.auth other than \
-                     \"password\")",
-                ));
-            }
             return Ok(Auth::Password);
         }
         if self.password.is_some() || self.password_env.is_some() || self.password_file.is_some() {
@@ -532,7 +522,7 @@ impl SourceToml {
                  source.password, source.password_env and source.password_file (or set source.auth = \"password\")"
             )));
         }
-        if self.tls != TlsMode::VerifyIdentity && !self.allow_cleartext_without_tls {
+        if self.tls != TlsMode::VerifyIdentity {
             return Err(Error::definite(format!(
                 "source.auth = \"{kind}\" sends its token in clear text inside the connection (the cleartext \
                  plugin), so only over TLS that verifies the server: set source.tls = \"verify_identity\" (with \
@@ -721,10 +711,6 @@ mod tests {
                 "token_file and source.metadata_url apply only",
             ),
             (iam(&format!("auth = \"gcp_iam\"\naws_region = \"eu-west-1\"\n{tls}")), "aws_region applies only"),
-            (
-                MINIMAL.replace("password = \"pw\"", "password = \"pw\"\nallow_cleartext_without_tls = true"),
-                "applies only with a token",
-            ),
             (iam(&format!("auth = \"gcp_iam\"\nmetadata_url = \"file:///etc/passwd\"\n{tls}")), "http:// or https://"),
             (iam(&format!("auth = \"kerberos\"\n{tls}")), "unknown variant"),
         ];
@@ -748,7 +734,7 @@ mod tests {
                 Auth::Token { cloud: TokenCloud::Azure, from: TokenFrom::File("/var/run/token".into()) },
             ),
             (
-                iam("auth = \"azure_ad\"\nmetadata_url = \"http://127.0.0.1:9/t\"\nallow_cleartext_without_tls = true"),
+                iam(&format!("auth = \"azure_ad\"\nmetadata_url = \"http://127.0.0.1:9/t\"\n{tls}")),
                 Auth::Token { cloud: TokenCloud::Azure, from: TokenFrom::Endpoint("http://127.0.0.1:9/t".into()) },
             ),
         ];

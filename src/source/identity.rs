@@ -11,7 +11,7 @@
 //!   what messages say is [`Login::who`], the identity (auth kind, the AWS access key id's last four
 //!   characters and region, or where the token came from).
 //! - A token is sent with the cleartext plugin; config validation allows that only over TLS that verifies
-//!   the server (`config::source`), or with the test-only `allow_cleartext_without_tls`.
+//!   the server (`config::source`).
 //!
 //! # Why cache, and what
 //! An RDS token is signed locally, so it is made for every attempt; only the AWS credentials behind it are
