@@ -664,7 +664,8 @@ fn not_a_registry(base: &str, method: &str, path: &str, reply: &Reply, probe: Op
 }
 
 /// A subject (or any text) as one URL path segment: everything but unreserved characters percent-encoded
-/// (RFC 3986 §2.3). The control API's client encodes aggregate ids with it too.
+/// (RFC 3986 §2.3). The control API's client encodes aggregate ids with it too, and `source::identity` an
+/// RDS token's query names and values (SigV4 encodes them the same way).
 pub(crate) fn encode_path(subject: &str) -> String {
     let mut out = String::with_capacity(subject.len());
     for b in subject.bytes() {

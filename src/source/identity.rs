@@ -28,6 +28,7 @@ use aws_credential_types::Credentials;
 
 use crate::config::{Auth, AuthKind, Connection, TokenCloud, TokenFrom};
 use crate::error::{Error, Result};
+use crate::schema::registry::encode_path;
 use crate::secret::Secret;
 
 /// How long an RDS IAM auth token is valid (RDS accepts at most 15 minutes).
@@ -297,7 +298,7 @@ pub struct Presign<'a> {
 pub fn presign(request: &Presign<'_>) -> std::result::Result<String, String> {
     use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SignatureLocation, SigningSettings};
     let query: Vec<String> =
-        request.query.iter().map(|(k, v)| format!("{}={}", uri_encode(k), uri_encode(v))).collect();
+        request.query.iter().map(|(k, v)| format!("{}={}", encode_path(k), encode_path(v))).collect();
     let query = query.join("&");
     let url = format!("https://{}/?{query}", request.authority);
     let mut settings = SigningSettings::default();
@@ -318,20 +319,8 @@ pub fn presign(request: &Presign<'_>) -> std::result::Result<String, String> {
         SignableRequest::new("GET", url, headers.into_iter(), SignableBody::Bytes(&[])).map_err(|e| e.to_string())?;
     let (instructions, _signature) = sign(signable, &params).map_err(|e| e.to_string())?.into_parts();
     let mut pairs: Vec<String> = if query.is_empty() { Vec::new() } else { vec![query] };
-    pairs.extend(instructions.params().iter().map(|(name, value)| format!("{name}={}", uri_encode(value))));
+    pairs.extend(instructions.params().iter().map(|(name, value)| format!("{name}={}", encode_path(value))));
     Ok(format!("{}/?{}", request.authority, pairs.join("&")))
-}
-
-/// `text` percent-encoded as SigV4 encodes a query's names and values: everything but `A-Z a-z 0-9 - _ . ~`.
-fn uri_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(byte as char),
-            _ => out.push_str(&format!("%{byte:02X}")),
-        }
-    }
-    out
 }
 
 /// `auth = "gcp_iam"` or `"azure_ad"`: an access token from a file or a metadata endpoint.
