@@ -318,6 +318,18 @@ async fn a_hold_is_released_by_the_running_connector() {
     assert!(connector.terminate().success(), "{}", connector.logs());
 }
 
+/// A relay (not started; rows marked one by one, polling every 50 ms) whose control API listens on a port of
+/// its own, with the token [`TOKEN`] from `OUTBOX_CDC_CONTROL_TOKEN`.
+fn relay(db: &MariaDb, broker: &Broker) -> (Connector, u16) {
+    use common::patterns::{self, Mode};
+    let port = free_port();
+    let control = format!("[control]\nlisten = \"127.0.0.1:{port}\"\n");
+    let mut relay =
+        patterns::relay_config(db, broker, Mode::Marking, "poll_interval_ms = 50", &control, Some(free_port()));
+    relay.env("OUTBOX_CDC_CONTROL_TOKEN", TOKEN);
+    (relay, port)
+}
+
 /// The polling relay runs under the same turn: paused through the API under 2 steady writers it publishes
 /// nothing (the rows written meanwhile wait in the table, unpublished), is shown paused, and resumed it
 /// publishes every row once, in order (its stop marks what Kafka acknowledged, as a graceful stop does).
@@ -327,16 +339,7 @@ async fn a_paused_relay_publishes_nothing_until_resumed() {
     let db = MariaDb::start();
     let broker = Broker::start(Engine::Memory);
     patterns::prepare(&db, Mode::Marking);
-    let port = free_port();
-    let probe = Connector::new();
-    let token_file = probe.dir().join("control-token");
-    std::fs::write(&token_file, TOKEN).unwrap();
-    let control = format!(
-        "[control]\nlisten = \"127.0.0.1:{port}\"\ntoken_file = {}\n",
-        common::connector::toml_str(&token_file.to_string_lossy())
-    );
-    let mut relay =
-        patterns::relay_config(&db, &broker, Mode::Marking, "poll_interval_ms = 50", &control, Some(free_port()));
+    let (mut relay, port) = relay(&db, &broker);
     relay.run(&relay.config_path());
     let writer = Writer::start(
         db.opts_root(),
@@ -414,13 +417,7 @@ async fn pause_and_resume_signals_under_load_across_a_kill() {
     let mut conn = db.conn().await;
     conn.query_drop(SIGNAL_TABLE).await.unwrap();
     let (mut connector, port) = connector(&db, &broker, true, "");
-    let config = std::fs::read_to_string(connector.config_path()).unwrap();
-    let config = config.replacen(
-        "table = \"shop.outbox_events\"\n",
-        "table = \"shop.outbox_events\"\nsignal_table = \"shop.debezium_signal\"\n",
-        1,
-    );
-    std::fs::write(connector.config_path(), config).unwrap();
+    connector.outbox_setting("signal_table = \"shop.debezium_signal\"");
     let (_, out, _) = connector.command(&["check"], Duration::from_secs(60)).unwrap();
     assert!(out.contains("[ok  ] signal table shop.debezium_signal: expected id, type, data"), "{out}");
     connector.run(&connector.config_path());
@@ -474,23 +471,8 @@ async fn the_relay_polls_pause_and_resume_signals() {
     let mut conn = db.conn().await;
     conn.query_drop(SIGNAL_TABLE).await.unwrap();
     signal(&mut conn, "old-1", "execute-snapshot").await;
-    let port = free_port();
-    let probe = Connector::new();
-    let token_file = probe.dir().join("control-token");
-    std::fs::write(&token_file, TOKEN).unwrap();
-    let control = format!(
-        "[control]\nlisten = \"127.0.0.1:{port}\"\ntoken_file = {}\n",
-        common::connector::toml_str(&token_file.to_string_lossy())
-    );
-    let mut relay =
-        patterns::relay_config(&db, &broker, Mode::Marking, "poll_interval_ms = 50", &control, Some(free_port()));
-    let config = std::fs::read_to_string(relay.config_path()).unwrap();
-    let config = config.replacen(
-        "table = \"shop.outbox_events\"\n",
-        "table = \"shop.outbox_events\"\nsignal_table = \"shop.debezium_signal\"\n",
-        1,
-    );
-    std::fs::write(relay.config_path(), config).unwrap();
+    let (mut relay, port) = relay(&db, &broker);
+    relay.outbox_setting("signal_table = \"shop.debezium_signal\"");
     // `check` says what the relay needs of the table: the grant, then the layout.
     let (status, out, _) = relay.command(&["check"], Duration::from_secs(60)).unwrap();
     assert_eq!(status.code(), Some(2), "{out}");

@@ -152,12 +152,7 @@ async fn the_writers_trace_continues_through_the_connector_into_the_record() {
 
     let mut connector = Connector::new();
     connector.write_config(&db, &broker, "[opentelemetry]\nenabled = true\n");
-    let config = std::fs::read_to_string(connector.config_path()).unwrap().replacen(
-        "table = \"shop.outbox_events\"\n",
-        "table = \"shop.outbox_events\"\nadditional_placement = [\"tracingspancontext:header\"]\n",
-        1,
-    );
-    std::fs::write(connector.config_path(), config).unwrap();
+    connector.outbox_setting("additional_placement = [\"tracingspancontext:header\"]");
     connector
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{otlp}"))
         .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")

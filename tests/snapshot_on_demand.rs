@@ -336,13 +336,7 @@ async fn signals_in_debeziums_layout_ask_for_snapshots_once() {
         insert_event(&mut conn, &OutboxRow::new(format!("A-{}", i % 3))).await.unwrap();
     }
     let (mut connector, port) = connector(&db, &broker);
-    let config = std::fs::read_to_string(connector.config_path()).unwrap();
-    let config = config.replacen(
-        "table = \"shop.outbox_events\"\n",
-        "table = \"shop.outbox_events\"\nsignal_table = \"shop.debezium_signal\"\n",
-        1,
-    );
-    std::fs::write(connector.config_path(), config).unwrap();
+    connector.outbox_setting("signal_table = \"shop.debezium_signal\"");
     connector.run(&connector.config_path());
     assert_eq!(broker.read_all(TOPIC, 300, READ_TIMEOUT).len(), 300, "{}", connector.logs());
     let first_checkpoint = connector.status_json().unwrap();

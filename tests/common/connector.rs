@@ -175,6 +175,17 @@ impl Connector {
         write_config(self.dir.path(), db, broker, extra_toml)
     }
 
+    /// Adds `line` to the `[outbox]` section of the config written in its work dir (after its `table`).
+    ///
+    /// # Panics
+    /// When the config has no `table = "shop.outbox_events"` line.
+    pub fn outbox_setting(&self, line: &str) {
+        let table = "table = \"shop.outbox_events\"\n";
+        let text = std::fs::read_to_string(self.config_path()).expect("read the config");
+        assert!(text.contains(table), "no {table:?} in the config:\n{text}");
+        std::fs::write(self.config_path(), text.replacen(table, &format!("{table}{line}\n"), 1)).expect("write");
+    }
+
     /// Writes a config that reads a real MariaDB binlog file (no server needed) and sends to a port where
     /// no broker listens, with `extra` appended; returns its path.
     pub fn write_files_config(&self, extra: &str) -> PathBuf {
