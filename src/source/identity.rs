@@ -65,7 +65,7 @@ enum Source {
     /// The configured password, resolved once when the connector starts (as it always was).
     Password(Option<Secret>),
     /// An RDS IAM auth token.
-    Aws(Arc<AwsIam>),
+    Aws(Arc<AwsCredentials>),
     /// An OAuth access token.
     Token(Arc<AccessToken>),
 }
@@ -84,11 +84,7 @@ impl Identity {
     pub fn new(connection: &Connection) -> Result<Self> {
         let source = match &connection.auth {
             Auth::Password => Source::Password(connection.password()?),
-            Auth::AwsIam { region } => Source::Aws(Arc::new(AwsIam {
-                region: region.clone(),
-                sdk: tokio::sync::OnceCell::new(),
-                credentials: Mutex::new(None),
-            })),
+            Auth::AwsIam { region } => Source::Aws(Arc::new(AwsCredentials::new("source", region.clone()))),
             Auth::Token { cloud, from } => {
                 Source::Token(Arc::new(AccessToken { cloud: *cloud, from: from.clone(), cached: Mutex::new(None) }))
             }
@@ -178,9 +174,12 @@ impl Identity {
     }
 }
 
-/// `auth = "aws_iam"`: the SDK's default credential chain, loaded once, and the last credentials it gave.
-struct AwsIam {
-    /// `source.aws_region`.
+/// `auth = "aws_iam"` (`[source]` and `[kafka]`): the SDK's default credential chain, loaded once, and the
+/// last credentials it gave.
+pub struct AwsCredentials {
+    /// The config section it is for (`source`, `kafka`), for messages.
+    section: &'static str,
+    /// `<section>.aws_region`.
     region: Option<String>,
     /// The credential chain and the region, from the SDK's default chains.
     sdk: tokio::sync::OnceCell<(SharedCredentialsProvider, String)>,
@@ -188,18 +187,28 @@ struct AwsIam {
     credentials: Mutex<Option<Credentials>>,
 }
 
-impl AwsIam {
+impl AwsCredentials {
+    /// The chain for `[section] auth = "aws_iam"` and `region` (`None`: the SDK's region chain), loaded at
+    /// the first [`Self::credentials`].
+    pub fn new(section: &'static str, region: Option<String>) -> Self {
+        AwsCredentials { section, region, sdk: tokio::sync::OnceCell::new(), credentials: Mutex::new(None) }
+    }
+
     /// Credentials to sign with, and the region.
-    async fn credentials(&self) -> Result<(Credentials, String)> {
-        let (provider, region) = self.sdk.get_or_try_init(|| load_sdk(self.region.clone())).await?;
+    ///
+    /// # Errors
+    /// Definite when no region is known; transient when the chain gave no credentials.
+    pub async fn credentials(&self) -> Result<(Credentials, String)> {
+        let (provider, region) = self.sdk.get_or_try_init(|| load_sdk(self.section, self.region.clone())).await?;
         let fresh = |c: &Credentials| c.expiry().is_some_and(|at| at > SystemTime::now() + CREDENTIALS_MARGIN);
         if let Some(kept) = self.credentials.lock().unwrap_or_else(|e| e.into_inner()).clone().filter(fresh) {
             return Ok((kept, region.clone()));
         }
         let credentials = provider.provide_credentials().await.map_err(|e| {
             Error::transient(format!(
-                "auth = \"aws_iam\": the AWS SDK's default credential chain (environment, profile, web identity \
-                 token, EKS Pod Identity, ECS, instance profile) gave no credentials: {}",
+                "{}.auth = \"aws_iam\": the AWS SDK's default credential chain (environment, profile, web \
+                 identity token, EKS Pod Identity, ECS, instance profile) gave no credentials: {}",
+                self.section,
                 aws_error_chain(&e)
             ))
         })?;
@@ -222,7 +231,7 @@ fn aws_error_chain(error: &dyn std::error::Error) -> String {
 
 /// The SDK's default credential chain and region chain, with its HTTP client (for STS, the container and
 /// instance metadata) on rustls + ring, the TLS stack the connector already links.
-async fn load_sdk(region: Option<String>) -> Result<(SharedCredentialsProvider, String)> {
+async fn load_sdk(section: &str, region: Option<String>) -> Result<(SharedCredentialsProvider, String)> {
     use aws_smithy_http_client::tls;
     let http = aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
@@ -233,14 +242,14 @@ async fn load_sdk(region: Option<String>) -> Result<(SharedCredentialsProvider, 
     }
     let sdk = loader.load().await;
     let region = sdk.region().map(ToString::to_string).ok_or_else(|| {
-        Error::definite(
-            "auth = \"aws_iam\" signs the token for the database's region, and none is known: set \
-             source.aws_region (or AWS_REGION)",
-        )
+        Error::definite(format!(
+            "{section}.auth = \"aws_iam\" signs its tokens for a region, and none is known: set \
+             {section}.aws_region (or AWS_REGION)"
+        ))
     })?;
-    let provider = sdk
-        .credentials_provider()
-        .ok_or_else(|| Error::definite("auth = \"aws_iam\": the AWS SDK configured no credential provider"))?;
+    let provider = sdk.credentials_provider().ok_or_else(|| {
+        Error::definite(format!("{section}.auth = \"aws_iam\": the AWS SDK configured no credential provider"))
+    })?;
     Ok((provider, region))
 }
 
