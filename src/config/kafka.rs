@@ -87,6 +87,16 @@ pub struct KafkaConfig {
     /// `properties`: `ssl.ca.location`, `ssl.key.location`.)
     #[serde(default)]
     pub properties_file: BTreeMap<String, PathBuf>,
+    /// Who the connector is to the cluster: "properties" (default: as `[kafka.properties]` say, e.g. TLS,
+    /// SASL/PLAIN or SCRAM, OAUTHBEARER with `sasl.oauthbearer.method = "oidc"`, GSSAPI) or "aws_iam" (Amazon
+    /// MSK's IAM access control: SASL/OAUTHBEARER over TLS with a token signed from the AWS SDK's default
+    /// credential chain, for every Kafka client of every command, made again before it expires).
+    #[serde(default)]
+    pub auth: KafkaAuth,
+    /// With `auth = "aws_iam"`, the region of the MSK cluster (its tokens are signed for it); unset: the SDK's
+    /// region chain (`AWS_REGION`, the profile, the instance's region).
+    #[serde(default)]
+    pub aws_region: Option<String>,
     /// Topic for poison rows and the held events of quarantined aggregates (see `outbox.on_poison`).
     /// Created like routed topics. Keyed by aggregate id, so each aggregate's held events stay in order.
     #[serde(default = "default_dead_letter_topic")]
@@ -139,6 +149,20 @@ pub enum KeyFormat {
     /// The aggregate id as an Avro `string` of the subject `<topic>-key`, Confluent framed.
     Avro,
 }
+
+/// `kafka.auth`: how the connector proves who it is to the cluster.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KafkaAuth {
+    /// As `[kafka.properties]` configure it (or no authentication).
+    #[default]
+    Properties,
+    /// Amazon MSK IAM: SASL/OAUTHBEARER with a SigV4-presigned `kafka-cluster:Connect` token.
+    AwsIam,
+}
+
+/// What `auth = "aws_iam"` sets unless the properties do, and the one value it allows there.
+const AWS_IAM_PROPERTIES: &[(&str, &str)] = &[("security.protocol", "SASL_SSL"), ("sasl.mechanism", "OAUTHBEARER")];
 
 /// Which time the Kafka record carries.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -357,6 +381,11 @@ impl KafkaConfig {
             let secret = from_file(&format!("kafka.properties_file (for {key})"), path)?;
             resolved.insert(key.clone(), secret.expose().to_string());
         }
+        if self.auth == KafkaAuth::AwsIam {
+            for (key, value) in AWS_IAM_PROPERTIES {
+                resolved.entry((*key).to_string()).or_insert_with(|| (*value).to_string());
+            }
+        }
         Ok(resolved.into_iter().collect())
     }
 }
@@ -381,6 +410,7 @@ impl KafkaConfig {
             }
         }
         validate_secret_properties(self)?;
+        self.validate_auth()?;
         if self.topic_partitions < 1 {
             return Err(Error::definite("kafka.topic_partitions must be at least 1"));
         }
@@ -395,6 +425,67 @@ impl KafkaConfig {
                 "kafka.compression = {:?}: expected none, gzip, snappy, lz4 or zstd",
                 self.compression
             )));
+        }
+        Ok(())
+    }
+}
+
+impl KafkaConfig {
+    /// `auth = "aws_iam"` owns the SASL mechanism and asks for TLS that verifies the broker: an MSK token is a
+    /// bearer credential for 15 minutes, which anyone who reads it off a plaintext connection (or off a
+    /// broker that is not the cluster) can replay. MSK serves IAM on its SASL_SSL listener (port 9098).
+    fn validate_auth(&self) -> Result<()> {
+        let property = |key: &str| self.properties.get(key).map(|v| v.trim().to_ascii_lowercase());
+        if self.auth != KafkaAuth::AwsIam {
+            if self.aws_region.is_some() {
+                return Err(Error::definite("kafka.aws_region is only for kafka.auth = \"aws_iam\"; remove it"));
+            }
+            return Ok(());
+        }
+        let mechanism = property("sasl.mechanism").or_else(|| property("sasl.mechanisms"));
+        let refusals = [
+            (
+                "security.protocol",
+                property("security.protocol").filter(|v| v != "sasl_ssl"),
+                "MSK serves IAM on its SASL_SSL listener (port 9098), and a token sent without TLS can be \
+                 replayed for 15 minutes by whoever reads it; remove it (aws_iam sets SASL_SSL)",
+            ),
+            (
+                "sasl.mechanism",
+                mechanism.filter(|v| v != "oauthbearer"),
+                "aws_iam authenticates with SASL/OAUTHBEARER; remove it",
+            ),
+            (
+                "sasl.oauthbearer.method",
+                property("sasl.oauthbearer.method").filter(|v| v != "default"),
+                "aws_iam makes the tokens itself; an OIDC token endpoint is another way to authenticate, \
+                 set kafka.auth = \"properties\" for it",
+            ),
+            (
+                "enable.sasl.oauthbearer.unsecure.jwt",
+                property("enable.sasl.oauthbearer.unsecure.jwt").filter(|v| v != "false"),
+                "an unsigned JWT is not an MSK token; remove it",
+            ),
+            (
+                "enable.ssl.certificate.verification",
+                property("enable.ssl.certificate.verification").filter(|v| v != "true"),
+                "a token must go only to a broker whose certificate is verified; remove it",
+            ),
+            (
+                "ssl.endpoint.identification.algorithm",
+                property("ssl.endpoint.identification.algorithm").filter(|v| v != "https"),
+                "a token must go only to a broker whose certificate names it; remove it",
+            ),
+        ];
+        for (key, value, why) in refusals {
+            if let Some(value) = value {
+                return Err(Error::definite(format!(
+                    "kafka.properties.\"{key}\" = {value:?} with kafka.auth = \"aws_iam\": {why}"
+                )));
+            }
+        }
+        if self.aws_region.as_deref().is_some_and(|r| r.trim().is_empty()) {
+            return Err(Error::definite("kafka.aws_region is empty: name the MSK cluster's region, or remove it"));
         }
         Ok(())
     }
@@ -503,5 +594,40 @@ mod tests {
         let error = config.kafka.resolved_properties().unwrap_err();
         assert!(error.is_definite());
         assert!(error.to_string().contains(&format!("kafka.properties_env (for sasl.password) names {unset}")));
+    }
+
+    /// `auth = "aws_iam"` sets SASL_SSL and OAUTHBEARER for every client (the filtered copies of `audit`'s
+    /// reader included, which start from `resolved_properties`), and refuses what would send its token in
+    /// clear, to an unverified broker or by another mechanism; `aws_region` goes only with it.
+    #[test]
+    fn aws_iam_owns_the_mechanism_and_asks_for_verified_tls() {
+        let parse = |extra: &str| Config::parse(&format!("{MINIMAL}auth = \"aws_iam\"\n{extra}"));
+        let config = parse("aws_region = \"eu-west-1\"\n").unwrap();
+        let resolved = config.kafka.resolved_properties().unwrap();
+        assert_eq!(resolved.get("security.protocol").map(String::as_str), Some("SASL_SSL"));
+        assert_eq!(resolved.get("sasl.mechanism").map(String::as_str), Some("OAUTHBEARER"));
+        let kept = parse("[kafka.properties]\n\"security.protocol\" = \"sasl_ssl\"\n").unwrap();
+        assert_eq!(
+            kept.kafka.resolved_properties().unwrap().get("security.protocol").map(String::as_str),
+            Some("sasl_ssl")
+        );
+        for (property, why) in [
+            ("\"security.protocol\" = \"SASL_PLAINTEXT\"", "SASL_SSL listener"),
+            ("\"sasl.mechanism\" = \"SCRAM-SHA-512\"", "OAUTHBEARER"),
+            ("\"sasl.mechanisms\" = \"PLAIN\"", "OAUTHBEARER"),
+            ("\"sasl.oauthbearer.method\" = \"oidc\"", "makes the tokens itself"),
+            ("\"enable.sasl.oauthbearer.unsecure.jwt\" = \"true\"", "unsigned JWT"),
+            ("\"enable.ssl.certificate.verification\" = \"false\"", "certificate is verified"),
+            ("\"ssl.endpoint.identification.algorithm\" = \"none\"", "certificate names it"),
+        ] {
+            let error = parse(&format!("[kafka.properties]\n{property}\n")).unwrap_err().to_string();
+            assert!(error.contains(why) && error.contains("aws_iam"), "{property}: {error}");
+        }
+        let error = parse("aws_region = \" \"\n").unwrap_err().to_string();
+        assert!(error.contains("kafka.aws_region is empty"), "{error}");
+        let error = Config::parse(&format!("{MINIMAL}aws_region = \"eu-west-1\"\n")).unwrap_err().to_string();
+        assert!(error.contains("only for kafka.auth = \"aws_iam\""), "{error}");
+        let plain = Config::parse(MINIMAL).unwrap().kafka.resolved_properties().unwrap();
+        assert!(!plain.contains_key("sasl.mechanism") && !plain.contains_key("security.protocol"));
     }
 }

@@ -33,7 +33,9 @@ use serde::Deserialize;
 
 pub use self::control::{ControlConfig, TokenSource, TOKEN_ENV, TOKEN_FILE_NAME};
 pub use self::delivery::{DeliveryConfig, Guarantee};
-pub use self::kafka::{KafkaConfig, KeyFormat, RecordTimestamp, ValueFormat, DEFAULT_TRANSACTION_TIMEOUT_MS};
+pub use self::kafka::{
+    KafkaAuth, KafkaConfig, KeyFormat, RecordTimestamp, ValueFormat, DEFAULT_TRANSACTION_TIMEOUT_MS,
+};
 pub use self::metrics::MetricsConfig;
 pub use self::opentelemetry::OpenTelemetryConfig;
 pub use self::outbox::{ColumnNames, OnPoison, OnUpdate, OutboxConfig, PayloadEncoding, Placement, PlacementTarget};
