@@ -18,10 +18,10 @@ use std::time::Duration;
 use outbox_cdc::checkpoint::kafka::KafkaStore;
 use outbox_cdc::config::Config;
 use outbox_cdc::kafka::commit::Deadline;
+use outbox_cdc::kafka::identity::Context;
 use outbox_cdc::kafka::read::{Starts, ToEnd, Until};
 use outbox_cdc::sink::check::acls::{needs, operations_on, state_writer_id, Command, Resource};
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::DefaultConsumerContext;
 use rdkafka::mocking::MockCluster;
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
@@ -233,7 +233,7 @@ async fn a_readers_refusal_names_the_tables_acl() {
         cc.set("bootstrap.servers", &bootstrap).set("group.id", "g").set("isolation.level", "read_committed");
         let until = Until { quiet: Duration::ZERO, stall: Duration::from_secs(30) };
         let topics = ["dead-letters".to_string()];
-        ToEnd::start(&cc, DefaultConsumerContext, &topics, &Starts::new(), until, "dead-letters").err()
+        ToEnd::start(&cc, Context::default(), &topics, &Starts::new(), until, "dead-letters").err()
     })
     .await
     .unwrap()

@@ -16,9 +16,9 @@ use outbox_cdc::checkpoint::kafka::KafkaStore;
 use outbox_cdc::config::Config;
 use outbox_cdc::error::{Denied, Kind};
 use outbox_cdc::kafka::commit::Deadline;
+use outbox_cdc::kafka::identity::Context;
 use outbox_cdc::kafka::read::{Starts, ToEnd, Until};
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::DefaultConsumerContext;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
@@ -109,7 +109,7 @@ fn read_to_end(bootstrap: &str, topic: &str) -> outbox_cdc::error::Result<Vec<St
     let until = Until { quiet: Duration::ZERO, stall: TIMEOUT };
     let topics = [topic.to_string()];
     let mut reader =
-        ToEnd::start(&reader_config(bootstrap), DefaultConsumerContext, &topics, &Starts::new(), until, topic)?
+        ToEnd::start(&reader_config(bootstrap), Context::default(), &topics, &Starts::new(), until, topic)?
             .if_lost("the test's advice");
     let mut values = Vec::new();
     while let Some(message) = reader.next_record()? {
@@ -230,7 +230,7 @@ async fn records_deleted_under_a_reader_stop_it() {
         let topics = ["dead-letters".to_string()];
         let starts: Starts = [(("dead-letters".to_string(), 0), 0)].into_iter().collect();
         let mut reader =
-            ToEnd::start(&reader_config(&bootstrap), DefaultConsumerContext, &topics, &starts, until, "dead-letters")?
+            ToEnd::start(&reader_config(&bootstrap), Context::default(), &topics, &starts, until, "dead-letters")?
                 .if_lost("the test's advice");
         let mut records = 0;
         while reader.next_record()?.is_some() {

@@ -56,11 +56,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::client::OAuthToken;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use serde::de::DeserializeOwned;
 
 use super::records::{hold_key, AppliedSignal, Inspection, LastError, Paused, SnapshotRequest};
@@ -68,6 +68,7 @@ use super::Checkpoint;
 use crate::config::{Config, KafkaConfig};
 use crate::error::{classify_kafka, classify_kafka_on, Error, KafkaResource, Result};
 use crate::kafka::commit::{until_known, Deadline, Outcome};
+use crate::kafka::identity::{self, Context, Tokened, Tokens};
 use crate::kafka::read::{Starts, ToEnd, Until};
 use crate::poison::{Hold, KnownPoison};
 
@@ -116,7 +117,7 @@ pub struct KafkaStore {
     topic: String,
     name: String,
     /// `None` when opened to read only (`status`, `quarantine list`).
-    writer: Option<ThreadedProducer<DefaultProducerContext>>,
+    writer: Option<ThreadedProducer<Context>>,
     /// The state writer's transactional id, for the ACL an authorization refusal names.
     writer_id: String,
     state: Mutex<State>,
@@ -468,11 +469,7 @@ impl KafkaStore {
 }
 
 /// Starts `producer`'s transactions (`init_transactions`): fences every older producer with its id `id`.
-async fn init(
-    producer: ThreadedProducer<DefaultProducerContext>,
-    id: &str,
-    what: &str,
-) -> Result<ThreadedProducer<DefaultProducerContext>> {
+async fn init(producer: ThreadedProducer<Context>, id: &str, what: &str) -> Result<ThreadedProducer<Context>> {
     tokio::task::spawn_blocking(move || producer.init_transactions(STATE_TIMEOUT).map(|()| producer))
         .await
         .map_err(|e| Error::transient(format!("starting {what} failed: {e}")))?
@@ -483,14 +480,14 @@ async fn init(
 }
 
 /// A transactional producer with `id`, for the state topic.
-fn transactional(kafka: &KafkaConfig, id: &str) -> Result<ThreadedProducer<DefaultProducerContext>> {
+fn transactional(kafka: &KafkaConfig, id: &str) -> Result<ThreadedProducer<Context>> {
     let mut cc = kafka.client_config()?;
     cc.set("transactional.id", id)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("partitioner", "murmur2_random")
         .set("linger.ms", "0");
-    cc.create().map_err(|e| classify_kafka(&e).context("creating the state writer"))
+    identity::client(kafka, &cc).map_err(|e| e.context("creating the state writer"))
 }
 
 /// Partitions of the state topic (0 when it does not exist).
@@ -500,10 +497,11 @@ fn transactional(kafka: &KafkaConfig, id: &str) -> Result<ThreadedProducer<Defau
 /// say there is no state, `open` would try to create it).
 async fn topic_partitions(config: &Config) -> Result<usize> {
     let cc = config.kafka.client_config()?;
+    let context = Context::of(&config.kafka)?;
     let topic = config.state.topic.clone();
     tokio::task::spawn_blocking(move || {
         let acl = Some(KafkaResource::Topic(&topic, &["Read", "Describe"]));
-        let consumer: BaseConsumer = cc.create().map_err(|e| classify_kafka(&e))?;
+        let consumer: BaseConsumer<Context> = identity::create(&cc, context)?;
         let metadata = consumer
             .fetch_metadata(Some(&topic), STATE_TIMEOUT)
             .map_err(|e| classify_kafka_on(&e, acl).context(format_args!("reading the metadata of {topic}")))?;
@@ -549,8 +547,7 @@ pub(crate) fn one_partition(topic: &str, partitions: usize) -> Result<()> {
 /// checkpoint after its retention) and what to check by hand.
 async fn ensure_topic(config: &Config) -> Result<usize> {
     let topic = &config.state.topic;
-    let admin: AdminClient<DefaultClientContext> =
-        config.kafka.client_config()?.create().map_err(|e| classify_kafka(&e))?;
+    let admin: AdminClient<Context> = identity::client(&config.kafka, &config.kafka.client_config()?)?;
     // A broker that does not answer DescribeConfigs within this is warned about like one that refuses it.
     let options =
         AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))).request_timeout(Some(STATE_TIMEOUT / 4));
@@ -756,12 +753,13 @@ async fn read_into<T: Send + 'static>(
     each: ApplyTo<T>,
 ) -> Result<(T, Starts)> {
     let cc = reader_config(config)?;
-    let stall = crate::kafka::read::transaction_max_timeout(&cc).await + STATE_TIMEOUT;
+    let tokens = Tokens::of(&config.kafka)?;
+    let stall = crate::kafka::read::transaction_max_timeout(&cc, &tokens).await + STATE_TIMEOUT;
     let (topic, name) = (config.state.topic.clone(), config.state.name.clone());
     tokio::task::spawn_blocking(move || {
         let until = Until { quiet: Duration::ZERO, stall };
         let what = format!("the state topic {topic}");
-        let reader = ToEnd::start(&cc, StateReader, std::slice::from_ref(&topic), &starts, until, what)?;
+        let reader = ToEnd::start(&cc, StateReader { tokens }, std::slice::from_ref(&topic), &starts, until, what)?;
         let mut reader = reader.if_lost(format!(
             "the state read from it would be incomplete (an old checkpoint, a released hold could come back), \
              so the connector does not start. A state topic must be compact-only: kafka-configs --alter \
@@ -835,9 +833,23 @@ fn merge(topic: &str, states: BTreeMap<i32, State>) -> Result<State> {
 }
 
 /// The state reader's context: librdkafka's errors go to the log as warnings.
-struct StateReader;
+struct StateReader {
+    tokens: Tokens,
+}
+
+impl Tokened for StateReader {
+    fn tokens(&self) -> &Tokens {
+        &self.tokens
+    }
+}
 
 impl rdkafka::ClientContext for StateReader {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(&self, _config: Option<&str>) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        self.tokens.generate()
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::warn!(target: "librdkafka", %error, "{reason}");
     }

@@ -45,14 +45,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, DefaultConsumerContext};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::error::{classify_kafka, classify_kafka_on, Error, KafkaResource, Result};
+use crate::kafka::identity::{self, Context, Tokened, Tokens};
 
 /// How long one `poll` waits for a record, and how often the consumer's positions are sampled.
 const POLL: Duration = Duration::from_millis(100);
@@ -97,7 +97,7 @@ type Key = (String, i32);
 pub type Starts = BTreeMap<(String, i32), i64>;
 
 /// A reader of some topics up to the high watermarks they had when it started. See the module's invariants.
-pub struct ToEnd<C: ConsumerContext + 'static = DefaultConsumerContext> {
+pub struct ToEnd<C: ConsumerContext + Tokened + 'static = Context> {
     consumer: BaseConsumer<C>,
     book: Book,
 }
@@ -137,7 +137,7 @@ struct Book {
     group_refusal_logged: bool,
 }
 
-impl<C: ConsumerContext + 'static> ToEnd<C> {
+impl<C: ConsumerContext + Tokened + 'static> ToEnd<C> {
     /// Assigns every partition of `topics` from `starts` (the beginning where none is given) and takes each
     /// one's end (its high watermark, read_uncommitted). `config` is the reading client's configuration
     /// (its `isolation.level` is the caller's; end-of-partition events are turned off).
@@ -155,11 +155,12 @@ impl<C: ConsumerContext + 'static> ToEnd<C> {
         let what = what.into();
         let mut cc = config.clone();
         cc.set("enable.partition.eof", "false").set("auto.offset.reset", "error").set("enable.auto.commit", "false");
+        let tokens = context.tokens().clone();
         let consumer: BaseConsumer<C> =
-            cc.create_with_context(context).map_err(|e| classify_kafka(&e).context(format_args!("reading {what}")))?;
+            identity::create(&cc, context).map_err(|e| e.context(format_args!("reading {what}")))?;
         let mut uncommitted = config.clone();
         uncommitted.set("isolation.level", "read_uncommitted");
-        let ends: BaseConsumer = uncommitted.create().map_err(|e| classify_kafka(&e))?;
+        let ends: BaseConsumer<Context> = identity::create(&uncommitted, Context::new(tokens))?;
         let mut assignment = TopicPartitionList::new();
         let mut partitions = BTreeMap::new();
         let mut missing = Vec::new();
@@ -449,15 +450,16 @@ pub fn consumer_positions<C: ConsumerContext + 'static>(consumer: &BaseConsumer<
 /// The longest a transaction can stay open on the broker of `config` (its `transaction.max.timeout.ms`),
 /// [`DEFAULT_TRANSACTION_MAX_TIMEOUT`] when it does not say: how long a reader may have to wait out another
 /// producer's open transaction.
-pub async fn transaction_max_timeout(config: &ClientConfig) -> Duration {
+pub async fn transaction_max_timeout(config: &ClientConfig, tokens: &Tokens) -> Duration {
     let cc = config.clone();
+    let context = Context::new(tokens.clone());
     let broker = tokio::task::spawn_blocking(move || {
-        let client: BaseConsumer = cc.create().ok()?;
+        let client: BaseConsumer<Context> = identity::create(&cc, context).ok()?;
         let metadata = client.fetch_metadata(None, REQUEST_TIMEOUT).ok()?;
         metadata.brokers().first().map(|b| b.id())
     });
     let Ok(Some(broker)) = broker.await else { return DEFAULT_TRANSACTION_MAX_TIMEOUT };
-    let Ok(admin) = config.create::<AdminClient<DefaultClientContext>>() else {
+    let Ok(admin) = identity::create::<AdminClient<Context>, _>(config, Context::new(tokens.clone())) else {
         return DEFAULT_TRANSACTION_MAX_TIMEOUT;
     };
     let options = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));

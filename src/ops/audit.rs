@@ -53,13 +53,13 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::DefaultConsumerContext;
 use rdkafka::message::{Headers, Message};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, KafkaConfig};
 use crate::error::{classify_mysql, Error, Result};
+use crate::kafka::identity::Context;
 use crate::kafka::read::{Starts, ToEnd, Until};
 use crate::ops::ids::IdColumn;
 use crate::outbox::{quote_ident, TableName};
@@ -360,13 +360,15 @@ pub async fn run(config: &Config, opts: &AuditOptions) -> Result<AuditReport> {
     tracing::info!(tables = ?report.tables, topics = ?topics, window = %report.window, "audit: scanning the table");
     // Before the scan: a missing secret is found before the table is read.
     let consumer_config = consumer_config(&config.kafka)?;
+    let context = Context::of(&config.kafka)?;
     report.table_rows = scan_table(config, opts, &tables, &mut conn, &db, &mut report).await?;
 
     tracing::info!(rows = report.table_rows, "audit: reading Kafka");
     let (db2, limit, quiet) = (db.clone(), opts.list_limit, Duration::from_millis(opts.quiet_ms));
-    let mut kafka = tokio::task::spawn_blocking(move || read_kafka(&consumer_config, &topics, &db2, limit, quiet))
-        .await
-        .map_err(|e| Error::definite(format!("audit Kafka reader panicked: {e}")))??;
+    let mut kafka =
+        tokio::task::spawn_blocking(move || read_kafka(&consumer_config, context, &topics, &db2, limit, quiet))
+            .await
+            .map_err(|e| Error::definite(format!("audit Kafka reader panicked: {e}")))??;
     report.kafka_records = kafka.records;
     report.order_violations = kafka.order_violations;
     report.order_violation_samples = std::mem::take(&mut kafka.order_samples);
@@ -624,13 +626,14 @@ struct KafkaPass {
 /// Phase 2: every record of `topics`, partition offset order, checked against the spilled rows.
 fn read_kafka(
     config: &ClientConfig,
+    context: Context,
     topics: &[String],
     db: &Database,
     limit: usize,
     quiet: Duration,
 ) -> Result<KafkaPass> {
     let until = Until { quiet, stall: STALL };
-    let reader = ToEnd::start(config, DefaultConsumerContext, topics, &Starts::new(), until, "the routed topics")?;
+    let reader = ToEnd::start(config, context, topics, &Starts::new(), until, "the routed topics")?;
     let mut reader = reader.if_lost(
         "the audit cannot judge what it did not read. Run it again: it reads what the topics still hold (rows \
          whose records retention removed are then reported missing; narrow the audit with --since)",

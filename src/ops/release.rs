@@ -35,13 +35,13 @@ use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::DefaultConsumerContext;
 use rdkafka::message::{Headers, Message};
 
 use super::ids::IdColumn;
 use crate::checkpoint::{Store, Watermark};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::kafka::identity::{Context, Tokened};
 use crate::kafka::read::{Starts, ToEnd, Until};
 use crate::outbox::{quote_ident, TableName};
 use crate::poison::{Hold, PoisonKind};
@@ -100,7 +100,7 @@ pub(super) async fn release_from(
     accept_missing: bool,
 ) -> Result<ReleaseReport> {
     let cc = hold_reader_config(&config.kafka)?;
-    let stall = crate::kafka::read::transaction_max_timeout(&cc).await + READ_TIMEOUT;
+    let stall = crate::kafka::read::transaction_max_timeout(&cc.0, cc.1.tokens()).await + READ_TIMEOUT;
     let stored =
         store.holds()?.into_iter().find(|h| h.aggregate_type == aggregate_type && h.aggregate_id == aggregate_id);
     let hold = match stored {
@@ -236,7 +236,7 @@ async fn unpark(config: &Config, letters: &[DeadLetter], ids: &[String]) -> Resu
 /// names the hold. `None` when the aggregate has no parked row.
 async fn hold_of_parked_row(
     config: &Config,
-    cc: &ClientConfig,
+    cc: &(ClientConfig, Context),
     stall: Duration,
     aggregate_type: &str,
     aggregate_id: &str,
@@ -308,11 +308,16 @@ async fn hold_of_parked_row(
 }
 
 /// The first dead letter of event `id` in the dead-letter topic, read to its high watermark.
-fn find_dead_letter(cc: &ClientConfig, topic: &str, id: &str, stall: Duration) -> Result<Option<DeadLetter>> {
+fn find_dead_letter(
+    cc: &(ClientConfig, Context),
+    topic: &str,
+    id: &str,
+    stall: Duration,
+) -> Result<Option<DeadLetter>> {
     let until = Until { quiet: QUIET, stall };
     let topics = [topic.to_string()];
     let what = format!("the dead-letter topic {topic}");
-    let reader = ToEnd::start(cc, DefaultConsumerContext, &topics, &Starts::new(), until, what)?;
+    let reader = ToEnd::start(&cc.0, cc.1.clone(), &topics, &Starts::new(), until, what)?;
     let mut reader = reader.if_lost(format!(
         "the dead letter of event {id} may have been among them. Nothing was changed; run the release again"
     ));
@@ -455,11 +460,11 @@ async fn payloads_from_table(config: &Config, letters: &[DeadLetter]) -> Result<
 /// topic's high watermark ([`crate::reading`]): another producer's open transaction on the shared
 /// dead-letter topic is waited out (at most `stall`), never taken for the end, or the release would lift a
 /// hold whose tail it never read and those events would never be republished.
-fn read_hold(cc: &ClientConfig, topic: &str, hold_id: &str, stall: Duration) -> Result<HoldRead> {
+fn read_hold(cc: &(ClientConfig, Context), topic: &str, hold_id: &str, stall: Duration) -> Result<HoldRead> {
     let until = Until { quiet: QUIET, stall };
     let what = format!("the dead-letter topic {topic}");
     let topics = [topic.to_string()];
-    let reader = ToEnd::start(cc, DefaultConsumerContext, &topics, &Starts::new(), until, what)?;
+    let reader = ToEnd::start(&cc.0, cc.1.clone(), &topics, &Starts::new(), until, what)?;
     let mut reader = reader.if_lost(format!(
         "records of hold {hold_id} among them cannot be republished from Kafka. Nothing was republished and the \
          hold stays. Run the release again: it reads what {topic} still holds, and refuses, naming the ways out, \
@@ -491,14 +496,15 @@ fn read_hold(cc: &ClientConfig, topic: &str, hold_id: &str, stall: Duration) -> 
 }
 
 /// The dead-letter reader's librdkafka settings: the connector's, `read_committed`, no group offsets (the
-/// `group.id` is librdkafka's condition for `assign()`; it needs no ACL: [`crate::kafka::read`]).
-fn hold_reader_config(config: &crate::config::KafkaConfig) -> Result<ClientConfig> {
+/// `group.id` is librdkafka's condition for `assign()`; it needs no ACL: [`crate::kafka::read`]), and the
+/// context (its tokens) of each reader.
+fn hold_reader_config(config: &crate::config::KafkaConfig) -> Result<(ClientConfig, Context)> {
     let mut cc = client_config(config)?;
     cc.set("group.id", "outbox-cdc-quarantine-release")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("isolation.level", "read_committed");
-    Ok(cc)
+    Ok((cc, Context::of(config)?))
 }
 
 /// Human summary of holds for `quarantine list`.

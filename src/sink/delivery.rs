@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, RwLock};
 
+use rdkafka::client::OAuthToken;
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{DeliveryResult, ProducerContext, ThreadedProducer};
@@ -27,6 +28,7 @@ use super::Delivered;
 use crate::checkpoint::{TxId, Watermark};
 use crate::error::{classify_kafka, is_fenced_code, is_record_refusal, is_size_refusal, Error};
 use crate::health::health;
+use crate::kafka::identity::{Tokened, Tokens};
 use crate::metrics::metrics;
 
 /// The sink's producer: its callbacks are [`SinkContext`]'s.
@@ -61,6 +63,14 @@ pub(super) struct SinkContext {
     /// Whether the producer is transactional: a fenced epoch is then a takeover or a transaction the broker
     /// timed out ([`crate::error::fenced_transaction`]), not a producer fault.
     pub(super) transactional: bool,
+    /// The producer's OAUTHBEARER tokens (`kafka.auth = "aws_iam"`).
+    pub(super) tokens: Tokens,
+}
+
+impl Tokened for SinkContext {
+    fn tokens(&self) -> &Tokens {
+        &self.tokens
+    }
 }
 
 impl SinkContext {
@@ -111,6 +121,12 @@ impl SinkContext {
 }
 
 impl ClientContext for SinkContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(&self, _config: Option<&str>) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        self.tokens.generate()
+    }
+
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
         use rdkafka::config::RDKafkaLogLevel as L;
         match level {

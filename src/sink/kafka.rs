@@ -49,6 +49,7 @@ use crate::checkpoint::{TxId, Watermark};
 use crate::config::KafkaConfig;
 use crate::error::{classify_kafka, is_fenced_code, Error, Result};
 use crate::kafka::commit::{abort_within, init_within, Deadline};
+use crate::kafka::identity::{self, Tokens};
 use crate::lease::Holding;
 use crate::metrics::metrics;
 use crate::router::KafkaRecord;
@@ -198,8 +199,9 @@ impl KafkaSink {
             topic_limits: RwLock::new(HashMap::new()),
             batch_limit_bytes,
             transactional,
+            tokens: Tokens::of(config)?,
         };
-        let producer: SinkProducer = cc.create_with_context(context).map_err(|e| classify_kafka(&e))?;
+        let producer: SinkProducer = identity::create(&cc, context)?;
         producer.context().native.store(producer.client().native_ptr(), Ordering::Release);
         let topics = Topics::new(config, batch_limit_bytes)?;
         let producer = Arc::new(producer);

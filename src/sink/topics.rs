@@ -7,13 +7,14 @@
 //! - A topic's `max.message.bytes` takes the producer's largest batch ([`check_topic_limit`]), checked by
 //!   [`Topics::ensure`] before its first record.
 //! - The dead-letter topic keeps every record until an operator removes it ([`TopicSettings::config_of`]).
+//! - An admin client lives for one topic's check: made then, it holds a fresh token with `kafka.auth =
+//!   "aws_iam"` (an admin client is never polled for the next one, [`crate::kafka::identity`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
@@ -22,6 +23,7 @@ use super::delivery::SinkProducer;
 use super::limits::{check_topic_limit, required_topic_limit};
 use crate::config::KafkaConfig;
 use crate::error::{classify_kafka, Error, Result};
+use crate::kafka::identity::{self, Context};
 
 /// How long a metadata or admin request may take.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,7 +74,8 @@ impl TopicSettings {
 
 /// The topics a sink writes to: which of them this run checked, and how to create a missing one.
 pub(super) struct Topics {
-    admin: AdminClient<DefaultClientContext>,
+    /// The admin client's configuration and context, for the client of each check.
+    admin: (rdkafka::config::ClientConfig, Context),
     settings: TopicSettings,
     /// Topics checked in this run: each exists and takes the producer's batches.
     known: HashSet<String>,
@@ -84,12 +87,10 @@ impl Topics {
     /// The topics of a producer with `config` whose batches go up to `batch_limit_bytes`.
     ///
     /// # Errors
-    /// A definite error for an invalid admin client configuration.
+    /// A definite error when a secret of the configuration cannot be read.
     pub(super) fn new(config: &KafkaConfig, batch_limit_bytes: usize) -> Result<Self> {
-        let admin: AdminClient<DefaultClientContext> =
-            config.client_config()?.create().map_err(|e| classify_kafka(&e))?;
         Ok(Topics {
-            admin,
+            admin: (config.client_config()?, Context::of(config)?),
             settings: TopicSettings::of(config, batch_limit_bytes),
             known: HashSet::new(),
             max_record_bytes: config.max_record_bytes,
@@ -118,8 +119,9 @@ impl Topics {
     /// batches: its `max.message.bytes`, read with DescribeConfigs, is checked against them and kept for
     /// [`super::KafkaSink::fits`] and the delivery callbacks. A broker that does not say is logged, not an error.
     async fn check(&self, producer: &Arc<SinkProducer>, topic: &str) -> Result<()> {
-        self.ensure_exists(producer, topic).await?;
-        let limit = self.read_topic_limit(topic).await;
+        let admin: AdminClient<Context> = identity::create(&self.admin.0, self.admin.1.clone())?;
+        self.ensure_exists(&admin, producer, topic).await?;
+        let limit = self.read_topic_limit(&admin, topic).await;
         if let Some(limit) = limit {
             check_topic_limit(topic, limit, producer.context().batch_limit_bytes)?;
             if topic == self.settings.dead_letter_topic && limit < self.max_record_bytes {
@@ -144,10 +146,10 @@ impl Topics {
     }
 
     /// `max.message.bytes` of `topic` as the broker reports it, or `None` (logged) when it does not.
-    async fn read_topic_limit(&self, topic: &str) -> Option<usize> {
+    async fn read_topic_limit(&self, admin: &AdminClient<Context>, topic: &str) -> Option<usize> {
         let resource = ResourceSpecifier::Topic(topic);
         let options = AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT));
-        let why = match self.admin.describe_configs([&resource], &options).await {
+        let why = match admin.describe_configs([&resource], &options).await {
             Ok(results) => match results.into_iter().next() {
                 Some(Ok(config)) => match config.get("max.message.bytes").and_then(|e| e.value.as_deref()) {
                     Some(value) => match value.trim().parse() {
@@ -172,7 +174,12 @@ impl Topics {
     }
 
     /// Makes sure `topic` exists: creates it through the Admin API when allowed.
-    async fn ensure_exists(&self, producer: &Arc<SinkProducer>, topic: &str) -> Result<()> {
+    async fn ensure_exists(
+        &self,
+        admin: &AdminClient<Context>,
+        producer: &Arc<SinkProducer>,
+        topic: &str,
+    ) -> Result<()> {
         if topic_partitions(producer, topic).await? > 0 {
             return Ok(());
         }
@@ -189,7 +196,7 @@ impl Topics {
             new_topic = new_topic.set(k, v);
         }
         let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
-        let results = self.admin.create_topics([&new_topic], &options).await.map_err(|e| classify_kafka(&e))?;
+        let results = admin.create_topics([&new_topic], &options).await.map_err(|e| classify_kafka(&e))?;
         for result in results {
             match result {
                 Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}

@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::client::OAuthToken;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
@@ -54,6 +54,7 @@ use super::topics::TopicSettings;
 use crate::config::{Config, KafkaConfig, StateBackend};
 use crate::error::{classify_kafka, Error, Result};
 use crate::findings::{Finding, Report, Status};
+use crate::kafka::identity::{self, Context, Tokened, Tokens};
 
 pub mod acls;
 mod findings;
@@ -131,6 +132,13 @@ struct Observed {
 #[derive(Default)]
 struct CheckContext {
     observed: Mutex<Observed>,
+    tokens: Tokens,
+}
+
+impl Tokened for CheckContext {
+    fn tokens(&self) -> &Tokens {
+        &self.tokens
+    }
 }
 
 impl CheckContext {
@@ -140,6 +148,12 @@ impl CheckContext {
 }
 
 impl ClientContext for CheckContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(&self, _config: Option<&str>) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        self.tokens.generate()
+    }
+
     fn log(&self, _level: RDKafkaLogLevel, fac: &str, log_message: &str) {
         if fac == "APIVERSION" {
             if let Some(api) = parse_api_version(log_message) {
@@ -200,11 +214,11 @@ pub async fn check(full: &Config, routed: Result<Vec<String>>) -> Result<KafkaCh
         _ => "feature".to_string(),
     };
     cc.set("debug", &debug).set("statistics.interval.ms", "100").set_log_level(RDKafkaLogLevel::Debug);
+    let tokens = Tokens::of(config)?;
     let producer: BaseProducer<CheckContext> =
-        cc.create_with_context(CheckContext::default()).map_err(|e| classify_kafka(&e))?;
+        identity::create(&cc, CheckContext { tokens: tokens.clone(), ..CheckContext::default() })?;
     let producer = Arc::new(producer);
-    let admin: AdminClient<DefaultClientContext> =
-        kafka::client_config(config)?.create().map_err(|e| classify_kafka(&e))?;
+    let admin: AdminClient<Context> = identity::create(&kafka::client_config(config)?, Context::new(tokens))?;
     let settings = TopicSettings::of(config, batch_limit_bytes);
 
     let mut report = Report::default();
@@ -243,7 +257,7 @@ pub async fn check(full: &Config, routed: Result<Vec<String>>) -> Result<KafkaCh
 async fn check_exactly_once(
     config: &Config,
     producer: &Arc<BaseProducer<CheckContext>>,
-    admin: &AdminClient<DefaultClientContext>,
+    admin: &AdminClient<Context>,
     report: &mut Report,
 ) -> Result<()> {
     if config.state.backend == StateBackend::Kafka {
@@ -358,7 +372,7 @@ fn topic_state(producer: &BaseProducer<CheckContext>, topic: &str) -> Result<Top
 #[allow(clippy::too_many_arguments)]
 async fn check_topic(
     producer: &Arc<BaseProducer<CheckContext>>,
-    admin: &AdminClient<DefaultClientContext>,
+    admin: &AdminClient<Context>,
     settings: &TopicSettings,
     config: &KafkaConfig,
     topic: &str,
@@ -392,11 +406,7 @@ async fn check_topic(
 }
 
 /// Asks the broker to validate the creation of `topic` with the settings `run` would create it with.
-async fn validate_creation(
-    admin: &AdminClient<DefaultClientContext>,
-    settings: &TopicSettings,
-    topic: &str,
-) -> Result<Finding> {
+async fn validate_creation(admin: &AdminClient<Context>, settings: &TopicSettings, topic: &str) -> Result<Finding> {
     let setting = format!("kafka topic {topic}");
     let expected = "exists, or may be created";
     let topic_config = settings.config_of(topic);
@@ -414,10 +424,7 @@ async fn validate_creation(
 }
 
 /// `max.message.bytes` of `topic` from DescribeConfigs; `Err` says why it is unknown.
-async fn read_topic_limit(
-    admin: &AdminClient<DefaultClientContext>,
-    topic: &str,
-) -> std::result::Result<usize, String> {
+async fn read_topic_limit(admin: &AdminClient<Context>, topic: &str) -> std::result::Result<usize, String> {
     let resource = ResourceSpecifier::Topic(topic);
     let options = AdminOptions::new().request_timeout(Some(CHECK_TIMEOUT));
     let results = admin.describe_configs([&resource], &options).await.map_err(|e| e.to_string())?;

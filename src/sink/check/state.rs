@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::client::OAuthToken;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
@@ -31,6 +31,7 @@ use crate::checkpoint::kafka::{one_partition, reader_config, topic_advice, topic
 use crate::config::Config;
 use crate::error::{classify_kafka, Error, Result};
 use crate::findings::Finding;
+use crate::kafka::identity::{self, Context, Tokened, Tokens};
 
 /// The state topic in the metadata: its state, and its first partition's replicas.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +65,7 @@ pub(super) fn layout(client: &rdkafka::client::Client<impl ClientContext>, topic
 
 /// The state topic's configs from DescribeConfigs; `Err` says why they are unknown.
 pub(super) async fn describe(
-    admin: &AdminClient<DefaultClientContext>,
+    admin: &AdminClient<Context>,
     topic: &str,
 ) -> std::result::Result<BTreeMap<String, String>, String> {
     let resource = ResourceSpecifier::Topic(topic);
@@ -228,9 +229,22 @@ pub(super) enum GroupLookup {
 #[derive(Default)]
 struct LookupContext {
     seen: std::sync::Mutex<(Option<String>, Option<KafkaError>)>,
+    tokens: Tokens,
+}
+
+impl Tokened for LookupContext {
+    fn tokens(&self) -> &Tokens {
+        &self.tokens
+    }
 }
 
 impl ClientContext for LookupContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(&self, _config: Option<&str>) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        self.tokens.generate()
+    }
+
     fn stats(&self, statistics: Statistics) {
         if let Some(cgrp) = statistics.cgrp {
             self.seen.lock().unwrap_or_else(|p| p.into_inner()).0 = Some(cgrp.state);
@@ -253,7 +267,7 @@ pub(super) async fn group_lookup(config: &Config) -> Result<(String, GroupLookup
     let group = cc.get("group.id").unwrap_or_default().to_string();
     cc.set("statistics.interval.ms", "100");
     let consumer: BaseConsumer<LookupContext> =
-        cc.create_with_context(LookupContext::default()).map_err(|e| classify_kafka(&e))?;
+        identity::create(&cc, LookupContext { tokens: Tokens::of(&config.kafka)?, ..LookupContext::default() })?;
     let outcome = tokio::task::spawn_blocking(move || {
         let deadline = Instant::now() + CHECK_TIMEOUT;
         loop {

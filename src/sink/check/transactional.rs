@@ -39,8 +39,9 @@ use rdkafka::types::RDKafkaErrorCode;
 use super::acls::{grant, Resource};
 use super::findings::{fail, ok, warn, CHECK_TIMEOUT};
 use crate::config::{Config, KafkaConfig};
-use crate::error::{classify_kafka, Error, Result};
+use crate::error::{Error, Result};
 use crate::findings::Finding;
+use crate::kafka::identity::{self, Context};
 
 /// What each probe id appends to the id it stands for: a name no connector's id ends in.
 pub const PROBE_SUFFIX: &str = ".outbox-cdc-check";
@@ -82,7 +83,7 @@ pub(super) enum Probe {
 pub(super) async fn probe(kafka: &KafkaConfig, probe: &str) -> Result<Probe> {
     let mut cc = kafka.client_config()?;
     cc.set("transactional.id", probe).set("enable.idempotence", "true").set("acks", "all");
-    let producer: BaseProducer = cc.create().map_err(|e| classify_kafka(&e))?;
+    let producer: BaseProducer<Context> = identity::client(kafka, &cc)?;
     let outcome = tokio::task::spawn_blocking(move || producer.init_transactions(CHECK_TIMEOUT))
         .await
         .map_err(|e| Error::transient(format!("the Kafka check's task failed: {e}")))?;
