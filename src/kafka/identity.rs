@@ -128,6 +128,24 @@ impl Tokens {
         Ok(Tokens(Some(signer)))
     }
 
+    /// Who the last token was made for ([`MskToken::who`]); `None` without `aws_iam` or before the first.
+    pub fn last_who(&self) -> Option<String> {
+        self.0.as_ref().and_then(|signer| signer.last.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// What to check when the cluster refuses this identity; `None` without `aws_iam`.
+    pub fn denied_hint(&self) -> Option<String> {
+        let who = self.0.as_ref()?.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Some(format!(
+            "The cluster refused the MSK IAM token{}. Likely causes: the role's IAM policy lacks \
+             kafka-cluster:Connect on arn:aws:kafka:<region>:<account>:cluster/<cluster name>/*; the token was \
+             signed for another region than the cluster's (kafka.aws_region); kafka.bootstrap_servers is not the \
+             cluster's IAM listener (port 9098); IAM access control is not enabled on the cluster; the machine's \
+             clock is off by more than a few minutes. See the README's Kafka authentication",
+            who.map(|w| format!(" of {w}")).unwrap_or_default()
+        ))
+    }
+
     /// A token for librdkafka's `OAUTHBEARER` refresh ([`ClientContext::generate_oauth_token`]).
     ///
     /// # Errors
@@ -167,6 +185,8 @@ type Reply = mpsc::SyncSender<Result<MskToken>>;
 /// The thread that keeps one region's credential chain and signs its tokens (module doc).
 struct Signer {
     requests: mpsc::Sender<Reply>,
+    /// [`MskToken::who`] of the last token made, for `outbox-cdc check`.
+    last: Mutex<Option<String>>,
 }
 
 impl Signer {
@@ -190,7 +210,7 @@ impl Signer {
             .map_err(|e| {
                 Error::transient(format!("kafka.auth = \"aws_iam\": the token signer's thread could not start: {e}"))
             })?;
-        Ok(Signer { requests })
+        Ok(Signer { requests, last: Mutex::new(None) })
     }
 
     /// A token made now.
@@ -199,12 +219,14 @@ impl Signer {
         self.requests
             .send(reply)
             .map_err(|_| Error::transient("kafka.auth = \"aws_iam\": the token signer's thread has stopped"))?;
-        answer.recv_timeout(TOKEN_TIMEOUT).map_err(|_| {
+        let token = answer.recv_timeout(TOKEN_TIMEOUT).map_err(|_| {
             Error::transient(format!(
                 "kafka.auth = \"aws_iam\": no token within {}s (the AWS SDK's credential chain did not answer)",
                 TOKEN_TIMEOUT.as_secs()
             ))
-        })?
+        })??;
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(token.who.clone());
+        Ok(token)
     }
 }
 

@@ -79,6 +79,8 @@ pub struct KafkaCheck {
     pub api_versions: Vec<(String, i16, i16)>,
     /// One finding per requirement, printed like the source's.
     pub report: Report,
+    /// Who the cluster accepted, with `kafka.auth = "aws_iam"`.
+    pub identity: Option<String>,
 }
 
 impl fmt::Display for KafkaCheck {
@@ -90,6 +92,9 @@ impl fmt::Display for KafkaCheck {
             self.brokers.join(", ")
         )?;
         writeln!(f, "kafka broker version: {}", describe_versions(&self.api_versions))?;
+        if let Some(who) = &self.identity {
+            writeln!(f, "kafka identity: {who}: accepted by the cluster")?;
+        }
         write!(f, "{}", self.report)
     }
 }
@@ -241,6 +246,7 @@ pub async fn check(full: &Config, routed: Result<Vec<String>>) -> Result<KafkaCh
     topics.insert(config.dead_letter_topic.clone());
 
     let (cluster_id, brokers) = blocking(&producer, connect).await?;
+    let identity = producer.context().tokens.last_who();
     for topic in &topics {
         let dead_letter = *topic == config.dead_letter_topic;
         check_topic(&producer, &admin, &settings, config, topic, dead_letter, batch_limit_bytes, &mut report).await?;
@@ -249,7 +255,7 @@ pub async fn check(full: &Config, routed: Result<Vec<String>>) -> Result<KafkaCh
     report.findings.push(producer_id_finding(&outcome));
     check_exactly_once(full, &producer, &admin, &mut report).await?;
     let api_versions = producer.context().observed().api_versions.clone();
-    Ok(KafkaCheck { cluster_id, brokers, api_versions, report })
+    Ok(KafkaCheck { cluster_id, brokers, api_versions, report, identity })
 }
 
 /// The exactly-once prerequisites `config` asks for (module doc): the state topic and the readers' group
@@ -323,7 +329,8 @@ fn connect(producer: &BaseProducer<CheckContext>) -> Result<(Option<String>, Vec
             for _ in 0..20 {
                 producer.poll(Duration::from_millis(10));
             }
-            return Err(unreachable(&e, &producer.context().observed().errors));
+            let context = producer.context();
+            return Err(unreachable(&e, &context.observed().errors, context.tokens.denied_hint()));
         }
     };
     let brokers = metadata.brokers().iter().map(|b| format!("{} at {}:{}", b.id(), b.host(), b.port())).collect();
@@ -332,12 +339,15 @@ fn connect(producer: &BaseProducer<CheckContext>) -> Result<(Option<String>, Vec
 
 /// Why no broker answered: a refused credential or certificate is definite (it needs an operator), anything
 /// else transient (as for the source: exit 3, "cannot be reached").
-fn unreachable(error: &KafkaError, seen: &[SeenError]) -> Error {
+fn unreachable(error: &KafkaError, seen: &[SeenError], denied_hint: Option<String>) -> Error {
     let definite = seen.iter().rev().find(|(code, _)| {
         matches!(code, Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed))
             || matches!(code, Some(RDKafkaErrorCode::SSL))
     });
-    if let Some((_, reason)) = definite {
+    if let Some((code, reason)) = definite {
+        if let (Some(hint), false) = (denied_hint, matches!(code, Some(RDKafkaErrorCode::SSL))) {
+            return Error::definite(format!("Kafka refused the connection: {reason}. {hint}"));
+        }
         return Error::definite(format!(
             "Kafka refused the connection: {reason}. Check the security.protocol, ssl.* and sasl.* entries of \
              [kafka.properties] and the broker's listener"
@@ -484,10 +494,17 @@ mod tests {
             (seen(RDKafkaErrorCode::SSL, "certificate verify failed"), true, "certificate verify failed"),
         ];
         for (errors, definite, text) in cases {
-            let error = unreachable(&timeout, errors);
+            let error = unreachable(&timeout, errors, None);
             assert_eq!(error.is_definite(), *definite, "{errors:?}: {error}");
             assert!(error.to_string().contains(text), "{errors:?}: {error}");
         }
+        // With aws_iam, a refused token gets the IAM causes; a refused certificate keeps the TLS advice.
+        let hint = || Some("The cluster refused the MSK IAM token".to_string());
+        let refused = seen(RDKafkaErrorCode::Authentication, "SASL authentication error: Access denied");
+        let error = unreachable(&timeout, &refused, hint()).to_string();
+        assert!(error.contains("Access denied. The cluster refused the MSK IAM token"), "{error}");
+        let error = unreachable(&timeout, &seen(RDKafkaErrorCode::SSL, "certificate verify failed"), hint());
+        assert!(error.to_string().contains("ssl.*"), "{error}");
     }
 
     /// Without rows, only a template that depends on no column of the row names its topics.
