@@ -29,7 +29,10 @@
 #     schema from its text with it, not with the connector's own compiler (protox), and decodes the
 #     connector's messages with Python's protobuf runtime from those descriptors.
 #   - botocore 1.43.11 (pip, pinned, with jmespath and python-dateutil): the AWS SDK for Python, whose
-#     `generate_db_auth_token` tests/identity.rs compares the connector's RDS IAM auth tokens with.
+#     `generate_db_auth_token` tests/identity.rs compares the connector's RDS IAM auth tokens with, and
+#     which tests/msk_front.py checks MSK IAM tokens with (recomputing each signature).
+#   - aws-msk-iam-sasl-signer-python 1.0.2 (pip, pinned, with boto3 1.43.11, s3transfer and click): AWS's
+#     MSK IAM signer, whose tokens tests/msk_iam.rs compares the connector's with.
 #   - noida-db 0.2.3 (pip, pinned; a prebuilt binary in a Python package): its Kafka service is the
 #     broker of the exactly-once tests, the only one here with working transactions. Not durable across
 #     its own restart, so never used where the broker restarts. tests/noida_smoke.rs pins its behaviour.
@@ -41,6 +44,7 @@ NOIDA_DB_VERSION=0.2.3
 CONFLUENT_KAFKA_VERSION=2.16.1
 GRPCIO_TOOLS_VERSION=1.85.4
 BOTOCORE_VERSION=1.43.11
+MSK_SIGNER_VERSION=1.0.2
 # The extras' packages, pinned so that a provisioned machine decodes with the code the tests were run with.
 CONFLUENT_KAFKA_EXTRAS=(fastavro==1.13.1 avro==1.12.2 protobuf==7.36.2 googleapis-common-protos==1.76.0
     jsonschema==4.26.0 referencing==0.37.0 requests==2.34.2 attrs==26.1.0 cachetools==8.0.2 authlib==1.9.10
@@ -118,6 +122,17 @@ sys.exit(m.version("botocore") != sys.argv[1])' "$BOTOCORE_VERSION" 2>/dev/null;
 else
     log "pip install botocore==$BOTOCORE_VERSION (tests/identity.rs)"
     pip_install "botocore==$BOTOCORE_VERSION" jmespath==1.1.0 python-dateutil==2.9.0.post0
+fi
+
+# --- AWS's MSK IAM signer (Python): the independent MSK token ------------------------------------
+if python3 -c 'import importlib.metadata as m, sys
+import aws_msk_iam_sasl_signer
+sys.exit(m.version("aws-msk-iam-sasl-signer-python") != sys.argv[1])' "$MSK_SIGNER_VERSION" 2>/dev/null; then
+    log "aws-msk-iam-sasl-signer-python $MSK_SIGNER_VERSION already installed"
+else
+    log "pip install aws-msk-iam-sasl-signer-python==$MSK_SIGNER_VERSION (tests/msk_iam.rs)"
+    pip_install "aws-msk-iam-sasl-signer-python==$MSK_SIGNER_VERSION" "botocore==$BOTOCORE_VERSION" \
+        boto3==1.43.11 s3transfer==0.17.1 click==8.5.1 jmespath==1.1.0 python-dateutil==2.9.0.post0
 fi
 
 # --- noida-db (Python package with a prebuilt broker binary) ------------------------------------

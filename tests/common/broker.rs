@@ -197,6 +197,8 @@ pub struct Broker {
     port: u16,
     /// Broker and storage engine, kept across restarts.
     engine: Engine,
+    /// The port Tansu advertises when it is not `port` ([`Broker::start_behind`]).
+    advertised: Option<u16>,
     /// Working dir: `tansu.db` (Tansu SQLite) or `noida/` (noida-db's data dir), and `broker.log`
     /// (appended across restarts). Declared last.
     dir: TempDir,
@@ -213,9 +215,32 @@ impl Broker {
             .prefix(&format!("{}-", engine.broker_name()))
             .tempdir()
             .expect("create broker temp dir");
-        let mut broker = Broker { child: None, port: free_port(), engine, dir };
+        let mut broker = Broker { child: None, port: free_port(), engine, advertised: None, dir };
         broker.spawn_and_wait();
         broker
+    }
+
+    /// A Tansu broker that advertises `advertised` (a proxy's port in front of it) as its address: clients
+    /// that bootstrap anywhere connect to the proxy. [`Broker::advertise_itself`] undoes it.
+    ///
+    /// # Panics
+    /// As [`Broker::start`]; for noida-db, which always advertises its own port.
+    pub fn start_behind(engine: Engine, advertised: u16) -> Broker {
+        assert!(engine.tansu_url().is_some(), "only Tansu advertises another address");
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{}-", engine.broker_name()))
+            .tempdir()
+            .expect("create broker temp dir");
+        let mut broker = Broker { child: None, port: free_port(), engine, advertised: Some(advertised), dir };
+        broker.spawn_and_wait();
+        broker
+    }
+
+    /// Restarts the broker advertising its own port again, for clients that read it directly.
+    pub fn advertise_itself(&mut self) {
+        self.stop();
+        self.advertised = None;
+        self.spawn_and_wait();
     }
 
     /// `127.0.0.1:<port>`, for `bootstrap.servers`.
@@ -520,12 +545,13 @@ impl Broker {
         let (mut cmd, program) = match self.engine.tansu_url() {
             Some(url) => {
                 let listener = format!("tcp://127.0.0.1:{}", self.port);
+                let advertised = format!("tcp://127.0.0.1:{}", self.advertised.unwrap_or(self.port));
                 let mut cmd = Command::new(tansu_path());
                 cmd.arg("broker")
                     .arg("--listener-url")
                     .arg(&listener)
                     .arg("--advertised-listener-url")
-                    .arg(&listener)
+                    .arg(&advertised)
                     .arg("--storage-engine")
                     .arg(url);
                 (cmd, tansu_path())
