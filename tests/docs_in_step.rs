@@ -589,3 +589,29 @@ fn managed_mysql_config_examples_parse() {
         }
     }
 }
+
+/// Guards against a Kafka authentication example of the README (SCRAM, OIDC, MSK IAM) that the loader
+/// refuses: each block of the section, completed with the `[source]` and `[outbox]` it leaves out (and the
+/// `[kafka]` line where it shows only properties), is accepted by `Config::parse`.
+#[test]
+fn readme_kafka_authentication_examples_parse() {
+    let text = readme();
+    let start = text.find("#### Kafka authentication").expect("the README's Kafka authentication section");
+    let section = &text[start..];
+    let end = section.find("\n### ").unwrap_or(section.len());
+    let blocks = toml_blocks(&section[..end]);
+    assert!(blocks.len() >= 3, "SCRAM, OIDC and MSK IAM: {blocks:#?}");
+    for block in blocks {
+        let mut config = String::from(
+            "[source]\nhost = \"db\"\nuser = \"cdc\"\npassword = \"pw\"\nserver_id = 1000\n\n\
+             [outbox]\ntable = \"shop.outbox_events\"\n\n",
+        );
+        if !block.contains("[kafka]\n") {
+            config.push_str("[kafka]\nbootstrap_servers = \"kafka:9092\"\n");
+        }
+        config.push_str(&block);
+        if let Err(e) = outbox_cdc::config::Config::parse(&config) {
+            panic!("the README's Kafka authentication example is refused: {e}\n{block}");
+        }
+    }
+}
