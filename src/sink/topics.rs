@@ -120,8 +120,16 @@ impl Topics {
     /// [`super::KafkaSink::fits`] and the delivery callbacks. A broker that does not say is logged, not an error.
     async fn check(&self, producer: &Arc<SinkProducer>, topic: &str) -> Result<()> {
         let admin: AdminClient<Context> = identity::create(&self.admin.0, self.admin.1.clone())?;
-        self.ensure_exists(&admin, producer, topic).await?;
-        let limit = self.read_topic_limit(&admin, topic).await;
+        let checked = self.check_with(&admin, producer, topic).await;
+        // Dropping an admin client joins its polling thread and destroys its handle: not on the stream's task.
+        tokio::task::spawn_blocking(move || drop(admin));
+        checked
+    }
+
+    /// [`Topics::check`] with `admin`.
+    async fn check_with(&self, admin: &AdminClient<Context>, producer: &Arc<SinkProducer>, topic: &str) -> Result<()> {
+        self.ensure_exists(admin, producer, topic).await?;
+        let limit = self.read_topic_limit(admin, topic).await;
         if let Some(limit) = limit {
             check_topic_limit(topic, limit, producer.context().batch_limit_bytes)?;
             if topic == self.settings.dead_letter_topic && limit < self.max_record_bytes {
