@@ -10,8 +10,9 @@
 //! - Every client the connector makes goes through [`create`] with a context that holds [`Tokens`] (ours, or
 //!   [`Context`] where librdkafka's default one would do): [`create`] gives it its first token before it
 //!   returns it. A token otherwise reaches a client only through a poll of its main queue, and several clients
-//!   block before anything polls them there (an admin client never does; `init_transactions` and metadata
-//!   reads come first), so they would wait for a token until they time out.
+//!   block before anything polls them there (an admin client never does, rust-rdkafka #757; `init_transactions`
+//!   and metadata reads come first), so they would wait for a token until they time out. An admin client that
+//!   lives long would also miss every later token: the connector's live only for what they are made for.
 //! - After that, librdkafka asks the context for the next token 80% through the current one's life, from the
 //!   client's poll: the producer's thread, the readers' polls. A token's life ends at the earlier of its
 //!   signature's 15 minutes and the credentials' expiry, so the next one is made while both still hold; and
