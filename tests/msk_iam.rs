@@ -168,6 +168,17 @@ fn now_s() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
 }
 
+/// The machine's own AWS settings, which would come before the listener's credentials in the SDK's chain.
+const AWS_OWN: [&str; 7] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_REGION",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+];
+
 /// What every command of the test runs with: AWS credentials only from the listener's container endpoint.
 fn aws_env(front: &MskFront) -> Vec<(OsString, OsString)> {
     [
@@ -189,7 +200,7 @@ fn command(connector: &Connector, front: &MskFront, args: &[&str]) -> (ExitStatu
     let started = now_s();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-cdc"));
     cmd.args(args).arg("--config").arg(connector.config_path()).current_dir(connector.dir());
-    for key in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_REGION"] {
+    for key in AWS_OWN {
         cmd.env_remove(key);
     }
     cmd.envs(aws_env(front));
@@ -284,6 +295,9 @@ async fn every_client_authenticates_with_renewed_msk_tokens() {
     // The run: one writer for about three credential lifetimes, a poison row (too large) and a held event.
     for (k, v) in aws_env(&front) {
         connector.env(k, v);
+    }
+    for key in AWS_OWN {
+        connector.unset_env(key);
     }
     let run_started = now_s();
     connector.run(&config);

@@ -134,6 +134,8 @@ pub struct Connector {
     args: Vec<OsString>,
     /// Extra environment variables for the process.
     envs: Vec<(OsString, OsString)>,
+    /// Variables of the test's own environment the process does not inherit.
+    unset: Vec<OsString>,
     /// Number of starts so far (marks in the logs).
     starts: usize,
     /// Work dir; declared last so the process is gone before it is deleted.
@@ -144,7 +146,7 @@ impl Connector {
     /// A work dir and no process yet.
     pub fn new() -> Connector {
         let dir = tempfile::Builder::new().prefix("outbox-cdc-").tempdir().expect("create connector temp dir");
-        Connector { child: None, args: Vec::new(), envs: Vec::new(), starts: 0, dir }
+        Connector { child: None, args: Vec::new(), envs: Vec::new(), unset: Vec::new(), starts: 0, dir }
     }
 
     /// Writes the config for `db` and `broker` (see [`write_config`]) and runs `run --config` on it.
@@ -205,6 +207,12 @@ impl Connector {
     /// Sets an environment variable for the next starts (e.g. `RUST_LOG`).
     pub fn env(&mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> &mut Self {
         self.envs.push((key.into(), value.into()));
+        self
+    }
+
+    /// Keeps `key` of the test's own environment from the next starts (e.g. the machine's AWS credentials).
+    pub fn unset_env(&mut self, key: impl Into<OsString>) -> &mut Self {
+        self.unset.push(key.into());
         self
     }
 
@@ -272,6 +280,9 @@ impl Connector {
             .stderr(process::append_log(&err));
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info,outbox_cdc=debug");
+        }
+        for key in &self.unset {
+            cmd.env_remove(key);
         }
         cmd.envs(self.envs.iter().map(|(k, v)| (k, v)));
         self.child = Some(process::spawn(cmd).expect("start outbox-cdc binary"));
