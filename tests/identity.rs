@@ -62,14 +62,7 @@ fn botocore_token(c: &Credentials, region: &str, host: &str, port: u16, user: &s
 /// port, the query's order or encoding, the service name, the expiry, the payload hash) fails this test.
 #[test]
 fn rds_token_matches_botocore() {
-    let long_term = Credentials::new("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", None, None, "test");
-    let temporary = Credentials::new(
-        "ASIAEXAMPLE",
-        "je7MtGbClwBF/2Zp9Utk/h3yCo8nvbEXAMPLEKEY",
-        Some("IQoJb3JpZ2luX2VjEXAMPLE+/token==".to_string()),
-        None,
-        "test",
-    );
+    let (long_term, temporary) = common::example_aws_credentials();
     let cases = [
         (&long_term, "us-east-1", "db.abc123.us-east-1.rds.amazonaws.com", 3306, "cdc", 1_440_938_160),
         (&long_term, "eu-west-1", "mydb.cluster-xyz.eu-west-1.rds.amazonaws.com", 3307, "cdc+iam user", 1_767_225_600),

@@ -77,14 +77,7 @@ fn aws_signer_token(c: &Credentials, region: &str, epoch: u64) -> (String, u64) 
 /// the service name and the expiry are all under the signature, so any difference fails here.
 #[test]
 fn msk_token_matches_aws_signer() {
-    let long_term = Credentials::new("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", None, None, "test");
-    let temporary = Credentials::new(
-        "ASIAEXAMPLE",
-        "je7MtGbClwBF/2Zp9Utk/h3yCo8nvbEXAMPLEKEY",
-        Some("IQoJb3JpZ2luX2VjEXAMPLE+/token==".to_string()),
-        None,
-        "test",
-    );
+    let (long_term, temporary) = common::example_aws_credentials();
     for (credentials, region, epoch) in
         [(&long_term, "eu-west-1", 1_700_000_000), (&temporary, "us-east-1", 1_765_432_109)]
     {

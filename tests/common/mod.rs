@@ -118,6 +118,22 @@ pub fn scrape(port: u16) -> Option<String> {
     head.starts_with("HTTP/1.1 200").then(|| body.to_string())
 }
 
+/// AWS's documentation example credentials, for signers compared with AWS's own: long-term keys, and
+/// temporary keys with a session token.
+#[allow(dead_code)]
+pub fn example_aws_credentials() -> (aws_credential_types::Credentials, aws_credential_types::Credentials) {
+    use aws_credential_types::Credentials;
+    let long_term = Credentials::new("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", None, None, "test");
+    let temporary = Credentials::new(
+        "ASIAEXAMPLE",
+        "je7MtGbClwBF/2Zp9Utk/h3yCo8nvbEXAMPLEKEY",
+        Some("IQoJb3JpZ2luX2VjEXAMPLE+/token==".to_string()),
+        None,
+        "test",
+    );
+    (long_term, temporary)
+}
+
 /// The last `max_lines` lines of a text file, or a note that it can't be read (for panic messages).
 pub fn tail_file(path: &std::path::Path, max_lines: usize) -> String {
     match std::fs::read(path) {
